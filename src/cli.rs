@@ -1,0 +1,216 @@
+//! Command-line types (clap derive), spelled as genv spells them so that
+//! `genv` -> `genv-enforce` keeps an admin's command working. Only parsing
+//! and validation here; nothing runs.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::rules::Policy;
+
+/// Enforce genv GPU environments: drop-in for `genv enforce`, faster and safer.
+#[derive(Debug, Parser)]
+#[command(name = "genv-enforce", version, about, max_term_width = 100)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Enforce GPU usage on this machine (as `genv enforce`).
+    Enforce(EnforceArgs),
+    /// Print this machine's GPU usage as JSON (as `genv usage snapshot`),
+    /// with each process's start time and uid added.
+    Snapshot(SnapshotArgs),
+}
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// genv's lines on stdout; warnings and errors on stderr.
+    Text,
+    /// One JSON object per cycle on stdout.
+    Json,
+}
+
+/// `enforce` options.
+#[derive(Debug, Args)]
+pub struct EnforceArgs {
+    #[command(flatten)]
+    pub rules: RuleArgs,
+
+    /// Time between cycles: bare seconds as genv (`10`) or a duration
+    /// (`30s`, `2m`); 0 runs one cycle and exits.
+    #[arg(long, default_value = "10", value_parser = parse_duration, value_name = "INTERVAL")]
+    pub interval: Duration,
+
+    /// Report what would be done; terminate and detach nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Read a recorded `genv usage snapshot` JSON instead of this machine
+    /// (implies --dry-run). Repeat for several files: each is a run of its own.
+    #[arg(long, value_name = "FILE")]
+    pub snapshot: Vec<PathBuf>,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: OutputFormat,
+
+    /// Deadline for each nvidia-smi call and for waiting on genv's lock.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub command_timeout: Duration,
+}
+
+/// `snapshot` options.
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    /// Deadline for each nvidia-smi call and for waiting on genv's lock.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub command_timeout: Duration,
+}
+
+/// genv's rule flags.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Enforcements")]
+pub struct RuleArgs {
+    /// Terminate processes that are not running in a GPU environment [default: off]
+    #[arg(long, conflicts_with = "no_non_env_processes")]
+    pub non_env_processes: bool,
+    #[arg(long, hide_short_help = true)]
+    pub no_non_env_processes: bool,
+
+    /// Enforce environment attached devices [default: on]
+    #[arg(long, conflicts_with = "no_env_devices")]
+    pub env_devices: bool,
+    #[arg(long, hide_short_help = true)]
+    pub no_env_devices: bool,
+
+    /// Enforce environment memory capacity if set [default: on]
+    #[arg(long, conflicts_with = "no_env_memory")]
+    pub env_memory: bool,
+    #[arg(long, hide_short_help = true)]
+    pub no_env_memory: bool,
+
+    /// Maximum allowed attached devices for each user
+    #[arg(long, value_name = "N")]
+    pub max_devices_per_user: Option<u32>,
+
+    /// Per-user maximum of attached devices, overriding the above (applies
+    /// on its own too, unlike genv)
+    #[arg(long, num_args = 1.., value_name = "USERNAME=MAXIMUM", value_parser = parse_user_cap)]
+    pub max_devices_for_user: Vec<(String, u32)>,
+}
+
+impl RuleArgs {
+    /// The policy these flags select, on genv's defaults.
+    pub fn policy(&self) -> Policy {
+        let d = Policy::default();
+        let pick = |on: bool, off: bool, default: bool| {
+            if on {
+                true
+            } else if off {
+                false
+            } else {
+                default
+            }
+        };
+        Policy {
+            non_env_processes: pick(
+                self.non_env_processes,
+                self.no_non_env_processes,
+                d.non_env_processes,
+            ),
+            env_devices: pick(self.env_devices, self.no_env_devices, d.env_devices),
+            env_memory: pick(self.env_memory, self.no_env_memory, d.env_memory),
+            max_devices_per_user: self.max_devices_per_user,
+            max_devices_for_user: self.max_devices_for_user.iter().cloned().collect(),
+        }
+    }
+}
+
+/// Seconds as a bare integer (genv) or a humantime duration.
+///
+/// # Errors
+/// Neither form.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    if let Ok(secs) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("not seconds nor a duration such as 30s or 2m: {e}"))
+}
+
+/// `username=maximum`.
+///
+/// # Errors
+/// No `=`, an empty name, or a maximum that is not a non-negative integer.
+pub fn parse_user_cap(text: &str) -> Result<(String, u32), String> {
+    let (user, max) = text
+        .split_once('=')
+        .ok_or_else(|| format!("not a valid spec: {text} (expected USERNAME=MAXIMUM)"))?;
+    if user.is_empty() {
+        return Err(format!("not a valid spec: {text} (empty username)"));
+    }
+    let max = max.parse().map_err(|_| {
+        format!("not a valid spec: {text} (maximum must be a non-negative integer)")
+    })?;
+    Ok((user.to_string(), max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("genv-enforce").chain(args.iter().copied()))
+    }
+
+    fn policy(args: &[&str]) -> Policy {
+        match parse(args).unwrap().command {
+            Command::Enforce(e) => e.rules.policy(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn genv_defaults_and_flags() {
+        assert_eq!(policy(&["enforce"]), Policy::default());
+        let p = policy(&[
+            "enforce",
+            "--non-env-processes",
+            "--no-env-devices",
+            "--max-devices-per-user",
+            "2",
+            "--max-devices-for-user",
+            "alice=1",
+            "bob=0",
+            "--interval",
+            "0",
+        ]);
+        assert!(p.non_env_processes && !p.env_devices && p.env_memory);
+        assert_eq!(p.max_devices_per_user, Some(2));
+        assert_eq!(p.max_devices_for_user.get("bob"), Some(&0));
+    }
+
+    #[test]
+    fn interval_forms() {
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn bad_flags_are_errors() {
+        assert!(parse(&["enforce", "--env-devices", "--no-env-devices"]).is_err());
+        assert!(parse(&["enforce", "--max-devices-for-user", "alice"]).is_err());
+        assert!(parse(&["enforce", "--max-devices-for-user", "=1"]).is_err());
+        assert!(parse(&["enforce", "--max-devices-per-user", "-1"]).is_err());
+        assert!(parse(&["enforce", "--interval", "x"]).is_err());
+        assert!(parse(&["enforce", "--output", "xml"]).is_err());
+    }
+}

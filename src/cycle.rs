@@ -1,0 +1,220 @@
+//! One enforcement cycle, and the loop around it:
+//! collect -> merge -> rules -> plan -> execute -> report.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::cli::OutputFormat;
+use crate::error::HostError;
+use crate::local::LocalHost;
+use crate::model::{Cluster, HostId, HostSnapshot, Mode};
+use crate::outcome::{self, Outcome};
+use crate::plan::{self, Plan};
+use crate::report::{self, CycleReport, HostStatus};
+use crate::rules::{self, Policy};
+use crate::snapshot::genv;
+
+/// How cycles run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub policy: Policy,
+    pub interval: Duration,
+    pub dry_run: bool,
+    pub output: OutputFormat,
+}
+
+/// Assesses the hosts' results: rules, plan, and the report without
+/// outcomes. Pure.
+pub fn assess<E: ToString>(
+    cycle: u64,
+    mode: Mode,
+    dry_run: bool,
+    policy: &Policy,
+    results: Vec<(HostId, Result<HostSnapshot, E>)>,
+) -> (Cluster, CycleReport) {
+    let hosts = results
+        .iter()
+        .map(|(host, r)| match r {
+            Ok(s) => HostStatus {
+                host: host.clone(),
+                error: None,
+                processes: s.processes.len(),
+                envs: s.envs.len(),
+                devices: s.devices.len(),
+            },
+            Err(e) => HostStatus {
+                host: host.clone(),
+                error: Some(e.to_string()),
+                processes: 0,
+                envs: 0,
+                devices: 0,
+            },
+        })
+        .collect();
+    let cluster = Cluster::merge(mode, results);
+    let violations = rules::evaluate(&cluster, policy);
+    let plan = plan::build(&cluster, &violations);
+    let report = CycleReport {
+        cycle,
+        mode,
+        dry_run,
+        hosts,
+        notices: rules::notices(&cluster),
+        violations,
+        plan,
+        outcomes: Vec::new(),
+    };
+    (cluster, report)
+}
+
+/// Outcomes for a plan that is not carried out.
+pub fn dry_run_outcomes(plan: &Plan) -> Vec<Outcome> {
+    plan.hosts
+        .iter()
+        .flat_map(|(host, p)| {
+            let t = p.terminate.iter().map(move |t| Outcome::Terminate {
+                host: host.clone(),
+                pid: t.pid,
+                outcome: outcome::Termination::DryRun,
+            });
+            let d = p.detach.iter().map(move |d| Outcome::Detach {
+                host: host.clone(),
+                device: d.device,
+                eid: d.eid.clone(),
+                outcome: outcome::Detach::DryRun,
+            });
+            t.chain(d)
+        })
+        .collect()
+}
+
+/// Whether the report shows a failure (exit status 1).
+pub fn failed(report: &CycleReport) -> bool {
+    report.hosts.iter().any(|h| h.error.is_some()) || report.outcomes.iter().any(Outcome::is_error)
+}
+
+/// Writes a report to stdout/stderr in the chosen format. Write errors
+/// (a closed pipe) are ignored: enforcement goes on regardless.
+pub fn emit(report: &CycleReport, format: OutputFormat) {
+    match format {
+        OutputFormat::Json => {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{}", report::render_json(report));
+            let _ = out.flush();
+        }
+        OutputFormat::Text => {
+            let text = report::render_text(report);
+            {
+                let mut err = std::io::stderr().lock();
+                for l in &text.stderr {
+                    let _ = writeln!(err, "{l}");
+                }
+            }
+            let mut out = std::io::stdout().lock();
+            for l in &text.stdout {
+                let _ = writeln!(out, "{l}");
+            }
+            let _ = out.flush();
+        }
+    }
+}
+
+/// This machine's name for reports.
+pub fn local_host_id() -> HostId {
+    HostId(
+        nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "localhost".to_string()),
+    )
+}
+
+/// One cycle on this machine.
+pub async fn local_cycle(
+    host: &LocalHost,
+    id: &HostId,
+    settings: &Settings,
+    cycle: u64,
+) -> CycleReport {
+    let result: Result<HostSnapshot, HostError> = host.snapshot().await;
+    let (_, mut report) = assess(
+        cycle,
+        Mode::Local,
+        settings.dry_run,
+        &settings.policy,
+        vec![(id.clone(), result)],
+    );
+    report.outcomes = if settings.dry_run {
+        dry_run_outcomes(&report.plan)
+    } else {
+        let mut out = Vec::new();
+        for (h, p) in &report.plan.hosts {
+            out.extend(host.execute(h, p).await);
+        }
+        out
+    };
+    report
+}
+
+/// Enforces on this machine every `interval` (once if zero) until a
+/// signal; returns whether every cycle went without error.
+///
+/// # Errors
+/// Signal handlers cannot be installed.
+pub async fn run_local(host: LocalHost, settings: Settings) -> std::io::Result<bool> {
+    let id = local_host_id();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut ok = true;
+    for cycle in 1.. {
+        let report = tokio::select! {
+            r = local_cycle(&host, &id, &settings, cycle) => r,
+            _ = term.recv() => break,
+            _ = interrupt.recv() => break,
+        };
+        ok &= !failed(&report);
+        emit(&report, settings.output);
+        if settings.interval.is_zero() {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(settings.interval) => {}
+            _ = term.recv() => break,
+            _ = interrupt.recv() => break,
+        }
+    }
+    Ok(ok)
+}
+
+/// A dry run over recorded `genv usage snapshot` files, each as a local
+/// host of its own; returns whether every file could be read.
+pub fn replay(files: &[PathBuf], settings: &Settings) -> bool {
+    let mut ok = true;
+    for (i, path) in files.iter().enumerate() {
+        let name = path.display().to_string();
+        let result = std::fs::read_to_string(path)
+            .map_err(|e| format!("{name}: {e}"))
+            .and_then(|text| genv::parse_snapshot(&text, &name).map_err(|e| e.to_string()));
+        let host = HostId(
+            path.file_stem()
+                .map_or(name.clone(), |s| s.to_string_lossy().into_owned()),
+        );
+        if files.len() > 1 && settings.output == OutputFormat::Text {
+            println!("{}==> {name} <==", if i > 0 { "\n" } else { "" });
+        }
+        let (_, mut report) = assess(
+            i as u64 + 1,
+            Mode::Local,
+            true,
+            &settings.policy,
+            vec![(host, result)],
+        );
+        report.outcomes = dry_run_outcomes(&report.plan);
+        ok &= !failed(&report);
+        emit(&report, settings.output);
+    }
+    ok
+}

@@ -1,0 +1,270 @@
+//! The domain model: ids, host snapshots and the merged cluster snapshot.
+//!
+//! Everything here is plain data. Parsers in [`crate::snapshot`] build it,
+//! [`crate::rules`] reads it; nothing here does I/O.
+
+use std::fmt;
+
+use chrono::NaiveDateTime;
+use serde::Serialize;
+
+/// A host's name as the admin gave it (`localhost` in local mode).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct HostId(pub String);
+
+/// A process id on one host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct Pid(pub u32);
+
+/// A GPU index on one host, as nvidia-smi and genv number them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct GpuIndex(pub u32);
+
+/// A genv environment id (`GENV_ENVIRONMENT_ID`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct EnvId(pub String);
+
+impl fmt::Display for HostId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl fmt::Display for Pid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+impl fmt::Display for GpuIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+impl fmt::Display for EnvId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A memory amount as genv writes it (`"2gi"`), with its value in bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Memory {
+    /// The string as written in the state file, printed back in messages.
+    pub text: String,
+    /// The value in bytes.
+    pub bytes: u64,
+}
+
+/// How much memory a process uses on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Usage {
+    /// Measured by nvidia-smi, in bytes.
+    Known(u64),
+    /// nvidia-smi printed `[N/A]` or `[Not Supported]`: never taken as 0.
+    Unknown,
+}
+
+impl Usage {
+    /// The bytes if known.
+    pub fn bytes(self) -> Option<u64> {
+        match self {
+            Usage::Known(b) => Some(b),
+            Usage::Unknown => None,
+        }
+    }
+}
+
+/// One GPU a process runs on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceUsage {
+    pub index: GpuIndex,
+    pub usage: Usage,
+}
+
+/// Which environment a process belongs to, as far as we could tell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", content = "detail", rename_all = "snake_case")]
+pub enum Owner {
+    /// Its environ holds `GENV_ENVIRONMENT_ID=<eid>`.
+    Env(EnvId),
+    /// Its environ was read and holds no `GENV_ENVIRONMENT_ID`.
+    NoEnv,
+    /// Its environ could not be read (permissions, vanished): never acted on.
+    Unknown(String),
+}
+
+impl Owner {
+    /// The environment id, if the process has one.
+    pub fn eid(&self) -> Option<&EnvId> {
+        match self {
+            Owner::Env(eid) => Some(eid),
+            _ => None,
+        }
+    }
+}
+
+/// Who a process is, so that a reused pid is never signalled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Identity {
+    pub pid: Pid,
+    /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22);
+    /// `None` when the snapshot was recorded without it.
+    pub start_time: Option<u64>,
+}
+
+/// A GPU compute process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Process {
+    pub pid: Pid,
+    pub owner: Owner,
+    /// One entry per GPU, in nvidia-smi order.
+    pub gpus: Vec<DeviceUsage>,
+    pub start_time: Option<u64>,
+    pub uid: Option<u32>,
+    pub user: Option<String>,
+}
+
+impl Process {
+    /// The GPU indices it runs on.
+    pub fn indices(&self) -> impl Iterator<Item = GpuIndex> + '_ {
+        self.gpus.iter().map(|g| g.index)
+    }
+
+    /// Its usage on one GPU, if it runs there.
+    pub fn usage_on(&self, index: GpuIndex) -> Option<Usage> {
+        self.gpus.iter().find(|g| g.index == index).map(|g| g.usage)
+    }
+
+    /// Its identity for the start-time re-check.
+    pub fn identity(&self) -> Identity {
+        Identity {
+            pid: self.pid,
+            start_time: self.start_time,
+        }
+    }
+}
+
+/// A genv environment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Env {
+    pub eid: EnvId,
+    pub uid: u32,
+    pub username: Option<String>,
+    pub creation: String,
+    /// `creation` parsed, when it is a valid genv timestamp.
+    #[serde(skip)]
+    pub created: Option<NaiveDateTime>,
+    pub name: Option<String>,
+    pub gpu_memory: Option<Memory>,
+    pub gpus: Option<u32>,
+    pub pids: Vec<i64>,
+    pub kernel_ids: Vec<String>,
+}
+
+/// An environment's attachment to a device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Attachment {
+    pub eid: EnvId,
+    pub gpu_memory: Option<String>,
+    pub time: String,
+}
+
+/// A GPU with the environments attached to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Device {
+    pub index: GpuIndex,
+    pub total_memory: String,
+    pub attachments: Vec<Attachment>,
+}
+
+impl Device {
+    /// Whether `eid` is attached here.
+    pub fn has(&self, eid: &EnvId) -> bool {
+        self.attachments.iter().any(|a| &a.eid == eid)
+    }
+}
+
+/// What one host looked like at one moment, in genv's order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct HostSnapshot {
+    pub processes: Vec<Process>,
+    pub envs: Vec<Env>,
+    pub devices: Vec<Device>,
+}
+
+impl HostSnapshot {
+    /// The environment with this id.
+    pub fn env(&self, eid: &EnvId) -> Option<&Env> {
+        self.envs.iter().find(|e| &e.eid == eid)
+    }
+
+    /// The process with this pid.
+    pub fn process(&self, pid: Pid) -> Option<&Process> {
+        self.processes.iter().find(|p| p.pid == pid)
+    }
+
+    /// Indices of the devices `eid` is attached to, in device order.
+    pub fn attached(&self, eid: &EnvId) -> Vec<GpuIndex> {
+        self.devices
+            .iter()
+            .filter(|d| d.has(eid))
+            .map(|d| d.index)
+            .collect()
+    }
+
+    /// The processes of `eid`, in snapshot order.
+    pub fn processes_of<'a>(&'a self, eid: &'a EnvId) -> impl Iterator<Item = &'a Process> {
+        self.processes
+            .iter()
+            .filter(move |p| p.owner.eid() == Some(eid))
+    }
+}
+
+/// Whether messages name hosts (remote) or not (local `genv enforce`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    Local,
+    Remote,
+}
+
+/// The snapshots of all hosts that answered this cycle, in the order given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Cluster {
+    pub mode: Mode,
+    pub hosts: Vec<(HostId, HostSnapshot)>,
+}
+
+impl Cluster {
+    /// A one-host cluster for local mode.
+    pub fn local(host: HostId, snapshot: HostSnapshot) -> Self {
+        Cluster {
+            mode: Mode::Local,
+            hosts: vec![(host, snapshot)],
+        }
+    }
+
+    /// Merges host results in the given order; hosts that failed are left out
+    /// (their devices are simply not seen this cycle).
+    pub fn merge<E>(
+        mode: Mode,
+        results: impl IntoIterator<Item = (HostId, Result<HostSnapshot, E>)>,
+    ) -> Self {
+        Cluster {
+            mode,
+            hosts: results
+                .into_iter()
+                .filter_map(|(h, r)| r.ok().map(|s| (h, s)))
+                .collect(),
+        }
+    }
+
+    /// The snapshot of one host.
+    pub fn host(&self, host: &HostId) -> Option<&HostSnapshot> {
+        self.hosts.iter().find(|(h, _)| h == host).map(|(_, s)| s)
+    }
+}

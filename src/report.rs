@@ -1,0 +1,219 @@
+//! Renders a cycle as genv's text lines or as one JSON object.
+//!
+//! stdout carries exactly the lines genv prints (violations, then each
+//! host's `Terminating ...` and `Detaching ...` lines); our additions
+//! (warnings, outcomes, host errors) go to stderr in genv's `[LEVEL]` style.
+//! Nothing here decides anything.
+
+use serde::Serialize;
+
+use crate::model::{GpuIndex, HostId, Mode};
+use crate::outcome::{self, Outcome};
+use crate::plan::{Detach, Plan, Termination};
+use crate::rules::{Finding, Notice, Violation};
+use crate::snapshot::memory::megabytes;
+
+/// How one host fared this cycle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HostStatus {
+    pub host: HostId,
+    /// Why its snapshot failed, if it did.
+    pub error: Option<String>,
+    pub processes: usize,
+    pub envs: usize,
+    pub devices: usize,
+}
+
+/// Everything one cycle found and did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CycleReport {
+    pub cycle: u64,
+    pub mode: Mode,
+    pub dry_run: bool,
+    pub hosts: Vec<HostStatus>,
+    pub notices: Vec<Notice>,
+    pub violations: Vec<Violation>,
+    pub plan: Plan,
+    pub outcomes: Vec<Outcome>,
+}
+
+/// Text for the two output streams.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Text {
+    pub stdout: Vec<String>,
+    pub stderr: Vec<String>,
+}
+
+fn indices(list: &[GpuIndex]) -> String {
+    list.iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn prefix(mode: Mode, host: &HostId) -> String {
+    match mode {
+        Mode::Local => String::new(),
+        Mode::Remote => format!("[{host}] "),
+    }
+}
+
+/// genv's message for a violation.
+pub fn violation_line(mode: Mode, v: &Violation) -> String {
+    match &v.finding {
+        Finding::NonEnvProcess { host, pid } => {
+            format!("{}Process {pid} is not running in a GPU environment", prefix(mode, host))
+        }
+        Finding::UnknownEnvProcess { host, pid, eid } => format!(
+            "{}Process {pid} is running in environment {eid} which does not exist",
+            prefix(mode, host)
+        ),
+        Finding::NonAttachedDevices { host, pid, eid, devices } => format!(
+            "{}Process {pid} from environment {eid} is using non-attached GPU(s) {}",
+            prefix(mode, host),
+            indices(devices)
+        ),
+        Finding::EnvMemory { host, eid, device, used, over, capacity } => format!(
+            "{}Environment {eid} is using {}m on device {device} which is {}m over its capacity of {capacity}",
+            prefix(mode, host),
+            megabytes(*used),
+            megabytes(*over)
+        ),
+        Finding::MaxDevices { user, devices, hosts, over } => match mode {
+            Mode::Remote => format!(
+                "User {user} is using {devices} devices on {hosts} hosts which is {over} more than the maximum allowed"
+            ),
+            Mode::Local => format!("User {user} is using {devices} devices which is {over} more than the maximum allowed"),
+        },
+    }
+}
+
+/// genv's line for a termination.
+pub fn termination_line(t: &Termination) -> String {
+    let gpus: Vec<GpuIndex> = t.gpus.clone();
+    format!(
+        "Terminating process {} from environment {} that is running on GPU(s) {}",
+        t.pid,
+        t.eid.as_ref().map_or("N/A", |e| e.0.as_str()),
+        indices(&gpus)
+    )
+}
+
+/// genv's line for a detach.
+pub fn detach_line(d: &Detach) -> String {
+    format!(
+        "Detaching environment {} of user {} from device {}",
+        d.eid,
+        d.username.as_deref().unwrap_or("N/A"),
+        d.device
+    )
+}
+
+fn notice_line(mode: Mode, n: &Notice) -> String {
+    match n {
+        Notice::UnknownOwner { host, pid, gpus, reason } => format!(
+            "[WARNING] {}Process {pid} on GPU(s) {} has unknown ownership ({reason}); it is not terminated",
+            prefix(mode, host),
+            indices(gpus)
+        ),
+        Notice::UnmeasuredUsage { host, pid, eid, device } => format!(
+            "[WARNING] {}Memory usage of process {pid} from environment {eid} on device {device} is unknown to nvidia-smi; it is not counted against the capacity",
+            prefix(mode, host)
+        ),
+    }
+}
+
+fn outcome_line(mode: Mode, o: &Outcome) -> Option<String> {
+    use outcome::{Detach as D, Termination as T};
+    let line = match o {
+        Outcome::Terminate { host, pid, outcome } => {
+            let p = prefix(mode, host);
+            match outcome {
+                T::Signalled | T::DryRun => return None,
+                T::AlreadyGone => format!("[DEBUG] {p}Process {pid} already terminated"),
+                T::PermissionDenied => format!("[ERROR] {p}Not enough permissions to terminate process {pid}"),
+                T::PidReused { expected, found } => format!(
+                    "[WARNING] {p}Process {pid} was not terminated: the pid now belongs to another process (start time {found}, expected {expected})"
+                ),
+                T::NoIdentity => format!("[WARNING] {p}Process {pid} was not terminated: its start time is unknown"),
+                T::Failed { error } => format!("[ERROR] {p}Failed terminating process {pid}: {error}"),
+            }
+        }
+        Outcome::Detach {
+            host,
+            device,
+            eid,
+            outcome,
+        } => {
+            let p = prefix(mode, host);
+            match outcome {
+                D::Detached | D::DryRun => return None,
+                D::NotAttached => format!(
+                    "[DEBUG] {p}Environment {eid} was already detached from device {device}"
+                ),
+                D::Failed { error } => {
+                    format!("[ERROR] {p}Failed detaching environment {eid} from device {device}: {error}")
+                }
+            }
+        }
+    };
+    Some(line)
+}
+
+fn host_error_line(mode: Mode, h: &HostStatus, error: &str) -> String {
+    match mode {
+        Mode::Remote => format!("Failed running SSH command on {} ({error})", h.host),
+        Mode::Local => format!("[ERROR] Failed taking a snapshot: {error}"),
+    }
+}
+
+/// The report as genv-style text.
+pub fn render_text(r: &CycleReport) -> Text {
+    let mut text = Text::default();
+    for h in &r.hosts {
+        if let Some(e) = &h.error {
+            text.stderr.push(host_error_line(r.mode, h, e));
+        }
+    }
+    text.stderr
+        .extend(r.notices.iter().map(|n| notice_line(r.mode, n)));
+    text.stdout
+        .extend(r.violations.iter().map(|v| violation_line(r.mode, v)));
+    for (host, plan) in &r.plan.hosts {
+        let p = prefix(r.mode, host);
+        text.stdout.extend(
+            plan.terminate
+                .iter()
+                .map(|t| format!("{p}{}", termination_line(t))),
+        );
+        text.stdout
+            .extend(plan.detach.iter().map(|d| format!("{p}{}", detach_line(d))));
+    }
+    text.stderr
+        .extend(r.outcomes.iter().filter_map(|o| outcome_line(r.mode, o)));
+    if r.dry_run && !r.plan.hosts.is_empty() {
+        text.stderr
+            .push("[DRY RUN] nothing was terminated or detached".to_string());
+    }
+    text
+}
+
+/// The report as one JSON object (one line).
+pub fn render_json(r: &CycleReport) -> String {
+    #[derive(Serialize)]
+    struct Json<'a> {
+        #[serde(flatten)]
+        report: &'a CycleReport,
+        messages: Vec<String>,
+    }
+    let json = Json {
+        report: r,
+        messages: r
+            .violations
+            .iter()
+            .map(|v| violation_line(r.mode, v))
+            .collect(),
+    };
+    serde_json::to_string(&json)
+        .unwrap_or_else(|e| format!("{{\"error\":\"cannot render report: {e}\"}}"))
+}

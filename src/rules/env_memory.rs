@@ -1,0 +1,154 @@
+//! env-memory: environments over their `gpu_memory` on a device.
+//!
+//! genv's greedy choice: the environment's processes on that device in
+//! snapshot order until the freed usage covers the excess. A process whose
+//! usage nvidia-smi could not measure counts for nothing and is never
+//! chosen (genv 1.4.3 crashes on it instead).
+
+use super::{Action, Finding, Rule, Violation};
+use crate::model::{HostId, HostSnapshot};
+
+pub(super) fn evaluate(host: &HostId, snap: &HostSnapshot) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for env in &snap.envs {
+        let Some(capacity) = &env.gpu_memory else {
+            continue;
+        };
+        for device in snap.devices.iter().filter(|d| d.has(&env.eid)) {
+            let procs: Vec<_> = snap
+                .processes_of(&env.eid)
+                .filter_map(|p| p.usage_on(device.index).map(|u| (p.pid, u.bytes())))
+                .collect();
+            let used: u64 = procs.iter().filter_map(|(_, b)| *b).sum();
+            let Some(over) = used.checked_sub(capacity.bytes).filter(|o| *o > 0) else {
+                continue;
+            };
+            let mut freed = 0u64;
+            let mut actions = Vec::new();
+            for (pid, bytes) in procs {
+                let Some(bytes) = bytes else { continue };
+                actions.push(Action::Terminate {
+                    host: host.clone(),
+                    pid,
+                });
+                freed += bytes;
+                if freed >= over {
+                    break;
+                }
+            }
+            out.push(Violation {
+                rule: Rule::EnvMemory,
+                finding: Finding::EnvMemory {
+                    host: host.clone(),
+                    eid: env.eid.clone(),
+                    device: device.index,
+                    used,
+                    over,
+                    capacity: capacity.text.clone(),
+                },
+                actions,
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use super::*;
+    use crate::model::{Pid, Usage};
+
+    fn terminated(v: &Violation) -> Vec<u32> {
+        v.actions
+            .iter()
+            .map(|a| match a {
+                Action::Terminate { pid: Pid(p), .. } => *p,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    fn snap(cap: &str, procs: Vec<crate::model::Process>) -> HostSnapshot {
+        HostSnapshot {
+            processes: procs,
+            envs: vec![env("a", Some("alice"), Some(cap))],
+            devices: devices(2, &[(0, "a")]),
+        }
+    }
+
+    #[test]
+    fn greedy_in_snapshot_order_until_excess_covered() {
+        // 3 x 1000mi on device 0 with a 1500mi cap: 1500mi over, two processes go.
+        let s = snap(
+            "1500mi",
+            vec![
+                proc_(1, Some("a"), &[(0, mib(1000))]),
+                proc_(2, Some("a"), &[(0, mib(1000))]),
+                proc_(3, Some("a"), &[(0, mib(1000))]),
+            ],
+        );
+        let v = evaluate(&HostId("h".into()), &s);
+        assert_eq!(v.len(), 1);
+        assert_eq!(terminated(&v[0]), vec![1, 2]);
+        assert_eq!(
+            v[0].finding,
+            Finding::EnvMemory {
+                host: HostId("h".into()),
+                eid: crate::model::EnvId("a".into()),
+                device: crate::model::GpuIndex(0),
+                used: 3000 * 1024 * 1024,
+                over: 1500 * 1024 * 1024,
+                capacity: "1500mi".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn at_capacity_is_compliant_and_unattached_devices_are_not_summed() {
+        let s = snap(
+            "2000mi",
+            vec![proc_(1, Some("a"), &[(0, mib(2000)), (1, mib(5000))])],
+        );
+        assert!(evaluate(&HostId("h".into()), &s).is_empty());
+    }
+
+    #[test]
+    fn zero_capacity_terminates_every_measured_process() {
+        let s = snap(
+            "0",
+            vec![
+                proc_(1, Some("a"), &[(0, mib(1))]),
+                proc_(2, Some("a"), &[(0, mib(1))]),
+            ],
+        );
+        let v = evaluate(&HostId("h".into()), &s);
+        assert_eq!(terminated(&v[0]), vec![1, 2]);
+    }
+
+    #[test]
+    fn unknown_usage_is_never_terminated_and_frees_nothing() {
+        let s = snap(
+            "1000mi",
+            vec![
+                proc_(1, Some("a"), &[(0, Usage::Unknown)]),
+                proc_(2, Some("a"), &[(0, mib(800))]),
+                proc_(3, Some("a"), &[(0, mib(800))]),
+            ],
+        );
+        let v = evaluate(&HostId("h".into()), &s);
+        assert_eq!(terminated(&v[0]), vec![2]);
+        let only_unknown = snap("1mi", vec![proc_(1, Some("a"), &[(0, Usage::Unknown)])]);
+        assert!(evaluate(&HostId("h".into()), &only_unknown).is_empty());
+    }
+
+    #[test]
+    fn env_without_gpu_memory_is_unlimited() {
+        let s = HostSnapshot {
+            processes: vec![proc_(1, Some("a"), &[(0, mib(80000))])],
+            envs: vec![env("a", None, None)],
+            devices: devices(1, &[(0, "a")]),
+        };
+        assert!(evaluate(&HostId("h".into()), &s).is_empty());
+    }
+}

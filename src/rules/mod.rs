@@ -1,0 +1,266 @@
+//! The enforcement rules, pure functions over a [`Cluster`].
+//!
+//! Each rule returns [`Violation`]s in genv's order, each carrying the
+//! actions it calls for. Merging those actions into per-host plans is
+//! [`crate::plan`]'s job, and wording them is [`crate::report`]'s.
+
+mod env_devices;
+mod env_memory;
+mod max_devices;
+mod non_env_processes;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot, Owner, Pid, Process};
+
+/// Which rules run, and the device caps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Policy {
+    pub non_env_processes: bool,
+    pub env_devices: bool,
+    pub env_memory: bool,
+    /// Cap on attached devices for every user (`--max-devices-per-user`).
+    pub max_devices_per_user: Option<u32>,
+    /// Per-user caps overriding the above (`--max-devices-for-user`); they
+    /// apply even without a global cap (genv ignores them then).
+    pub max_devices_for_user: BTreeMap<String, u32>,
+}
+
+impl Default for Policy {
+    /// genv's defaults: env-devices and env-memory on, no caps.
+    fn default() -> Self {
+        Policy {
+            non_env_processes: false,
+            env_devices: true,
+            env_memory: true,
+            max_devices_per_user: None,
+            max_devices_for_user: BTreeMap::new(),
+        }
+    }
+}
+
+impl Policy {
+    /// The cap for `user`, if any.
+    pub fn cap_for(&self, user: &str) -> Option<u32> {
+        self.max_devices_for_user
+            .get(user)
+            .copied()
+            .or(self.max_devices_per_user)
+    }
+}
+
+/// A rule, as named in reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rule {
+    NonEnvProcesses,
+    EnvDevices,
+    EnvMemory,
+    MaxDevicesPerUser,
+}
+
+/// Something a rule wants done.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    /// SIGTERM a process.
+    Terminate { host: HostId, pid: Pid },
+    /// Detach environments from a device (and terminate their processes there).
+    Detach {
+        host: HostId,
+        device: GpuIndex,
+        eids: Vec<EnvId>,
+    },
+}
+
+/// What was found, with the figures genv prints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Finding {
+    /// A GPU process outside any environment.
+    NonEnvProcess { host: HostId, pid: Pid },
+    /// A process whose `GENV_ENVIRONMENT_ID` names no environment on its host.
+    UnknownEnvProcess { host: HostId, pid: Pid, eid: EnvId },
+    /// A process on devices its environment is not attached to.
+    NonAttachedDevices {
+        host: HostId,
+        pid: Pid,
+        eid: EnvId,
+        devices: Vec<GpuIndex>,
+    },
+    /// An environment over its `gpu_memory` on one device (bytes).
+    EnvMemory {
+        host: HostId,
+        eid: EnvId,
+        device: GpuIndex,
+        used: u64,
+        over: u64,
+        capacity: String,
+    },
+    /// A user over their device cap, across all hosts seen this cycle.
+    MaxDevices {
+        user: String,
+        devices: usize,
+        hosts: usize,
+        over: usize,
+    },
+}
+
+/// A broken rule and what it calls for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    pub rule: Rule,
+    pub finding: Finding,
+    pub actions: Vec<Action>,
+}
+
+/// Something worth an admin's eye that no rule acts on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Notice {
+    /// A GPU process whose environment could not be read: never terminated.
+    UnknownOwner {
+        host: HostId,
+        pid: Pid,
+        gpus: Vec<GpuIndex>,
+        reason: String,
+    },
+    /// A process whose usage nvidia-smi could not measure, in an
+    /// environment with a memory cap: it is left out of the sums.
+    UnmeasuredUsage {
+        host: HostId,
+        pid: Pid,
+        eid: EnvId,
+        device: GpuIndex,
+    },
+}
+
+/// Runs the rules `policy` turns on, in genv's order (rule by rule, each
+/// over all hosts).
+pub fn evaluate(cluster: &Cluster, policy: &Policy) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for (host, snap) in &cluster.hosts {
+        if policy.non_env_processes {
+            out.extend(non_env_processes::evaluate(host, snap));
+        }
+    }
+    for (host, snap) in &cluster.hosts {
+        if policy.env_devices {
+            out.extend(env_devices::evaluate(host, snap));
+        }
+    }
+    for (host, snap) in &cluster.hosts {
+        if policy.env_memory {
+            out.extend(env_memory::evaluate(host, snap));
+        }
+    }
+    out.extend(max_devices::evaluate(cluster, policy));
+    out
+}
+
+/// What the rules leave alone but an admin should know about.
+pub fn notices(cluster: &Cluster) -> Vec<Notice> {
+    let mut out = Vec::new();
+    for (host, snap) in &cluster.hosts {
+        for p in &snap.processes {
+            if let Owner::Unknown(reason) = &p.owner {
+                out.push(Notice::UnknownOwner {
+                    host: host.clone(),
+                    pid: p.pid,
+                    gpus: p.indices().collect(),
+                    reason: reason.clone(),
+                });
+            }
+            if let Some(eid) = p.owner.eid() {
+                if snap.env(eid).is_some_and(|e| e.gpu_memory.is_some()) {
+                    for g in p.gpus.iter().filter(|g| g.usage.bytes().is_none()) {
+                        out.push(Notice::UnmeasuredUsage {
+                            host: host.clone(),
+                            pid: p.pid,
+                            eid: eid.clone(),
+                            device: g.index,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether `p` claims an environment that does not exist on its host.
+fn in_unknown_env<'a>(snap: &HostSnapshot, p: &'a Process) -> Option<&'a EnvId> {
+    p.owner.eid().filter(|eid| snap.env(eid).is_none())
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    //! Small builders for rule and plan tests.
+    use crate::model::*;
+
+    pub fn mib(n: u64) -> Usage {
+        Usage::Known(n * 1024 * 1024)
+    }
+
+    pub fn proc_(pid: u32, eid: Option<&str>, gpus: &[(u32, Usage)]) -> Process {
+        Process {
+            pid: Pid(pid),
+            owner: match eid {
+                Some(e) => Owner::Env(EnvId(e.into())),
+                None => Owner::NoEnv,
+            },
+            gpus: gpus
+                .iter()
+                .map(|(i, u)| DeviceUsage {
+                    index: GpuIndex(*i),
+                    usage: *u,
+                })
+                .collect(),
+            start_time: Some(1000 + u64::from(pid)),
+            uid: Some(1000),
+            user: Some("alice".into()),
+        }
+    }
+
+    pub fn env(eid: &str, user: Option<&str>, gpu_memory: Option<&str>) -> Env {
+        Env {
+            eid: EnvId(eid.into()),
+            uid: 1000,
+            username: user.map(String::from),
+            creation: "22/11/2026 15:04:05".into(),
+            created: None,
+            name: None,
+            gpu_memory: gpu_memory.map(|t| Memory {
+                text: t.into(),
+                bytes: crate::snapshot::memory::parse(t).unwrap(),
+            }),
+            gpus: None,
+            pids: vec![1],
+            kernel_ids: vec![],
+        }
+    }
+
+    pub fn devices(n: u32, attachments: &[(u32, &str)]) -> Vec<Device> {
+        (0..n)
+            .map(|i| Device {
+                index: GpuIndex(i),
+                total_memory: "81559mi".into(),
+                attachments: attachments
+                    .iter()
+                    .filter(|(d, _)| *d == i)
+                    .map(|(_, e)| Attachment {
+                        eid: EnvId((*e).into()),
+                        gpu_memory: None,
+                        time: "22/11/2026 15:04:06".into(),
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    pub fn local(snapshot: HostSnapshot) -> Cluster {
+        Cluster::local(HostId("localhost".into()), snapshot)
+    }
+}

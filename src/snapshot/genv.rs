@@ -1,0 +1,440 @@
+//! genv's JSON: `genv usage snapshot` output and the state files
+//! `envs.json` / `devices.json`, into the [`crate::model`] types and back.
+//!
+//! Unknown fields are ignored; `null`s are accepted where genv writes them.
+//! genv's pre-1.0 state layouts (objects keyed by eid/index) are not read.
+
+use chrono::NaiveDateTime;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::{memory, ParseError};
+use crate::model::{
+    Attachment, Device, DeviceUsage, Env, EnvId, GpuIndex, HostSnapshot, Memory, Owner, Pid,
+    Process, Usage,
+};
+
+/// genv's timestamp format (local time).
+pub const TIMESTAMP_FORMAT: &str = "%d/%m/%Y %H:%M:%S";
+
+/// Parses a genv timestamp such as `"22/11/2026 15:04:05"`.
+pub fn parse_timestamp(text: &str) -> Option<NaiveDateTime> {
+    NaiveDateTime::parse_from_str(text, TIMESTAMP_FORMAT).ok()
+}
+
+/// `genv usage snapshot` as JSON.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotJson {
+    pub processes: ProcessesJson,
+    pub envs: EnvsJson,
+    pub devices: DevicesJson,
+}
+
+/// The `processes` part of a snapshot.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProcessesJson {
+    pub processes: Vec<ProcessJson>,
+}
+
+/// One process. `start_time` and `uid` are ours (genv never writes them).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProcessJson {
+    pub pid: u32,
+    pub used_gpu_memory: Vec<UsageJson>,
+    pub eid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+}
+
+/// Usage of one GPU by one process.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UsageJson {
+    pub index: u32,
+    pub gpu_memory: String,
+}
+
+/// `envs.json`, and the `envs` part of a snapshot.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EnvsJson {
+    pub envs: Vec<EnvJson>,
+}
+
+/// One environment.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EnvJson {
+    pub eid: String,
+    pub uid: u32,
+    pub creation: String,
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub config: ConfigJson,
+    #[serde(default)]
+    pub pids: Vec<i64>,
+    #[serde(default)]
+    pub kernel_ids: Vec<String>,
+}
+
+/// An environment's configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ConfigJson {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub gpu_memory: Option<String>,
+    #[serde(default)]
+    pub gpus: Option<u32>,
+}
+
+/// `devices.json`, and the `devices` part of a snapshot.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DevicesJson {
+    pub devices: Vec<DeviceJson>,
+}
+
+/// One device.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeviceJson {
+    pub index: u32,
+    pub total_memory: String,
+    #[serde(default)]
+    pub attachments: Vec<AttachmentJson>,
+}
+
+/// One attachment.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AttachmentJson {
+    pub eid: String,
+    #[serde(default)]
+    pub gpu_memory: Option<String>,
+    pub time: String,
+}
+
+fn deserialize<T: DeserializeOwned>(text: &str, source: &str) -> Result<T, ParseError> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let location = if path == "." {
+            "top level".to_string()
+        } else {
+            path
+        };
+        ParseError::new(source, location, e.into_inner().to_string())
+    })
+}
+
+/// Parses `genv usage snapshot` output.
+///
+/// # Errors
+/// Invalid JSON, a missing or mistyped field, or a memory string that is
+/// neither a genv amount nor nvidia-smi's `[N/A]`; the error names the JSON path.
+pub fn parse_snapshot(text: &str, source: &str) -> Result<HostSnapshot, ParseError> {
+    let json: SnapshotJson = deserialize(text, source)?;
+    Ok(HostSnapshot {
+        processes: processes_from_json(&json.processes.processes, source)?,
+        envs: envs_from_json(&json.envs.envs, source, "envs.envs")?,
+        devices: devices_from_json(&json.devices.devices),
+    })
+}
+
+/// Parses `envs.json`.
+///
+/// # Errors
+/// As [`parse_snapshot`].
+pub fn parse_envs(text: &str, source: &str) -> Result<Vec<Env>, ParseError> {
+    let json: EnvsJson = deserialize(text, source)?;
+    envs_from_json(&json.envs, source, "envs")
+}
+
+/// Parses `devices.json`.
+///
+/// # Errors
+/// As [`parse_snapshot`].
+pub fn parse_devices(text: &str, source: &str) -> Result<Vec<Device>, ParseError> {
+    let json: DevicesJson = deserialize(text, source)?;
+    Ok(devices_from_json(&json.devices))
+}
+
+fn processes_from_json(json: &[ProcessJson], source: &str) -> Result<Vec<Process>, ParseError> {
+    json.iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let gpus = p
+                .used_gpu_memory
+                .iter()
+                .enumerate()
+                .map(|(j, u)| {
+                    let usage = if memory::is_unmeasured(&u.gpu_memory) {
+                        Usage::Unknown
+                    } else {
+                        Usage::Known(memory::parse(&u.gpu_memory).map_err(|m| {
+                            ParseError::new(
+                                source,
+                                format!("processes.processes[{i}].used_gpu_memory[{j}].gpu_memory"),
+                                m,
+                            )
+                        })?)
+                    };
+                    Ok(DeviceUsage {
+                        index: GpuIndex(u.index),
+                        usage,
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(Process {
+                pid: Pid(p.pid),
+                owner: match &p.eid {
+                    Some(e) => Owner::Env(EnvId(e.clone())),
+                    None => Owner::NoEnv,
+                },
+                gpus,
+                start_time: p.start_time,
+                uid: p.uid,
+                user: None,
+            })
+        })
+        .collect()
+}
+
+fn envs_from_json(json: &[EnvJson], source: &str, path: &str) -> Result<Vec<Env>, ParseError> {
+    json.iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let gpu_memory = match &e.config.gpu_memory {
+                None => None,
+                Some(text) => Some(Memory {
+                    text: text.clone(),
+                    bytes: memory::parse(text).map_err(|m| {
+                        ParseError::new(source, format!("{path}[{i}].config.gpu_memory"), m)
+                    })?,
+                }),
+            };
+            Ok(Env {
+                eid: EnvId(e.eid.clone()),
+                uid: e.uid,
+                username: e.username.clone(),
+                created: parse_timestamp(&e.creation),
+                creation: e.creation.clone(),
+                name: e.config.name.clone(),
+                gpu_memory,
+                gpus: e.config.gpus,
+                pids: e.pids.clone(),
+                kernel_ids: e.kernel_ids.clone(),
+            })
+        })
+        .collect()
+}
+
+fn devices_from_json(json: &[DeviceJson]) -> Vec<Device> {
+    json.iter()
+        .map(|d| Device {
+            index: GpuIndex(d.index),
+            total_memory: d.total_memory.clone(),
+            attachments: d
+                .attachments
+                .iter()
+                .map(|a| Attachment {
+                    eid: EnvId(a.eid.clone()),
+                    gpu_memory: a.gpu_memory.clone(),
+                    time: a.time.clone(),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// genv's load-time clean-up: keep only live pids (and kernels), drop
+/// environments left with neither, and detach devices from environments
+/// that no longer exist.
+pub fn clean_up(
+    envs: &mut Vec<Env>,
+    devices: &mut [Device],
+    pid_alive: impl Fn(i64) -> bool,
+    kernel_alive: impl Fn(&str) -> bool,
+) {
+    for env in envs.iter_mut() {
+        env.pids.retain(|p| pid_alive(*p));
+        env.kernel_ids.retain(|k| kernel_alive(k));
+    }
+    envs.retain(|e| !e.pids.is_empty() || !e.kernel_ids.is_empty());
+    for device in devices.iter_mut() {
+        device
+            .attachments
+            .retain(|a| envs.iter().any(|e| e.eid == a.eid));
+    }
+}
+
+/// Renders a snapshot as `genv usage snapshot` would (plus our optional
+/// per-process `start_time` and `uid`).
+pub fn to_json(snapshot: &HostSnapshot) -> SnapshotJson {
+    SnapshotJson {
+        processes: ProcessesJson {
+            processes: snapshot
+                .processes
+                .iter()
+                .map(|p| ProcessJson {
+                    pid: p.pid.0,
+                    used_gpu_memory: p
+                        .gpus
+                        .iter()
+                        .map(|g| UsageJson {
+                            index: g.index.0,
+                            gpu_memory: match g.usage {
+                                Usage::Known(b) if b % (1024 * 1024) == 0 => {
+                                    format!("{}mi", b / (1024 * 1024))
+                                }
+                                Usage::Known(b) => b.to_string(),
+                                Usage::Unknown => "[N/A]mi".to_string(),
+                            },
+                        })
+                        .collect(),
+                    eid: p.owner.eid().map(|e| e.0.clone()),
+                    start_time: p.start_time,
+                    uid: p.uid,
+                })
+                .collect(),
+        },
+        envs: EnvsJson {
+            envs: snapshot
+                .envs
+                .iter()
+                .map(|e| EnvJson {
+                    eid: e.eid.0.clone(),
+                    uid: e.uid,
+                    creation: e.creation.clone(),
+                    username: e.username.clone(),
+                    config: ConfigJson {
+                        name: e.name.clone(),
+                        gpu_memory: e.gpu_memory.as_ref().map(|m| m.text.clone()),
+                        gpus: e.gpus,
+                    },
+                    pids: e.pids.clone(),
+                    kernel_ids: e.kernel_ids.clone(),
+                })
+                .collect(),
+        },
+        devices: DevicesJson {
+            devices: snapshot
+                .devices
+                .iter()
+                .map(|d| DeviceJson {
+                    index: d.index.0,
+                    total_memory: d.total_memory.clone(),
+                    attachments: d
+                        .attachments
+                        .iter()
+                        .map(|a| AttachmentJson {
+                            eid: a.eid.0.clone(),
+                            gpu_memory: a.gpu_memory.clone(),
+                            time: a.time.clone(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC_EXAMPLE: &str = r#"{
+      "processes": {"processes": [
+        {"pid": 4242, "used_gpu_memory": [{"index": 0, "gpu_memory": "900mi"}], "eid": "4100"}
+      ]},
+      "envs": {"envs": [
+        {"eid": "4100", "uid": 1001, "creation": "22/11/2026 15:04:05", "username": "alice",
+         "config": {"name": "train", "gpu_memory": "2gi", "gpus": 1},
+         "pids": [4100, 4242], "kernel_ids": []}
+      ]},
+      "devices": {"devices": [
+        {"index": 0, "total_memory": "81559mi",
+         "attachments": [{"eid": "4100", "gpu_memory": null, "time": "22/11/2026 15:04:06"}]}
+      ]}
+    }"#;
+
+    #[test]
+    fn spec_example() {
+        let s = parse_snapshot(SPEC_EXAMPLE, "spec").unwrap();
+        assert_eq!(s.processes[0].pid, Pid(4242));
+        assert_eq!(s.processes[0].owner, Owner::Env(EnvId("4100".into())));
+        assert_eq!(
+            s.processes[0].gpus[0].usage,
+            Usage::Known(900 * 1024 * 1024)
+        );
+        assert_eq!(s.envs[0].gpu_memory.as_ref().unwrap().bytes, 2 << 30);
+        assert_eq!(s.envs[0].username.as_deref(), Some("alice"));
+        assert!(s.envs[0].created.is_some());
+        assert_eq!(s.devices[0].attachments[0].eid, EnvId("4100".into()));
+    }
+
+    #[test]
+    fn nulls_and_unknown_fields() {
+        let text = r#"{"processes": {"processes": [{"pid": 1, "used_gpu_memory": [{"index": 0, "gpu_memory": "[N/A]mi"}], "eid": null, "extra": 3}]},
+            "envs": {"envs": [{"eid": "a", "uid": 0, "creation": "bad", "username": null,
+                "config": {"name": null, "gpu_memory": null, "gpus": null}, "pids": [], "kernel_ids": []}]},
+            "devices": {"devices": []}, "future": true}"#;
+        let s = parse_snapshot(text, "t").unwrap();
+        assert_eq!(s.processes[0].owner, Owner::NoEnv);
+        assert_eq!(s.processes[0].gpus[0].usage, Usage::Unknown);
+        assert_eq!(s.envs[0].username, None);
+        assert_eq!(s.envs[0].created, None);
+    }
+
+    #[test]
+    fn errors_name_the_json_path() {
+        let bad_uid = SPEC_EXAMPLE.replace("\"uid\": 1001", "\"uid\": \"x\"");
+        let e = parse_snapshot(&bad_uid, "gpu1").unwrap_err();
+        assert_eq!(e.source_name, "gpu1");
+        assert_eq!(e.location, "envs.envs[0].uid");
+
+        let bad_mem = SPEC_EXAMPLE.replace("\"2gi\"", "\"2 GB\"");
+        let e = parse_snapshot(&bad_mem, "gpu1").unwrap_err();
+        assert_eq!(e.location, "envs.envs[0].config.gpu_memory");
+
+        let bad_usage = SPEC_EXAMPLE.replace("\"900mi\"", "\"lots\"");
+        let e = parse_snapshot(&bad_usage, "gpu1").unwrap_err();
+        assert_eq!(
+            e.location,
+            "processes.processes[0].used_gpu_memory[0].gpu_memory"
+        );
+
+        let e = parse_snapshot(&SPEC_EXAMPLE[..100], "gpu1").unwrap_err();
+        assert!(e.message.contains("EOF"), "{e}");
+        assert!(parse_snapshot("", "f").is_err());
+        assert!(parse_envs("[]", "envs.json").is_err());
+    }
+
+    #[test]
+    fn state_files() {
+        let envs = parse_envs(r#"{"envs": [{"eid": "7", "uid": 1000, "creation": "01/01/2026 00:00:00", "username": "bob", "config": {"name": null, "gpu_memory": "1gi", "gpus": 2}, "pids": [7], "kernel_ids": []}]}"#, "envs.json").unwrap();
+        assert_eq!(envs[0].gpus, Some(2));
+        let devices = parse_devices(
+            r#"{"devices": [{"index": 0, "total_memory": "16384mi", "attachments": []}]}"#,
+            "devices.json",
+        )
+        .unwrap();
+        assert_eq!(devices[0].index, GpuIndex(0));
+    }
+
+    #[test]
+    fn clean_up_drops_dead_envs_and_their_attachments() {
+        let mut s = parse_snapshot(SPEC_EXAMPLE, "spec").unwrap();
+        clean_up(&mut s.envs, &mut s.devices, |p| p == 4242, |_| false);
+        assert_eq!(s.envs[0].pids, vec![4242]);
+        assert_eq!(s.devices[0].attachments.len(), 1);
+        clean_up(&mut s.envs, &mut s.devices, |_| false, |_| false);
+        assert!(s.envs.is_empty());
+        assert!(s.devices[0].attachments.is_empty());
+    }
+
+    #[test]
+    fn round_trip() {
+        let s = parse_snapshot(SPEC_EXAMPLE, "spec").unwrap();
+        let text = serde_json::to_string(&to_json(&s)).unwrap();
+        assert_eq!(parse_snapshot(&text, "again").unwrap(), s);
+    }
+}

@@ -1,0 +1,37 @@
+//! Pure parsers that turn raw host output into a [`HostSnapshot`].
+//!
+//! `genv` reads genv's JSON (snapshots and state files), `nvidia_smi` its
+//! CSV, `proc` the text of `/proc/<pid>/{stat,environ,status}`. Reading the
+//! files and running the commands is left to [`crate::local`].
+//!
+//! [`HostSnapshot`]: crate::model::HostSnapshot
+
+pub mod genv;
+pub mod memory;
+pub mod nvidia_smi;
+pub mod proc;
+
+use thiserror::Error;
+
+/// Input that could not be understood, with where it came from.
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+#[error("{source_name}: {location}: {message}")]
+pub struct ParseError {
+    /// The host or file the input came from.
+    pub source_name: String,
+    /// The line (`line 3`) or JSON path (`envs.envs[0].uid`) at fault.
+    pub location: String,
+    /// What is wrong there.
+    pub message: String,
+}
+
+impl ParseError {
+    /// A new error at `location` of `source_name`.
+    pub fn new(source_name: &str, location: impl Into<String>, message: impl Into<String>) -> Self {
+        ParseError {
+            source_name: source_name.to_string(),
+            location: location.into(),
+            message: message.into(),
+        }
+    }
+}

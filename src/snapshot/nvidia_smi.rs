@@ -1,0 +1,246 @@
+//! nvidia-smi CSV: `--query-gpu=uuid,index[,memory.total]` and
+//! `--query-compute-apps=gpu_uuid,pid,used_gpu_memory`, with or without
+//! header and units, fields separated by `", "` as real drivers print them.
+
+use super::ParseError;
+use crate::model::{DeviceUsage, GpuIndex, Pid, Usage};
+
+const MIB: u64 = 1024 * 1024;
+
+/// One GPU from `--query-gpu`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    pub uuid: String,
+    pub index: GpuIndex,
+    /// `memory.total` in MiB, when queried and known.
+    pub total_mib: Option<u64>,
+}
+
+/// One line of `--query-compute-apps`: one process on one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComputeApp {
+    pub gpu_uuid: String,
+    pub pid: Pid,
+    pub usage: Usage,
+}
+
+/// The data lines of a CSV answer with their 1-based line numbers, the
+/// header (recognised by its first column name) left out.
+fn rows<'a>(text: &'a str, first_column: &'a str) -> impl Iterator<Item = (usize, Vec<&'a str>)> {
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
+        .filter(|(_, l)| !l.trim().is_empty())
+        .filter(move |(n, l)| {
+            !(*n == 1 && column_name(l.split(", ").next().unwrap_or("")) == first_column)
+        })
+        .map(|(n, l)| (n, l.split(", ").map(str::trim).collect()))
+}
+
+/// A header field without its unit: `used_gpu_memory [MiB]` -> `used_gpu_memory`.
+fn column_name(field: &str) -> &str {
+    field.split(" [").next().unwrap_or(field).trim()
+}
+
+/// A memory value in MiB: `81559`, `81559 MiB`; `None` for `[N/A]`-like values.
+fn mib(field: &str) -> Result<Option<u64>, String> {
+    if field.starts_with('[') && field.ends_with(']') {
+        return Ok(None);
+    }
+    let digits = field.strip_suffix(" MiB").unwrap_or(field).trim();
+    digits
+        .parse::<u64>()
+        .map(Some)
+        .map_err(|_| format!("not a memory value in MiB: {field:?}"))
+}
+
+fn bad(source: &str, line: usize, message: impl Into<String>) -> ParseError {
+    ParseError::new(source, format!("line {line}"), message)
+}
+
+/// Parses `--query-gpu=uuid,index` (optionally `,memory.total`).
+///
+/// # Errors
+/// A line with too few fields or a non-integer index, naming the line.
+pub fn parse_gpus(text: &str, source: &str) -> Result<Vec<Gpu>, ParseError> {
+    rows(text, "uuid")
+        .map(|(n, f)| {
+            if f.len() < 2 {
+                return Err(bad(
+                    source,
+                    n,
+                    format!("expected `uuid, index`, got {:?}", f.join(", ")),
+                ));
+            }
+            let index = f[1]
+                .parse()
+                .map_err(|_| bad(source, n, format!("not a GPU index: {:?}", f[1])))?;
+            let total_mib = match f.get(2) {
+                Some(m) => mib(m).map_err(|e| bad(source, n, e))?,
+                None => None,
+            };
+            Ok(Gpu {
+                uuid: f[0].to_string(),
+                index: GpuIndex(index),
+                total_mib,
+            })
+        })
+        .collect()
+}
+
+/// Parses `--query-compute-apps=gpu_uuid,pid,used_gpu_memory`. Usage that
+/// nvidia-smi cannot measure (`[N/A]`, `[Not Supported]`) is [`Usage::Unknown`].
+///
+/// # Errors
+/// A line with too few fields, a bad pid or a bad memory value, naming the line.
+pub fn parse_compute_apps(text: &str, source: &str) -> Result<Vec<ComputeApp>, ParseError> {
+    rows(text, "gpu_uuid")
+        .map(|(n, f)| {
+            if f.len() < 3 {
+                return Err(bad(
+                    source,
+                    n,
+                    format!(
+                        "expected `gpu_uuid, pid, used_gpu_memory`, got {:?}",
+                        f.join(", ")
+                    ),
+                ));
+            }
+            let pid = f[1]
+                .parse()
+                .map_err(|_| bad(source, n, format!("not a pid: {:?}", f[1])))?;
+            let usage = match mib(f[2]).map_err(|e| bad(source, n, e))? {
+                Some(m) => Usage::Known(
+                    m.checked_mul(MIB)
+                        .ok_or_else(|| bad(source, n, "memory value too large"))?,
+                ),
+                None => Usage::Unknown,
+            };
+            Ok(ComputeApp {
+                gpu_uuid: f[0].to_string(),
+                pid: Pid(pid),
+                usage,
+            })
+        })
+        .collect()
+}
+
+/// Groups compute apps by pid (first appearance order) and maps GPU uuids
+/// to indices: one entry per process, one usage per GPU it runs on.
+///
+/// # Errors
+/// An app on a GPU uuid that `--query-gpu` did not list.
+pub fn processes(
+    gpus: &[Gpu],
+    apps: &[ComputeApp],
+    source: &str,
+) -> Result<Vec<(Pid, Vec<DeviceUsage>)>, ParseError> {
+    let mut out: Vec<(Pid, Vec<DeviceUsage>)> = Vec::new();
+    for app in apps {
+        let gpu = gpus
+            .iter()
+            .find(|g| g.uuid == app.gpu_uuid)
+            .ok_or_else(|| {
+                ParseError::new(
+                    source,
+                    format!("pid {}", app.pid),
+                    format!("unknown GPU uuid {:?}", app.gpu_uuid),
+                )
+            })?;
+        let usage = DeviceUsage {
+            index: gpu.index,
+            usage: app.usage,
+        };
+        match out.iter_mut().find(|(p, _)| *p == app.pid) {
+            Some((_, list)) => list.push(usage),
+            None => out.push((app.pid, vec![usage])),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GPUS: &str = include_str!("../../fixtures/nvidia-smi/query-gpu.csv");
+    const GPUS_HEADER: &str = include_str!("../../fixtures/nvidia-smi/query-gpu-header-units.csv");
+    const APPS: &str = include_str!("../../fixtures/nvidia-smi/query-compute-apps.csv");
+    const APPS_HEADER: &str =
+        include_str!("../../fixtures/nvidia-smi/query-compute-apps-header-units.csv");
+    const APPS_MIG: &str = include_str!("../../fixtures/nvidia-smi/query-compute-apps-mig-na.csv");
+
+    #[test]
+    fn gpus_plain_and_with_header() {
+        let plain = parse_gpus(GPUS, "f").unwrap();
+        assert_eq!(plain.len(), 4);
+        assert_eq!(plain[3].index, GpuIndex(3));
+        assert!(plain[0].uuid.starts_with("GPU-"));
+        let header = parse_gpus(GPUS_HEADER, "f").unwrap();
+        assert_eq!(header.len(), 4);
+        assert_eq!(header[0].total_mib, Some(81559));
+        assert_eq!(header[0].uuid, plain[0].uuid);
+    }
+
+    #[test]
+    fn apps_plain_with_header_and_na() {
+        let plain = parse_compute_apps(APPS, "f").unwrap();
+        let header = parse_compute_apps(APPS_HEADER, "f").unwrap();
+        assert_eq!(plain, header);
+        assert_eq!(plain[0].usage, Usage::Known(4312 * MIB));
+        let mig = parse_compute_apps(APPS_MIG, "f").unwrap();
+        assert!(mig.iter().any(|a| a.usage == Usage::Unknown));
+        assert!(mig.iter().any(|a| a.gpu_uuid.starts_with("MIG-")));
+    }
+
+    #[test]
+    fn empty_and_header_only() {
+        assert!(parse_compute_apps("", "f").unwrap().is_empty());
+        assert!(
+            parse_compute_apps("gpu_uuid, pid, used_gpu_memory [MiB]\n", "f")
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn process_name_with_commas_is_ignored() {
+        let a = parse_compute_apps("GPU-1, 12, 100 MiB, python a,b, c\n", "f").unwrap();
+        assert_eq!(a[0].pid, Pid(12));
+    }
+
+    #[test]
+    fn malformed_lines_are_named() {
+        let e = parse_compute_apps("GPU-1, 12, 100\nGPU-1, twelve, 100\n", "gpu7").unwrap_err();
+        assert_eq!(
+            (e.source_name.as_str(), e.location.as_str()),
+            ("gpu7", "line 2")
+        );
+        assert!(parse_compute_apps("GPU-1, 12\n", "f").is_err());
+        assert!(parse_compute_apps("GPU-1, 12, 1.5 GiB\n", "f").is_err());
+        assert!(parse_gpus("GPU-1, x\n", "f").is_err());
+        assert!(parse_gpus(
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n",
+            "f"
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn grouping_by_pid() {
+        let gpus = parse_gpus(GPUS, "f").unwrap();
+        let apps = parse_compute_apps(APPS, "f").unwrap();
+        let procs = processes(&gpus, &apps, "f").unwrap();
+        let multi = procs
+            .iter()
+            .find(|(_, u)| u.len() > 1)
+            .expect("fixture has a multi-GPU process");
+        assert!(multi.1.windows(2).all(|w| w[0].index != w[1].index));
+        let unknown = [ComputeApp {
+            gpu_uuid: "GPU-x".into(),
+            pid: Pid(1),
+            usage: Usage::Unknown,
+        }];
+        assert!(processes(&gpus, &unknown, "f").is_err());
+    }
+}
