@@ -52,8 +52,8 @@ pub struct EnforceArgs {
     pub dry_run: bool,
 
     /// Read a recorded `genv usage snapshot` JSON instead of this machine
-    /// (implies --dry-run). Repeat for several files: each is a run of its own.
-    #[arg(long, value_name = "FILE")]
+    /// (implies --dry-run). Several files are assessed one after the other.
+    #[arg(long, value_name = "FILE", num_args = 1..)]
     pub snapshot: Vec<PathBuf>,
 
     /// Output format.

@@ -1,0 +1,346 @@
+//! Differential tests against the real genv 1.4.3 on the same host state.
+//!
+//! Each case builds a fake GPU host (fake nvidia-smi, `GENV_TMPDIR` in a
+//! temp dir, real `sleep` processes carrying `GENV_ENVIRONMENT_ID`) and
+//! compares:
+//! - `genv-enforce enforce --interval 0 --dry-run` with
+//!   `genv enforce --interval 0` under `GENV_TERMINATE_PROCESSES=0`, as
+//!   sorted line sets (genv orders processes by Python set order);
+//! - `genv-enforce enforce --snapshot <genv's own snapshot>` with the same,
+//!   line for line (same process order, so genv's greedy choices too);
+//! - `genv-enforce snapshot` with `genv usage snapshot`.
+//!
+//! Differences are asserted only where the README's table lists them.
+
+mod util;
+
+use serde_json::Value;
+use util::{env, lines, sorted_lines, Host};
+
+struct Runs {
+    ours: Vec<String>,
+    replay: Vec<String>,
+    genv: std::process::Output,
+}
+
+/// Runs everything on `host` with `flags`. genv runs last: its execute
+/// really detaches (only kills are disabled).
+fn run(host: &Host, flags: &[&str]) -> Runs {
+    let before = std::fs::read(host.state_dir().join("devices.json")).ok();
+    let mut args = vec!["enforce", "--interval", "0", "--dry-run"];
+    args.extend_from_slice(flags);
+    let ours = host.ours(&args);
+    assert!(
+        ours.status.success(),
+        "genv-enforce failed: {}",
+        String::from_utf8_lossy(&ours.stderr)
+    );
+    assert_eq!(
+        std::fs::read(host.state_dir().join("devices.json")).ok(),
+        before,
+        "--dry-run touched devices.json"
+    );
+
+    let genv_snapshot = host.genv(&["usage", "snapshot"]);
+    assert!(
+        genv_snapshot.status.success(),
+        "genv usage snapshot: {}",
+        String::from_utf8_lossy(&genv_snapshot.stderr)
+    );
+    let our_snapshot = host.ours(&["snapshot"]);
+    assert!(
+        our_snapshot.status.success(),
+        "{}",
+        String::from_utf8_lossy(&our_snapshot.stderr)
+    );
+    assert_same_snapshot(&genv_snapshot.stdout, &our_snapshot.stdout);
+
+    let file = host.dir.path().join("genv-snapshot.json");
+    std::fs::write(&file, &genv_snapshot.stdout).unwrap();
+    let file = file.display().to_string();
+    let mut args = vec!["enforce", "--snapshot", file.as_str()];
+    args.extend_from_slice(flags);
+    let replay = host.ours(&args);
+    assert!(
+        replay.status.success(),
+        "{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+
+    let mut args = vec!["enforce", "--interval", "0"];
+    args.extend_from_slice(flags);
+    let genv = host.genv(&args);
+    Runs {
+        ours: sorted_lines(&ours),
+        replay: lines(&replay),
+        genv,
+    }
+}
+
+/// Same envs and devices; same processes up to order, our extra fields aside.
+fn assert_same_snapshot(genv: &[u8], ours: &[u8]) {
+    let genv: Value = serde_json::from_slice(genv).unwrap();
+    let mut ours: Value = serde_json::from_slice(ours).unwrap();
+    assert_eq!(ours["envs"], genv["envs"]);
+    assert_eq!(ours["devices"], genv["devices"]);
+    let key = |p: &Value| p["pid"].as_u64();
+    let mut theirs = genv["processes"]["processes"].as_array().unwrap().clone();
+    let mine = ours["processes"]["processes"].as_array_mut().unwrap();
+    for p in mine.iter_mut() {
+        let o = p.as_object_mut().unwrap();
+        o.remove("start_time");
+        o.remove("uid");
+    }
+    mine.sort_by_key(key);
+    theirs.sort_by_key(key);
+    assert_eq!(*mine, theirs);
+}
+
+/// Asserts genv and we agree on `flags` over `host`.
+fn assert_agree(host: &Host, flags: &[&str]) -> Vec<String> {
+    let r = run(host, flags);
+    assert!(
+        r.genv.status.success(),
+        "genv failed: {}",
+        String::from_utf8_lossy(&r.genv.stderr)
+    );
+    assert_eq!(r.ours, sorted_lines(&r.genv), "live dry run vs genv");
+    assert_eq!(
+        r.replay,
+        lines(&r.genv),
+        "replay of genv's snapshot vs genv, line for line"
+    );
+    lines(&r.genv)
+}
+
+#[test]
+fn non_env_processes_and_state_clean_up() {
+    let mut h = Host::new(4);
+    let a = h.spawn(Some("a"));
+    let stray1 = h.spawn(None);
+    let stray2 = h.spawn(None);
+    let dead = h.spawn(Some("gone"));
+    h.set_apps(&[
+        (a, 0, "1000"),
+        (stray1, 1, "200"),
+        (stray2, 2, "300"),
+        (stray2, 3, "300"),
+    ]);
+    // "gone" has no live pid: genv drops it on load, and its attachment too.
+    h.write_envs(&[
+        env("a", Some("alice"), None, a),
+        env("gone", Some("bob"), None, 999_999),
+    ]);
+    h.write_devices(4, &[(0, "a"), (1, "gone")]);
+    let _ = dead;
+    let out = assert_agree(&h, &["--non-env-processes"]);
+    assert_eq!(out.len(), 4, "{out:?}");
+    assert!(out.contains(&format!(
+        "Process {stray1} is not running in a GPU environment"
+    )));
+    assert!(out.contains(&format!(
+        "Terminating process {stray2} from environment N/A that is running on GPU(s) 2,3"
+    )));
+    // Off by default, as in genv.
+    assert!(assert_agree(&h, &[]).is_empty());
+}
+
+#[test]
+fn env_devices_multi_gpu_process() {
+    let mut h = Host::new(4);
+    let p1 = h.spawn(Some("a"));
+    let p2 = h.spawn(Some("a"));
+    let p3 = h.spawn(Some("b"));
+    h.set_apps(&[
+        (p1, 0, "100"),
+        (p1, 1, "100"),
+        (p1, 2, "100"),
+        (p2, 0, "100"),
+        (p3, 3, "100"),
+    ]);
+    h.write_envs(&[env("a", Some("alice"), None, p1), env("b", None, None, p3)]);
+    h.write_devices(4, &[(0, "a"), (3, "b")]);
+    let out = assert_agree(&h, &[]);
+    assert_eq!(
+        out,
+        vec![
+            format!("Process {p1} from environment a is using non-attached GPU(s) 1,2"),
+            format!("Terminating process {p1} from environment a that is running on GPU(s) 0,1,2"),
+        ]
+    );
+    assert!(assert_agree(&h, &["--no-env-devices"]).is_empty());
+}
+
+#[test]
+fn env_memory_over_by_several_processes() {
+    let mut h = Host::new(2);
+    let ps: Vec<u32> = (0..3).map(|_| h.spawn(Some("m"))).collect();
+    let free = h.spawn(Some("u"));
+    // 3 x 500mi with a 100mi cap: all three must go, whatever the order.
+    h.set_apps(&[
+        (ps[0], 0, "500"),
+        (ps[1], 0, "500"),
+        (ps[2], 0, "500"),
+        (free, 1, "70000"),
+    ]);
+    h.write_envs(&[
+        env("m", Some("alice"), Some("100mi"), ps[0]),
+        env("u", Some("bob"), None, free),
+    ]);
+    h.write_devices(2, &[(0, "m"), (1, "u")]);
+    let out = assert_agree(&h, &[]);
+    assert_eq!(
+        out[0],
+        "Environment m is using 1572m on device 0 which is 1468m over its capacity of 100mi"
+    );
+    assert_eq!(out.len(), 4);
+}
+
+#[test]
+fn env_memory_greedy_choice_follows_snapshot_order() {
+    let mut h = Host::new(1);
+    let ps: Vec<u32> = (0..4).map(|_| h.spawn(Some("g"))).collect();
+    // 4 x 800mi with a 2gi cap: 1152mi over, so two of the four go; which
+    // two depends on the process order, compared exactly through the replay.
+    h.set_apps(&[
+        (ps[0], 0, "800"),
+        (ps[1], 0, "800"),
+        (ps[2], 0, "800"),
+        (ps[3], 0, "800"),
+    ]);
+    h.write_envs(&[env("g", Some("carol"), Some("2gi"), ps[0])]);
+    h.write_devices(1, &[(0, "g")]);
+    let r = run(&h, &[]);
+    assert!(r.genv.status.success());
+    assert_eq!(r.replay, lines(&r.genv));
+    assert_eq!(r.replay.len(), 3);
+    // Live: same message, same number of terminations.
+    assert_eq!(r.ours.len(), 3);
+    assert!(r.ours.contains(
+        &"Environment g is using 3355m on device 0 which is 1207m over its capacity of 2gi"
+            .to_string()
+    ));
+}
+
+#[test]
+fn max_devices_per_user_with_override() {
+    let mut h = Host::new(6);
+    let a1 = h.spawn(Some("a1"));
+    let a2 = h.spawn(Some("a2"));
+    let b = h.spawn(Some("b"));
+    h.set_apps(&[
+        (a1, 0, "100"),
+        (a2, 1, "100"),
+        (a2, 2, "100"),
+        (b, 4, "100"),
+    ]);
+    h.write_envs(&[
+        env("a1", Some("alice"), None, a1),
+        env("a2", Some("alice"), None, a2),
+        env("b", Some("bob"), None, b),
+    ]);
+    h.write_devices(
+        6,
+        &[
+            (0, "a1"),
+            (1, "a1"),
+            (1, "a2"),
+            (2, "a2"),
+            (4, "b"),
+            (5, "b"),
+        ],
+    );
+    let out = assert_agree(
+        &h,
+        &[
+            "--max-devices-per-user",
+            "1",
+            "--max-devices-for-user",
+            "bob=2",
+        ],
+    );
+    assert_eq!(
+        out[0],
+        "User alice is using 3 devices which is 2 more than the maximum allowed"
+    );
+    assert!(out.contains(&"Detaching environment a1 of user alice from device 0".to_string()));
+    assert!(out.contains(&"Detaching environment a2 of user alice from device 1".to_string()));
+    assert!(out.contains(&format!(
+        "Terminating process {a2} from environment a2 that is running on GPU(s) 1,2"
+    )));
+    assert_eq!(out.len(), 6, "{out:?}");
+}
+
+#[test]
+fn all_rules_on_a_compliant_host_do_nothing() {
+    let mut h = Host::new(2);
+    let p = h.spawn(Some("ok"));
+    h.set_apps(&[(p, 1, "1000")]);
+    h.write_envs(&[env("ok", Some("alice"), Some("2gi"), p)]);
+    h.write_devices(2, &[(1, "ok")]);
+    assert!(assert_agree(&h, &["--non-env-processes", "--max-devices-per-user", "1"]).is_empty());
+}
+
+// Documented differences (README, "Differences from genv").
+
+#[test]
+fn difference_unknown_environment_is_not_a_way_out() {
+    let mut h = Host::new(2);
+    let ghost = h.spawn(Some("no-such-env"));
+    h.set_apps(&[(ghost, 1, "100")]);
+    h.write_envs(&[]);
+    h.write_devices(2, &[]);
+    let r = run(&h, &["--non-env-processes"]);
+    assert!(r.genv.status.success());
+    assert!(lines(&r.genv).is_empty(), "genv lets it through");
+    let mut expected = vec![
+        format!("Process {ghost} is running in environment no-such-env which does not exist"),
+        format!("Process {ghost} from environment no-such-env is using non-attached GPU(s) 1"),
+        format!(
+            "Terminating process {ghost} from environment no-such-env that is running on GPU(s) 1"
+        ),
+    ];
+    assert_eq!(r.replay, expected);
+    expected.sort();
+    assert_eq!(r.ours, expected);
+}
+
+#[test]
+fn difference_per_user_caps_apply_on_their_own() {
+    let mut h = Host::new(2);
+    let p = h.spawn(Some("d"));
+    h.set_apps(&[(p, 0, "100")]);
+    h.write_envs(&[env("d", Some("dave"), None, p)]);
+    h.write_devices(2, &[(0, "d"), (1, "d")]);
+    let r = run(&h, &["--max-devices-for-user", "dave=1"]);
+    assert!(r.genv.status.success());
+    assert!(
+        lines(&r.genv).is_empty(),
+        "genv ignores it without --max-devices-per-user"
+    );
+    assert_eq!(
+        r.replay[0],
+        "User dave is using 2 devices which is 1 more than the maximum allowed"
+    );
+    assert_eq!(r.ours.len(), 3);
+}
+
+#[test]
+fn difference_unmeasured_usage_does_not_crash() {
+    let mut h = Host::new(1);
+    let na = h.spawn(Some("n"));
+    let big = h.spawn(Some("n"));
+    h.set_apps(&[(na, 0, "[N/A]"), (big, 0, "3000")]);
+    h.write_envs(&[env("n", Some("erin"), Some("1gi"), na)]);
+    h.write_devices(1, &[(0, "n")]);
+    let r = run(&h, &[]);
+    assert!(!r.genv.status.success(), "genv 1.4.3 dies on [N/A]");
+    assert!(String::from_utf8_lossy(&r.genv.stderr).contains("ValueError"));
+    let expected = vec![
+        "Environment n is using 3145m on device 0 which is 2071m over its capacity of 1gi"
+            .to_string(),
+        format!("Terminating process {big} from environment n that is running on GPU(s) 0"),
+    ];
+    assert_eq!(r.replay, expected);
+    assert_eq!(r.ours, expected);
+}

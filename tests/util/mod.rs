@@ -1,0 +1,243 @@
+//! Shared harness for the integration tests: a fake GPU host on this
+//! machine (fake nvidia-smi printing real-format CSV, its own genv state
+//! directory, real `sleep` processes standing in for GPU jobs), and runners
+//! for our binary and for the real genv 1.4.3.
+
+#![allow(dead_code)]
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The uuid of fake GPU `i`.
+pub fn uuid(i: u32) -> String {
+    format!("GPU-{i:08x}-1e2d-4c3b-9a8f-7e6d5c4b3a29")
+}
+
+/// One fake GPU host in a temporary directory.
+pub struct Host {
+    pub dir: tempfile::TempDir,
+    children: Vec<Child>,
+}
+
+impl Host {
+    /// A host with `gpus` 80 GB GPUs, no processes and no genv state.
+    pub fn new(gpus: u32) -> Host {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for sub in ["bin", "gpu", "genv"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        let mut table = String::from("index, uuid, memory.total\n");
+        for i in 0..gpus {
+            table.push_str(&format!("{i}, {}, 81559\n", uuid(i)));
+        }
+        std::fs::write(dir.path().join("gpu/gpus.csv"), table).unwrap();
+        let wrapper = format!(
+            "#!/bin/sh\nFAKE_GPU_DIR='{}' exec '{}' \"$@\"\n",
+            dir.path().join("gpu").display(),
+            repo().join("scripts/fake-nvidia-smi").display()
+        );
+        let bin = dir.path().join("bin/nvidia-smi");
+        std::fs::write(&bin, wrapper).unwrap();
+        std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let host = Host {
+            dir,
+            children: Vec::new(),
+        };
+        host.set_apps(&[]);
+        host
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("genv")
+    }
+
+    pub fn gpu_dir(&self) -> PathBuf {
+        self.dir.path().join("gpu")
+    }
+
+    /// Starts a real process (`sleep`) in environment `eid` (or none).
+    pub fn spawn(&mut self, eid: Option<&str>) -> u32 {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("1000")
+            .env_remove("GENV_ENVIRONMENT_ID")
+            .stdin(Stdio::null());
+        if let Some(e) = eid {
+            cmd.env("GENV_ENVIRONMENT_ID", e);
+        }
+        let child = cmd.spawn().expect("spawn sleep");
+        let pid = child.id();
+        self.children.push(child);
+        pid
+    }
+
+    /// What nvidia-smi reports: (pid, gpu index, used MiB or `[N/A]`).
+    pub fn set_apps(&self, apps: &[(u32, u32, &str)]) {
+        let mut table = String::from("gpu_uuid, pid, used_gpu_memory\n");
+        for (pid, gpu, mem) in apps {
+            table.push_str(&format!("{}, {pid}, {mem}\n", uuid(*gpu)));
+        }
+        std::fs::write(self.gpu_dir().join("apps.csv"), table).unwrap();
+    }
+
+    /// Writes `envs.json` as genv does.
+    pub fn write_envs(&self, envs: &[Value]) {
+        let text = serde_json::to_string_pretty(&json!({ "envs": envs })).unwrap();
+        std::fs::write(self.state_dir().join("envs.json"), text).unwrap();
+    }
+
+    /// Writes `devices.json` with `n` devices and `(device, eid)` attachments.
+    pub fn write_devices(&self, n: u32, attachments: &[(u32, &str)]) {
+        let devices: Vec<Value> = (0..n)
+            .map(|i| {
+                let a: Vec<Value> = attachments
+                    .iter()
+                    .filter(|(d, _)| *d == i)
+                    .map(|(_, e)| json!({"eid": e, "gpu_memory": null, "time": "22/11/2026 15:04:06"}))
+                    .collect();
+                json!({"index": i, "total_memory": "81559mi", "attachments": a})
+            })
+            .collect();
+        let text = serde_json::to_string_pretty(&json!({ "devices": devices })).unwrap();
+        std::fs::write(self.state_dir().join("devices.json"), text).unwrap();
+    }
+
+    pub fn read_devices(&self) -> Value {
+        serde_json::from_str(
+            &std::fs::read_to_string(self.state_dir().join("devices.json")).unwrap(),
+        )
+        .unwrap()
+    }
+
+    /// The eids attached to device `i`.
+    pub fn attached(&self, i: u32) -> Vec<String> {
+        let d = self.read_devices();
+        d["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["index"] == i)
+            .map(|d| {
+                d["attachments"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| a["eid"].as_str().unwrap().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn command(&self, program: &Path) -> Command {
+        let mut cmd = Command::new(program);
+        let path = format!(
+            "{}:{}",
+            self.dir.path().join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        cmd.env("PATH", path)
+            .env("GENV_TMPDIR", self.state_dir())
+            .env_remove("GENV_ENVIRONMENT_ID")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Runs our binary against this host.
+    pub fn ours(&self, args: &[&str]) -> Output {
+        self.command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+            .args(args)
+            .output()
+            .expect("run genv-enforce")
+    }
+
+    /// Runs the real genv against this host, never letting it kill.
+    pub fn genv(&self, args: &[&str]) -> Output {
+        self.command(&genv_bin())
+            .args(args)
+            .env("GENV_TERMINATE_PROCESSES", "0")
+            .output()
+            .expect("run genv")
+    }
+
+    /// Waits for a spawned process to end; the signal that ended it.
+    pub fn wait_signal(&mut self, pid: u32, timeout: Duration) -> Option<i32> {
+        let child = self.children.iter_mut().find(|c| c.id() == pid)?;
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.signal();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    /// Whether a spawned process is still running.
+    pub fn running(&mut self, pid: u32) -> bool {
+        self.children
+            .iter_mut()
+            .find(|c| c.id() == pid)
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// An `envs.json` entry with a live `pid`.
+pub fn env(eid: &str, user: Option<&str>, gpu_memory: Option<&str>, pid: u32) -> Value {
+    json!({
+        "eid": eid, "uid": 0, "creation": "22/11/2026 15:04:05", "username": user,
+        "config": {"name": null, "gpu_memory": gpu_memory, "gpus": null},
+        "pids": [pid], "kernel_ids": []
+    })
+}
+
+/// The real genv 1.4.3 entry point: `$GENV_BIN`, else `genv` on PATH.
+///
+/// # Panics
+/// When neither exists: `scripts/test` installs it.
+pub fn genv_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("GENV_BIN") {
+        return PathBuf::from(p);
+    }
+    let out = Command::new("sh")
+        .args(["-c", "command -v genv"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the real genv 1.4.3 is needed: run scripts/test, or `pip install genv==1.4.3` and set GENV_BIN"
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// stdout lines.
+pub fn lines(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+/// Sorted stdout lines, for comparisons where genv's order is Python set order.
+pub fn sorted_lines(out: &Output) -> Vec<String> {
+    let mut l = lines(out);
+    l.sort();
+    l
+}
