@@ -1,0 +1,324 @@
+//! End-to-end on this machine: our binary (or its library shell) against a
+//! fake GPU host with real processes that really get signalled and a real
+//! `devices.json` that really gets rewritten.
+
+mod util;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use genv_enforce::local::LocalHost;
+use genv_enforce::model::{EnvId, GpuIndex, Pid};
+use genv_enforce::outcome::{self, Termination as T};
+use genv_enforce::plan::Termination;
+use genv_enforce::state::StateDir;
+use util::{env, lines, Host};
+
+const SIGTERM: i32 = 15;
+
+fn start_time(pid: u32) -> u64 {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).unwrap();
+    genv_enforce::snapshot::proc::start_time(&stat).unwrap()
+}
+
+fn local(h: &Host) -> LocalHost {
+    LocalHost {
+        state: StateDir {
+            path: h.state_dir(),
+        },
+        nvidia_smi: h.dir.path().join("bin/nvidia-smi").display().to_string(),
+        proc_root: "/proc".into(),
+        timeout: Duration::from_secs(10),
+    }
+}
+
+fn termination(pid: u32, start_time: Option<u64>) -> Termination {
+    Termination {
+        pid: Pid(pid),
+        start_time,
+        eid: None,
+        gpus: vec![],
+        uid: None,
+        user: None,
+        rules: Default::default(),
+    }
+}
+
+#[test]
+fn enforce_really_terminates_and_detaches() {
+    let mut h = Host::new(4);
+    let good = h.spawn(Some("a"));
+    let stray = h.spawn(None);
+    let roamer = h.spawn(Some("b"));
+    let hog = h.spawn(Some("c"));
+    h.set_apps(&[
+        (good, 0, "100"),
+        (stray, 1, "100"),
+        (roamer, 2, "100"),
+        (roamer, 3, "100"),
+        (hog, 3, "100"),
+    ]);
+    h.write_envs(&[
+        env("a", Some("alice"), None, good),
+        env("b", Some("bob"), None, roamer),
+        env("c", Some("carol"), None, hog),
+    ]);
+    // carol holds two devices with a cap of 1: device 2 is detached and her process there... is on 3, so it lives.
+    h.write_devices(4, &[(0, "a"), (2, "b"), (2, "c"), (3, "c")]);
+    let out = h.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+        "--max-devices-per-user",
+        "1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let l = lines(&out);
+    assert!(
+        l.contains(&format!(
+            "Process {stray} is not running in a GPU environment"
+        )),
+        "{l:?}"
+    );
+    assert!(
+        l.contains(&"Detaching environment c of user carol from device 2".to_string()),
+        "{l:?}"
+    );
+    assert_eq!(h.wait_signal(stray, Duration::from_secs(5)), Some(SIGTERM));
+    assert_eq!(h.wait_signal(roamer, Duration::from_secs(5)), Some(SIGTERM));
+    assert!(h.running(good));
+    assert!(h.running(hog));
+    assert_eq!(h.attached(2), vec!["b"]);
+    assert_eq!(h.attached(3), vec!["c"]);
+    assert_eq!(h.attached(0), vec!["a"]);
+}
+
+#[test]
+fn dry_run_touches_nothing() {
+    let mut h = Host::new(2);
+    let stray = h.spawn(None);
+    let p = h.spawn(Some("a"));
+    h.set_apps(&[(stray, 0, "100"), (p, 1, "100")]);
+    h.write_envs(&[env("a", Some("alice"), None, p)]);
+    h.write_devices(2, &[(0, "a"), (1, "a")]);
+    let before = std::fs::read(h.state_dir().join("devices.json")).unwrap();
+    let out = h.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--dry-run",
+        "--non-env-processes",
+        "--max-devices-per-user",
+        "0",
+    ]);
+    assert!(out.status.success());
+    assert_eq!(lines(&out).len(), 6, "{:?}", lines(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("[DRY RUN]"));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(h.running(stray) && h.running(p));
+    assert_eq!(
+        std::fs::read(h.state_dir().join("devices.json")).unwrap(),
+        before
+    );
+}
+
+#[test]
+fn reused_pid_is_skipped_and_the_same_process_is_signalled() {
+    let mut h = Host::new(1);
+    let p = h.spawn(None);
+    let host = local(&h);
+    let real = start_time(p);
+    // The snapshot saw another process under this pid: leave it alone.
+    assert_eq!(
+        host.terminate(&termination(p, Some(real + 1))),
+        T::PidReused {
+            expected: real + 1,
+            found: real
+        }
+    );
+    assert_eq!(host.terminate(&termination(p, None)), T::NoIdentity);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(h.running(p));
+    assert_eq!(host.terminate(&termination(p, Some(real))), T::Signalled);
+    assert_eq!(h.wait_signal(p, Duration::from_secs(5)), Some(SIGTERM));
+    // Reaped: the pid is gone now.
+    assert_eq!(host.terminate(&termination(p, Some(real))), T::AlreadyGone);
+}
+
+#[tokio::test]
+async fn process_of_unknown_ownership_is_reported_never_terminated() {
+    let mut h = Host::new(1);
+    let p = h.spawn(None);
+    h.set_apps(&[(p, 0, "100")]);
+    // A procfs view where this pid's environ cannot be read (as for another
+    // user's process when we are not root); everything else is the real one.
+    let fake_proc = h.dir.path().join("proc");
+    let pdir = fake_proc.join(p.to_string());
+    std::fs::create_dir_all(pdir.join("environ")).unwrap();
+    for f in ["stat", "status"] {
+        std::os::unix::fs::symlink(format!("/proc/{p}/{f}"), pdir.join(f)).unwrap();
+    }
+    let host = LocalHost {
+        proc_root: fake_proc,
+        ..local(&h)
+    };
+    let settings = genv_enforce::cycle::Settings {
+        policy: genv_enforce::rules::Policy {
+            non_env_processes: true,
+            ..Default::default()
+        },
+        interval: Duration::ZERO,
+        dry_run: false,
+        output: genv_enforce::cli::OutputFormat::Text,
+    };
+    let id = genv_enforce::model::HostId("local".into());
+    let report = genv_enforce::cycle::local_cycle(&host, &id, &settings, 1).await;
+    assert!(report.violations.is_empty());
+    assert!(report.plan.hosts.is_empty());
+    assert!(
+        matches!(&report.notices[..], [genv_enforce::rules::Notice::UnknownOwner { pid, .. }] if pid.0 == p)
+    );
+    let text = genv_enforce::report::render_text(&report);
+    assert!(
+        text.stderr[0].contains("has unknown ownership"),
+        "{:?}",
+        text.stderr
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(h.running(p));
+}
+
+#[test]
+fn concurrent_genv_attach_loses_nothing_to_our_detach() {
+    const N: u32 = 6;
+    let mut h = Host::new(N);
+    let victim = h.spawn(Some("victim"));
+    let owners: Vec<u32> = (0..N).map(|i| h.spawn(Some(&format!("e{i}")))).collect();
+    let mut envs = vec![env("victim", Some("vic"), None, victim)];
+    envs.extend((0..N).map(|i| env(&format!("e{i}"), Some("u"), None, owners[i as usize])));
+    h.write_envs(&envs);
+    let victims: Vec<(u32, &str)> = (0..N).map(|i| (i, "victim")).collect();
+    h.write_devices(N, &victims);
+    // Real genv attaches, all at once, while we detach the victim device by device.
+    let attaches: Vec<_> = (0..N)
+        .map(|i| {
+            Command::new(util::genv_bin())
+                .args([
+                    "devices",
+                    "attach",
+                    "--allow-over-subscription",
+                    "--eid",
+                    &format!("e{i}"),
+                    "--index",
+                    &i.to_string(),
+                ])
+                .env("GENV_TMPDIR", h.state_dir())
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let state = StateDir {
+        path: h.state_dir(),
+    };
+    for i in 0..N {
+        let out = state.detach(
+            &[(GpuIndex(i), EnvId("victim".into()))],
+            Duration::from_secs(30),
+        );
+        assert_eq!(out, vec![outcome::Detach::Detached]);
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    for mut a in attaches {
+        assert!(a.wait().unwrap().success());
+    }
+    for i in 0..N {
+        assert_eq!(h.attached(i), vec![format!("e{i}")], "device {i}");
+    }
+}
+
+#[test]
+fn failing_hung_or_malformed_sources_are_reported_and_nothing_is_done() {
+    let mut h = Host::new(1);
+    let stray = h.spawn(None);
+    h.set_apps(&[(stray, 0, "100")]);
+    let args = [
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+        "--command-timeout",
+        "1s",
+    ];
+
+    std::fs::write(h.gpu_dir().join("fail"), "").unwrap();
+    let out = h.ours(&args);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("couldn't communicate with the NVIDIA driver"));
+    std::fs::remove_file(h.gpu_dir().join("fail")).unwrap();
+
+    std::fs::write(h.gpu_dir().join("hang"), "").unwrap();
+    let out = h.ours(&args);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("did not finish within 1s"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_file(h.gpu_dir().join("hang")).unwrap();
+
+    std::fs::write(
+        h.state_dir().join("envs.json"),
+        r#"{"envs": [{"eid": "x", "uid": "root"}]}"#,
+    )
+    .unwrap();
+    let out = h.ours(&args);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("envs.json") && err.contains("envs[0].uid"),
+        "{err}"
+    );
+    assert!(lines(&out).is_empty());
+    assert!(h.running(stray));
+}
+
+#[test]
+fn interval_loop_stops_cleanly_on_sigterm() {
+    let h = Host::new(1);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_genv-enforce"))
+        .args(["enforce", "--interval", "200ms", "--output", "json"])
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                h.dir.path().join("bin").display(),
+                std::env::var("PATH").unwrap()
+            ),
+        )
+        .env("GENV_TMPDIR", h.state_dir())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(900));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    let cycles: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(cycles.len() >= 3, "{} cycles", cycles.len());
+    assert_eq!(cycles[1]["cycle"], 2);
+    assert_eq!(cycles[0]["hosts"][0]["devices"], 1);
+}
