@@ -80,19 +80,22 @@ pub struct RuleArgs {
     /// Terminate processes that are not running in a GPU environment [default: off]
     #[arg(long, conflicts_with = "no_non_env_processes")]
     pub non_env_processes: bool,
-    #[arg(long, hide_short_help = true)]
+    /// Do not terminate processes outside environments
+    #[arg(long)]
     pub no_non_env_processes: bool,
 
     /// Enforce environment attached devices [default: on]
     #[arg(long, conflicts_with = "no_env_devices")]
     pub env_devices: bool,
-    #[arg(long, hide_short_help = true)]
+    /// Do not enforce attached devices
+    #[arg(long)]
     pub no_env_devices: bool,
 
     /// Enforce environment memory capacity if set [default: on]
     #[arg(long, conflicts_with = "no_env_memory")]
     pub env_memory: bool,
-    #[arg(long, hide_short_help = true)]
+    /// Do not enforce memory capacity
+    #[arg(long)]
     pub no_env_memory: bool,
 
     /// Maximum allowed attached devices for each user

@@ -26,6 +26,8 @@ pub mod local;
 pub mod model;
 pub mod outcome;
 pub mod plan;
+#[cfg(test)]
+mod properties;
 pub mod report;
 pub mod rules;
 pub mod snapshot;

@@ -112,12 +112,12 @@ pub fn detach_line(d: &Detach) -> String {
 fn notice_line(mode: Mode, n: &Notice) -> String {
     match n {
         Notice::UnknownOwner { host, pid, gpus, reason } => format!(
-            "[WARNING] {}Process {pid} on GPU(s) {} has unknown ownership ({reason}); it is not terminated",
+            "{}[WARNING] Process {pid} on GPU(s) {} has unknown ownership ({reason}); it is not terminated",
             prefix(mode, host),
             indices(gpus)
         ),
         Notice::UnmeasuredUsage { host, pid, eid, device } => format!(
-            "[WARNING] {}Memory usage of process {pid} from environment {eid} on device {device} is unknown to nvidia-smi; it is not counted against the capacity",
+            "{}[WARNING] Memory usage of process {pid} from environment {eid} on device {device} is unknown to nvidia-smi; it is not counted against the capacity",
             prefix(mode, host)
         ),
     }
@@ -130,13 +130,13 @@ fn outcome_line(mode: Mode, o: &Outcome) -> Option<String> {
             let p = prefix(mode, host);
             match outcome {
                 T::Signalled | T::DryRun => return None,
-                T::AlreadyGone => format!("[DEBUG] {p}Process {pid} already terminated"),
-                T::PermissionDenied => format!("[ERROR] {p}Not enough permissions to terminate process {pid}"),
+                T::AlreadyGone => format!("{p}[DEBUG] Process {pid} already terminated"),
+                T::PermissionDenied => format!("{p}[ERROR] Not enough permissions to terminate process {pid}"),
                 T::PidReused { expected, found } => format!(
-                    "[WARNING] {p}Process {pid} was not terminated: the pid now belongs to another process (start time {found}, expected {expected})"
+                    "{p}[WARNING] Process {pid} was not terminated: the pid now belongs to another process (start time {found}, expected {expected})"
                 ),
-                T::NoIdentity => format!("[WARNING] {p}Process {pid} was not terminated: its start time is unknown"),
-                T::Failed { error } => format!("[ERROR] {p}Failed terminating process {pid}: {error}"),
+                T::NoIdentity => format!("{p}[WARNING] Process {pid} was not terminated: its start time is unknown"),
+                T::Failed { error } => format!("{p}[ERROR] Failed terminating process {pid}: {error}"),
             }
         }
         Outcome::Detach {
@@ -149,10 +149,10 @@ fn outcome_line(mode: Mode, o: &Outcome) -> Option<String> {
             match outcome {
                 D::Detached | D::DryRun => return None,
                 D::NotAttached => format!(
-                    "[DEBUG] {p}Environment {eid} was already detached from device {device}"
+                    "{p}[DEBUG] Environment {eid} was already detached from device {device}"
                 ),
                 D::Failed { error } => {
-                    format!("[ERROR] {p}Failed detaching environment {eid} from device {device}: {error}")
+                    format!("{p}[ERROR] Failed detaching environment {eid} from device {device}: {error}")
                 }
             }
         }

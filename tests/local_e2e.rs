@@ -292,7 +292,7 @@ fn failing_hung_or_malformed_sources_are_reported_and_nothing_is_done() {
 #[test]
 fn interval_loop_stops_cleanly_on_sigterm() {
     let h = Host::new(1);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_genv-enforce"))
+    let child = Command::new(env!("CARGO_BIN_EXE_genv-enforce"))
         .args(["enforce", "--interval", "200ms", "--output", "json"])
         .env(
             "PATH",

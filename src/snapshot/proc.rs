@@ -19,8 +19,8 @@ pub fn start_time(stat: &[u8]) -> Option<u64> {
 pub fn environment_id(environ: &[u8]) -> Option<String> {
     environ
         .split(|&b| b == 0)
-        .filter_map(|var| var.strip_prefix(ENV_VAR.as_bytes())?.strip_prefix(b"="))
-        .last()
+        .rev()
+        .find_map(|var| var.strip_prefix(ENV_VAR.as_bytes())?.strip_prefix(b"="))
         .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 

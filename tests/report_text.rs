@@ -1,0 +1,80 @@
+//! insta snapshots of what an admin reads: the dry run over the recorded
+//! fixtures (genv's message strings), local and remote wording, and `--help`.
+
+use std::process::Command;
+
+use genv_enforce::cycle::{assess, dry_run_outcomes};
+use genv_enforce::model::{HostId, Mode};
+use genv_enforce::report::render_text;
+use genv_enforce::rules::Policy;
+use genv_enforce::snapshot::genv::parse_snapshot;
+
+fn fixture(name: &str) -> (HostId, Result<genv_enforce::model::HostSnapshot, String>) {
+    let path = format!(
+        "{}/fixtures/snapshots/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    (
+        HostId(name.into()),
+        parse_snapshot(&text, &path).map_err(|e| e.to_string()),
+    )
+}
+
+fn policy() -> Policy {
+    Policy {
+        non_env_processes: true,
+        max_devices_per_user: Some(2),
+        max_devices_for_user: [("erin".to_string(), 0)].into_iter().collect(),
+        ..Policy::default()
+    }
+}
+
+fn render(mode: Mode, hosts: &[&str]) -> String {
+    let (_, mut report) = assess(
+        1,
+        mode,
+        true,
+        &policy(),
+        hosts.iter().map(|h| fixture(h)).collect(),
+    );
+    report.outcomes = dry_run_outcomes(&report.plan);
+    let text = render_text(&report);
+    format!(
+        "--- stdout\n{}\n--- stderr\n{}\n",
+        text.stdout.join("\n"),
+        text.stderr.join("\n")
+    )
+}
+
+#[test]
+fn local_dry_run_per_fixture() {
+    for host in ["gpu1", "gpu2", "gpu3"] {
+        insta::assert_snapshot!(format!("local_{host}"), render(Mode::Local, &[host]));
+    }
+}
+
+#[test]
+fn remote_wording_over_the_three_fixtures() {
+    insta::assert_snapshot!(render(Mode::Remote, &["gpu1", "gpu2", "gpu3"]));
+}
+
+#[test]
+fn host_errors_are_reported() {
+    let bad: (HostId, Result<genv_enforce::model::HostSnapshot, String>) = (
+        HostId("gpu9".into()),
+        Err("nvidia-smi exited with exit status: 9: NVIDIA-SMI has failed".into()),
+    );
+    let (_, report) = assess(1, Mode::Remote, true, &policy(), vec![fixture("gpu2"), bad]);
+    insta::assert_snapshot!(render_text(&report).stderr.join("\n"));
+}
+
+#[test]
+fn help_texts() {
+    let bin = env!("CARGO_BIN_EXE_genv-enforce");
+    let help = |args: &[&str]| {
+        String::from_utf8(Command::new(bin).args(args).output().unwrap().stdout).unwrap()
+    };
+    insta::assert_snapshot!("help", help(&["--help"]));
+    insta::assert_snapshot!("enforce_help", help(&["enforce", "--help"]));
+}
