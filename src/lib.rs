@@ -22,6 +22,7 @@
 pub mod cli;
 pub mod cycle;
 pub mod error;
+pub mod inventory;
 pub mod local;
 pub mod model;
 pub mod outcome;

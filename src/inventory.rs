@@ -1,0 +1,388 @@
+//! Which hosts to enforce and how to reach each: `-H h1,h2`, `--hostfile`
+//! (genv's formats) or an inventory TOML (see `hosts.example.toml`).
+//! Pure: text in, [`HostSpec`]s out; reading the files is the caller's.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::model::HostId;
+
+/// How to reach one host and run genv's tools there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSpec {
+    /// The name printed in reports (`[gpu1] ...`), as the admin wrote it.
+    pub id: HostId,
+    /// Host name or address to connect to.
+    pub address: String,
+    pub user: Option<String>,
+    pub port: Option<u16>,
+    pub identity_file: Option<PathBuf>,
+    /// Extra `ssh -o` options (`Key=Value`).
+    pub ssh_options: Vec<String>,
+    /// genv's state directory there (`GENV_TMPDIR`).
+    pub genv_dir: String,
+    /// The privilege wrapper, as words (`["sudo", "-n"]`; empty for root logins).
+    pub sudo: Vec<String>,
+    /// The genv command, as words.
+    pub genv: Vec<String>,
+    /// The nvidia-smi command.
+    pub nvidia_smi: String,
+}
+
+/// Per-user device caps read from an inventory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caps {
+    pub max_devices_per_user: Option<u32>,
+    pub max_devices_for_user: BTreeMap<String, u32>,
+}
+
+/// A fleet: hosts in order, and caps from the inventory file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inventory {
+    pub hosts: Vec<HostSpec>,
+    pub caps: Caps,
+}
+
+/// An inventory that cannot be used, naming the file and where.
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+#[error("{file}: {message}")]
+pub struct InventoryError {
+    pub file: String,
+    pub message: String,
+}
+
+/// Declares a TOML table type carrying every host setting inline (serde's
+/// `flatten` would lose toml's line numbers and key names in errors).
+macro_rules! with_settings {
+    ($(#[$m:meta])* struct $name:ident { $($field:ident: $ty:ty,)* }) => {
+        $(#[$m])*
+        struct $name {
+            $($field: $ty,)*
+            user: Option<String>,
+            port: Option<u16>,
+            identity_file: Option<PathBuf>,
+            ssh_options: Option<Vec<String>>,
+            genv_dir: Option<String>,
+            sudo: Option<String>,
+            genv: Option<String>,
+            nvidia_smi: Option<String>,
+        }
+
+        impl $name {
+            fn settings(&self) -> Settings {
+                Settings {
+                    user: self.user.clone(),
+                    port: self.port,
+                    identity_file: self.identity_file.clone(),
+                    ssh_options: self.ssh_options.clone(),
+                    genv_dir: self.genv_dir.clone(),
+                    sudo: self.sudo.clone(),
+                    genv: self.genv.clone(),
+                    nvidia_smi: self.nvidia_smi.clone(),
+                }
+            }
+        }
+    };
+}
+
+with_settings! {
+    /// Settings a host inherits from `[defaults]` and its group.
+    #[derive(Debug, Clone, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Settings {}
+}
+
+impl Settings {
+    /// `self` with gaps filled from `base`.
+    fn over(&self, base: &Settings) -> Settings {
+        Settings {
+            user: self.user.clone().or_else(|| base.user.clone()),
+            port: self.port.or(base.port),
+            identity_file: self.identity_file.clone().or_else(|| base.identity_file.clone()),
+            ssh_options: self.ssh_options.clone().or_else(|| base.ssh_options.clone()),
+            genv_dir: self.genv_dir.clone().or_else(|| base.genv_dir.clone()),
+            sudo: self.sudo.clone().or_else(|| base.sudo.clone()),
+            genv: self.genv.clone().or_else(|| base.genv.clone()),
+            nvidia_smi: self.nvidia_smi.clone().or_else(|| base.nvidia_smi.clone()),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    defaults: Settings,
+    #[serde(default)]
+    group: Vec<Group>,
+    #[serde(default)]
+    host: Vec<HostEntry>,
+    #[serde(default)]
+    limits: Limits,
+}
+
+with_settings! {
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Group {
+        name: String,
+        hosts: Option<Vec<String>>,
+    }
+}
+
+with_settings! {
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct HostEntry {
+        name: String,
+        address: Option<String>,
+        group: Option<String>,
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Limits {
+    max_devices_per_user: Option<u32>,
+    #[serde(default)]
+    max_devices_for_user: BTreeMap<String, u32>,
+}
+
+/// Options that apply to every host (`-l`, and genv's defaults).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `-l USER`: login name for hosts that do not name one.
+    pub user: Option<String>,
+}
+
+const DEFAULT_GENV_DIR: &str = "/var/tmp/genv";
+
+fn spec(id: &str, address: &str, s: &Settings) -> Result<HostSpec, String> {
+    let words = |v: &Option<String>, default: &str| -> Vec<String> {
+        v.as_deref().unwrap_or(default).split_whitespace().map(String::from).collect()
+    };
+    let genv = words(&s.genv, "genv");
+    if genv.is_empty() {
+        return Err("key `genv`: must not be empty".into());
+    }
+    for o in s.ssh_options.iter().flatten() {
+        if !o.contains('=') || o.starts_with('=') {
+            return Err(format!("key `ssh_options`: {o:?} is not Key=Value"));
+        }
+    }
+    Ok(HostSpec {
+        id: HostId(id.to_string()),
+        address: address.to_string(),
+        user: s.user.clone(),
+        port: s.port,
+        identity_file: s.identity_file.clone(),
+        ssh_options: s.ssh_options.clone().unwrap_or_default(),
+        genv_dir: s.genv_dir.clone().unwrap_or_else(|| DEFAULT_GENV_DIR.to_string()),
+        sudo: words(&s.sudo, "sudo -n"),
+        genv,
+        nvidia_smi: s.nvidia_smi.clone().unwrap_or_else(|| "nvidia-smi".to_string()),
+    })
+}
+
+/// Parses genv's host notation `[user@]host[:port]` (IPv6 as `[addr]:port`).
+///
+/// # Errors
+/// An empty host, user or port, or a port that is not 1-65535.
+pub fn parse_host(text: &str, overrides: &Overrides) -> Result<HostSpec, String> {
+    let (user, rest) = match text.rsplit_once('@') {
+        Some((u, r)) if !u.is_empty() => (Some(u.to_string()), r),
+        Some(_) => return Err(format!("{text:?}: empty user")),
+        None => (overrides.user.clone(), text),
+    };
+    let (address, port) = if let Some(inner) = rest.strip_prefix('[') {
+        let (addr, after) = inner.split_once(']').ok_or_else(|| format!("{text:?}: unclosed ["))?;
+        (addr, after.strip_prefix(':'))
+    } else if rest.matches(':').count() == 1 {
+        let (a, p) = rest.split_once(':').unwrap_or((rest, ""));
+        (a, Some(p))
+    } else {
+        (rest, None)
+    };
+    if address.is_empty() {
+        return Err(format!("{text:?}: empty host"));
+    }
+    let port = match port {
+        Some(p) => Some(p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| format!("{text:?}: bad port {p:?}"))?),
+        None => None,
+    };
+    let settings = Settings { user, port, ..Settings::default() };
+    spec(text, address, &settings)
+}
+
+/// Parses `-H h1,h2,...`.
+///
+/// # Errors
+/// A bad host, or no host at all.
+pub fn parse_host_list(text: &str, overrides: &Overrides) -> Result<Vec<HostSpec>, String> {
+    let hosts: Vec<HostSpec> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|h| parse_host(h, overrides))
+        .collect::<Result<_, _>>()?;
+    if hosts.is_empty() {
+        return Err("no hosts given".into());
+    }
+    Ok(hosts)
+}
+
+/// Parses a genv hostfile: one host a line; blank and `#` lines ignored.
+///
+/// # Errors
+/// A bad host, naming its line.
+pub fn parse_hostfile(text: &str, file: &str, overrides: &Overrides) -> Result<Vec<HostSpec>, InventoryError> {
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim()))
+        .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'))
+        .map(|(n, l)| {
+            parse_host(l, overrides).map_err(|m| InventoryError { file: file.to_string(), message: format!("line {n}: {m}") })
+        })
+        .collect()
+}
+
+/// Parses an inventory TOML. Hosts come in file order: each `[[group]]`'s
+/// `hosts`, then each `[[host]]`. A `[[host]]` may name a `group` to
+/// inherit its settings; settings resolve host > group > `[defaults]`.
+///
+/// # Errors
+/// TOML syntax, unknown keys, wrong types (with line and column), an
+/// unknown group, a host listed twice, or a bad setting (naming the key).
+pub fn parse_inventory(text: &str, file: &str, overrides: &Overrides) -> Result<Inventory, InventoryError> {
+    let err = |message: String| InventoryError { file: file.to_string(), message };
+    let parsed: File = toml::from_str(text).map_err(|e| err(e.to_string().trim_end().replace('\n', "\n  ")))?;
+    let defaults = parsed.defaults.over(&Settings { user: overrides.user.clone(), ..Settings::default() });
+    let mut hosts: Vec<HostSpec> = Vec::new();
+    let mut push = |h: HostSpec| -> Result<(), InventoryError> {
+        if hosts.iter().any(|x| x.id == h.id) {
+            return Err(err(format!("host `{}` is listed twice", h.id)));
+        }
+        hosts.push(h);
+        Ok(())
+    };
+    for g in &parsed.group {
+        let s = g.settings().over(&defaults);
+        for name in g.hosts.iter().flatten() {
+            push(spec(name, name, &s).map_err(|m| err(format!("[[group]] `{}`: {m}", g.name)))?)?;
+        }
+    }
+    for h in &parsed.host {
+        let base = match &h.group {
+            Some(name) => parsed
+                .group
+                .iter()
+                .find(|g| &g.name == name)
+                .map(|g| g.settings().over(&defaults))
+                .ok_or_else(|| err(format!("[[host]] `{}`: key `group`: unknown group `{name}`", h.name)))?,
+            None => defaults.clone(),
+        };
+        let address = h.address.as_deref().unwrap_or(&h.name);
+        push(spec(&h.name, address, &h.settings().over(&base)).map_err(|m| err(format!("[[host]] `{}`: {m}", h.name)))?)?;
+    }
+    if hosts.is_empty() {
+        return Err(err("no hosts: add [[host]] entries or a [[group]] with `hosts`".into()));
+    }
+    Ok(Inventory {
+        hosts,
+        caps: Caps {
+            max_devices_per_user: parsed.limits.max_devices_per_user,
+            max_devices_for_user: parsed.limits.max_devices_for_user,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn genv_host_notation() {
+        let o = Overrides { user: Some("admin".into()) };
+        let h = parse_host("alice@gpu1:2222", &o).unwrap();
+        assert_eq!((h.user.as_deref(), h.address.as_str(), h.port), (Some("alice"), "gpu1", Some(2222)));
+        assert_eq!(h.id, HostId("alice@gpu1:2222".into()));
+        let h = parse_host("gpu2", &o).unwrap();
+        assert_eq!((h.user.as_deref(), h.port), (Some("admin"), None));
+        assert_eq!(h.sudo, vec!["sudo", "-n"]);
+        let h = parse_host("[::1]:22", &Overrides::default()).unwrap();
+        assert_eq!((h.address.as_str(), h.port), ("::1", Some(22)));
+        assert_eq!(parse_host("fe80::1", &Overrides::default()).unwrap().port, None);
+        for bad in ["", "@gpu", "gpu:0", "gpu:x", "gpu:70000", "[::1"] {
+            assert!(parse_host(bad, &o).is_err(), "{bad}");
+        }
+        assert_eq!(parse_host_list("a, b,,c", &o).unwrap().len(), 3);
+        assert!(parse_host_list(" , ", &o).is_err());
+    }
+
+    #[test]
+    fn hostfile() {
+        let hosts = parse_hostfile("# fleet\n\ngpu1\n  bob@gpu2:22 \n", "hosts.txt", &Overrides::default()).unwrap();
+        assert_eq!(hosts.len(), 2);
+        let e = parse_hostfile("gpu1\ngpu2:x\n", "hosts.txt", &Overrides::default()).unwrap_err();
+        assert!(e.to_string().starts_with("hosts.txt: line 2:"), "{e}");
+    }
+
+    #[test]
+    fn example_inventory_parses() {
+        let text = include_str!("../hosts.example.toml");
+        let inv = parse_inventory(text, "hosts.example.toml", &Overrides::default()).unwrap();
+        assert!(inv.hosts.len() >= 3);
+        assert!(inv.caps.max_devices_per_user.is_some());
+    }
+
+    #[test]
+    fn inheritance_and_order() {
+        let text = r#"
+[defaults]
+user = "ops"
+sudo = "sudo -n"
+[[group]]
+name = "a100"
+hosts = ["gpu1", "gpu2"]
+port = 2222
+[[host]]
+name = "gpu3"
+address = "10.0.0.3"
+group = "a100"
+user = "root"
+sudo = ""
+[limits]
+max_devices_per_user = 2
+max_devices_for_user = { alice = 4 }
+"#;
+        let inv = parse_inventory(text, "f.toml", &Overrides { user: Some("cli".into()) }).unwrap();
+        let ids: Vec<_> = inv.hosts.iter().map(|h| h.id.0.as_str()).collect();
+        assert_eq!(ids, ["gpu1", "gpu2", "gpu3"]);
+        assert_eq!(inv.hosts[0].user.as_deref(), Some("ops"));
+        assert_eq!(inv.hosts[0].port, Some(2222));
+        assert_eq!(inv.hosts[2].address, "10.0.0.3");
+        assert_eq!(inv.hosts[2].port, Some(2222));
+        assert!(inv.hosts[2].sudo.is_empty());
+        assert_eq!(inv.caps.max_devices_for_user.get("alice"), Some(&4));
+    }
+
+    #[test]
+    fn errors_name_file_line_and_key() {
+        let o = Overrides::default();
+        let e = parse_inventory("[[host]]\nname = \"a\"\nprot = 22\n", "inv.toml", &o).unwrap_err();
+        let m = e.to_string();
+        assert!(m.starts_with("inv.toml: ") && m.contains("line 3") && m.contains("prot"), "{m}");
+        let e = parse_inventory("[[host]]\nname = \"a\"\nport = \"x\"\n", "inv.toml", &o).unwrap_err();
+        assert!(e.to_string().contains("line 3") && e.to_string().contains("port"), "{e}");
+        let e = parse_inventory("[[host]]\nname = \"a\"\ngroup = \"nope\"\n", "inv.toml", &o).unwrap_err();
+        assert!(e.to_string().contains("key `group`: unknown group `nope`"), "{e}");
+        let e = parse_inventory("[[host]]\nname = \"a\"\n[[host]]\nname = \"a\"\n", "inv.toml", &o).unwrap_err();
+        assert!(e.to_string().contains("listed twice"), "{e}");
+        assert!(parse_inventory("", "inv.toml", &o).is_err());
+        let e = parse_inventory("[[host]]\nname = \"a\"\nssh_options = [\"nope\"]\n", "inv.toml", &o).unwrap_err();
+        assert!(e.to_string().contains("ssh_options"), "{e}");
+    }
+}
