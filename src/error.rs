@@ -28,6 +28,9 @@ pub enum HostError {
     /// A command ran past its deadline and was killed.
     #[error("{command} did not finish within {}", humantime::format_duration(*after))]
     Timeout { command: String, after: Duration },
+    /// The SSH connection or channel failed.
+    #[error("{message}")]
+    Ssh { message: String },
     /// Output that was not UTF-8.
     #[error("{command} printed output that is not UTF-8")]
     NotUtf8 { command: String },

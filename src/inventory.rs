@@ -72,6 +72,7 @@ macro_rules! with_settings {
         }
 
         impl $name {
+            #[allow(dead_code)] // Settings itself never needs it
             fn settings(&self) -> Settings {
                 Settings {
                     user: self.user.clone(),
@@ -101,8 +102,14 @@ impl Settings {
         Settings {
             user: self.user.clone().or_else(|| base.user.clone()),
             port: self.port.or(base.port),
-            identity_file: self.identity_file.clone().or_else(|| base.identity_file.clone()),
-            ssh_options: self.ssh_options.clone().or_else(|| base.ssh_options.clone()),
+            identity_file: self
+                .identity_file
+                .clone()
+                .or_else(|| base.identity_file.clone()),
+            ssh_options: self
+                .ssh_options
+                .clone()
+                .or_else(|| base.ssh_options.clone()),
             genv_dir: self.genv_dir.clone().or_else(|| base.genv_dir.clone()),
             sudo: self.sudo.clone().or_else(|| base.sudo.clone()),
             genv: self.genv.clone().or_else(|| base.genv.clone()),
@@ -162,7 +169,11 @@ const DEFAULT_GENV_DIR: &str = "/var/tmp/genv";
 
 fn spec(id: &str, address: &str, s: &Settings) -> Result<HostSpec, String> {
     let words = |v: &Option<String>, default: &str| -> Vec<String> {
-        v.as_deref().unwrap_or(default).split_whitespace().map(String::from).collect()
+        v.as_deref()
+            .unwrap_or(default)
+            .split_whitespace()
+            .map(String::from)
+            .collect()
     };
     let genv = words(&s.genv, "genv");
     if genv.is_empty() {
@@ -180,10 +191,16 @@ fn spec(id: &str, address: &str, s: &Settings) -> Result<HostSpec, String> {
         port: s.port,
         identity_file: s.identity_file.clone(),
         ssh_options: s.ssh_options.clone().unwrap_or_default(),
-        genv_dir: s.genv_dir.clone().unwrap_or_else(|| DEFAULT_GENV_DIR.to_string()),
+        genv_dir: s
+            .genv_dir
+            .clone()
+            .unwrap_or_else(|| DEFAULT_GENV_DIR.to_string()),
         sudo: words(&s.sudo, "sudo -n"),
         genv,
-        nvidia_smi: s.nvidia_smi.clone().unwrap_or_else(|| "nvidia-smi".to_string()),
+        nvidia_smi: s
+            .nvidia_smi
+            .clone()
+            .unwrap_or_else(|| "nvidia-smi".to_string()),
     })
 }
 
@@ -198,7 +215,9 @@ pub fn parse_host(text: &str, overrides: &Overrides) -> Result<HostSpec, String>
         None => (overrides.user.clone(), text),
     };
     let (address, port) = if let Some(inner) = rest.strip_prefix('[') {
-        let (addr, after) = inner.split_once(']').ok_or_else(|| format!("{text:?}: unclosed ["))?;
+        let (addr, after) = inner
+            .split_once(']')
+            .ok_or_else(|| format!("{text:?}: unclosed ["))?;
         (addr, after.strip_prefix(':'))
     } else if rest.matches(':').count() == 1 {
         let (a, p) = rest.split_once(':').unwrap_or((rest, ""));
@@ -210,10 +229,19 @@ pub fn parse_host(text: &str, overrides: &Overrides) -> Result<HostSpec, String>
         return Err(format!("{text:?}: empty host"));
     }
     let port = match port {
-        Some(p) => Some(p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| format!("{text:?}: bad port {p:?}"))?),
+        Some(p) => Some(
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("{text:?}: bad port {p:?}"))?,
+        ),
         None => None,
     };
-    let settings = Settings { user, port, ..Settings::default() };
+    let settings = Settings {
+        user,
+        port,
+        ..Settings::default()
+    };
     spec(text, address, &settings)
 }
 
@@ -238,13 +266,20 @@ pub fn parse_host_list(text: &str, overrides: &Overrides) -> Result<Vec<HostSpec
 ///
 /// # Errors
 /// A bad host, naming its line.
-pub fn parse_hostfile(text: &str, file: &str, overrides: &Overrides) -> Result<Vec<HostSpec>, InventoryError> {
+pub fn parse_hostfile(
+    text: &str,
+    file: &str,
+    overrides: &Overrides,
+) -> Result<Vec<HostSpec>, InventoryError> {
     text.lines()
         .enumerate()
         .map(|(i, l)| (i + 1, l.trim()))
         .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'))
         .map(|(n, l)| {
-            parse_host(l, overrides).map_err(|m| InventoryError { file: file.to_string(), message: format!("line {n}: {m}") })
+            parse_host(l, overrides).map_err(|m| InventoryError {
+                file: file.to_string(),
+                message: format!("line {n}: {m}"),
+            })
         })
         .collect()
 }
@@ -256,10 +291,21 @@ pub fn parse_hostfile(text: &str, file: &str, overrides: &Overrides) -> Result<V
 /// # Errors
 /// TOML syntax, unknown keys, wrong types (with line and column), an
 /// unknown group, a host listed twice, or a bad setting (naming the key).
-pub fn parse_inventory(text: &str, file: &str, overrides: &Overrides) -> Result<Inventory, InventoryError> {
-    let err = |message: String| InventoryError { file: file.to_string(), message };
-    let parsed: File = toml::from_str(text).map_err(|e| err(e.to_string().trim_end().replace('\n', "\n  ")))?;
-    let defaults = parsed.defaults.over(&Settings { user: overrides.user.clone(), ..Settings::default() });
+pub fn parse_inventory(
+    text: &str,
+    file: &str,
+    overrides: &Overrides,
+) -> Result<Inventory, InventoryError> {
+    let err = |message: String| InventoryError {
+        file: file.to_string(),
+        message,
+    };
+    let parsed: File =
+        toml::from_str(text).map_err(|e| err(e.to_string().trim_end().replace('\n', "\n  ")))?;
+    let defaults = parsed.defaults.over(&Settings {
+        user: overrides.user.clone(),
+        ..Settings::default()
+    });
     let mut hosts: Vec<HostSpec> = Vec::new();
     let mut push = |h: HostSpec| -> Result<(), InventoryError> {
         if hosts.iter().any(|x| x.id == h.id) {
@@ -281,14 +327,24 @@ pub fn parse_inventory(text: &str, file: &str, overrides: &Overrides) -> Result<
                 .iter()
                 .find(|g| &g.name == name)
                 .map(|g| g.settings().over(&defaults))
-                .ok_or_else(|| err(format!("[[host]] `{}`: key `group`: unknown group `{name}`", h.name)))?,
+                .ok_or_else(|| {
+                    err(format!(
+                        "[[host]] `{}`: key `group`: unknown group `{name}`",
+                        h.name
+                    ))
+                })?,
             None => defaults.clone(),
         };
         let address = h.address.as_deref().unwrap_or(&h.name);
-        push(spec(&h.name, address, &h.settings().over(&base)).map_err(|m| err(format!("[[host]] `{}`: {m}", h.name)))?)?;
+        push(
+            spec(&h.name, address, &h.settings().over(&base))
+                .map_err(|m| err(format!("[[host]] `{}`: {m}", h.name)))?,
+        )?;
     }
     if hosts.is_empty() {
-        return Err(err("no hosts: add [[host]] entries or a [[group]] with `hosts`".into()));
+        return Err(err(
+            "no hosts: add [[host]] entries or a [[group]] with `hosts`".into(),
+        ));
     }
     Ok(Inventory {
         hosts,
@@ -305,16 +361,24 @@ mod tests {
 
     #[test]
     fn genv_host_notation() {
-        let o = Overrides { user: Some("admin".into()) };
+        let o = Overrides {
+            user: Some("admin".into()),
+        };
         let h = parse_host("alice@gpu1:2222", &o).unwrap();
-        assert_eq!((h.user.as_deref(), h.address.as_str(), h.port), (Some("alice"), "gpu1", Some(2222)));
+        assert_eq!(
+            (h.user.as_deref(), h.address.as_str(), h.port),
+            (Some("alice"), "gpu1", Some(2222))
+        );
         assert_eq!(h.id, HostId("alice@gpu1:2222".into()));
         let h = parse_host("gpu2", &o).unwrap();
         assert_eq!((h.user.as_deref(), h.port), (Some("admin"), None));
         assert_eq!(h.sudo, vec!["sudo", "-n"]);
         let h = parse_host("[::1]:22", &Overrides::default()).unwrap();
         assert_eq!((h.address.as_str(), h.port), ("::1", Some(22)));
-        assert_eq!(parse_host("fe80::1", &Overrides::default()).unwrap().port, None);
+        assert_eq!(
+            parse_host("fe80::1", &Overrides::default()).unwrap().port,
+            None
+        );
         for bad in ["", "@gpu", "gpu:0", "gpu:x", "gpu:70000", "[::1"] {
             assert!(parse_host(bad, &o).is_err(), "{bad}");
         }
@@ -324,7 +388,12 @@ mod tests {
 
     #[test]
     fn hostfile() {
-        let hosts = parse_hostfile("# fleet\n\ngpu1\n  bob@gpu2:22 \n", "hosts.txt", &Overrides::default()).unwrap();
+        let hosts = parse_hostfile(
+            "# fleet\n\ngpu1\n  bob@gpu2:22 \n",
+            "hosts.txt",
+            &Overrides::default(),
+        )
+        .unwrap();
         assert_eq!(hosts.len(), 2);
         let e = parse_hostfile("gpu1\ngpu2:x\n", "hosts.txt", &Overrides::default()).unwrap_err();
         assert!(e.to_string().starts_with("hosts.txt: line 2:"), "{e}");
@@ -358,7 +427,14 @@ sudo = ""
 max_devices_per_user = 2
 max_devices_for_user = { alice = 4 }
 "#;
-        let inv = parse_inventory(text, "f.toml", &Overrides { user: Some("cli".into()) }).unwrap();
+        let inv = parse_inventory(
+            text,
+            "f.toml",
+            &Overrides {
+                user: Some("cli".into()),
+            },
+        )
+        .unwrap();
         let ids: Vec<_> = inv.hosts.iter().map(|h| h.id.0.as_str()).collect();
         assert_eq!(ids, ["gpu1", "gpu2", "gpu3"]);
         assert_eq!(inv.hosts[0].user.as_deref(), Some("ops"));
@@ -374,15 +450,36 @@ max_devices_for_user = { alice = 4 }
         let o = Overrides::default();
         let e = parse_inventory("[[host]]\nname = \"a\"\nprot = 22\n", "inv.toml", &o).unwrap_err();
         let m = e.to_string();
-        assert!(m.starts_with("inv.toml: ") && m.contains("line 3") && m.contains("prot"), "{m}");
-        let e = parse_inventory("[[host]]\nname = \"a\"\nport = \"x\"\n", "inv.toml", &o).unwrap_err();
-        assert!(e.to_string().contains("line 3") && e.to_string().contains("port"), "{e}");
-        let e = parse_inventory("[[host]]\nname = \"a\"\ngroup = \"nope\"\n", "inv.toml", &o).unwrap_err();
-        assert!(e.to_string().contains("key `group`: unknown group `nope`"), "{e}");
-        let e = parse_inventory("[[host]]\nname = \"a\"\n[[host]]\nname = \"a\"\n", "inv.toml", &o).unwrap_err();
+        assert!(
+            m.starts_with("inv.toml: ") && m.contains("line 3") && m.contains("prot"),
+            "{m}"
+        );
+        let e =
+            parse_inventory("[[host]]\nname = \"a\"\nport = \"x\"\n", "inv.toml", &o).unwrap_err();
+        assert!(
+            e.to_string().contains("line 3") && e.to_string().contains("port"),
+            "{e}"
+        );
+        let e = parse_inventory("[[host]]\nname = \"a\"\ngroup = \"nope\"\n", "inv.toml", &o)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("key `group`: unknown group `nope`"),
+            "{e}"
+        );
+        let e = parse_inventory(
+            "[[host]]\nname = \"a\"\n[[host]]\nname = \"a\"\n",
+            "inv.toml",
+            &o,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("listed twice"), "{e}");
         assert!(parse_inventory("", "inv.toml", &o).is_err());
-        let e = parse_inventory("[[host]]\nname = \"a\"\nssh_options = [\"nope\"]\n", "inv.toml", &o).unwrap_err();
+        let e = parse_inventory(
+            "[[host]]\nname = \"a\"\nssh_options = [\"nope\"]\n",
+            "inv.toml",
+            &o,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("ssh_options"), "{e}");
     }
 }

@@ -29,6 +29,7 @@ pub mod outcome;
 pub mod plan;
 #[cfg(test)]
 mod properties;
+pub mod remote;
 pub mod report;
 pub mod rules;
 pub mod snapshot;
