@@ -22,6 +22,8 @@ pub struct Cli {
 pub enum Command {
     /// Enforce GPU usage on this machine (as `genv enforce`).
     Enforce(EnforceArgs),
+    /// Enforce GPU usage on remote hosts over SSH (as `genv remote ... enforce`).
+    Remote(RemoteArgs),
     /// Print this machine's GPU usage as JSON (as `genv usage snapshot`),
     /// with each process's start time and uid added.
     Snapshot(SnapshotArgs),
@@ -63,6 +65,115 @@ pub struct EnforceArgs {
     /// Deadline for each nvidia-smi call and for waiting on genv's lock.
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub command_timeout: Duration,
+}
+
+/// `remote` options: which hosts and how to reach them.
+#[derive(Debug, Args)]
+pub struct RemoteArgs {
+    /// Comma-separated hosts, `[user@]host[:port]` (also `-host`)
+    #[arg(short = 'H', long = "host", value_name = "HOSTS", group = "hosts")]
+    pub host: Option<String>,
+
+    /// A file with one host a line (blank and `#` lines ignored)
+    #[arg(long, value_name = "FILE", group = "hosts")]
+    pub hostfile: Option<PathBuf>,
+
+    /// An inventory TOML (see hosts.example.toml)
+    #[arg(long, value_name = "FILE", group = "hosts")]
+    pub inventory: Option<PathBuf>,
+
+    /// SSH login name for hosts that do not name one
+    #[arg(short = 'l', long = "username", value_name = "USER")]
+    pub username: Option<String>,
+
+    /// SSH connect timeout in seconds
+    #[arg(short = 't', long = "timeout", value_name = "SECONDS")]
+    pub timeout: Option<u64>,
+
+    /// Abort when any host fails (before anything is enforced)
+    #[arg(short = 'e', long)]
+    pub exit_on_error: bool,
+
+    /// Do not print host failures
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+
+    /// Hosts worked on at once, SSH handshakes included
+    #[arg(long, default_value_t = 32, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrency: u16,
+
+    /// Deadline of each remote command (a hung nvidia-smi or sudo fails that host for the cycle)
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub command_timeout: Duration,
+
+    /// Directory for the SSH master sockets [default: a private temporary directory]
+    #[arg(long, value_name = "DIR")]
+    pub control_dir: Option<PathBuf>,
+
+    /// Host-key policy
+    #[arg(long, value_enum, default_value = "accept-new")]
+    pub host_key_check: HostKeyCheck,
+
+    /// known_hosts file to use instead of ~/.ssh/known_hosts
+    #[arg(long, value_name = "FILE")]
+    pub known_hosts_file: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: RemoteCommand,
+}
+
+/// How host keys are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HostKeyCheck {
+    /// Only hosts already in known_hosts.
+    Strict,
+    /// Unknown hosts are added; changed keys are refused.
+    AcceptNew,
+}
+
+/// What to do on the remote hosts.
+#[derive(Debug, Subcommand)]
+pub enum RemoteCommand {
+    /// Enforce GPU usage on the hosts.
+    Enforce(RemoteEnforceArgs),
+}
+
+/// `remote ... enforce` options.
+#[derive(Debug, Args)]
+pub struct RemoteEnforceArgs {
+    #[command(flatten)]
+    pub rules: RuleArgs,
+
+    /// Time between cycles: bare seconds as genv (`10`) or a duration
+    /// (`30s`, `2m`); 0 runs one cycle and exits.
+    #[arg(long, default_value = "10", value_parser = parse_duration, value_name = "INTERVAL")]
+    pub interval: Duration,
+
+    /// Report what would be done; terminate and detach nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Replay a recorded fleet: one `<host>.json` (genv snapshot JSON) per
+    /// host; the hosts are -H's, or every file in DIR. Implies --dry-run.
+    #[arg(long, value_name = "DIR")]
+    pub snapshot_dir: Option<PathBuf>,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: OutputFormat,
+}
+
+/// genv accepts `-host`; clap has no single-dash long options.
+pub fn normalize_args(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    args.into_iter()
+        .map(|a| match a.to_str() {
+            Some("-host") => "--host".into(),
+            Some(s) if s.starts_with("-host=") => format!("-{s}").into(),
+            _ => a,
+        })
+        .collect()
 }
 
 /// `snapshot` options.
@@ -205,6 +316,40 @@ mod tests {
         assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn remote_command_line_as_genv() {
+        let args = normalize_args(
+            [
+                "genv-enforce",
+                "remote",
+                "-host",
+                "a,b",
+                "-l",
+                "ops",
+                "-t",
+                "5",
+                "-e",
+                "-q",
+                "enforce",
+                "--max-devices-per-user",
+                "2",
+            ]
+            .map(std::ffi::OsString::from),
+        );
+        let Command::Remote(r) = Cli::try_parse_from(args).unwrap().command else {
+            panic!()
+        };
+        assert_eq!(
+            (r.host.as_deref(), r.username.as_deref(), r.timeout),
+            (Some("a,b"), Some("ops"), Some(5))
+        );
+        assert!(r.exit_on_error && r.quiet);
+        let RemoteCommand::Enforce(e) = r.command;
+        assert_eq!(e.rules.policy().max_devices_per_user, Some(2));
+        assert!(parse(&["remote", "-H", "a", "--hostfile", "f", "enforce"]).is_err());
+        assert!(parse(&["remote", "-H", "a", "--concurrency", "0", "enforce"]).is_err());
     }
 
     #[test]

@@ -218,3 +218,145 @@ pub fn replay(files: &[PathBuf], settings: &Settings) -> bool {
     }
     ok
 }
+
+/// How a remote run treats failing hosts (genv's `-e` and `-q`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Failures {
+    /// Abort before enforcing anything when a host fails.
+    pub exit_on_error: bool,
+    /// Do not print host failures (JSON output still carries them).
+    pub quiet: bool,
+}
+
+/// What ended a remote run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Every cycle went without error.
+    Clean,
+    /// Some host or action failed in some cycle.
+    Errors,
+    /// `-e`: a host failed and nothing was enforced.
+    Aborted,
+}
+
+/// One remote cycle: snapshot all hosts, assess the cluster, dispatch the
+/// plans (unless dry run, or `-e` and a host failed).
+pub async fn remote_cycle(
+    fleet: &crate::remote::Fleet,
+    settings: &Settings,
+    failures: Failures,
+    cycle: u64,
+) -> (CycleReport, bool) {
+    let results = fleet.snapshots().await;
+    let (cluster, mut report) = assess(
+        cycle,
+        Mode::Remote,
+        settings.dry_run,
+        &settings.policy,
+        results,
+    );
+    let abort = failures.exit_on_error && report.hosts.iter().any(|h| h.error.is_some());
+    if abort {
+        report.plan = Plan::default();
+    } else if settings.dry_run {
+        report.outcomes = dry_run_outcomes(&report.plan);
+    } else {
+        report.outcomes = fleet.dispatch(&report.plan, &cluster).await;
+    }
+    (report, abort)
+}
+
+/// Writes a remote report; `quiet` drops host failures from the text.
+pub fn emit_remote(report: &CycleReport, format: OutputFormat, quiet: bool) {
+    if quiet && format == OutputFormat::Text {
+        let mut r = report.clone();
+        r.hosts.iter_mut().for_each(|h| h.error = None);
+        emit(&r, format);
+    } else {
+        emit(report, format);
+    }
+}
+
+/// Enforces on the fleet every `interval` (once if zero) until a signal,
+/// then closes every master connection.
+///
+/// # Errors
+/// Signal handlers cannot be installed.
+pub async fn run_remote(
+    fleet: &crate::remote::Fleet,
+    settings: &Settings,
+    failures: Failures,
+) -> std::io::Result<Ending> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut ending = Ending::Clean;
+    for cycle in 1.. {
+        let (report, abort) = tokio::select! {
+            r = remote_cycle(fleet, settings, failures, cycle) => r,
+            _ = term.recv() => break,
+            _ = interrupt.recv() => break,
+        };
+        if abort {
+            // genv raises on the first failure whatever -q says.
+            emit_remote(&report, settings.output, false);
+            ending = Ending::Aborted;
+            break;
+        }
+        if failed(&report) {
+            ending = Ending::Errors;
+        }
+        emit_remote(&report, settings.output, failures.quiet);
+        if settings.interval.is_zero() {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(settings.interval) => {}
+            _ = term.recv() => break,
+            _ = interrupt.recv() => break,
+        }
+    }
+    for (host, e) in fleet.close().await {
+        tracing::warn!(%host, error = %e, "closing the SSH master failed");
+    }
+    Ok(ending)
+}
+
+/// A dry run over a recorded fleet: `<dir>/<host>.json` for each host
+/// (all files in `dir`, by name, when `hosts` is `None`). Returns whether
+/// every host's file could be read.
+pub fn replay_fleet(
+    dir: &std::path::Path,
+    hosts: Option<Vec<HostId>>,
+    settings: &Settings,
+    failures: Failures,
+) -> bool {
+    let hosts = hosts.unwrap_or_else(|| {
+        let mut names: Vec<HostId> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let p = e.path();
+                let stem = p.file_stem()?.to_string_lossy().into_owned();
+                (p.extension()? == "json").then_some(HostId(stem))
+            })
+            .collect();
+        names.sort();
+        names
+    });
+    let results = hosts
+        .into_iter()
+        .map(|h| {
+            let path = dir.join(format!("{h}.json"));
+            let name = path.display().to_string();
+            let r = std::fs::read_to_string(&path)
+                .map_err(|e| format!("{name}: {e}"))
+                .and_then(|t| genv::parse_snapshot(&t, &name).map_err(|e| e.to_string()));
+            (h, r)
+        })
+        .collect();
+    let (_, mut report) = assess(1, Mode::Remote, true, &settings.policy, results);
+    report.outcomes = dry_run_outcomes(&report.plan);
+    emit_remote(&report, settings.output, failures.quiet);
+    !failed(&report)
+}

@@ -5,13 +5,16 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use genv_enforce::cli::{Cli, Command, EnforceArgs};
-use genv_enforce::cycle::{self, Settings};
+use genv_enforce::cli::{self, Cli, Command, EnforceArgs, HostKeyCheck, RemoteArgs, RemoteCommand};
+use genv_enforce::cycle::{self, Ending, Failures, Settings};
+use genv_enforce::inventory::{self, Inventory, Overrides};
 use genv_enforce::local::LocalHost;
+use genv_enforce::model::HostId;
+use genv_enforce::remote::{ssh::SshOptions, Fleet};
 use genv_enforce::snapshot::genv;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(cli::normalize_args(std::env::args_os()));
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_env("GENV_ENFORCE_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
@@ -30,6 +33,7 @@ fn main() -> ExitCode {
     };
     let ok = match cli.command {
         Command::Enforce(args) => runtime.block_on(enforce(args)),
+        Command::Remote(args) => runtime.block_on(remote(args)),
         Command::Snapshot(args) => runtime.block_on(async {
             match LocalHost::from_env(args.command_timeout).snapshot().await {
                 Ok(s) => serde_json::to_string_pretty(&genv::to_json(&s))
@@ -61,6 +65,118 @@ async fn enforce(args: EnforceArgs) -> bool {
     }
     match cycle::run_local(LocalHost::from_env(args.command_timeout), settings).await {
         Ok(ok) => ok,
+        Err(e) => {
+            eprintln!("genv-enforce: {}", chain(&e));
+            false
+        }
+    }
+}
+
+/// The hosts named by -H, --hostfile or --inventory, if any.
+fn load_hosts(args: &RemoteArgs) -> Result<Option<Inventory>, String> {
+    let overrides = Overrides {
+        user: args.username.clone(),
+    };
+    let read = |p: &std::path::Path| {
+        std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))
+    };
+    if let Some(list) = &args.host {
+        let hosts = inventory::parse_host_list(list, &overrides).map_err(|e| format!("-H: {e}"))?;
+        return Ok(Some(Inventory {
+            hosts,
+            ..Inventory::default()
+        }));
+    }
+    if let Some(path) = &args.hostfile {
+        let hosts =
+            inventory::parse_hostfile(&read(path)?, &path.display().to_string(), &overrides)
+                .map_err(|e| e.to_string())?;
+        if hosts.is_empty() {
+            return Err(format!("{}: no hosts", path.display()));
+        }
+        return Ok(Some(Inventory {
+            hosts,
+            ..Inventory::default()
+        }));
+    }
+    if let Some(path) = &args.inventory {
+        return inventory::parse_inventory(&read(path)?, &path.display().to_string(), &overrides)
+            .map(Some)
+            .map_err(|e| e.to_string());
+    }
+    Ok(None)
+}
+
+async fn remote(args: RemoteArgs) -> bool {
+    let RemoteCommand::Enforce(enforce) = &args.command;
+    let inventory = match load_hosts(&args) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("genv-enforce: {e}");
+            return false;
+        }
+    };
+    let mut policy = enforce.rules.policy();
+    if let Some(inv) = &inventory {
+        policy.max_devices_per_user = policy
+            .max_devices_per_user
+            .or(inv.caps.max_devices_per_user);
+        let mut caps = inv.caps.max_devices_for_user.clone();
+        caps.extend(policy.max_devices_for_user);
+        policy.max_devices_for_user = caps;
+    }
+    let settings = Settings {
+        policy,
+        interval: enforce.interval,
+        dry_run: enforce.dry_run || enforce.snapshot_dir.is_some(),
+        output: enforce.output,
+    };
+    let failures = Failures {
+        exit_on_error: args.exit_on_error,
+        quiet: args.quiet,
+    };
+    if let Some(dir) = &enforce.snapshot_dir {
+        let hosts = inventory.map(|i| i.hosts.into_iter().map(|h| h.id).collect::<Vec<HostId>>());
+        return cycle::replay_fleet(dir, hosts, &settings, failures);
+    }
+    let Some(inventory) = inventory else {
+        eprintln!("genv-enforce: remote: one of -H/--host, --hostfile or --inventory is required");
+        return false;
+    };
+    let temp;
+    let control_dir = match &args.control_dir {
+        Some(d) => d.clone(),
+        None => match tempfile::Builder::new().prefix("genv-enforce-").tempdir() {
+            Ok(t) => {
+                temp = t;
+                temp.path().to_path_buf()
+            }
+            Err(e) => {
+                eprintln!("genv-enforce: cannot create a directory for SSH sockets: {e}");
+                return false;
+            }
+        },
+    };
+    let ssh = SshOptions {
+        connect_timeout: args.timeout.map(std::time::Duration::from_secs),
+        control_dir,
+        // Masters left by a crash exit on their own once idle this long.
+        persist: (enforce.interval * 3).max(std::time::Duration::from_secs(60)),
+        known_hosts: match args.host_key_check {
+            HostKeyCheck::Strict => openssh::KnownHosts::Strict,
+            HostKeyCheck::AcceptNew => openssh::KnownHosts::Add,
+        },
+        known_hosts_file: args.known_hosts_file.clone(),
+    };
+    let fleet = Fleet::new(
+        inventory.hosts,
+        ssh,
+        usize::from(args.concurrency),
+        args.command_timeout,
+    );
+    match cycle::run_remote(&fleet, &settings, failures).await {
+        Ok(Ending::Clean) => true,
+        Ok(Ending::Errors | Ending::Aborted) => false,
         Err(e) => {
             eprintln!("genv-enforce: {}", chain(&e));
             false
