@@ -86,6 +86,10 @@ pub struct RemoteArgs {
     #[arg(short = 'l', long = "username", value_name = "USER")]
     pub username: Option<String>,
 
+    /// SSH private key for hosts that do not name one (default: ssh's own)
+    #[arg(long, value_name = "FILE")]
+    pub identity_file: Option<PathBuf>,
+
     /// SSH connect timeout in seconds
     #[arg(short = 't', long = "timeout", value_name = "SECONDS")]
     pub timeout: Option<u64>,

@@ -110,7 +110,15 @@ fn load_hosts(args: &RemoteArgs) -> Result<Option<Inventory>, String> {
 async fn remote(args: RemoteArgs) -> bool {
     let RemoteCommand::Enforce(enforce) = &args.command;
     let inventory = match load_hosts(&args) {
-        Ok(i) => i,
+        Ok(mut i) => {
+            for h in i.iter_mut().flat_map(|i| i.hosts.iter_mut()) {
+                h.identity_file = h
+                    .identity_file
+                    .take()
+                    .or_else(|| args.identity_file.clone());
+            }
+            i
+        }
         Err(e) => {
             eprintln!("genv-enforce: {e}");
             return false;
