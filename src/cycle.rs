@@ -66,6 +66,7 @@ pub fn assess<E: ToString>(
         violations,
         plan,
         outcomes: Vec::new(),
+        duration_ms: None,
     };
     (cluster, report)
 }
@@ -139,6 +140,7 @@ pub async fn local_cycle(
     settings: &Settings,
     cycle: u64,
 ) -> CycleReport {
+    let start = std::time::Instant::now();
     let result: Result<HostSnapshot, HostError> = host.snapshot().await;
     let (_, mut report) = assess(
         cycle,
@@ -156,6 +158,7 @@ pub async fn local_cycle(
         }
         out
     };
+    report.duration_ms = Some(start.elapsed().as_millis() as u64);
     report
 }
 
@@ -247,6 +250,7 @@ pub async fn remote_cycle(
     failures: Failures,
     cycle: u64,
 ) -> (CycleReport, bool) {
+    let start = std::time::Instant::now();
     let results = fleet.snapshots().await;
     let (cluster, mut report) = assess(
         cycle,
@@ -257,12 +261,16 @@ pub async fn remote_cycle(
     );
     let abort = failures.exit_on_error && report.hosts.iter().any(|h| h.error.is_some());
     if abort {
+        // genv raises on the first failed host, before any rule runs.
         report.plan = Plan::default();
+        report.violations.clear();
+        report.notices.clear();
     } else if settings.dry_run {
         report.outcomes = dry_run_outcomes(&report.plan);
     } else {
         report.outcomes = fleet.dispatch(&report.plan, &cluster).await;
     }
+    report.duration_ms = Some(start.elapsed().as_millis() as u64);
     (report, abort)
 }
 

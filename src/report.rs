@@ -35,6 +35,8 @@ pub struct CycleReport {
     pub violations: Vec<Violation>,
     pub plan: Plan,
     pub outcomes: Vec<Outcome>,
+    /// Wall time of the cycle, measured by the caller.
+    pub duration_ms: Option<u64>,
 }
 
 /// Text for the two output streams.
@@ -42,6 +44,16 @@ pub struct CycleReport {
 pub struct Text {
     pub stdout: Vec<String>,
     pub stderr: Vec<String>,
+}
+
+/// Host-supplied text with control characters escaped, so that a hostile
+/// eid or username cannot forge or break output lines.
+pub fn clean(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.chars().any(char::is_control) {
+        text.escape_debug().to_string().into()
+    } else {
+        text.into()
+    }
 }
 
 fn indices(list: &[GpuIndex]) -> String {
@@ -65,25 +77,32 @@ pub fn violation_line(mode: Mode, v: &Violation) -> String {
             format!("{}Process {pid} is not running in a GPU environment", prefix(mode, host))
         }
         Finding::UnknownEnvProcess { host, pid, eid } => format!(
-            "{}Process {pid} is running in environment {eid} which does not exist",
-            prefix(mode, host)
+            "{}Process {pid} is running in environment {} which does not exist",
+            prefix(mode, host),
+            clean(&eid.0)
         ),
         Finding::NonAttachedDevices { host, pid, eid, devices } => format!(
-            "{}Process {pid} from environment {eid} is using non-attached GPU(s) {}",
+            "{}Process {pid} from environment {} is using non-attached GPU(s) {}",
             prefix(mode, host),
+            clean(&eid.0),
             indices(devices)
         ),
         Finding::EnvMemory { host, eid, device, used, over, capacity } => format!(
-            "{}Environment {eid} is using {}m on device {device} which is {}m over its capacity of {capacity}",
+            "{}Environment {} is using {}m on device {device} which is {}m over its capacity of {}",
             prefix(mode, host),
+            clean(&eid.0),
             megabytes(*used),
-            megabytes(*over)
+            megabytes(*over),
+            clean(capacity)
         ),
         Finding::MaxDevices { user, devices, hosts, over } => match mode {
             Mode::Remote => format!(
-                "User {user} is using {devices} devices on {hosts} hosts which is {over} more than the maximum allowed"
+                "User {} is using {devices} devices on {hosts} hosts which is {over} more than the maximum allowed",
+                clean(user)
             ),
-            Mode::Local => format!("User {user} is using {devices} devices which is {over} more than the maximum allowed"),
+            Mode::Local => {
+                format!("User {} is using {devices} devices which is {over} more than the maximum allowed", clean(user))
+            }
         },
     }
 }
@@ -94,7 +113,7 @@ pub fn termination_line(t: &Termination) -> String {
     format!(
         "Terminating process {} from environment {} that is running on GPU(s) {}",
         t.pid,
-        t.eid.as_ref().map_or("N/A", |e| e.0.as_str()),
+        t.eid.as_ref().map_or("N/A".into(), |e| clean(&e.0)),
         indices(&gpus)
     )
 }
@@ -103,8 +122,8 @@ pub fn termination_line(t: &Termination) -> String {
 pub fn detach_line(d: &Detach) -> String {
     format!(
         "Detaching environment {} of user {} from device {}",
-        d.eid,
-        d.username.as_deref().unwrap_or("N/A"),
+        clean(&d.eid.0),
+        clean(d.username.as_deref().unwrap_or("N/A")),
         d.device
     )
 }
@@ -117,8 +136,9 @@ fn notice_line(mode: Mode, n: &Notice) -> String {
             indices(gpus)
         ),
         Notice::UnmeasuredUsage { host, pid, eid, device } => format!(
-            "{}[WARNING] Memory usage of process {pid} from environment {eid} on device {device} is unknown to nvidia-smi; it is not counted against the capacity",
-            prefix(mode, host)
+            "{}[WARNING] Memory usage of process {pid} from environment {} on device {device} is unknown to nvidia-smi; it is not counted against the capacity",
+            prefix(mode, host),
+            clean(&eid.0)
         ),
     }
 }
@@ -152,7 +172,11 @@ fn outcome_line(mode: Mode, o: &Outcome) -> Option<String> {
                     "{p}[DEBUG] Environment {eid} was already detached from device {device}"
                 ),
                 D::Failed { error } => {
-                    format!("{p}[ERROR] Failed detaching environment {eid} from device {device}: {error}")
+                    format!(
+                        "{p}[ERROR] Failed detaching environment {} from device {device}: {}",
+                        clean(&eid.0),
+                        clean(error)
+                    )
                 }
             }
         }
@@ -162,8 +186,12 @@ fn outcome_line(mode: Mode, o: &Outcome) -> Option<String> {
 
 fn host_error_line(mode: Mode, h: &HostStatus, error: &str) -> String {
     match mode {
-        Mode::Remote => format!("Failed running SSH command on {} ({error})", h.host),
-        Mode::Local => format!("[ERROR] Failed taking a snapshot: {error}"),
+        Mode::Remote => format!(
+            "Failed running SSH command on {} ({})",
+            h.host,
+            clean(error)
+        ),
+        Mode::Local => format!("[ERROR] Failed taking a snapshot: {}", clean(error)),
     }
 }
 
@@ -216,4 +244,21 @@ pub fn render_json(r: &CycleReport) -> String {
     };
     serde_json::to_string(&json)
         .unwrap_or_else(|e| format!("{{\"error\":\"cannot render report: {e}\"}}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_cannot_forge_lines() {
+        assert_eq!(clean("4100"), "4100");
+        assert_eq!(clean("a\nFake line"), "a\\nFake line");
+        let d = Detach {
+            device: GpuIndex(0),
+            eid: crate::model::EnvId("x\ny".into()),
+            username: Some("u\r".into()),
+        };
+        assert!(!detach_line(&d).contains('\n') && !detach_line(&d).contains('\r'));
+    }
 }

@@ -14,8 +14,7 @@
 
 mod util;
 
-use serde_json::Value;
-use util::{env, lines, sorted_lines, Host};
+use util::{assert_same_snapshot, env, lines, sorted_lines, Host};
 
 struct Runs {
     ours: Vec<String>,
@@ -75,25 +74,6 @@ fn run(host: &Host, flags: &[&str]) -> Runs {
         replay: lines(&replay),
         genv,
     }
-}
-
-/// Same envs and devices; same processes up to order, our extra fields aside.
-fn assert_same_snapshot(genv: &[u8], ours: &[u8]) {
-    let genv: Value = serde_json::from_slice(genv).unwrap();
-    let mut ours: Value = serde_json::from_slice(ours).unwrap();
-    assert_eq!(ours["envs"], genv["envs"]);
-    assert_eq!(ours["devices"], genv["devices"]);
-    let key = |p: &Value| p["pid"].as_u64();
-    let mut theirs = genv["processes"]["processes"].as_array().unwrap().clone();
-    let mine = ours["processes"]["processes"].as_array_mut().unwrap();
-    for p in mine.iter_mut() {
-        let o = p.as_object_mut().unwrap();
-        o.remove("start_time");
-        o.remove("uid");
-    }
-    mine.sort_by_key(key);
-    theirs.sort_by_key(key);
-    assert_eq!(*mine, theirs);
 }
 
 /// Asserts genv and we agree on `flags` over `host`.

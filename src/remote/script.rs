@@ -312,7 +312,8 @@ pub fn execute_report(detaches: &[Detach], snapshot: &HostSnapshot) -> String {
 }
 
 /// Reads `genv usage execute`'s answer: a detach is done when genv printed
-/// its `Detaching environment <eid> ... from device <i>` line.
+/// its exact `Detaching environment <eid> of user <user> from device <i>`
+/// line (searched in the whole output: a hostile eid may hold a newline).
 pub fn read_detaches(
     stdout: &str,
     success: bool,
@@ -322,11 +323,16 @@ pub fn read_detaches(
     detaches
         .iter()
         .map(|d| {
-            let printed = stdout.lines().any(|l| {
-                l.starts_with(&format!("Detaching environment {} of user ", d.eid))
-                    && l.ends_with(&format!(" from device {}", d.device))
-            });
-            if success && printed {
+            let line = format!(
+                "Detaching environment {} of user {} from device {}\n",
+                d.eid,
+                d.username
+                    .as_deref()
+                    .filter(|u| !u.is_empty())
+                    .unwrap_or("N/A"),
+                d.device
+            );
+            if success && stdout.contains(&line) {
                 outcome::Detach::Detached
             } else {
                 outcome::Detach::Failed {

@@ -22,16 +22,38 @@ pub fn uuid(i: u32) -> String {
     format!("GPU-{i:08x}-1e2d-4c3b-9a8f-7e6d5c4b3a29")
 }
 
-/// One fake GPU host in a temporary directory.
+pub mod fleet;
+
+/// One fake GPU host: a directory with `gpu/` tables for the fake
+/// nvidia-smi, `genv/` state and `bin/nvidia-smi`; processes it spawned.
 pub struct Host {
-    pub dir: tempfile::TempDir,
+    pub dir: Dir,
     children: Vec<Child>,
+}
+
+/// A host's directory: our own temporary one, or one the fleet made.
+pub enum Dir {
+    Temp(tempfile::TempDir),
+    At(PathBuf),
+}
+
+impl Dir {
+    pub fn path(&self) -> &Path {
+        match self {
+            Dir::Temp(t) => t.path(),
+            Dir::At(p) => p,
+        }
+    }
 }
 
 impl Host {
     /// A host with `gpus` 80 GB GPUs, no processes and no genv state.
     pub fn new(gpus: u32) -> Host {
-        let dir = tempfile::tempdir().expect("tempdir");
+        Host::at(Dir::Temp(tempfile::tempdir().expect("tempdir")), gpus)
+    }
+
+    /// The same in an existing directory (a fleet host's).
+    pub fn at(dir: Dir, gpus: u32) -> Host {
         for sub in ["bin", "gpu", "genv"] {
             std::fs::create_dir_all(dir.path().join(sub)).unwrap();
         }
@@ -181,6 +203,11 @@ impl Host {
         None
     }
 
+    /// Hands the processes over (to be killed with another host).
+    pub fn adopt(&mut self, other: &mut Host) {
+        self.children.append(&mut other.children);
+    }
+
     /// Whether a spawned process is still running.
     pub fn running(&mut self, pid: u32) -> bool {
         self.children
@@ -240,4 +267,23 @@ pub fn sorted_lines(out: &Output) -> Vec<String> {
     let mut l = lines(out);
     l.sort();
     l
+}
+
+/// Same envs and devices; same processes up to order, our extra fields aside.
+pub fn assert_same_snapshot(genv: &[u8], ours: &[u8]) {
+    let genv: Value = serde_json::from_slice(genv).unwrap();
+    let mut ours: Value = serde_json::from_slice(ours).unwrap();
+    assert_eq!(ours["envs"], genv["envs"]);
+    assert_eq!(ours["devices"], genv["devices"]);
+    let key = |p: &Value| p["pid"].as_u64();
+    let mut theirs = genv["processes"]["processes"].as_array().unwrap().clone();
+    let mine = ours["processes"]["processes"].as_array_mut().unwrap();
+    for p in mine.iter_mut() {
+        let o = p.as_object_mut().unwrap();
+        o.remove("start_time");
+        o.remove("uid");
+    }
+    mine.sort_by_key(key);
+    theirs.sort_by_key(key);
+    assert_eq!(*mine, theirs);
 }

@@ -1,0 +1,530 @@
+//! Remote enforcement end to end, through real sshd (`scripts/fleet`): real
+//! processes really signalled, real `devices.json` really changed, and
+//! every failure path of a fleet. Needs root (CI runs as root).
+
+mod util;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use util::fleet::Fleet;
+use util::{env, lines};
+
+const SIGTERM: i32 = 15;
+const WAIT: Duration = Duration::from_secs(10);
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn each_rule_across_hosts_with_cluster_wide_device_caps() {
+    let Some(mut f) = Fleet::up(3) else { return };
+    let (n1, n2, n3) = (f.names[0].clone(), f.names[1].clone(), f.names[2].clone());
+    // h1: a process outside any environment; alice holds devices 0 and 1.
+    let stray = f.host(0).spawn(None);
+    let a1 = f.host(0).spawn(Some("a1"));
+    f.host(0).set_apps(&[(stray, 2, "100"), (a1, 0, "100")]);
+    f.host(0).write_envs(&[env("a1", Some("alice"), None, a1)]);
+    f.host(0).write_devices(4, &[(0, "a1"), (1, "a1")]);
+    // h2: a process on a GPU its environment is not attached to; alice again.
+    let roamer = f.host(1).spawn(Some("b"));
+    let a2 = f.host(1).spawn(Some("a2"));
+    f.host(1)
+        .set_apps(&[(roamer, 1, "100"), (roamer, 2, "100"), (a2, 3, "100")]);
+    f.host(1).write_envs(&[
+        env("b", Some("bob"), None, roamer),
+        env("a2", Some("alice"), None, a2),
+    ]);
+    f.host(1).write_devices(4, &[(1, "b"), (3, "a2")]);
+    // h3: an environment over its memory capacity.
+    let hog = f.host(2).spawn(Some("c"));
+    let fine = f.host(2).spawn(Some("c"));
+    f.host(2).set_apps(&[(hog, 0, "3000"), (fine, 0, "10")]);
+    f.host(2)
+        .write_envs(&[env("c", Some("carol"), Some("2gi"), hog)]);
+    f.host(2).write_devices(4, &[(0, "c")]);
+
+    let out = f.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+        "--max-devices-per-user",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let l = lines(&out);
+    for expected in [
+        format!("[{n1}] Process {stray} is not running in a GPU environment"),
+        format!("[{n2}] Process {roamer} from environment b is using non-attached GPU(s) 2"),
+        format!("[{n3}] Environment c is using 3156m on device 0 which is 1008m over its capacity of 2gi"),
+        "User alice is using 3 devices on 2 hosts which is 1 more than the maximum allowed".to_string(),
+        format!("[{n1}] Terminating process {a1} from environment a1 that is running on GPU(s) 0"),
+        format!("[{n1}] Detaching environment a1 of user alice from device 0"),
+    ] {
+        assert!(l.contains(&expected), "missing {expected:?} in {l:#?}");
+    }
+    for (h, pid) in [(0, stray), (0, a1), (1, roamer), (2, hog)] {
+        assert_eq!(
+            f.host(h).wait_signal(pid, WAIT),
+            Some(SIGTERM),
+            "pid {pid} on host {h}"
+        );
+    }
+    assert!(f.host(2).running(fine));
+    assert!(f.host(1).running(a2));
+    assert_eq!(f.host(0).attached(0), Vec::<String>::new());
+    assert_eq!(f.host(0).attached(1), vec!["a1"]);
+    assert_eq!(f.host(1).attached(3), vec!["a2"]);
+}
+
+#[test]
+fn dry_run_through_ssh_touches_nothing() {
+    let Some(mut f) = Fleet::up(2) else { return };
+    let stray = f.host(1).spawn(None);
+    f.host(1).set_apps(&[(stray, 0, "100")]);
+    let p = f.host(0).spawn(Some("x"));
+    f.host(0).write_envs(&[env("x", Some("xu"), None, p)]);
+    f.host(0).write_devices(4, &[(0, "x"), (1, "x")]);
+    let before = std::fs::read(f.host(0).state_dir().join("devices.json")).unwrap();
+    let out = f.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--dry-run",
+        "--non-env-processes",
+        "--max-devices-per-user",
+        "1",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(lines(&out).len(), 4, "{:?}", lines(&out));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(f.host(1).running(stray));
+    assert_eq!(
+        std::fs::read(f.host(0).state_dir().join("devices.json")).unwrap(),
+        before
+    );
+}
+
+#[test]
+fn broken_hosts_are_reported_and_the_rest_enforced() {
+    // h1 down, h2 sudo wants a password, h3 nvidia-smi hangs, h4 malformed state, h5 fine.
+    let Some(mut f) = Fleet::up_with(5, |dir, i| {
+        if i == 2 {
+            let d = dir.join("sudoers.d");
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("genv-fleet"), "genv-fleet ALL=(ALL) ALL\n").unwrap();
+        }
+    }) else {
+        return;
+    };
+    f.stop(0);
+    std::fs::write(f.host(2).gpu_dir().join("hang"), "").unwrap();
+    std::fs::write(
+        f.host(3).state_dir().join("envs.json"),
+        "{\"envs\": [{\"eid\": 7}]}",
+    )
+    .unwrap();
+    let mut strays = Vec::new();
+    for h in 1..5 {
+        let p = f.host(h).spawn(None);
+        f.host(h).set_apps(&[(p, 0, "100")]);
+        strays.push(p);
+    }
+    let started = Instant::now();
+    let out = f.ours(&[
+        "-t",
+        "5",
+        "--command-timeout",
+        "4s",
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+    ]);
+    let elapsed = started.elapsed();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    let line = |i: usize| {
+        err.lines()
+            .find(|l| l.starts_with(&format!("Failed running SSH command on {} (", f.names[i])))
+            .map(String::from)
+    };
+    assert!(
+        line(0).is_some_and(|l| l.contains("onnect")),
+        "down host: {err}"
+    );
+    assert!(
+        line(1).is_some_and(|l| l.contains("a password is required")),
+        "sudo: {err}"
+    );
+    assert!(
+        line(2).is_some_and(|l| l.contains("nvidia-smi")),
+        "hung nvidia-smi: {err}"
+    );
+    assert!(
+        line(3).is_some_and(|l| l.contains("envs.json") && l.contains("envs[0].eid")),
+        "malformed: {err}"
+    );
+    assert!(line(4).is_none(), "{err}");
+    // The healthy host was enforced; the broken ones were left alone.
+    assert_eq!(f.host(4).wait_signal(strays[3], WAIT), Some(SIGTERM));
+    for (h, p) in [(1, strays[0]), (2, strays[1]), (3, strays[2])] {
+        assert!(f.host(h).running(p), "host {h}");
+    }
+    assert_eq!(
+        lines(&out),
+        vec![
+            format!(
+                "[{}] Process {} is not running in a GPU environment",
+                f.names[4], strays[3]
+            ),
+            format!(
+                "[{}] Terminating process {} from environment N/A that is running on GPU(s) 0",
+                f.names[4], strays[3]
+            ),
+        ]
+    );
+    // -q hides the failures; -e aborts before enforcing anything.
+    let stray = f.host(4).spawn(None);
+    f.host(4).set_apps(&[(stray, 1, "100")]);
+    let out = f.ours(&[
+        "-q",
+        "-t",
+        "5",
+        "--command-timeout",
+        "4s",
+        "enforce",
+        "--interval",
+        "0",
+        "--dry-run",
+    ]);
+    assert!(
+        !stderr(&out).contains("Failed running SSH command"),
+        "{}",
+        stderr(&out)
+    );
+    let out = f.ours(&[
+        "-e",
+        "-t",
+        "5",
+        "--command-timeout",
+        "4s",
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(lines(&out).is_empty());
+    assert!(f.host(4).running(stray));
+    eprintln!("a cycle with 4 broken hosts of 5 took {elapsed:?}");
+}
+
+#[test]
+fn unreachable_host_never_causes_a_detach_elsewhere() {
+    let Some(mut f) = Fleet::up(2) else { return };
+    // dave: 2 devices on h1 (about to go down) and 2 on h2, cap 3.
+    for h in 0..2 {
+        let p = f.host(h).spawn(Some("d"));
+        f.host(h).write_envs(&[env("d", Some("dave"), None, p)]);
+        f.host(h).write_devices(4, &[(0, "d"), (1, "d")]);
+    }
+    let out = f.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--dry-run",
+        "--max-devices-per-user",
+        "3",
+    ]);
+    assert!(
+        lines(&out)[0].starts_with("User dave is using 4 devices on 2 hosts which is 1 more"),
+        "{:?}",
+        lines(&out)
+    );
+    f.stop(0);
+    // With h1 unseen, dave has 2 visible devices: nothing is detached on h2.
+    let out = f.ours(&[
+        "-t",
+        "5",
+        "enforce",
+        "--interval",
+        "0",
+        "--max-devices-per-user",
+        "3",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(lines(&out).is_empty(), "{:?}", lines(&out));
+    assert_eq!(f.host(1).attached(0), vec!["d"]);
+    // What is visible alone breaks a cap of 1: that much is enforced.
+    let out = f.ours(&[
+        "-t",
+        "5",
+        "enforce",
+        "--interval",
+        "0",
+        "--max-devices-per-user",
+        "1",
+    ]);
+    assert!(
+        lines(&out).contains(
+            &"User dave is using 2 devices on 1 hosts which is 1 more than the maximum allowed"
+                .to_string()
+        ),
+        "{:?} {}",
+        lines(&out),
+        stderr(&out)
+    );
+    assert!(f.host(1).attached(0).is_empty());
+    assert_eq!(f.host(1).attached(1), vec!["d"]);
+}
+
+/// Starts a looping run with JSON output; returns the child and a reader of its cycles.
+fn looping(
+    f: &Fleet,
+    control: &std::path::Path,
+    interval: &str,
+    extra: &[&str],
+) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
+    let hosts = f.names.join(",");
+    let control = control.display().to_string();
+    let mut args = vec!["-H", hosts.as_str(), "--control-dir", control.as_str()];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["enforce", "--interval", interval, "--output", "json"]);
+    let mut child = f
+        .command(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    (child, out)
+}
+
+fn next_cycle(out: &mut BufReader<std::process::ChildStdout>) -> serde_json::Value {
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+}
+
+fn terminate(child: &std::process::Child) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+}
+
+fn sockets_in(dir: &std::path::Path) -> Vec<String> {
+    walk(dir)
+        .into_iter()
+        .filter(|p| {
+            std::fs::metadata(p)
+                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+        })
+        .map(|p| p.display().to_string())
+        .collect()
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+#[test]
+fn interval_loop_keeps_one_master_per_host_and_reconnects_after_a_reboot() {
+    let Some(f) = Fleet::up(2) else { return };
+    let control = tempfile::tempdir().unwrap();
+    let (child, mut out) = looping(&f, control.path(), "300ms", &["-t", "5"]);
+    for cycle in 1..=3 {
+        let c = next_cycle(&mut out);
+        assert_eq!(c["cycle"], cycle);
+        assert!(
+            c["hosts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|h| h["error"].is_null()),
+            "{c}"
+        );
+    }
+    assert_eq!(
+        (f.connections(0), f.connections(1)),
+        (1, 1),
+        "3 cycles over one connection per host"
+    );
+    // h1 reboots: its master dies with it; it fails while down, then comes back.
+    f.stop(0);
+    let mut saw_failure = false;
+    let mut back = false;
+    for _ in 0..40 {
+        let c = next_cycle(&mut out);
+        if !c["hosts"][0]["error"].is_null() {
+            if !saw_failure {
+                f.start(0);
+            }
+            saw_failure = true;
+        } else if saw_failure {
+            back = true;
+            break;
+        }
+        assert!(
+            c["hosts"][1]["error"].is_null(),
+            "the other host is unaffected: {c}"
+        );
+    }
+    assert!(
+        saw_failure && back,
+        "failure seen {saw_failure}, back {back}"
+    );
+    assert_eq!(f.connections(0), 2, "one new master after the reboot");
+    assert_eq!(f.connections(1), 1);
+    terminate(&child);
+    let status = child.wait_with_output().unwrap().status;
+    assert!(status.code().is_some(), "exited, not killed: {status:?}");
+    assert_eq!(sockets_in(control.path()), Vec::<String>::new());
+}
+
+#[test]
+fn sigterm_during_a_cycle_stops_cleanly_and_leaves_no_master_socket() {
+    let Some(f) = Fleet::up(2) else { return };
+    let control = tempfile::tempdir().unwrap();
+    let (child, mut out) = looping(&f, control.path(), "200ms", &["--command-timeout", "60s"]);
+    next_cycle(&mut out);
+    // The next cycle hangs on h2's nvidia-smi (60s deadline): stop it then.
+    std::fs::write(f.hosts[1].gpu_dir().join("hang"), "").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        !sockets_in(control.path()).is_empty(),
+        "masters are up mid-cycle"
+    );
+    let stopped = Instant::now();
+    terminate(&child);
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        stopped.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        stopped.elapsed()
+    );
+    assert!(output.status.code().is_some(), "{:?}", output.status);
+    assert_eq!(sockets_in(control.path()), Vec::<String>::new());
+    let masters = std::process::Command::new("pgrep")
+        .args(["-f", &control.path().display().to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        masters.stdout.is_empty(),
+        "ssh masters left: {}",
+        String::from_utf8_lossy(&masters.stdout)
+    );
+}
+
+#[test]
+fn a_refused_session_is_an_error_not_a_silent_new_connection() {
+    let Some(f) = Fleet::up_with(1, |dir, _| {
+        std::fs::write(dir.join("sshd_extra"), "MaxSessions 0\n").unwrap()
+    }) else {
+        return;
+    };
+    let out = f.ours(&["-t", "5", "enforce", "--interval", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).starts_with(&format!("Failed running SSH command on {} (", f.names[0])),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(f.connections(0), 1, "no fallback connection was opened");
+}
+
+#[test]
+fn hostile_eid_and_username_reach_no_shell() {
+    let Some(mut f) = Fleet::up(1) else { return };
+    let mark = f.dir.path().join("pwned");
+    let m = mark.display().to_string();
+    let eid = format!("e$(touch {m});touch {m}\n`touch {m}`");
+    let user = format!("u$(touch {m}); touch {m}");
+    let p = f.host(0).spawn(Some(&eid));
+    let q = f.host(0).spawn(Some(&eid));
+    f.host(0).set_apps(&[(p, 0, "100"), (q, 3, "100")]);
+    f.host(0).write_envs(&[env(&eid, Some(&user), None, p)]);
+    f.host(0).write_devices(4, &[(0, &eid), (1, &eid)]);
+    let out = f.ours(&["enforce", "--interval", "0", "--max-devices-per-user", "1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!mark.exists(), "a host value reached a shell");
+    // It was enforced all the same: detached from device 0 (and its process
+    // there terminated), and its process on an unattached GPU terminated.
+    assert_eq!(f.host(0).wait_signal(p, WAIT), Some(SIGTERM));
+    assert_eq!(f.host(0).wait_signal(q, WAIT), Some(SIGTERM));
+    assert_eq!(f.host(0).attached(0), Vec::<String>::new());
+    assert_eq!(f.host(0).attached(1), vec![eid.clone()]);
+    // No forged output line: the newline is escaped.
+    assert!(
+        lines(&out)
+            .iter()
+            .all(|l| l.starts_with(&format!("[{}] ", f.names[0])) || l.starts_with("User ")),
+        "{:?}",
+        lines(&out)
+    );
+}
+
+#[test]
+fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
+    let Some(mut f) = Fleet::up(1) else { return };
+    let a = f.host(0).spawn(Some("a"));
+    let stray = f.host(0).spawn(None);
+    let dead_env_pid = 999_999;
+    f.host(0)
+        .set_apps(&[(a, 0, "1200"), (a, 1, "300"), (stray, 2, "50")]);
+    f.host(0).write_envs(&[
+        env("a", Some("alice"), Some("4gi"), a),
+        env("gone", Some("bob"), None, dead_env_pid),
+    ]);
+    f.host(0).write_devices(4, &[(0, "a"), (2, "gone")]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (ours, genv) = rt.block_on(async {
+        let spec = genv_enforce::inventory::parse_host(&f.names[0], &Default::default()).unwrap();
+        let spec = genv_enforce::inventory::HostSpec {
+            identity_file: Some(f.dir.path().join("id_ed25519")),
+            ..spec
+        };
+        let ssh = genv_enforce::remote::ssh::SshOptions {
+            connect_timeout: Some(Duration::from_secs(5)),
+            control_dir: f.dir.path().to_path_buf(),
+            persist: Duration::from_secs(60),
+            known_hosts: openssh::KnownHosts::Add,
+            known_hosts_file: Some(f.dir.path().join("known_hosts")),
+        };
+        let fleet = genv_enforce::remote::Fleet::new(vec![spec], ssh, 1, Duration::from_secs(20));
+        let (_, ours) = fleet.snapshots().await.pop().unwrap();
+        let argv: Vec<String> = ["sudo", "-n", "genv", "usage", "snapshot"]
+            .map(String::from)
+            .to_vec();
+        let genv = fleet.hosts[0]
+            .run(&argv, None, Duration::from_secs(20), &fleet.ssh)
+            .await
+            .unwrap();
+        fleet.close().await;
+        (ours.unwrap(), genv)
+    });
+    assert!(
+        genv.status.success(),
+        "{}",
+        String::from_utf8_lossy(&genv.stderr)
+    );
+    let ours_json = serde_json::to_vec(&genv_enforce::snapshot::genv::to_json(&ours)).unwrap();
+    util::assert_same_snapshot(&genv.stdout, &ours_json);
+    assert!(ours
+        .processes
+        .iter()
+        .all(|p| p.start_time.is_some() && p.uid == Some(0)));
+}
