@@ -97,15 +97,13 @@ pub fn failed(report: &CycleReport) -> bool {
     report.hosts.iter().any(|h| h.error.is_some()) || report.outcomes.iter().any(Outcome::is_error)
 }
 
-/// Writes a report to stdout/stderr in the chosen format. Write errors
-/// (a closed pipe) are ignored: enforcement goes on regardless.
-pub fn emit(report: &CycleReport, format: OutputFormat) {
-    match format {
-        OutputFormat::Json => {
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{}", report::render_json(report));
-            let _ = out.flush();
-        }
+/// Writes a report to stdout/stderr in the chosen format. Returns false
+/// when stdout is gone (a closed pipe): the run then ends, as `| head`
+/// expects. Other write errors are ignored: enforcement goes on.
+pub fn emit(report: &CycleReport, format: OutputFormat) -> bool {
+    let mut out = std::io::stdout().lock();
+    let written = match format {
+        OutputFormat::Json => writeln!(out, "{}", report::render_json(report)),
         OutputFormat::Text => {
             let text = report::render_text(report);
             {
@@ -114,13 +112,11 @@ pub fn emit(report: &CycleReport, format: OutputFormat) {
                     let _ = writeln!(err, "{l}");
                 }
             }
-            let mut out = std::io::stdout().lock();
-            for l in &text.stdout {
-                let _ = writeln!(out, "{l}");
-            }
-            let _ = out.flush();
+            text.stdout.iter().try_for_each(|l| writeln!(out, "{l}"))
         }
-    }
+    };
+    let flushed = written.and_then(|()| out.flush());
+    !matches!(flushed, Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 /// This machine's name for reports.
@@ -179,8 +175,7 @@ pub async fn run_local(host: LocalHost, settings: Settings) -> std::io::Result<b
             _ = interrupt.recv() => break,
         };
         ok &= !failed(&report);
-        emit(&report, settings.output);
-        if settings.interval.is_zero() {
+        if !emit(&report, settings.output) || settings.interval.is_zero() {
             break;
         }
         tokio::select! {
@@ -217,7 +212,9 @@ pub fn replay(files: &[PathBuf], settings: &Settings) -> bool {
         );
         report.outcomes = dry_run_outcomes(&report.plan);
         ok &= !failed(&report);
-        emit(&report, settings.output);
+        if !emit(&report, settings.output) {
+            break;
+        }
     }
     ok
 }
@@ -275,13 +272,14 @@ pub async fn remote_cycle(
 }
 
 /// Writes a remote report; `quiet` drops host failures from the text.
-pub fn emit_remote(report: &CycleReport, format: OutputFormat, quiet: bool) {
+/// Returns false when stdout is gone.
+pub fn emit_remote(report: &CycleReport, format: OutputFormat, quiet: bool) -> bool {
     if quiet && format == OutputFormat::Text {
         let mut r = report.clone();
         r.hosts.iter_mut().for_each(|h| h.error = None);
-        emit(&r, format);
+        emit(&r, format)
     } else {
-        emit(report, format);
+        emit(report, format)
     }
 }
 
@@ -306,15 +304,14 @@ pub async fn run_remote(
         };
         if abort {
             // genv raises on the first failure whatever -q says.
-            emit_remote(&report, settings.output, false);
+            let _ = emit_remote(&report, settings.output, false);
             ending = Ending::Aborted;
             break;
         }
         if failed(&report) {
             ending = Ending::Errors;
         }
-        emit_remote(&report, settings.output, failures.quiet);
-        if settings.interval.is_zero() {
+        if !emit_remote(&report, settings.output, failures.quiet) || settings.interval.is_zero() {
             break;
         }
         tokio::select! {
@@ -365,6 +362,6 @@ pub fn replay_fleet(
         .collect();
     let (_, mut report) = assess(1, Mode::Remote, true, &settings.policy, results);
     report.outcomes = dry_run_outcomes(&report.plan);
-    emit_remote(&report, settings.output, failures.quiet);
+    let _ = emit_remote(&report, settings.output, failures.quiet);
     !failed(&report)
 }

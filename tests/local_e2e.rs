@@ -322,3 +322,40 @@ fn interval_loop_stops_cleanly_on_sigterm() {
     assert_eq!(cycles[1]["cycle"], 2);
     assert_eq!(cycles[0]["hosts"][0]["devices"], 1);
 }
+
+#[test]
+fn closed_stdout_ends_the_loop_like_head_expects() {
+    let h = Host::new(1);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_genv-enforce"))
+        .args(["enforce", "--interval", "50ms", "--output", "json"])
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                h.dir.path().join("bin").display(),
+                std::env::var("PATH").unwrap()
+            ),
+        )
+        .env("GENV_TMPDIR", h.state_dir())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert!(first.starts_with('{'));
+    // The reader is gone now (as `| head -1` exits): the run must end.
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{status:?}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    panic!("still running 10s after its stdout closed");
+}

@@ -77,4 +77,9 @@ fn help_texts() {
     };
     insta::assert_snapshot!("help", help(&["--help"]));
     insta::assert_snapshot!("enforce_help", help(&["enforce", "--help"]));
+    insta::assert_snapshot!("remote_help", help(&["remote", "--help"]));
+    insta::assert_snapshot!(
+        "remote_enforce_help",
+        help(&["remote", "enforce", "--help"])
+    );
 }
