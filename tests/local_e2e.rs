@@ -357,5 +357,6 @@ fn closed_stdout_ends_the_loop_like_head_expects() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = child.kill();
+    let _ = child.wait();
     panic!("still running 10s after its stdout closed");
 }
