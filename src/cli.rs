@@ -44,23 +44,13 @@ pub struct EnforceArgs {
     #[command(flatten)]
     pub rules: RuleArgs,
 
-    /// Time between cycles: bare seconds as genv (`10`) or a duration
-    /// (`30s`, `2m`); 0 runs one cycle and exits.
-    #[arg(long, default_value = "10", value_parser = parse_duration, value_name = "INTERVAL")]
-    pub interval: Duration,
-
-    /// Report what would be done; terminate and detach nothing.
-    #[arg(long)]
-    pub dry_run: bool,
+    #[command(flatten)]
+    pub cycle: CycleArgs,
 
     /// Read a recorded `genv usage snapshot` JSON instead of this machine
     /// (implies --dry-run). Several files are assessed one after the other.
     #[arg(long, value_name = "FILE", num_args = 1..)]
     pub snapshot: Vec<PathBuf>,
-
-    /// Output format.
-    #[arg(long, value_enum, default_value = "text")]
-    pub output: OutputFormat,
 
     /// Deadline for each nvidia-smi call and for waiting on genv's lock.
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
@@ -148,23 +138,13 @@ pub struct RemoteEnforceArgs {
     #[command(flatten)]
     pub rules: RuleArgs,
 
-    /// Time between cycles: bare seconds as genv (`10`) or a duration
-    /// (`30s`, `2m`); 0 runs one cycle and exits.
-    #[arg(long, default_value = "10", value_parser = parse_duration, value_name = "INTERVAL")]
-    pub interval: Duration,
-
-    /// Report what would be done; terminate and detach nothing.
-    #[arg(long)]
-    pub dry_run: bool,
+    #[command(flatten)]
+    pub cycle: CycleArgs,
 
     /// Replay a recorded fleet: one `<host>.json` (genv snapshot JSON) per
     /// host; the hosts are -H's, or every file in DIR. Implies --dry-run.
     #[arg(long, value_name = "DIR")]
     pub snapshot_dir: Option<PathBuf>,
-
-    /// Output format.
-    #[arg(long, value_enum, default_value = "text")]
-    pub output: OutputFormat,
 }
 
 /// genv accepts `-host`; clap has no single-dash long options.
@@ -186,6 +166,23 @@ pub struct SnapshotArgs {
     /// Deadline for each nvidia-smi call and for waiting on genv's lock.
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub command_timeout: Duration,
+}
+
+/// How cycles run, for `enforce` and `remote ... enforce` alike.
+#[derive(Debug, Args)]
+pub struct CycleArgs {
+    /// Time between cycles: bare seconds as genv (`10`) or a duration
+    /// (`30s`, `2m`); 0 runs one cycle and exits.
+    #[arg(long, default_value = "10", value_parser = parse_duration, value_name = "INTERVAL")]
+    pub interval: Duration,
+
+    /// Report what would be done; terminate and detach nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: OutputFormat,
 }
 
 /// genv's rule flags.

@@ -5,12 +5,15 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use genv_enforce::cli::{self, Cli, Command, EnforceArgs, HostKeyCheck, RemoteArgs, RemoteCommand};
+use genv_enforce::cli::{
+    self, Cli, Command, CycleArgs, EnforceArgs, HostKeyCheck, RemoteArgs, RemoteCommand,
+};
 use genv_enforce::cycle::{self, Ending, Failures, Settings};
 use genv_enforce::inventory::{self, Inventory, Overrides};
 use genv_enforce::local::LocalHost;
 use genv_enforce::model::HostId;
 use genv_enforce::remote::{ssh::SshOptions, Fleet};
+use genv_enforce::rules::Policy;
 use genv_enforce::snapshot::genv;
 
 fn main() -> ExitCode {
@@ -54,12 +57,7 @@ fn main() -> ExitCode {
 }
 
 async fn enforce(args: EnforceArgs) -> bool {
-    let settings = Settings {
-        policy: args.rules.policy(),
-        interval: args.interval,
-        dry_run: args.dry_run || !args.snapshot.is_empty(),
-        output: args.output,
-    };
+    let settings = settings(&args.cycle, args.rules.policy(), !args.snapshot.is_empty());
     if !args.snapshot.is_empty() {
         return cycle::replay(&args.snapshot, &settings);
     }
@@ -69,6 +67,16 @@ async fn enforce(args: EnforceArgs) -> bool {
             eprintln!("genv-enforce: {}", chain(&e));
             false
         }
+    }
+}
+
+/// Cycle settings from the flags; a replay of recorded snapshots is always a dry run.
+fn settings(c: &CycleArgs, policy: Policy, replay: bool) -> Settings {
+    Settings {
+        policy,
+        interval: c.interval,
+        dry_run: c.dry_run || replay,
+        output: c.output,
     }
 }
 
@@ -133,12 +141,7 @@ async fn remote(args: RemoteArgs) -> bool {
         caps.extend(policy.max_devices_for_user);
         policy.max_devices_for_user = caps;
     }
-    let settings = Settings {
-        policy,
-        interval: enforce.interval,
-        dry_run: enforce.dry_run || enforce.snapshot_dir.is_some(),
-        output: enforce.output,
-    };
+    let settings = settings(&enforce.cycle, policy, enforce.snapshot_dir.is_some());
     let failures = Failures {
         exit_on_error: args.exit_on_error,
         quiet: args.quiet,
@@ -169,7 +172,7 @@ async fn remote(args: RemoteArgs) -> bool {
         connect_timeout: args.timeout.map(std::time::Duration::from_secs),
         control_dir,
         // Masters left by a crash exit on their own once idle this long.
-        persist: (enforce.interval * 3).max(std::time::Duration::from_secs(60)),
+        persist: (settings.interval * 3).max(std::time::Duration::from_secs(60)),
         known_hosts: match args.host_key_check {
             HostKeyCheck::Strict => openssh::KnownHosts::Strict,
             HostKeyCheck::AcceptNew => openssh::KnownHosts::Add,

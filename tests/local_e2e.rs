@@ -4,6 +4,7 @@
 
 mod util;
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -289,23 +290,19 @@ fn failing_hung_or_malformed_sources_are_reported_and_nothing_is_done() {
     assert!(h.running(stray));
 }
 
+/// `genv-enforce enforce --interval <interval> --output json` on `h`, stdout piped.
+fn looping(h: &Host, interval: &str) -> std::process::Child {
+    h.command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+        .args(["enforce", "--interval", interval, "--output", "json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn interval_loop_stops_cleanly_on_sigterm() {
     let h = Host::new(1);
-    let child = Command::new(env!("CARGO_BIN_EXE_genv-enforce"))
-        .args(["enforce", "--interval", "200ms", "--output", "json"])
-        .env(
-            "PATH",
-            format!(
-                "{}:{}",
-                h.dir.path().join("bin").display(),
-                std::env::var("PATH").unwrap()
-            ),
-        )
-        .env("GENV_TMPDIR", h.state_dir())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = looping(&h, "200ms");
     std::thread::sleep(Duration::from_millis(900));
     rustix::process::kill_process(
         rustix::process::Pid::from_child(&child),
@@ -326,20 +323,7 @@ fn interval_loop_stops_cleanly_on_sigterm() {
 #[test]
 fn closed_stdout_ends_the_loop_like_head_expects() {
     let h = Host::new(1);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_genv-enforce"))
-        .args(["enforce", "--interval", "50ms", "--output", "json"])
-        .env(
-            "PATH",
-            format!(
-                "{}:{}",
-                h.dir.path().join("bin").display(),
-                std::env::var("PATH").unwrap()
-            ),
-        )
-        .env("GENV_TMPDIR", h.state_dir())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = looping(&h, "50ms");
     let mut first = String::new();
     std::io::BufRead::read_line(
         &mut std::io::BufReader::new(child.stdout.take().unwrap()),

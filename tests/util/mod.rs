@@ -159,7 +159,8 @@ impl Host {
             .unwrap_or_default()
     }
 
-    fn command(&self, program: &Path) -> Command {
+    /// `program` with this host's PATH (fake nvidia-smi first) and GENV_TMPDIR.
+    pub fn command(&self, program: &Path) -> Command {
         let mut cmd = Command::new(program);
         let path = format!(
             "{}:{}",
