@@ -52,7 +52,22 @@ impl HostPlan {
 /// The plans of the hosts that have something to do, in host order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Plan {
+    #[serde(serialize_with = "host_objects")]
     pub hosts: Vec<(HostId, HostPlan)>,
+}
+
+/// Serializes `(host, plan)` pairs as `{"host": .., "terminate": .., "detach": ..}`.
+fn host_objects<S: serde::Serializer>(
+    hosts: &[(HostId, HostPlan)],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Entry<'a> {
+        host: &'a HostId,
+        #[serde(flatten)]
+        plan: &'a HostPlan,
+    }
+    s.collect_seq(hosts.iter().map(|(host, plan)| Entry { host, plan }))
 }
 
 /// What a host's violations ask for, before ordering.

@@ -32,6 +32,8 @@ pub struct CycleReport {
     pub dry_run: bool,
     pub hosts: Vec<HostStatus>,
     pub notices: Vec<Notice>,
+    /// Serialized by [`render_json`] with each violation's message.
+    #[serde(skip)]
     pub violations: Vec<Violation>,
     pub plan: Plan,
     pub outcomes: Vec<Outcome>,
@@ -229,17 +231,26 @@ pub fn render_text(r: &CycleReport) -> Text {
 /// The report as one JSON object (one line).
 pub fn render_json(r: &CycleReport) -> String {
     #[derive(Serialize)]
+    struct Described<'a> {
+        message: String,
+        #[serde(flatten)]
+        violation: &'a Violation,
+    }
+    #[derive(Serialize)]
     struct Json<'a> {
         #[serde(flatten)]
         report: &'a CycleReport,
-        messages: Vec<String>,
+        violations: Vec<Described<'a>>,
     }
     let json = Json {
         report: r,
-        messages: r
+        violations: r
             .violations
             .iter()
-            .map(|v| violation_line(r.mode, v))
+            .map(|v| Described {
+                message: violation_line(r.mode, v),
+                violation: v,
+            })
             .collect(),
     };
     serde_json::to_string(&json)

@@ -83,3 +83,12 @@ fn help_texts() {
         help(&["remote", "enforce", "--help"])
     );
 }
+
+#[test]
+fn json_report_shape() {
+    let (_, mut report) = assess(1, Mode::Remote, true, &policy(), vec![fixture("gpu1")]);
+    report.outcomes = dry_run_outcomes(&report.plan);
+    let json: serde_json::Value =
+        serde_json::from_str(&genv_enforce::report::render_json(&report)).unwrap();
+    insta::assert_snapshot!(serde_json::to_string_pretty(&json).unwrap());
+}
