@@ -528,3 +528,37 @@ fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
         .iter()
         .all(|p| p.start_time.is_some() && p.uid == Some(0)));
 }
+
+#[test]
+fn inventory_fleet_with_a_host_failing_during_dispatch() {
+    let Some(mut f) = Fleet::up(2) else { return };
+    let key = f.dir.path().join("id_ed25519").display().to_string();
+    let mut toml = format!("[defaults]\nuser = \"genv-fleet\"\nport = 2222\nidentity_file = \"{key}\"\n\n[limits]\nmax_devices_per_user = 1\n");
+    for (i, name) in f.names.iter().enumerate() {
+        let address = name.trim_start_matches("genv-fleet@").trim_end_matches(":2222");
+        // Host 1's genv is broken: its snapshot works, its detach cannot.
+        let genv = if i == 0 { "genv = \"/nonexistent/genv\"\n" } else { "" };
+        toml += &format!("\n[[host]]\nname = \"h{}\"\naddress = \"{address}\"\n{genv}", i + 1);
+    }
+    let inventory = f.dir.path().join("hosts.toml");
+    std::fs::write(&inventory, toml).unwrap();
+    let mut pids = Vec::new();
+    for h in 0..2 {
+        let p = f.host(h).spawn(Some("e"));
+        f.host(h).set_apps(&[(p, 0, "100")]);
+        f.host(h).write_envs(&[env("e", Some(&format!("user{h}")), None, p)]);
+        f.host(h).write_devices(4, &[(0, "e"), (1, "e")]);
+        pids.push(p);
+    }
+    let out = f.command(&["--inventory", &inventory.display().to_string(), "enforce", "--interval", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "a failed action makes the run fail");
+    let err = stderr(&out);
+    assert!(err.contains("[h1] [ERROR] Failed detaching environment e from device 0"), "{err}");
+    // The caps came from the file; both hosts had their process terminated.
+    assert!(lines(&out).contains(&"User user1 is using 2 devices on 1 hosts which is 1 more than the maximum allowed".to_string()));
+    assert_eq!(f.host(0).wait_signal(pids[0], WAIT), Some(SIGTERM));
+    assert_eq!(f.host(1).wait_signal(pids[1], WAIT), Some(SIGTERM));
+    assert_eq!(f.host(0).attached(0), vec!["e"], "nothing detached where genv failed");
+    assert_eq!(f.host(1).attached(0), Vec::<String>::new());
+    assert_eq!(f.host(1).attached(1), vec!["e"]);
+}
