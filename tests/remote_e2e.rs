@@ -535,10 +535,19 @@ fn inventory_fleet_with_a_host_failing_during_dispatch() {
     let key = f.dir.path().join("id_ed25519").display().to_string();
     let mut toml = format!("[defaults]\nuser = \"genv-fleet\"\nport = 2222\nidentity_file = \"{key}\"\n\n[limits]\nmax_devices_per_user = 1\n");
     for (i, name) in f.names.iter().enumerate() {
-        let address = name.trim_start_matches("genv-fleet@").trim_end_matches(":2222");
+        let address = name
+            .trim_start_matches("genv-fleet@")
+            .trim_end_matches(":2222");
         // Host 1's genv is broken: its snapshot works, its detach cannot.
-        let genv = if i == 0 { "genv = \"/nonexistent/genv\"\n" } else { "" };
-        toml += &format!("\n[[host]]\nname = \"h{}\"\naddress = \"{address}\"\n{genv}", i + 1);
+        let genv = if i == 0 {
+            "genv = \"/nonexistent/genv\"\n"
+        } else {
+            ""
+        };
+        toml += &format!(
+            "\n[[host]]\nname = \"h{}\"\naddress = \"{address}\"\n{genv}",
+            i + 1
+        );
     }
     let inventory = f.dir.path().join("hosts.toml");
     std::fs::write(&inventory, toml).unwrap();
@@ -546,19 +555,111 @@ fn inventory_fleet_with_a_host_failing_during_dispatch() {
     for h in 0..2 {
         let p = f.host(h).spawn(Some("e"));
         f.host(h).set_apps(&[(p, 0, "100")]);
-        f.host(h).write_envs(&[env("e", Some(&format!("user{h}")), None, p)]);
+        f.host(h)
+            .write_envs(&[env("e", Some(&format!("user{h}")), None, p)]);
         f.host(h).write_devices(4, &[(0, "e"), (1, "e")]);
         pids.push(p);
     }
-    let out = f.command(&["--inventory", &inventory.display().to_string(), "enforce", "--interval", "0"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(1), "a failed action makes the run fail");
+    let out = f
+        .command(&[
+            "--inventory",
+            &inventory.display().to_string(),
+            "enforce",
+            "--interval",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a failed action makes the run fail"
+    );
     let err = stderr(&out);
-    assert!(err.contains("[h1] [ERROR] Failed detaching environment e from device 0"), "{err}");
+    assert!(
+        err.contains("[h1] [ERROR] Failed detaching environment e from device 0"),
+        "{err}"
+    );
     // The caps came from the file; both hosts had their process terminated.
-    assert!(lines(&out).contains(&"User user1 is using 2 devices on 1 hosts which is 1 more than the maximum allowed".to_string()));
+    assert!(lines(&out).contains(
+        &"User user1 is using 2 devices on 1 hosts which is 1 more than the maximum allowed"
+            .to_string()
+    ));
     assert_eq!(f.host(0).wait_signal(pids[0], WAIT), Some(SIGTERM));
     assert_eq!(f.host(1).wait_signal(pids[1], WAIT), Some(SIGTERM));
-    assert_eq!(f.host(0).attached(0), vec!["e"], "nothing detached where genv failed");
+    assert_eq!(
+        f.host(0).attached(0),
+        vec!["e"],
+        "nothing detached where genv failed"
+    );
     assert_eq!(f.host(1).attached(0), Vec::<String>::new());
     assert_eq!(f.host(1).attached(1), vec!["e"]);
+}
+
+#[test]
+fn a_hung_command_fails_its_host_at_the_deadline_and_the_master_survives() {
+    let Some(mut f) = Fleet::up(2) else { return };
+    // On host 1, everything run through "sudo" hangs first (its /usr/local/sbin is this dir).
+    let hang = f.dir.path().join("h1/sbin/hang-sudo");
+    std::fs::write(&hang, "#!/bin/sh\nsleep 30\nexec sudo \"$@\"\n").unwrap();
+    std::fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let key = f.dir.path().join("id_ed25519").display().to_string();
+    let mut toml =
+        format!("[defaults]\nuser = \"genv-fleet\"\nport = 2222\nidentity_file = \"{key}\"\n");
+    for (i, name) in f.names.iter().enumerate() {
+        let address = name
+            .trim_start_matches("genv-fleet@")
+            .trim_end_matches(":2222");
+        let sudo = if i == 0 {
+            "sudo = \"/usr/local/sbin/hang-sudo -n\"\n"
+        } else {
+            ""
+        };
+        toml += &format!(
+            "\n[[host]]\nname = \"h{}\"\naddress = \"{address}\"\n{sudo}",
+            i + 1
+        );
+    }
+    let inventory = f.dir.path().join("hosts.toml");
+    std::fs::write(&inventory, toml).unwrap();
+    let stray = f.host(1).spawn(None);
+    f.host(1).set_apps(&[(stray, 0, "100")]);
+    let control = tempfile::tempdir().unwrap();
+    let mut child = f
+        .command(&[
+            "--inventory",
+            &inventory.display().to_string(),
+            "--command-timeout",
+            "2s",
+            "--control-dir",
+            &control.path().display().to_string(),
+            "enforce",
+            "--interval",
+            "100ms",
+            "--output",
+            "json",
+            "--non-env-processes",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    for _ in 0..2 {
+        let c = next_cycle(&mut out);
+        let error = c["hosts"][0]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(error.contains("did not finish within 2s"), "{c}");
+        assert!(c["hosts"][1]["error"].is_null(), "{c}");
+    }
+    terminate(&child);
+    child.wait().unwrap();
+    assert_eq!(f.host(1).wait_signal(stray, WAIT), Some(SIGTERM));
+    assert_eq!(
+        f.connections(0),
+        1,
+        "the master outlived the timed-out commands"
+    );
 }
