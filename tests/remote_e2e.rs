@@ -663,3 +663,93 @@ fn a_hung_command_fails_its_host_at_the_deadline_and_the_master_survives() {
         "the master outlived the timed-out commands"
     );
 }
+
+#[test]
+fn remote_output_matches_genv_remote_enforce() {
+    let Some(mut f) = Fleet::up(2) else { return };
+    let key = f.dir.path().join("id_ed25519").display().to_string();
+    let addresses: Vec<String> = f
+        .names
+        .iter()
+        .map(|n| {
+            n.trim_start_matches("genv-fleet@")
+                .trim_end_matches(":2222")
+                .to_string()
+        })
+        .collect();
+    // Hosts named by address, as genv names them.
+    let mut toml =
+        format!("[defaults]\nuser = \"genv-fleet\"\nport = 2222\nidentity_file = \"{key}\"\n");
+    for a in &addresses {
+        toml += &format!("\n[[host]]\nname = \"{a}\"\n");
+    }
+    let inventory = f.dir.path().join("hosts.toml");
+    std::fs::write(&inventory, toml).unwrap();
+    // genv runs plain `ssh HOST sudo genv ...`: give it the fleet's settings.
+    let bin = f.dir.path().join("genv-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let config = f.dir.path().join("ssh_config");
+    std::fs::write(&config, format!("Host *\n  User genv-fleet\n  Port 2222\n  IdentityFile {key}\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")).unwrap();
+    std::fs::write(
+        bin.join("ssh"),
+        format!(
+            "#!/bin/sh\nexec /usr/bin/ssh -F {} \"$@\"\n",
+            config.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        bin.join("ssh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+
+    let stray = f.host(0).spawn(None);
+    let a1 = f.host(0).spawn(Some("a1"));
+    f.host(0).set_apps(&[(stray, 3, "100"), (a1, 0, "100")]);
+    f.host(0).write_envs(&[env("a1", Some("alice"), None, a1)]);
+    f.host(0).write_devices(4, &[(0, "a1"), (1, "a1")]);
+    let b = f.host(1).spawn(Some("b"));
+    let a2 = f.host(1).spawn(Some("a2"));
+    let hog = f.host(1).spawn(Some("a2"));
+    f.host(1).set_apps(&[
+        (b, 1, "100"),
+        (b, 2, "100"),
+        (a2, 3, "100"),
+        (hog, 3, "5000"),
+    ]);
+    f.host(1).write_envs(&[
+        env("b", Some("bob"), None, b),
+        env("a2", Some("alice"), Some("3gi"), a2),
+    ]);
+    f.host(1).write_devices(4, &[(1, "b"), (3, "a2")]);
+    let flags = [
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+        "--max-devices-per-user",
+        "2",
+    ];
+
+    let mut args = vec!["--inventory", inventory.to_str().unwrap()];
+    args.extend_from_slice(&flags);
+    args.push("--dry-run");
+    let ours = f.command(&args).output().unwrap();
+    assert!(ours.status.success(), "{}", stderr(&ours));
+
+    let genv = std::process::Command::new(util::genv_bin())
+        .args(["remote", "-H", &addresses.join(",")])
+        .args(flags)
+        .env(
+            "PATH",
+            format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
+        )
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(genv.status.success(), "genv: {}", stderr(&genv));
+    let (ours, theirs) = (util::sorted_lines(&ours), util::sorted_lines(&genv));
+    assert_eq!(ours, theirs);
+    assert_eq!(ours.len(), 10, "{ours:#?}");
+}
