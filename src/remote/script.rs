@@ -18,11 +18,12 @@ use crate::snapshot::{nvidia_smi, proc, ParseError};
 /// the nvidia-smi command, the per-call deadline in seconds.
 ///
 /// Prints frames `@<kind> [<arg>] <length>\n<length bytes>`: nvidia-smi's
-/// two answers (or `fail`), `envs.json` and `devices.json` (read under a
-/// shared lock on genv.lock, absent when missing), the live pids, and per
-/// GPU pid its stat, Uid line and `GENV_ENVIRONMENT_ID` (no environ frame
-/// when it cannot be read). Environ NULs become newlines and newlines
-/// become \001, so a hostile value cannot forge a line.
+/// two answers, queried concurrently as genv does (or `fail`); `envs.json`
+/// and `devices.json`, read under a shared lock on genv.lock (absent when
+/// missing); the live pids; and per GPU pid its stat, Uid line and
+/// `GENV_ENVIRONMENT_ID` (no environ frame when it cannot be read). Environ
+/// NULs become newlines and newlines become \001, so a hostile value
+/// cannot forge a line.
 pub const SNAPSHOT: &str = r#"set -u
 dir=$1 smi=$2 limit=$3
 tmp=$(mktemp -d 2>/dev/null) || { echo "genv-enforce: mktemp failed on the host" >&2; exit 70; }
@@ -32,11 +33,14 @@ t=
 command -v timeout >/dev/null 2>&1 && t="timeout -k 2 $limit"
 for q in gpus:--query-gpu=uuid,index,memory.total apps:--query-compute-apps=gpu_uuid,pid,used_gpu_memory; do
   name=${q%%:*}
-  if GENV_BYPASS=1 $t $smi "${q#*:}" --format=csv,noheader,nounits > "$tmp/$name" 2> "$tmp/err"; then
-    frame "$name" "$tmp/$name"
-  else
-    rc=$?
-    cat "$tmp/err" >> "$tmp/$name"
+  ( GENV_BYPASS=1 $t $smi "${q#*:}" --format=csv,noheader,nounits > "$tmp/$name" 2> "$tmp/$name.err"
+    echo $? > "$tmp/$name.rc" ) &
+done
+wait
+for name in gpus apps; do
+  rc=$(cat "$tmp/$name.rc")
+  if [ "$rc" = 0 ]; then frame "$name" "$tmp/$name"; else
+    cat "$tmp/$name.err" >> "$tmp/$name"
     frame "fail $name.$rc" "$tmp/$name"
     exit 0
   fi
