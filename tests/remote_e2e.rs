@@ -532,25 +532,12 @@ fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
 #[test]
 fn inventory_fleet_with_a_host_failing_during_dispatch() {
     let Some(mut f) = Fleet::up(2) else { return };
-    let key = f.dir.path().join("id_ed25519").display().to_string();
-    let mut toml = format!("[defaults]\nuser = \"genv-fleet\"\nport = 2222\nidentity_file = \"{key}\"\n\n[limits]\nmax_devices_per_user = 1\n");
-    for (i, name) in f.names.iter().enumerate() {
-        let address = name
-            .trim_start_matches("genv-fleet@")
-            .trim_end_matches(":2222");
-        // Host 1's genv is broken: its snapshot works, its detach cannot.
-        let genv = if i == 0 {
-            "genv = \"/nonexistent/genv\"\n"
-        } else {
-            ""
-        };
-        toml += &format!(
-            "\n[[host]]\nname = \"h{}\"\naddress = \"{address}\"\n{genv}",
-            i + 1
-        );
-    }
-    let inventory = f.dir.path().join("hosts.toml");
-    std::fs::write(&inventory, toml).unwrap();
+    // Host 1's genv is broken: its snapshot works, its detach cannot.
+    let inventory = f.inventory(
+        false,
+        &["genv = \"/nonexistent/genv\""],
+        "\n[limits]\nmax_devices_per_user = 1\n",
+    );
     let mut pids = Vec::new();
     for h in 0..2 {
         let p = f.host(h).spawn(Some("e"));
@@ -603,25 +590,7 @@ fn a_hung_command_fails_its_host_at_the_deadline_and_the_master_survives() {
     let hang = f.dir.path().join("h1/sbin/hang-sudo");
     std::fs::write(&hang, "#!/bin/sh\nsleep 30\nexec sudo \"$@\"\n").unwrap();
     std::fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let key = f.dir.path().join("id_ed25519").display().to_string();
-    let mut toml =
-        format!("[defaults]\nuser = \"genv-fleet\"\nport = 2222\nidentity_file = \"{key}\"\n");
-    for (i, name) in f.names.iter().enumerate() {
-        let address = name
-            .trim_start_matches("genv-fleet@")
-            .trim_end_matches(":2222");
-        let sudo = if i == 0 {
-            "sudo = \"/usr/local/sbin/hang-sudo -n\"\n"
-        } else {
-            ""
-        };
-        toml += &format!(
-            "\n[[host]]\nname = \"h{}\"\naddress = \"{address}\"\n{sudo}",
-            i + 1
-        );
-    }
-    let inventory = f.dir.path().join("hosts.toml");
-    std::fs::write(&inventory, toml).unwrap();
+    let inventory = f.inventory(false, &["sudo = \"/usr/local/sbin/hang-sudo -n\""], "");
     let stray = f.host(1).spawn(None);
     f.host(1).set_apps(&[(stray, 0, "100")]);
     let control = tempfile::tempdir().unwrap();
@@ -668,23 +637,9 @@ fn a_hung_command_fails_its_host_at_the_deadline_and_the_master_survives() {
 fn remote_output_matches_genv_remote_enforce() {
     let Some(mut f) = Fleet::up(2) else { return };
     let key = f.dir.path().join("id_ed25519").display().to_string();
-    let addresses: Vec<String> = f
-        .names
-        .iter()
-        .map(|n| {
-            n.trim_start_matches("genv-fleet@")
-                .trim_end_matches(":2222")
-                .to_string()
-        })
-        .collect();
+    let addresses = f.addresses();
     // Hosts named by address, as genv names them.
-    let mut toml =
-        format!("[defaults]\nuser = \"genv-fleet\"\nport = 2222\nidentity_file = \"{key}\"\n");
-    for a in &addresses {
-        toml += &format!("\n[[host]]\nname = \"{a}\"\n");
-    }
-    let inventory = f.dir.path().join("hosts.toml");
-    std::fs::write(&inventory, toml).unwrap();
+    let inventory = f.inventory(true, &[], "");
     // genv runs plain `ssh HOST sudo genv ...`: give it the fleet's settings.
     let bin = f.dir.path().join("genv-bin");
     std::fs::create_dir_all(&bin).unwrap();

@@ -110,6 +110,44 @@ impl Fleet {
         );
     }
 
+    /// The hosts' addresses, as genv would name them.
+    pub fn addresses(&self) -> Vec<String> {
+        self.names
+            .iter()
+            .map(|n| {
+                n.trim_start_matches("genv-fleet@")
+                    .trim_end_matches(":2222")
+                    .to_string()
+            })
+            .collect()
+    }
+
+    /// Writes an inventory TOML for the fleet and returns its path: hosts
+    /// named `h1`, `h2`, ... (or by address), `extra[i]` added to host i's
+    /// entry, `tail` appended (e.g. a `[limits]` table).
+    pub fn inventory(&self, by_address: bool, extra: &[&str], tail: &str) -> PathBuf {
+        let key = self.dir.path().join("id_ed25519");
+        let mut toml = format!(
+            "[defaults]\nuser = \"genv-fleet\"\nport = 2222\nidentity_file = \"{}\"\n",
+            key.display()
+        );
+        for (i, address) in self.addresses().iter().enumerate() {
+            let name = if by_address {
+                address.clone()
+            } else {
+                format!("h{}", i + 1)
+            };
+            toml += &format!(
+                "\n[[host]]\nname = \"{name}\"\naddress = \"{address}\"\n{}\n",
+                extra.get(i).unwrap_or(&"")
+            );
+        }
+        toml += tail;
+        let path = self.dir.path().join("hosts.toml");
+        std::fs::write(&path, toml).unwrap();
+        path
+    }
+
     /// Stops host `i` (0-based) as a reboot would: every sshd process of it.
     pub fn stop(&self, i: usize) {
         self.script("stop", i);
