@@ -187,15 +187,20 @@ pub async fn run_local(host: LocalHost, settings: Settings) -> std::io::Result<b
     Ok(ok)
 }
 
+/// Reads a recorded `genv usage snapshot` file; errors name the file.
+fn read_recorded(path: &std::path::Path) -> Result<HostSnapshot, String> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{name}: {e}"))?;
+    genv::parse_snapshot(&text, &name).map_err(|e| e.to_string())
+}
+
 /// A dry run over recorded `genv usage snapshot` files, each as a local
 /// host of its own; returns whether every file could be read.
 pub fn replay(files: &[PathBuf], settings: &Settings) -> bool {
     let mut ok = true;
     for (i, path) in files.iter().enumerate() {
         let name = path.display().to_string();
-        let result = std::fs::read_to_string(path)
-            .map_err(|e| format!("{name}: {e}"))
-            .and_then(|text| genv::parse_snapshot(&text, &name).map_err(|e| e.to_string()));
+        let result = read_recorded(path);
         let host = HostId(
             path.file_stem()
                 .map_or(name.clone(), |s| s.to_string_lossy().into_owned()),
@@ -352,11 +357,7 @@ pub fn replay_fleet(
     let results = hosts
         .into_iter()
         .map(|h| {
-            let path = dir.join(format!("{h}.json"));
-            let name = path.display().to_string();
-            let r = std::fs::read_to_string(&path)
-                .map_err(|e| format!("{name}: {e}"))
-                .and_then(|t| genv::parse_snapshot(&t, &name).map_err(|e| e.to_string()));
+            let r = read_recorded(&dir.join(format!("{h}.json")));
             (h, r)
         })
         .collect();

@@ -105,7 +105,7 @@ impl LocalHost {
         };
         let mut devices = match &files.devices {
             Some(text) => genv::parse_devices(text, &devices_src)?,
-            None => devices_from_gpus(&gpus),
+            None => nvidia_smi::devices(&gpus),
         };
         // Kernels are taken as alive: genv asks `jupyter` for them, and
         // dropping a live kernel's environment would expose its processes.
@@ -279,15 +279,4 @@ impl LocalHost {
             },
         }
     }
-}
-
-/// Devices as genv creates `devices.json` on first use: all GPUs, none attached.
-fn devices_from_gpus(gpus: &[nvidia_smi::Gpu]) -> Vec<crate::model::Device> {
-    gpus.iter()
-        .map(|g| crate::model::Device {
-            index: g.index,
-            total_memory: format!("{}mi", g.total_mib.unwrap_or(0)),
-            attachments: Vec::new(),
-        })
-        .collect()
 }

@@ -107,15 +107,6 @@ impl Owner {
     }
 }
 
-/// Who a process is, so that a reused pid is never signalled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Identity {
-    pub pid: Pid,
-    /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22);
-    /// `None` when the snapshot was recorded without it.
-    pub start_time: Option<u64>,
-}
-
 /// A GPU compute process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Process {
@@ -137,14 +128,6 @@ impl Process {
     /// Its usage on one GPU, if it runs there.
     pub fn usage_on(&self, index: GpuIndex) -> Option<Usage> {
         self.gpus.iter().find(|g| g.index == index).map(|g| g.usage)
-    }
-
-    /// Its identity for the start-time re-check.
-    pub fn identity(&self) -> Identity {
-        Identity {
-            pid: self.pid,
-            start_time: self.start_time,
-        }
     }
 }
 

@@ -111,12 +111,11 @@ pub fn violation_line(mode: Mode, v: &Violation) -> String {
 
 /// genv's line for a termination.
 pub fn termination_line(t: &Termination) -> String {
-    let gpus: Vec<GpuIndex> = t.gpus.clone();
     format!(
         "Terminating process {} from environment {} that is running on GPU(s) {}",
         t.pid,
         t.eid.as_ref().map_or("N/A".into(), |e| clean(&e.0)),
-        indices(&gpus)
+        indices(&t.gpus)
     )
 }
 

@@ -186,7 +186,8 @@ fn write_replacing(path: &Path, json: &Value) -> Result<(), StateError> {
         .prefix(".devices.json.")
         .tempfile_in(dir)
         .map_err(|e| StateError::io(dir, e))?;
-    let io = |e| StateError::io(tmp_path(path), e);
+    let tmp_path = tmp.path().to_path_buf();
+    let io = |e| StateError::io(&tmp_path, e);
     serde_json::to_writer_pretty(tmp.as_file_mut(), json).map_err(|e| io(e.into()))?;
     tmp.as_file_mut().flush().map_err(io)?;
     tmp.as_file()
@@ -196,10 +197,6 @@ fn write_replacing(path: &Path, json: &Value) -> Result<(), StateError> {
     tmp.persist(path)
         .map_err(|e| StateError::io(path, e.error))?;
     Ok(())
-}
-
-fn tmp_path(path: &Path) -> PathBuf {
-    path.with_extension("json.tmp")
 }
 
 #[cfg(test)]

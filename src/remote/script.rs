@@ -186,14 +186,7 @@ pub fn assemble(frames: &[Frame], host: &str) -> Result<HostSnapshot, HostError>
     };
     let mut devices = match find("devices") {
         Some(f) => genv::parse_devices(&text(f, host)?, &format!("{host}: devices.json"))?,
-        None => gpus
-            .iter()
-            .map(|g| crate::model::Device {
-                index: g.index,
-                total_memory: format!("{}mi", g.total_mib.unwrap_or(0)),
-                attachments: Vec::new(),
-            })
-            .collect(),
+        None => nvidia_smi::devices(&gpus),
     };
     let live: BTreeSet<i64> = text(required("live")?, host)?
         .lines()

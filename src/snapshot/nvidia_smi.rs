@@ -3,7 +3,7 @@
 //! header and units, fields separated by `", "` as real drivers print them.
 
 use super::ParseError;
-use crate::model::{DeviceUsage, GpuIndex, Pid, Usage};
+use crate::model::{Device, DeviceUsage, GpuIndex, Pid, Usage};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -157,6 +157,17 @@ pub fn processes(
         }
     }
     Ok(out)
+}
+
+/// Devices as genv creates `devices.json` on first use: every GPU, none attached.
+pub fn devices(gpus: &[Gpu]) -> Vec<Device> {
+    gpus.iter()
+        .map(|g| Device {
+            index: g.index,
+            total_memory: format!("{}mi", g.total_mib.unwrap_or(0)),
+            attachments: Vec::new(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
