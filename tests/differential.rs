@@ -4,8 +4,8 @@
 //! temp dir, real `sleep` processes carrying `GENV_ENVIRONMENT_ID`) and
 //! compares:
 //! - `genv-enforce enforce --interval 0 --dry-run` with
-//!   `genv enforce --interval 0` under `GENV_TERMINATE_PROCESSES=0`, as
-//!   sorted line sets (genv orders processes by Python set order);
+//!   `genv enforce --interval 0` under `GENV_TERMINATE_PROCESSES=0`, line
+//!   for line (we order a host's processes as genv's Python set does);
 //! - `genv-enforce enforce --snapshot <genv's own snapshot>` with the same,
 //!   line for line (same process order, so genv's greedy choices too);
 //! - `genv-enforce snapshot` with `genv usage snapshot`.
@@ -14,7 +14,8 @@
 
 mod util;
 
-use util::{assert_same_snapshot, env, lines, sorted_lines, Host};
+use genv_enforce::snapshot::pyset::set_order;
+use util::{assert_same_snapshot, env, lines, Host};
 
 struct Runs {
     ours: Vec<String>,
@@ -70,7 +71,7 @@ fn run(host: &Host, flags: &[&str]) -> Runs {
     args.extend_from_slice(flags);
     let genv = host.genv(&args);
     Runs {
-        ours: sorted_lines(&ours),
+        ours: lines(&ours),
         replay: lines(&replay),
         genv,
     }
@@ -84,7 +85,11 @@ fn assert_agree(host: &Host, flags: &[&str]) -> Vec<String> {
         "genv failed: {}",
         String::from_utf8_lossy(&r.genv.stderr)
     );
-    assert_eq!(r.ours, sorted_lines(&r.genv), "live dry run vs genv");
+    assert_eq!(
+        r.ours,
+        lines(&r.genv),
+        "live dry run vs genv, line for line"
+    );
     assert_eq!(
         r.replay,
         lines(&r.genv),
@@ -194,12 +199,40 @@ fn env_memory_greedy_choice_follows_snapshot_order() {
     assert!(r.genv.status.success());
     assert_eq!(r.replay, lines(&r.genv));
     assert_eq!(r.replay.len(), 3);
-    // Live: same message, same number of terminations.
-    assert_eq!(r.ours.len(), 3);
-    assert!(r.ours.contains(
-        &"Environment g is using 3355m on device 0 which is 1207m over its capacity of 2gi"
-            .to_string()
-    ));
+    assert_eq!(
+        r.ours[0],
+        "Environment g is using 3355m on device 0 which is 1207m over its capacity of 2gi"
+    );
+}
+
+#[test]
+fn env_memory_kills_in_genvs_process_order_not_nvidia_smis() {
+    let mut h = Host::new(1);
+    // Two pids in distinct slots of CPython's 8-slot set table, so that the
+    // set puts one of them first whatever nvidia-smi's line order.
+    let mut pids = vec![h.spawn(Some("m"))];
+    while pids.len() < 2 {
+        let p = h.spawn(Some("m"));
+        if p % 8 != pids[0] % 8 {
+            pids.push(p);
+        }
+    }
+    let order = set_order(&pids);
+    let (hog, small) = (order[0], order[1]);
+    // nvidia-smi lists the small one first: in line order both would go.
+    h.set_apps(&[(small, 0, "100"), (hog, 0, "5000")]);
+    h.write_envs(&[env("m", Some("mia"), Some("3gi"), small)]);
+    h.write_devices(1, &[(0, "m")]);
+    let r = run(&h, &[]);
+    assert!(r.genv.status.success());
+    assert_eq!(
+        r.ours,
+        [
+            "Environment m is using 5347m on device 0 which is 2126m over its capacity of 3gi"
+                .to_string(),
+            format!("Terminating process {hog} from environment m that is running on GPU(s) 0"),
+        ]
+    );
 }
 
 #[test]
@@ -273,7 +306,7 @@ fn difference_unknown_environment_is_not_a_way_out() {
     let r = run(&h, &["--non-env-processes"]);
     assert!(r.genv.status.success());
     assert!(lines(&r.genv).is_empty(), "genv lets it through");
-    let mut expected = vec![
+    let expected = vec![
         format!("Process {ghost} is running in environment no-such-env which does not exist"),
         format!("Process {ghost} from environment no-such-env is using non-attached GPU(s) 1"),
         format!(
@@ -281,7 +314,6 @@ fn difference_unknown_environment_is_not_a_way_out() {
         ),
     ];
     assert_eq!(r.replay, expected);
-    expected.sort();
     assert_eq!(r.ours, expected);
 }
 

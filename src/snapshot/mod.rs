@@ -10,6 +10,7 @@ pub mod genv;
 pub mod memory;
 pub mod nvidia_smi;
 pub mod proc;
+pub mod pyset;
 
 use thiserror::Error;
 

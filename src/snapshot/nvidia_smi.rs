@@ -2,7 +2,9 @@
 //! `--query-compute-apps=gpu_uuid,pid,used_gpu_memory`, with or without
 //! header and units, fields separated by `", "` as real drivers print them.
 
-use super::ParseError;
+use std::collections::HashMap;
+
+use super::{pyset, ParseError};
 use crate::model::{Device, DeviceUsage, GpuIndex, Pid, Usage};
 
 const MIB: u64 = 1024 * 1024;
@@ -125,8 +127,10 @@ pub fn parse_compute_apps(text: &str, source: &str) -> Result<Vec<ComputeApp>, P
         .collect()
 }
 
-/// Groups compute apps by pid (first appearance order) and maps GPU uuids
-/// to indices: one entry per process, one usage per GPU it runs on.
+/// Groups compute apps by pid and maps GPU uuids to indices: one entry per
+/// process, one usage per GPU it runs on (in line order). Processes come in
+/// genv's order, that of a CPython set of the pids (see [`pyset`]), since
+/// env-memory terminates in that order.
 ///
 /// # Errors
 /// An app on a GPU uuid that `--query-gpu` did not list.
@@ -135,7 +139,8 @@ pub fn processes(
     apps: &[ComputeApp],
     source: &str,
 ) -> Result<Vec<(Pid, Vec<DeviceUsage>)>, ParseError> {
-    let mut out: Vec<(Pid, Vec<DeviceUsage>)> = Vec::new();
+    let mut by_pid: HashMap<Pid, Vec<DeviceUsage>> = HashMap::new();
+    let mut pids = Vec::new();
     for app in apps {
         let gpu = gpus
             .iter()
@@ -147,16 +152,16 @@ pub fn processes(
                     format!("unknown GPU uuid {:?}", app.gpu_uuid),
                 )
             })?;
-        let usage = DeviceUsage {
+        pids.push(app.pid.0);
+        by_pid.entry(app.pid).or_default().push(DeviceUsage {
             index: gpu.index,
             usage: app.usage,
-        };
-        match out.iter_mut().find(|(p, _)| *p == app.pid) {
-            Some((_, list)) => list.push(usage),
-            None => out.push((app.pid, vec![usage])),
-        }
+        });
     }
-    Ok(out)
+    Ok(pyset::set_order(&pids)
+        .into_iter()
+        .filter_map(|pid| by_pid.remove_entry(&Pid(pid)))
+        .collect())
 }
 
 /// Devices as genv creates `devices.json` on first use: every GPU, none attached.
