@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 use thiserror::Error;
+use toml::Spanned;
 
 use crate::model::HostId;
 
@@ -55,45 +56,88 @@ pub struct InventoryError {
 }
 
 /// Declares a TOML table type carrying every host setting inline (serde's
-/// `flatten` would lose toml's line numbers and key names in errors).
+/// `flatten` would lose toml's line numbers and key names in errors), each
+/// value with its place in the file for the checks serde cannot make.
 macro_rules! with_settings {
     ($(#[$m:meta])* struct $name:ident { $($field:ident: $ty:ty,)* }) => {
         $(#[$m])*
         struct $name {
             $($field: $ty,)*
-            user: Option<String>,
-            port: Option<u16>,
-            identity_file: Option<PathBuf>,
-            ssh_options: Option<Vec<String>>,
-            genv_dir: Option<String>,
-            sudo: Option<String>,
-            genv: Option<String>,
-            nvidia_smi: Option<String>,
+            user: Option<Spanned<String>>,
+            port: Option<Spanned<u16>>,
+            identity_file: Option<Spanned<PathBuf>>,
+            ssh_options: Option<Spanned<Vec<String>>>,
+            genv_dir: Option<Spanned<String>>,
+            sudo: Option<Spanned<String>>,
+            genv: Option<Spanned<String>>,
+            nvidia_smi: Option<Spanned<String>>,
         }
 
         impl $name {
-            #[allow(dead_code)] // Settings itself never needs it
-            fn settings(&self) -> Settings {
-                Settings {
-                    user: self.user.clone(),
-                    port: self.port,
-                    identity_file: self.identity_file.clone(),
-                    ssh_options: self.ssh_options.clone(),
-                    genv_dir: self.genv_dir.clone(),
-                    sudo: self.sudo.clone(),
-                    genv: self.genv.clone(),
-                    nvidia_smi: self.nvidia_smi.clone(),
+            /// The settings of this table, checked.
+            fn settings(&self) -> Result<Settings, Located> {
+                let non_empty = |key: &str, v: &Option<Spanned<String>>| match v {
+                    Some(v) if v.get_ref().trim().is_empty() => {
+                        Err(Located::at(v, format!("key `{key}`: must not be empty")))
+                    }
+                    _ => Ok(v.as_ref().map(|v| v.get_ref().clone())),
+                };
+                if let Some(port) = self.port.as_ref().filter(|p| *p.get_ref() == 0) {
+                    return Err(Located::at(port, "key `port`: must be 1-65535".into()));
                 }
+                if let Some(options) = &self.ssh_options {
+                    if let Some(o) = options
+                        .get_ref()
+                        .iter()
+                        .find(|o| !o.contains('=') || o.starts_with('='))
+                    {
+                        return Err(Located::at(
+                            options,
+                            format!("key `ssh_options`: {o:?} is not Key=Value"),
+                        ));
+                    }
+                }
+                Ok(Settings {
+                    user: non_empty("user", &self.user)?,
+                    port: self.port.as_ref().map(|p| *p.get_ref()),
+                    identity_file: self.identity_file.as_ref().map(|f| f.get_ref().clone()),
+                    ssh_options: self.ssh_options.as_ref().map(|o| o.get_ref().clone()),
+                    genv_dir: non_empty("genv_dir", &self.genv_dir)?,
+                    sudo: self.sudo.as_ref().map(|s| s.get_ref().clone()),
+                    genv: non_empty("genv", &self.genv)?,
+                    nvidia_smi: non_empty("nvidia_smi", &self.nvidia_smi)?,
+                })
             }
         }
     };
 }
 
-with_settings! {
-    /// Settings a host inherits from `[defaults]` and its group.
-    #[derive(Debug, Clone, Default, Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Settings {}
+/// A problem at a byte offset of the inventory text.
+struct Located {
+    offset: usize,
+    message: String,
+}
+
+impl Located {
+    fn at<T>(value: &Spanned<T>, message: String) -> Self {
+        Located {
+            offset: value.span().start,
+            message,
+        }
+    }
+}
+
+/// Settings a host inherits from `[defaults]` and its group.
+#[derive(Debug, Clone, Default)]
+struct Settings {
+    user: Option<String>,
+    port: Option<u16>,
+    identity_file: Option<PathBuf>,
+    ssh_options: Option<Vec<String>>,
+    genv_dir: Option<String>,
+    sudo: Option<String>,
+    genv: Option<String>,
+    nvidia_smi: Option<String>,
 }
 
 impl Settings {
@@ -122,7 +166,7 @@ impl Settings {
 #[serde(deny_unknown_fields)]
 struct File {
     #[serde(default)]
-    defaults: Settings,
+    defaults: Defaults,
     #[serde(default)]
     group: Vec<Group>,
     #[serde(default)]
@@ -132,11 +176,18 @@ struct File {
 }
 
 with_settings! {
+    /// `[defaults]`.
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Defaults {}
+}
+
+with_settings! {
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Group {
-        name: String,
-        hosts: Option<Vec<String>>,
+        name: Spanned<String>,
+        hosts: Option<Vec<Spanned<String>>>,
     }
 }
 
@@ -144,9 +195,9 @@ with_settings! {
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
     struct HostEntry {
-        name: String,
-        address: Option<String>,
-        group: Option<String>,
+        name: Spanned<String>,
+        address: Option<Spanned<String>>,
+        group: Option<Spanned<String>>,
     }
 }
 
@@ -175,6 +226,9 @@ fn spec(id: &str, address: &str, s: &Settings) -> Result<HostSpec, String> {
             .map(String::from)
             .collect()
     };
+    if address.is_empty() || address.starts_with('-') || address.contains(char::is_whitespace) {
+        return Err(format!("bad address {address:?}"));
+    }
     let genv = words(&s.genv, "genv");
     if genv.is_empty() {
         return Err("key `genv`: must not be empty".into());
@@ -300,46 +354,70 @@ pub fn parse_inventory(
         file: file.to_string(),
         message,
     };
+    let located = |e: Located| {
+        let line = text[..e.offset.min(text.len())].matches('\n').count() + 1;
+        err(format!("line {line}: {}", e.message))
+    };
     let parsed: File =
         toml::from_str(text).map_err(|e| err(e.to_string().trim_end().replace('\n', "\n  ")))?;
-    let defaults = parsed.defaults.over(&Settings {
-        user: overrides.user.clone(),
-        ..Settings::default()
-    });
+    let defaults = parsed
+        .defaults
+        .settings()
+        .map_err(located)?
+        .over(&Settings {
+            user: overrides.user.clone(),
+            ..Settings::default()
+        });
+    let mut groups: Vec<(&str, Settings)> = Vec::new();
+    for g in &parsed.group {
+        let name = g.name.get_ref();
+        if groups.iter().any(|(n, _)| n == name) {
+            return Err(located(Located::at(
+                &g.name,
+                format!("[[group]] `{name}` is defined twice"),
+            )));
+        }
+        groups.push((name, g.settings().map_err(located)?.over(&defaults)));
+    }
     let mut hosts: Vec<HostSpec> = Vec::new();
-    let mut push = |h: HostSpec| -> Result<(), InventoryError> {
+    let mut push = |name: &Spanned<String>, address: &str, s: &Settings| {
+        let h = spec(name.get_ref(), address, s)
+            .map_err(|m| Located::at(name, format!("host `{}`: {m}", name.get_ref())))?;
         if hosts.iter().any(|x| x.id == h.id) {
-            return Err(err(format!("host `{}` is listed twice", h.id)));
+            return Err(Located::at(
+                name,
+                format!("host `{}` is listed twice", h.id),
+            ));
         }
         hosts.push(h);
         Ok(())
     };
-    for g in &parsed.group {
-        let s = g.settings().over(&defaults);
+    for (g, (_, settings)) in parsed.group.iter().zip(&groups) {
         for name in g.hosts.iter().flatten() {
-            push(spec(name, name, &s).map_err(|m| err(format!("[[group]] `{}`: {m}", g.name)))?)?;
+            push(name, name.get_ref(), settings).map_err(located)?;
         }
     }
     for h in &parsed.host {
         let base = match &h.group {
-            Some(name) => parsed
-                .group
+            Some(name) => groups
                 .iter()
-                .find(|g| &g.name == name)
-                .map(|g| g.settings().over(&defaults))
+                .find(|(n, _)| n == name.get_ref())
+                .map(|(_, s)| s)
                 .ok_or_else(|| {
-                    err(format!(
-                        "[[host]] `{}`: key `group`: unknown group `{name}`",
-                        h.name
+                    located(Located::at(
+                        name,
+                        format!(
+                            "[[host]] `{}`: key `group`: unknown group `{}`",
+                            h.name.get_ref(),
+                            name.get_ref()
+                        ),
                     ))
                 })?,
-            None => defaults.clone(),
+            None => &defaults,
         };
-        let address = h.address.as_deref().unwrap_or(&h.name);
-        push(
-            spec(&h.name, address, &h.settings().over(&base))
-                .map_err(|m| err(format!("[[host]] `{}`: {m}", h.name)))?,
-        )?;
+        let address = h.address.as_ref().map_or(h.name.get_ref(), |a| a.get_ref());
+        let settings = h.settings().map_err(located)?.over(base);
+        push(&h.name, address, &settings).map_err(located)?;
     }
     if hosts.is_empty() {
         return Err(err(
@@ -379,7 +457,16 @@ mod tests {
             parse_host("fe80::1", &Overrides::default()).unwrap().port,
             None
         );
-        for bad in ["", "@gpu", "gpu:0", "gpu:x", "gpu:70000", "[::1"] {
+        for bad in [
+            "",
+            "@gpu",
+            "gpu:0",
+            "gpu:x",
+            "gpu:70000",
+            "[::1",
+            "-oProxyCommand=x",
+            "a b",
+        ] {
             assert!(parse_host(bad, &o).is_err(), "{bad}");
         }
         assert_eq!(parse_host_list("a, b,,c", &o).unwrap().len(), 3);
@@ -448,38 +535,69 @@ max_devices_for_user = { alice = 4 }
     #[test]
     fn errors_name_file_line_and_key() {
         let o = Overrides::default();
-        let e = parse_inventory("[[host]]\nname = \"a\"\nprot = 22\n", "inv.toml", &o).unwrap_err();
-        let m = e.to_string();
-        assert!(
-            m.starts_with("inv.toml: ") && m.contains("line 3") && m.contains("prot"),
-            "{m}"
-        );
-        let e =
-            parse_inventory("[[host]]\nname = \"a\"\nport = \"x\"\n", "inv.toml", &o).unwrap_err();
-        assert!(
-            e.to_string().contains("line 3") && e.to_string().contains("port"),
-            "{e}"
-        );
-        let e = parse_inventory("[[host]]\nname = \"a\"\ngroup = \"nope\"\n", "inv.toml", &o)
-            .unwrap_err();
-        assert!(
-            e.to_string().contains("key `group`: unknown group `nope`"),
-            "{e}"
-        );
-        let e = parse_inventory(
-            "[[host]]\nname = \"a\"\n[[host]]\nname = \"a\"\n",
-            "inv.toml",
-            &o,
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("listed twice"), "{e}");
-        assert!(parse_inventory("", "inv.toml", &o).is_err());
-        let e = parse_inventory(
-            "[[host]]\nname = \"a\"\nssh_options = [\"nope\"]\n",
-            "inv.toml",
-            &o,
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("ssh_options"), "{e}");
+        let error = |text: &str| {
+            parse_inventory(text, "inv.toml", &o)
+                .unwrap_err()
+                .to_string()
+        };
+        let cases = [
+            // serde's own: unknown key, wrong type.
+            ("[[host]]\nname = \"a\"\nprot = 22\n", "line 3", "prot"),
+            ("[[host]]\nname = \"a\"\nport = \"x\"\n", "line 3", "port"),
+            // Ours, at the offending value.
+            (
+                "[[host]]\nname = \"a\"\n\ngroup = \"nope\"\n",
+                "line 4: ",
+                "key `group`: unknown group `nope`",
+            ),
+            (
+                "[[host]]\nname = \"a\"\n[[host]]\nname = \"a\"\n",
+                "line 4: ",
+                "host `a` is listed twice",
+            ),
+            (
+                "[[group]]\nname = \"g\"\nhosts = [\"a\",\n  \"a\"]\n",
+                "line 4: ",
+                "listed twice",
+            ),
+            (
+                "[[group]]\nname = \"g\"\n[[group]]\nname = \"g\"\n",
+                "line 4: ",
+                "[[group]] `g` is defined twice",
+            ),
+            (
+                "[[host]]\nname = \"a\"\nssh_options = [\"nope\"]\n",
+                "line 3: ",
+                "key `ssh_options`: \"nope\" is not Key=Value",
+            ),
+            (
+                "[defaults]\nport = 0\n[[host]]\nname = \"a\"\n",
+                "line 2: ",
+                "key `port`",
+            ),
+            (
+                "[[host]]\nname = \"a\"\ngenv = \" \"\n",
+                "line 3: ",
+                "key `genv`: must not be empty",
+            ),
+            (
+                "[[host]]\nname = \"a\"\naddress = \"-oProxyCommand=x\"\n",
+                "line 2: ",
+                "bad address",
+            ),
+            (
+                "[[group]]\nname = \"g\"\nhosts = [\"\"]\n",
+                "line 3: ",
+                "bad address",
+            ),
+        ];
+        for (text, line, what) in cases {
+            let m = error(text);
+            assert!(
+                m.starts_with("inv.toml: ") && m.contains(line) && m.contains(what),
+                "{text:?}: {m}"
+            );
+        }
+        assert!(error("").contains("no hosts"));
     }
 }
