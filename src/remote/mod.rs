@@ -45,8 +45,49 @@ impl Fleet {
         }
     }
 
-    fn argv(spec: &HostSpec, rest: impl IntoIterator<Item = String>) -> Vec<String> {
-        spec.sudo.iter().cloned().chain(rest).collect()
+    /// Seconds a command may run on the host: [`script::BOUNDED`] kills it
+    /// (1 s grace included) before our own deadline ends.
+    fn host_limit(&self) -> u64 {
+        self.command_timeout.as_secs().saturating_sub(2).max(1)
+    }
+
+    /// Limit for the steps inside a script (nvidia-smi, waiting on genv's
+    /// lock), so that they report what hung before the whole is killed.
+    fn step_limit(&self) -> u64 {
+        self.host_limit().saturating_sub(2).max(1)
+    }
+
+    /// `rest` run through the host's sudo, bounded by [`script::BOUNDED`].
+    fn bounded(&self, spec: &HostSpec, rest: impl IntoIterator<Item = String>) -> Vec<String> {
+        ["sh", "-c", script::BOUNDED, "genv-enforce-bounded"]
+            .into_iter()
+            .map(String::from)
+            .chain([self.host_limit().to_string()])
+            .chain(spec.sudo.iter().cloned())
+            .chain(rest)
+            .collect()
+    }
+
+    /// Runs `argv` on `c`; when it was [`bounded`](Self::bounded), a
+    /// host-side timeout becomes [`HostError::Timeout`].
+    async fn run(
+        &self,
+        c: &Connection,
+        what: &str,
+        argv: &[String],
+        stdin: Option<&[u8]>,
+    ) -> Result<std::process::Output, HostError> {
+        let out = c.run(argv, stdin, self.command_timeout, &self.ssh).await?;
+        let bounded = argv.get(2).is_some_and(|a| a == script::BOUNDED);
+        match out.status.code() {
+            Some(code) if bounded && script::BOUNDED_TIMED_OUT.contains(&code) => {
+                Err(HostError::Timeout {
+                    command: format!("{what} (killed on the host)"),
+                    after: Duration::from_secs(self.host_limit()),
+                })
+            }
+            _ => Ok(out),
+        }
     }
 
     /// Snapshots every host, `concurrency` at a time; results in host order.
@@ -59,8 +100,7 @@ impl Fleet {
     }
 
     async fn snapshot(&self, c: &Connection) -> Result<HostSnapshot, HostError> {
-        let limit = self.command_timeout.as_secs().saturating_sub(2).max(1);
-        let argv = Self::argv(
+        let argv = self.bounded(
             &c.spec,
             [
                 "sh".into(),
@@ -69,10 +109,10 @@ impl Fleet {
                 "genv-enforce-snapshot".into(),
                 c.spec.genv_dir.clone(),
                 c.spec.nvidia_smi.clone(),
-                limit.to_string(),
+                self.step_limit().to_string(),
             ],
         );
-        let out = c.run(&argv, None, self.command_timeout, &self.ssh).await?;
+        let out = self.run(c, "snapshot", &argv, None).await?;
         if !out.status.success() {
             return Err(failed("snapshot", &out));
         }
@@ -112,7 +152,7 @@ impl Fleet {
         let mut terminations = vec![outcome::Termination::NoIdentity; plan.terminate.len()];
         let args = script::terminate_args(&plan.terminate);
         if !args.is_empty() {
-            let argv = Self::argv(
+            let argv = self.bounded(
                 &c.spec,
                 [
                     "sh".into(),
@@ -123,7 +163,7 @@ impl Fleet {
                 .into_iter()
                 .chain(args),
             );
-            terminations = match c.run(&argv, None, self.command_timeout, &self.ssh).await {
+            terminations = match self.run(c, "terminate", &argv, None).await {
                 Ok(out) if out.status.success() => script::read_terminations(
                     &String::from_utf8_lossy(&out.stdout),
                     &plan.terminate,
@@ -157,21 +197,24 @@ impl Fleet {
             // rewrites devices.json as genv does; the environments travel as
             // JSON on stdin, so no host data is ever part of a command line.
             let report = script::execute_report(&plan.detach, snapshot);
-            let argv = Self::argv(
-                &c.spec,
-                c.spec
-                    .genv
-                    .iter()
-                    .cloned()
-                    .chain(["usage".into(), "execute".into()]),
-            );
-            let detaches = match c
-                .run(
-                    &argv,
-                    Some(report.as_bytes()),
-                    self.command_timeout,
-                    &self.ssh,
-                )
+            let argv: Vec<String> = c
+                .spec
+                .sudo
+                .iter()
+                .cloned()
+                .chain([
+                    "sh".into(),
+                    "-c".into(),
+                    script::EXECUTE.into(),
+                    "genv-enforce-execute".into(),
+                    c.spec.genv_dir.clone(),
+                    self.step_limit().to_string(),
+                ])
+                .chain(c.spec.genv.iter().cloned())
+                .chain(["usage".into(), "execute".into()])
+                .collect();
+            let detaches = match self
+                .run(c, "genv usage execute", &argv, Some(report.as_bytes()))
                 .await
             {
                 Ok(out) => {

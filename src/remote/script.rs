@@ -84,6 +84,36 @@ while [ $# -ge 2 ]; do
 done
 "#;
 
+/// Runs its arguments under `timeout` when the host has it (coreutils and
+/// busybox both do), so a command that hangs (sudo waiting on a directory
+/// service, a wedged GPU) is killed on the host, with its process group,
+/// before our deadline; otherwise its session would linger on the master
+/// and count against sshd's MaxSessions. Arguments: seconds, then argv.
+/// Exit status 124 (or 137 after the kill) means the limit was hit.
+pub const BOUNDED: &str = r#"l=$1
+shift
+if command -v timeout >/dev/null 2>&1; then exec timeout -k 1 "$l" "$@"; fi
+exec "$@"
+"#;
+
+/// Exit statuses of [`BOUNDED`] when the host-side limit was hit.
+pub const BOUNDED_TIMED_OUT: [i32; 2] = [124, 137];
+
+/// Runs `genv usage execute` (the remaining arguments) on genv's state dir,
+/// but only once genv's lock could be had within the limit: genv waits for
+/// it forever, and a detach decided now must not land minutes later. It is
+/// never killed once started (genv rewrites devices.json in place).
+/// Arguments: genv's state dir, seconds, then genv's argv.
+pub const EXECUTE: &str = r#"set -u
+dir=$1 l=$2
+shift 2
+export GENV_TMPDIR="$dir"
+if [ -e "$dir/genv.lock" ] && command -v flock >/dev/null 2>&1; then
+  flock -w "$l" "$dir/genv.lock" true || { echo "genv.lock held by another process for ${l}s: nothing detached" >&2; exit 75; }
+fi
+exec "$@"
+"#;
+
 /// One frame of the snapshot script's output.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
