@@ -737,3 +737,79 @@ fn remote_output_matches_genv_remote_enforce() {
     let hog_first = order.iter().position(|p| *p == hog) < order.iter().position(|p| *p == a2);
     assert_eq!(ours.len(), if hog_first { 9 } else { 10 }, "{ours:#?}");
 }
+
+#[test]
+fn detach_uses_the_hosts_genv_dir_and_never_waits_on_a_held_lock() {
+    let Some(mut f) = Fleet::up(2) else { return };
+    let mut pids = Vec::new();
+    for h in 0..2 {
+        let p = f.host(h).spawn(Some("e"));
+        f.host(h).set_apps(&[(p, 0, "100")]);
+        f.host(h)
+            .write_envs(&[env("e", Some(&format!("user{h}")), None, p)]);
+        f.host(h).write_devices(4, &[(0, "e"), (1, "e")]);
+        pids.push(p);
+    }
+    // Host 0 keeps genv's state in a non-default dir (genv's own default
+    // there holds nothing).
+    let state = f.host(0).state_dir();
+    let alt = state.join("alt");
+    std::fs::create_dir(&alt).unwrap();
+    for file in ["envs.json", "devices.json"] {
+        std::fs::rename(state.join(file), alt.join(file)).unwrap();
+    }
+    // Host 1: someone holds genv's lock (shared, so a snapshot still reads).
+    let lock = f.host(1).state_dir().join("genv.lock");
+    std::fs::write(&lock, "").unwrap();
+    let mut holder = std::process::Command::new("flock")
+        .args(["-s", &lock.display().to_string(), "sleep", "60"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+
+    let inventory = f.inventory(
+        false,
+        &["genv_dir = \"/var/tmp/genv/alt\""],
+        "\n[limits]\nmax_devices_per_user = 1\n",
+    );
+    let started = Instant::now();
+    let out = f
+        .command(&[
+            "--inventory",
+            &inventory.display().to_string(),
+            "--command-timeout",
+            "6s",
+            "enforce",
+            "--interval",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("[h2] [ERROR] Failed detaching environment e from device 0")
+            && err.contains("genv.lock held by another process for 2s: nothing detached"),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(6), "waited {took:?} on the lock");
+    // Kills need no lock: both processes on detached devices went.
+    assert_eq!(f.host(0).wait_signal(pids[0], WAIT), Some(SIGTERM));
+    assert_eq!(f.host(1).wait_signal(pids[1], WAIT), Some(SIGTERM));
+    assert_eq!(
+        f.host(1).attached(0),
+        vec!["e"],
+        "nothing detached under a held lock"
+    );
+    let devices: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(alt.join("devices.json")).unwrap()).unwrap();
+    assert_eq!(
+        devices["devices"][0]["attachments"],
+        serde_json::json!([]),
+        "detached in genv_dir"
+    );
+    assert_eq!(devices["devices"][1]["attachments"][0]["eid"], "e");
+}
