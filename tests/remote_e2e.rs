@@ -813,3 +813,60 @@ fn detach_uses_the_hosts_genv_dir_and_never_waits_on_a_held_lock() {
     );
     assert_eq!(devices["devices"][1]["attachments"][0]["eid"], "e");
 }
+
+#[test]
+fn concurrency_bounds_how_many_hosts_are_worked_on_at_once() {
+    let Some(mut f) = Fleet::up(3) else { return };
+    // Each host's sudo logs when it runs, taking half a second.
+    for i in 1..=3 {
+        let slow = f.dir.path().join(format!("h{i}/sbin/slow-sudo"));
+        std::fs::write(
+            &slow,
+            "#!/bin/sh\nlog=/var/tmp/genv/slow.log\necho \"$(date +%s%N)\" >> $log\nsleep 0.5\necho \"$(date +%s%N)\" >> $log\nexec sudo \"$@\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&slow, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+    }
+    let sudo = "sudo = \"/usr/local/sbin/slow-sudo -n\"";
+    let inventory = f.inventory(false, &[sudo, sudo, sudo], "");
+    let mut spans = |concurrency: &str| -> Vec<(u128, u128)> {
+        for h in 0..3 {
+            let _ = std::fs::remove_file(f.host(h).state_dir().join("slow.log"));
+        }
+        let out = f
+            .command(&[
+                "--inventory",
+                &inventory.display().to_string(),
+                "--concurrency",
+                concurrency,
+                "enforce",
+                "--interval",
+                "0",
+                "--dry-run",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        (0..3)
+            .map(|h| {
+                let log = std::fs::read_to_string(f.host(h).state_dir().join("slow.log")).unwrap();
+                let t: Vec<u128> = log.lines().map(|l| l.parse().unwrap()).collect();
+                assert_eq!(t.len(), 2, "one snapshot per host: {log}");
+                (t[0], t[1])
+            })
+            .collect()
+    };
+    let mut one = spans("1");
+    one.sort();
+    for w in one.windows(2) {
+        assert!(w[0].1 <= w[1].0, "--concurrency 1 overlapped: {one:?}");
+    }
+    let all = spans("3");
+    let last_start = all.iter().map(|s| s.0).max().unwrap();
+    let first_end = all.iter().map(|s| s.1).min().unwrap();
+    assert!(
+        last_start < first_end,
+        "--concurrency 3 ran hosts one by one: {all:?}"
+    );
+}
