@@ -14,7 +14,6 @@
 
 mod util;
 
-use genv_enforce::snapshot::pyset::set_order;
 use util::{assert_same_snapshot, env, lines, Host};
 
 struct Runs {
@@ -208,17 +207,7 @@ fn env_memory_greedy_choice_follows_snapshot_order() {
 #[test]
 fn env_memory_kills_in_genvs_process_order_not_nvidia_smis() {
     let mut h = Host::new(1);
-    // Two pids in distinct slots of CPython's 8-slot set table, so that the
-    // set puts one of them first whatever nvidia-smi's line order.
-    let mut pids = vec![h.spawn(Some("m"))];
-    while pids.len() < 2 {
-        let p = h.spawn(Some("m"));
-        if p % 8 != pids[0] % 8 {
-            pids.push(p);
-        }
-    }
-    let order = set_order(&pids);
-    let (hog, small) = (order[0], order[1]);
+    let (hog, small) = h.spawn_pair_in_set_order("m");
     // nvidia-smi lists the small one first: in line order both would go.
     h.set_apps(&[(small, 0, "100"), (hog, 0, "5000")]);
     h.write_envs(&[env("m", Some("mia"), Some("3gi"), small)]);

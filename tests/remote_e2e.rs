@@ -41,15 +41,7 @@ fn each_rule_across_hosts_with_cluster_wide_device_caps() {
     // h3: an environment over its memory capacity.
     // genv walks the pids in CPython set order: the hog comes first there,
     // so killing it is enough.
-    let mut pids = vec![f.host(2).spawn(Some("c"))];
-    while pids.len() < 2 {
-        let p = f.host(2).spawn(Some("c"));
-        if p % 8 != pids[0] % 8 {
-            pids.push(p);
-        }
-    }
-    let order = genv_enforce::snapshot::pyset::set_order(&pids);
-    let (hog, fine) = (order[0], order[1]);
+    let (hog, fine) = f.host(2).spawn_pair_in_set_order("c");
     f.host(2).set_apps(&[(hog, 0, "3000"), (fine, 0, "10")]);
     f.host(2)
         .write_envs(&[env("c", Some("carol"), Some("2gi"), hog)]);

@@ -102,6 +102,21 @@ impl Host {
         pid
     }
 
+    /// Two processes in `eid` whose pids sit in distinct slots of CPython's
+    /// 8-slot set table, in the order genv's `set(pids)` gives them whatever
+    /// nvidia-smi's line order.
+    pub fn spawn_pair_in_set_order(&mut self, eid: &str) -> (u32, u32) {
+        let first = self.spawn(Some(eid));
+        let second = loop {
+            let p = self.spawn(Some(eid));
+            if p % 8 != first % 8 {
+                break p;
+            }
+        };
+        let order = genv_enforce::snapshot::pyset::set_order(&[first, second]);
+        (order[0], order[1])
+    }
+
     /// What nvidia-smi reports: (pid, gpu index, used MiB or `[N/A]`).
     pub fn set_apps(&self, apps: &[(u32, u32, &str)]) {
         let mut table = String::from("gpu_uuid, pid, used_gpu_memory\n");
