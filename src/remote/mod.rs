@@ -57,35 +57,27 @@ impl Fleet {
         self.host_limit().saturating_sub(2).max(1)
     }
 
-    /// `rest` run through the host's sudo, bounded by [`script::BOUNDED`].
-    fn bounded(&self, spec: &HostSpec, rest: impl IntoIterator<Item = String>) -> Vec<String> {
-        ["sh", "-c", script::BOUNDED, "genv-enforce-bounded"]
-            .into_iter()
-            .map(String::from)
-            .chain([self.host_limit().to_string()])
-            .chain(spec.sudo.iter().cloned())
-            .chain(rest)
-            .collect()
-    }
-
-    /// Runs `argv` on `c`; when it was [`bounded`](Self::bounded), a
-    /// host-side timeout becomes [`HostError::Timeout`].
-    async fn run(
+    /// Runs `rest` on `c` through the host's sudo, under
+    /// [`script::BOUNDED`]: a host-side timeout becomes [`HostError::Timeout`].
+    async fn run_bounded(
         &self,
         c: &Connection,
         what: &str,
-        argv: &[String],
-        stdin: Option<&[u8]>,
+        rest: impl IntoIterator<Item = String>,
     ) -> Result<std::process::Output, HostError> {
-        let out = c.run(argv, stdin, self.command_timeout, &self.ssh).await?;
-        let bounded = argv.get(2).is_some_and(|a| a == script::BOUNDED);
+        let argv: Vec<String> = ["sh", "-c", script::BOUNDED, "genv-enforce-bounded"]
+            .into_iter()
+            .map(String::from)
+            .chain([self.host_limit().to_string()])
+            .chain(c.spec.sudo.iter().cloned())
+            .chain(rest)
+            .collect();
+        let out = c.run(&argv, None, self.command_timeout, &self.ssh).await?;
         match out.status.code() {
-            Some(code) if bounded && script::BOUNDED_TIMED_OUT.contains(&code) => {
-                Err(HostError::Timeout {
-                    command: format!("{what} (killed on the host)"),
-                    after: Duration::from_secs(self.host_limit()),
-                })
-            }
+            Some(code) if script::BOUNDED_TIMED_OUT.contains(&code) => Err(HostError::Timeout {
+                command: format!("{what} (killed on the host)"),
+                after: Duration::from_secs(self.host_limit()),
+            }),
             _ => Ok(out),
         }
     }
@@ -100,19 +92,16 @@ impl Fleet {
     }
 
     async fn snapshot(&self, c: &Connection) -> Result<HostSnapshot, HostError> {
-        let argv = self.bounded(
-            &c.spec,
-            [
-                "sh".into(),
-                "-c".into(),
-                script::SNAPSHOT.into(),
-                "genv-enforce-snapshot".into(),
-                c.spec.genv_dir.clone(),
-                c.spec.nvidia_smi.clone(),
-                self.step_limit().to_string(),
-            ],
-        );
-        let out = self.run(c, "snapshot", &argv, None).await?;
+        let argv = [
+            "sh".into(),
+            "-c".into(),
+            script::SNAPSHOT.into(),
+            "genv-enforce-snapshot".into(),
+            c.spec.genv_dir.clone(),
+            c.spec.nvidia_smi.clone(),
+            self.step_limit().to_string(),
+        ];
+        let out = self.run_bounded(c, "snapshot", argv).await?;
         if !out.status.success() {
             return Err(failed("snapshot", &out));
         }
@@ -152,18 +141,16 @@ impl Fleet {
         let mut terminations = vec![outcome::Termination::NoIdentity; plan.terminate.len()];
         let args = script::terminate_args(&plan.terminate);
         if !args.is_empty() {
-            let argv = self.bounded(
-                &c.spec,
-                [
-                    "sh".into(),
-                    "-c".into(),
-                    script::TERMINATE.into(),
-                    "genv-enforce-terminate".into(),
-                ]
-                .into_iter()
-                .chain(args),
-            );
-            terminations = match self.run(c, "terminate", &argv, None).await {
+            let argv = [
+                "sh".into(),
+                "-c".into(),
+                script::TERMINATE.into(),
+                "genv-enforce-terminate".into(),
+            ];
+            terminations = match self
+                .run_bounded(c, "terminate", argv.into_iter().chain(args))
+                .await
+            {
                 Ok(out) if out.status.success() => script::read_terminations(
                     &String::from_utf8_lossy(&out.stdout),
                     &plan.terminate,
@@ -213,8 +200,13 @@ impl Fleet {
                 .chain(c.spec.genv.iter().cloned())
                 .chain(["usage".into(), "execute".into()])
                 .collect();
-            let detaches = match self
-                .run(c, "genv usage execute", &argv, Some(report.as_bytes()))
+            let detaches = match c
+                .run(
+                    &argv,
+                    Some(report.as_bytes()),
+                    self.command_timeout,
+                    &self.ssh,
+                )
                 .await
             {
                 Ok(out) => {
