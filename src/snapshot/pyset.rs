@@ -4,8 +4,10 @@
 //! "snapshot order" (which env-memory walks when it picks what to kill) is
 //! the slot order of CPython's hash table, not nvidia-smi's line order. This
 //! replays CPython's `set_add_entry`, `set_insert_clean` and
-//! `set_table_resize` (unchanged from 3.7 to 3.13) for keys whose hash is
-//! the value itself, so that we pick the same pids as genv does.
+//! `set_table_resize` for keys whose hash is the value itself, so that we
+//! pick the same pids as genv does. The orders in
+//! `fixtures/pyset-orders.txt` are those of every CPython from 3.7 (genv
+//! 1.4.3's minimum) to 3.13; 3.6 differs.
 
 /// `PySet_MINSIZE`.
 const MIN_SIZE: usize = 8;
