@@ -589,8 +589,7 @@ fn a_hung_command_fails_its_host_at_the_deadline_and_the_master_survives() {
     let Some(mut f) = Fleet::up(2) else { return };
     // On host 1, everything run through "sudo" hangs first (its /usr/local/sbin is this dir).
     let hang = f.dir.path().join("h1/sbin/hang-sudo");
-    std::fs::write(&hang, "#!/bin/sh\nsleep 37\nexec sudo \"$@\"\n").unwrap();
-    std::fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    util::write_executable(&hang, "#!/bin/sh\nsleep 37\nexec sudo \"$@\"\n");
     let inventory = f.inventory(false, &["sudo = \"/usr/local/sbin/hang-sudo -n\""], "");
     let stray = f.host(1).spawn(None);
     f.host(1).set_apps(&[(stray, 0, "100")]);
@@ -663,19 +662,13 @@ fn remote_output_matches_genv_remote_enforce() {
     std::fs::create_dir_all(&bin).unwrap();
     let config = f.dir.path().join("ssh_config");
     std::fs::write(&config, format!("Host *\n  User genv-fleet\n  Port 2222\n  IdentityFile {key}\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")).unwrap();
-    std::fs::write(
-        bin.join("ssh"),
-        format!(
+    util::write_executable(
+        &bin.join("ssh"),
+        &format!(
             "#!/bin/sh\nexec /usr/bin/ssh -F {} \"$@\"\n",
             config.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        bin.join("ssh"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    );
 
     let stray = f.host(0).spawn(None);
     let a1 = f.host(0).spawn(Some("a1"));
@@ -812,13 +805,10 @@ fn concurrency_bounds_how_many_hosts_are_worked_on_at_once() {
     // Each host's sudo logs when it runs, taking 1.5 s.
     for i in 1..=3 {
         let slow = f.dir.path().join(format!("h{i}/sbin/slow-sudo"));
-        std::fs::write(
+        util::write_executable(
             &slow,
             "#!/bin/sh\nlog=/var/tmp/genv/slow.log\necho \"$(date +%s%N)\" >> $log\nsleep 1.5\necho \"$(date +%s%N)\" >> $log\nexec sudo \"$@\"\n",
-        )
-        .unwrap();
-        std::fs::set_permissions(&slow, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
+        );
     }
     let sudo = "sudo = \"/usr/local/sbin/slow-sudo -n\"";
     let inventory = f.inventory(false, &[sudo, sudo, sudo], "");

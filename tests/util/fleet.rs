@@ -40,20 +40,12 @@ impl Fleet {
             100 + std::process::id() % 100,
             NEXT.fetch_add(1, Ordering::SeqCst) + 1
         );
-        let out = Command::new(repo().join("scripts/fleet"))
-            .args([
-                "up",
-                &dir.path().display().to_string(),
-                &k.to_string(),
-                &net,
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "fleet up: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = run_fleet(&[
+            "up",
+            &dir.path().display().to_string(),
+            &k.to_string(),
+            &net,
+        ]);
         let names = String::from_utf8(out.stdout)
             .unwrap()
             .lines()
@@ -95,19 +87,11 @@ impl Fleet {
     }
 
     fn script(&self, verb: &str, i: usize) {
-        let out = Command::new(repo().join("scripts/fleet"))
-            .args([
-                verb,
-                &self.dir.path().display().to_string(),
-                &(i + 1).to_string(),
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "fleet {verb}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run_fleet(&[
+            verb,
+            &self.dir.path().display().to_string(),
+            &(i + 1).to_string(),
+        ]);
     }
 
     /// The hosts' addresses, as genv would name them.
@@ -177,4 +161,19 @@ impl Drop for Fleet {
             .args(["down", &self.dir.path().display().to_string()])
             .output();
     }
+}
+
+/// Runs `scripts/fleet` with `args`, asserting it succeeded.
+fn run_fleet(args: &[&str]) -> std::process::Output {
+    let out = Command::new(repo().join("scripts/fleet"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "fleet {}: {}",
+        args[0],
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }

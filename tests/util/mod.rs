@@ -67,10 +67,7 @@ impl Host {
             dir.path().join("gpu").display(),
             repo().join("scripts/fake-nvidia-smi").display()
         );
-        let bin = dir.path().join("bin/nvidia-smi");
-        std::fs::write(&bin, wrapper).unwrap();
-        std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
+        write_executable(&dir.path().join("bin/nvidia-smi"), &wrapper);
         let host = Host {
             dir,
             children: Vec::new(),
@@ -240,6 +237,12 @@ impl Drop for Host {
             let _ = c.wait();
         }
     }
+}
+
+/// Writes a script to `path`, mode 0755.
+pub fn write_executable(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 }
 
 /// An `envs.json` entry with a live `pid`.
