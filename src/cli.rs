@@ -53,7 +53,7 @@ pub struct EnforceArgs {
     pub snapshot: Vec<PathBuf>,
 
     /// Deadline for each nvidia-smi call and for waiting on genv's lock.
-    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "30s", value_parser = parse_timeout, value_name = "DURATION")]
     pub command_timeout: Duration,
 }
 
@@ -80,8 +80,8 @@ pub struct RemoteArgs {
     #[arg(long, value_name = "FILE")]
     pub identity_file: Option<PathBuf>,
 
-    /// SSH connect timeout in seconds
-    #[arg(short = 't', long = "timeout", value_name = "SECONDS")]
+    /// SSH connect timeout in seconds [default: 10]
+    #[arg(short = 't', long = "timeout", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=MAX_DURATION.as_secs()))]
     pub timeout: Option<u64>,
 
     /// Abort when any host fails (before anything is enforced)
@@ -97,7 +97,7 @@ pub struct RemoteArgs {
     pub concurrency: u16,
 
     /// Deadline of each remote command (a hung nvidia-smi or sudo fails that host for the cycle)
-    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "30s", value_parser = parse_timeout, value_name = "DURATION")]
     pub command_timeout: Duration,
 
     /// Directory for the SSH master sockets [default: a private temporary directory]
@@ -164,7 +164,7 @@ pub fn normalize_args(
 #[derive(Debug, Args)]
 pub struct SnapshotArgs {
     /// Deadline for each nvidia-smi call and for waiting on genv's lock.
-    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "30s", value_parser = parse_timeout, value_name = "DURATION")]
     pub command_timeout: Duration,
 }
 
@@ -247,16 +247,41 @@ impl RuleArgs {
     }
 }
 
-/// Seconds as a bare integer (genv) or a humantime duration.
+/// The longest duration any flag accepts: longer is surely a typo, and
+/// keeps every sum of durations far from overflowing.
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Seconds as a bare integer (genv) or a humantime duration, at most
+/// [`MAX_DURATION`].
 ///
 /// # Errors
-/// Neither form.
+/// Neither form, or longer than [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    if let Ok(secs) = text.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
+    let d = match text.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => humantime::parse_duration(text)
+            .map_err(|e| format!("not seconds nor a duration such as 30s or 2m: {e}"))?,
+    };
+    if d > MAX_DURATION {
+        return Err(format!(
+            "{text} is longer than the maximum of {}",
+            humantime::format_duration(MAX_DURATION)
+        ));
     }
-    humantime::parse_duration(text)
-        .map_err(|e| format!("not seconds nor a duration such as 30s or 2m: {e}"))
+    Ok(d)
+}
+
+/// A deadline: as [`parse_duration`], and at least one second (host-side
+/// limits count whole seconds).
+///
+/// # Errors
+/// As [`parse_duration`], or shorter than a second.
+pub fn parse_timeout(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d < Duration::from_secs(1) {
+        return Err(format!("{text} is shorter than the minimum of 1s"));
+    }
+    Ok(d)
 }
 
 /// `username=maximum`.
@@ -317,6 +342,11 @@ mod tests {
         assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("18446744073709551615").is_err());
+        assert!(parse_duration("31days").is_err());
+        assert_eq!(parse_duration("30days"), Ok(MAX_DURATION));
+        assert!(parse_timeout("0").is_err() && parse_timeout("500ms").is_err());
+        assert_eq!(parse_timeout("1"), Ok(Duration::from_secs(1)));
     }
 
     #[test]
@@ -351,6 +381,12 @@ mod tests {
         assert_eq!(e.rules.policy().max_devices_per_user, Some(2));
         assert!(parse(&["remote", "-H", "a", "--hostfile", "f", "enforce"]).is_err());
         assert!(parse(&["remote", "-H", "a", "--concurrency", "0", "enforce"]).is_err());
+        for t in ["0", "18446744073709551615", "-1"] {
+            assert!(
+                parse(&["remote", "-H", "a", "-t", t, "enforce"]).is_err(),
+                "{t}"
+            );
+        }
     }
 
     #[test]

@@ -97,6 +97,18 @@ pub fn failed(report: &CycleReport) -> bool {
     report.hosts.iter().any(|h| h.error.is_some()) || report.outcomes.iter().any(Outcome::is_error)
 }
 
+/// Writes lines to stdout; false when stdout is gone (a closed pipe), so
+/// that the caller ends the run as `| head` expects. Other write errors are
+/// ignored: enforcement goes on.
+pub fn print_stdout(lines: &[String]) -> bool {
+    let mut out = std::io::stdout().lock();
+    let written = lines
+        .iter()
+        .try_for_each(|l| writeln!(out, "{l}"))
+        .and_then(|()| out.flush());
+    !matches!(written, Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+}
+
 /// Writes a report to stdout/stderr in the chosen format. Returns false
 /// when stdout is gone (a closed pipe): the run then ends, as `| head`
 /// expects. Other write errors are ignored: enforcement goes on.
@@ -205,8 +217,11 @@ pub fn replay(files: &[PathBuf], settings: &Settings) -> bool {
             path.file_stem()
                 .map_or(name.clone(), |s| s.to_string_lossy().into_owned()),
         );
-        if files.len() > 1 && settings.output == OutputFormat::Text {
-            println!("{}==> {name} <==", if i > 0 { "\n" } else { "" });
+        if files.len() > 1
+            && settings.output == OutputFormat::Text
+            && !print_stdout(&[format!("{}==> {name} <==", if i > 0 { "\n" } else { "" })])
+        {
+            break;
         }
         let (_, mut report) = assess(
             i as u64 + 1,

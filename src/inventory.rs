@@ -299,10 +299,43 @@ pub fn parse_host(text: &str, overrides: &Overrides) -> Result<HostSpec, String>
     spec(text, address, &settings)
 }
 
+impl HostSpec {
+    /// What makes two entries the same machine: the address (case
+    /// insensitive) and the port. Two entries with the same key would be
+    /// snapshotted twice and their devices counted twice toward a user's cap.
+    fn machine(&self) -> (String, u16) {
+        (self.address.to_ascii_lowercase(), self.port.unwrap_or(22))
+    }
+}
+
+/// The first entry that names the same machine as an earlier one (same
+/// name, or same address and port), with that earlier one.
+fn repeated(hosts: &[HostSpec]) -> Option<(&HostSpec, &HostSpec)> {
+    hosts.iter().enumerate().find_map(|(i, h)| {
+        hosts[..i]
+            .iter()
+            .find(|e| e.id == h.id || e.machine() == h.machine())
+            .map(|e| (e, h))
+    })
+}
+
+/// Why two entries may not both be enforced.
+fn repeated_message(first: &HostSpec, again: &HostSpec) -> String {
+    let (address, port) = again.machine();
+    if first.id == again.id {
+        format!("host `{}` is listed twice", again.id)
+    } else {
+        format!(
+            "hosts `{}` and `{}` are the same machine ({address}, port {port}): its devices would count twice",
+            first.id, again.id
+        )
+    }
+}
+
 /// Parses `-H h1,h2,...`.
 ///
 /// # Errors
-/// A bad host, or no host at all.
+/// A bad host, a machine named twice, or no host at all.
 pub fn parse_host_list(text: &str, overrides: &Overrides) -> Result<Vec<HostSpec>, String> {
     let hosts: Vec<HostSpec> = text
         .split(',')
@@ -313,29 +346,38 @@ pub fn parse_host_list(text: &str, overrides: &Overrides) -> Result<Vec<HostSpec
     if hosts.is_empty() {
         return Err("no hosts given".into());
     }
+    if let Some((first, again)) = repeated(&hosts) {
+        return Err(repeated_message(first, again));
+    }
     Ok(hosts)
 }
 
 /// Parses a genv hostfile: one host a line; blank and `#` lines ignored.
 ///
 /// # Errors
-/// A bad host, naming its line.
+/// A bad host, or a machine named twice, naming the line.
 pub fn parse_hostfile(
     text: &str,
     file: &str,
     overrides: &Overrides,
 ) -> Result<Vec<HostSpec>, InventoryError> {
-    text.lines()
+    let err = |n: usize, m: String| InventoryError {
+        file: file.to_string(),
+        message: format!("line {n}: {m}"),
+    };
+    let mut hosts = Vec::new();
+    for (n, line) in text
+        .lines()
         .enumerate()
         .map(|(i, l)| (i + 1, l.trim()))
         .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'))
-        .map(|(n, l)| {
-            parse_host(l, overrides).map_err(|m| InventoryError {
-                file: file.to_string(),
-                message: format!("line {n}: {m}"),
-            })
-        })
-        .collect()
+    {
+        hosts.push(parse_host(line, overrides).map_err(|m| err(n, m))?);
+        if let Some((first, again)) = repeated(&hosts) {
+            return Err(err(n, repeated_message(first, again)));
+        }
+    }
+    Ok(hosts)
 }
 
 /// Parses an inventory TOML. Hosts come in file order: each `[[group]]`'s
@@ -383,14 +425,11 @@ pub fn parse_inventory(
     let mut push = |name: &Spanned<String>, address: &str, s: &Settings| {
         let h = spec(name.get_ref(), address, s)
             .map_err(|m| Located::at(name, format!("host `{}`: {m}", name.get_ref())))?;
-        if hosts.iter().any(|x| x.id == h.id) {
-            return Err(Located::at(
-                name,
-                format!("host `{}` is listed twice", h.id),
-            ));
-        }
         hosts.push(h);
-        Ok(())
+        match repeated(&hosts) {
+            Some((first, again)) => Err(Located::at(name, repeated_message(first, again))),
+            None => Ok(()),
+        }
     };
     for (g, (_, settings)) in parsed.group.iter().zip(&groups) {
         for name in g.hosts.iter().flatten() {
@@ -471,6 +510,41 @@ mod tests {
         }
         assert_eq!(parse_host_list("a, b,,c", &o).unwrap().len(), 3);
         assert!(parse_host_list(" , ", &o).is_err());
+    }
+
+    #[test]
+    fn a_machine_named_twice_is_an_error() {
+        let o = Overrides::default();
+        for (list, why) in [
+            ("gpu1,gpu1", "host `gpu1` is listed twice"),
+            (
+                "gpu1,alice@gpu1",
+                "`gpu1` and `alice@gpu1` are the same machine (gpu1, port 22)",
+            ),
+            ("gpu1:2222,GPU1:2222", "same machine (gpu1, port 2222)"),
+            ("gpu1:22,gpu1", "same machine"),
+        ] {
+            let e = parse_host_list(list, &o).unwrap_err();
+            assert!(e.contains(why), "{list}: {e}");
+        }
+        assert_eq!(parse_host_list("gpu1,gpu1:2222", &o).unwrap().len(), 2);
+        let e = parse_hostfile("gpu1\n# c\n\nops@gpu1\n", "hosts.txt", &o).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("hosts.txt: line 4: hosts `gpu1` and `ops@gpu1`"),
+            "{e}"
+        );
+        let e = parse_inventory(
+            "[[host]]\nname = \"a\"\naddress = \"10.0.0.1\"\n[[host]]\nname = \"b\"\naddress = \"10.0.0.1\"\n",
+            "inv.toml",
+            &o,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("line 5: hosts `a` and `b` are the same machine"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -30,7 +30,7 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("genv-enforce: cannot start the runtime: {e}");
+            complain(&format!("cannot start the runtime: {e}"));
             return ExitCode::from(2);
         }
     };
@@ -40,15 +40,18 @@ fn main() -> ExitCode {
         Command::Snapshot(args) => runtime.block_on(async {
             match LocalHost::from_env(args.command_timeout).snapshot().await {
                 Ok(s) => serde_json::to_string_pretty(&genv::to_json(&s))
-                    .map(|t| println!("{t}"))
+                    .map(|t| cycle::print_stdout(&[t]))
                     .is_ok(),
                 Err(e) => {
-                    eprintln!("genv-enforce: {}", chain(&e));
+                    complain(&chain(&e));
                     false
                 }
             }
         }),
     };
+    // Work still blocked on a user's file or a hung tool must not hold the
+    // exit (SIGTERM, Ctrl-C): every such step has its own deadline anyway.
+    runtime.shutdown_background();
     if ok {
         ExitCode::SUCCESS
     } else {
@@ -64,7 +67,7 @@ async fn enforce(args: EnforceArgs) -> bool {
     match cycle::run_local(LocalHost::from_env(args.command_timeout), settings).await {
         Ok(ok) => ok,
         Err(e) => {
-            eprintln!("genv-enforce: {}", chain(&e));
+            complain(&chain(&e));
             false
         }
     }
@@ -128,7 +131,7 @@ async fn remote(args: RemoteArgs) -> bool {
             i
         }
         Err(e) => {
-            eprintln!("genv-enforce: {e}");
+            complain(&e);
             return false;
         }
     };
@@ -151,7 +154,7 @@ async fn remote(args: RemoteArgs) -> bool {
         return cycle::replay_fleet(dir, hosts, &settings, failures);
     }
     let Some(inventory) = inventory else {
-        eprintln!("genv-enforce: remote: one of -H/--host, --hostfile or --inventory is required");
+        complain("remote: one of -H/--host, --hostfile or --inventory is required");
         return false;
     };
     let temp;
@@ -163,7 +166,7 @@ async fn remote(args: RemoteArgs) -> bool {
                 temp.path().to_path_buf()
             }
             Err(e) => {
-                eprintln!("genv-enforce: cannot create a directory for SSH sockets: {e}");
+                complain(&format!("cannot create a directory for SSH sockets: {e}"));
                 return false;
             }
         },
@@ -189,10 +192,16 @@ async fn remote(args: RemoteArgs) -> bool {
         Ok(Ending::Clean) => true,
         Ok(Ending::Errors | Ending::Aborted) => false,
         Err(e) => {
-            eprintln!("genv-enforce: {}", chain(&e));
+            complain(&chain(&e));
             false
         }
     }
+}
+
+/// Prints an error on stderr; a closed stderr is not worth a panic.
+fn complain(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "genv-enforce: {message}");
 }
 
 /// An error with all its causes, `: `-separated.

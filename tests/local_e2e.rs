@@ -344,3 +344,42 @@ fn closed_stdout_ends_the_loop_like_head_expects() {
     let _ = child.wait();
     panic!("still running 10s after its stdout closed");
 }
+
+#[test]
+fn closed_stdout_ends_every_subcommand_with_0() {
+    // Regression, issue 7: `snapshot | true` and `enforce --snapshot a b | head -1` panicked (exit 101).
+    let h = Host::new(2);
+    let fixtures = util::repo().join("fixtures/snapshots");
+    let (a, b) = (fixtures.join("gpu1.json"), fixtures.join("gpu2.json"));
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let dir = fixtures.display().to_string();
+    for args in [
+        vec!["snapshot"],
+        vec!["enforce", "--snapshot", a, b, "--non-env-processes"],
+        vec!["enforce", "--snapshot", a, b, "--output", "json"],
+        vec![
+            "remote",
+            "enforce",
+            "--snapshot-dir",
+            &dir,
+            "--non-env-processes",
+        ],
+    ] {
+        let mut child = h
+            .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader is gone before anything is written: every write fails with EPIPE.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -19,7 +19,11 @@ pub(super) fn evaluate(host: &HostId, snap: &HostSnapshot) -> Vec<Violation> {
                 .processes_of(&env.eid)
                 .filter_map(|p| p.usage_on(device.index).map(|u| (p.pid, u.bytes())))
                 .collect();
-            let used: u64 = procs.iter().filter_map(|(_, b)| *b).sum();
+            // Saturating: absurd usages must still read as over, never wrap to under.
+            let used = procs
+                .iter()
+                .filter_map(|(_, b)| *b)
+                .fold(0u64, u64::saturating_add);
             let Some(over) = used.checked_sub(capacity.bytes).filter(|o| *o > 0) else {
                 continue;
             };
@@ -31,7 +35,7 @@ pub(super) fn evaluate(host: &HostId, snap: &HostSnapshot) -> Vec<Violation> {
                     host: host.clone(),
                     pid,
                 });
-                freed += bytes;
+                freed = freed.saturating_add(bytes);
                 if freed >= over {
                     break;
                 }
@@ -140,6 +144,26 @@ mod tests {
         assert_eq!(terminated(&v[0]), vec![2]);
         let only_unknown = snap("1mi", vec![proc_(1, Some("a"), &[(0, Usage::Unknown)])]);
         assert!(evaluate(&HostId("h".into()), &only_unknown).is_empty());
+    }
+
+    #[test]
+    fn sums_saturate_instead_of_wrapping() {
+        // Two 8796093022208mi usages wrap a u64 to 0: still a violation.
+        let huge = Usage::Known(8_796_093_022_208 * 1024 * 1024);
+        let s = snap(
+            "1gi",
+            vec![
+                proc_(1, Some("a"), &[(0, huge)]),
+                proc_(2, Some("a"), &[(0, huge)]),
+            ],
+        );
+        let v = evaluate(&HostId("h".into()), &s);
+        assert_eq!(v.len(), 1);
+        assert!(matches!(
+            v[0].finding,
+            Finding::EnvMemory { used: u64::MAX, .. }
+        ));
+        assert_eq!(terminated(&v[0]), vec![1, 2]);
     }
 
     #[test]
