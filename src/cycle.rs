@@ -62,7 +62,7 @@ pub fn assess<E: ToString>(
         mode,
         dry_run,
         hosts,
-        notices: rules::notices(&cluster),
+        notices: rules::notices(&cluster, policy),
         violations,
         plan,
         outcomes: Vec::new(),

@@ -55,6 +55,16 @@ pub enum StateError {
     /// Another process held genv's lock past the deadline.
     #[error("{}: still locked by another process after {}", path.display(), humantime::format_duration(*after))]
     LockTimeout { path: PathBuf, after: Duration },
+    /// A name in the world-writable state directory is not what genv
+    /// writes there (a symlink, FIFO, device, ...): refused, never followed.
+    #[error("{} is {what}: refused (genv's state directory is writable by every user)", path.display())]
+    Unsafe { path: PathBuf, what: &'static str },
+    /// A state file larger than any real state.
+    #[error("{} is larger than {limit} bytes: refused", path.display())]
+    TooLarge { path: PathBuf, limit: u64 },
+    /// A state file that is not UTF-8 (genv writes ASCII JSON).
+    #[error("{} is not UTF-8", path.display())]
+    NotUtf8 { path: PathBuf },
 }
 
 impl StateError {

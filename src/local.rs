@@ -1,20 +1,37 @@
 //! This machine as a host: its snapshot (nvidia-smi, genv's state files,
 //! `/proc`) and carrying out its plan (SIGTERM, detach).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::ErrorKind;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use rustix::process::{pidfd_open, pidfd_send_signal, PidfdFlags, Signal};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
 use crate::error::HostError;
-use crate::model::{HostId, HostSnapshot, Owner, Pid, Process};
+use crate::model::{HostId, HostSnapshot};
 use crate::outcome::{self, Outcome};
 use crate::plan::{HostPlan, Termination};
-use crate::snapshot::{genv, nvidia_smi, proc};
+use crate::snapshot::assemble::{assemble, pids_to_read, RawHost, RawProc};
+use crate::snapshot::proc;
 use crate::state::StateDir;
+
+/// The most we read of a tool's output: far above any real nvidia-smi answer.
+pub const MAX_OUTPUT_BYTES: u64 = 64 << 20;
+
+/// Reads `from` into `to`, at most [`MAX_OUTPUT_BYTES`] (the rest is left
+/// unread: the tool then fails or is killed at its deadline).
+async fn read_capped<R: AsyncRead + Unpin>(
+    from: Option<&mut R>,
+    to: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    if let Some(r) = from {
+        r.take(MAX_OUTPUT_BYTES).read_to_end(to).await?;
+    }
+    Ok(())
+}
 
 /// How to reach this machine's GPUs and genv state.
 #[derive(Debug, Clone)]
@@ -39,139 +56,121 @@ impl LocalHost {
         }
     }
 
+    /// Runs nvidia-smi with genv's `GENV_BYPASS=1`, in a process group of
+    /// its own that is killed whole at the deadline (a wrapper's children
+    /// included).
     async fn nvidia_smi(&self, query: &str) -> Result<String, HostError> {
         let command = format!("{} {query} --format=csv,noheader,nounits", self.nvidia_smi);
-        let child = Command::new(&self.nvidia_smi)
+        let mut child = Command::new(&self.nvidia_smi)
             .arg(query)
             .arg("--format=csv,noheader,nounits")
             .env("GENV_BYPASS", "1")
             .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
             .kill_on_drop(true)
-            .output();
-        let out = tokio::time::timeout(self.timeout, child)
-            .await
-            .map_err(|_| HostError::Timeout {
-                command: command.clone(),
-                after: self.timeout,
-            })?
+            .spawn()
             .map_err(|source| HostError::Spawn {
                 command: command.clone(),
                 source,
             })?;
-        if !out.status.success() {
-            let output = String::from_utf8_lossy(if out.stderr.is_empty() {
-                &out.stdout
-            } else {
-                &out.stderr
+        let group = child
+            .id()
+            .and_then(|id| rustix::process::Pid::from_raw(id as i32));
+        let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
+        let run = async {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            let read_out = read_capped(stdout.as_mut(), &mut out);
+            let read_err = read_capped(stderr.as_mut(), &mut err);
+            let (a, b, status) = tokio::join!(read_out, read_err, child.wait());
+            a.and(b).and(status).map(|status| (status, out, err))
+        };
+        let finished = tokio::time::timeout(self.timeout, run).await;
+        let Ok(result) = finished else {
+            if let Some(g) = group {
+                let _ = rustix::process::kill_process_group(g, Signal::KILL);
+            }
+            return Err(HostError::Timeout {
+                command,
+                after: self.timeout,
             });
+        };
+        let (status, out, err) = result.map_err(|source| HostError::Spawn {
+            command: command.clone(),
+            source,
+        })?;
+        if !status.success() {
+            let output = String::from_utf8_lossy(if err.is_empty() { &out } else { &err });
             return Err(HostError::Command {
                 command,
-                status: out.status.to_string(),
+                status: status.to_string(),
                 output: output.trim().to_string(),
             });
         }
-        String::from_utf8(out.stdout).map_err(|_| HostError::NotUtf8 { command })
+        String::from_utf8(out).map_err(|_| HostError::NotUtf8 { command })
     }
 
     /// Takes a snapshot as `genv usage snapshot` would, plus each process's
-    /// start time and owner; a process whose environ cannot be read gets
-    /// [`Owner::Unknown`] instead of genv's "no environment".
+    /// identity (start time, owner) and who runs the environments; a
+    /// process whose environ cannot be read gets [`Owner::Unknown`] instead
+    /// of genv's "no environment".
     ///
     /// # Errors
     /// nvidia-smi fails, hangs or prints what cannot be parsed; genv's
     /// state cannot be locked, read or parsed.
+    ///
+    /// [`Owner::Unknown`]: crate::model::Owner::Unknown
     pub async fn snapshot(&self) -> Result<HostSnapshot, HostError> {
         let (gpus, apps) = tokio::try_join!(
             self.nvidia_smi("--query-gpu=uuid,index,memory.total"),
             self.nvidia_smi("--query-compute-apps=gpu_uuid,pid,used_gpu_memory"),
         )?;
-        let gpus = nvidia_smi::parse_gpus(&gpus, "nvidia-smi --query-gpu")?;
-        let apps = nvidia_smi::parse_compute_apps(&apps, "nvidia-smi --query-compute-apps")?;
-        let by_pid = nvidia_smi::processes(&gpus, &apps, "nvidia-smi")?;
-
-        let state = self.state.clone();
-        let wait = self.timeout;
-        let files = tokio::task::spawn_blocking(move || state.read(wait))
+        let host = self.clone();
+        // File and NSS reads block: off the async workers.
+        let raw = tokio::task::spawn_blocking(move || host.gather(gpus, apps))
             .await
             .map_err(|e| HostError::Spawn {
                 command: "state reader".into(),
                 source: std::io::Error::other(e),
             })??;
-        let envs_src = self.state.path.join("envs.json").display().to_string();
-        let devices_src = self.state.path.join("devices.json").display().to_string();
-        let mut envs = match &files.envs {
-            Some(text) => genv::parse_envs(text, &envs_src)?,
-            None => Vec::new(),
-        };
-        let mut devices = match &files.devices {
-            Some(text) => genv::parse_devices(text, &devices_src)?,
-            None => nvidia_smi::devices(&gpus),
-        };
-        // Kernels are taken as alive: genv asks `jupyter` for them, and
-        // dropping a live kernel's environment would expose its processes.
-        genv::clean_up(&mut envs, &mut devices, |p| self.pid_alive(p), |_| true);
-
-        let mut users = HashMap::new();
-        let processes = by_pid
-            .into_iter()
-            .map(|(pid, gpus)| self.process(pid, gpus, &mut users))
-            .collect();
-        Ok(HostSnapshot {
-            processes,
-            envs,
-            devices,
-        })
+        Ok(assemble(&raw, &self.state.path.display().to_string())?)
     }
 
-    fn pid_alive(&self, pid: i64) -> bool {
-        i32::try_from(pid).is_ok_and(|p| p > 0 && self.proc_root.join(p.to_string()).exists())
-    }
-
-    fn process(
-        &self,
-        pid: Pid,
-        gpus: Vec<crate::model::DeviceUsage>,
-        users: &mut HashMap<u32, Option<String>>,
-    ) -> Process {
-        let dir = self.proc_root.join(pid.to_string());
-        let owner = match std::fs::read(dir.join("environ")) {
-            Ok(bytes) => match proc::environment_id(&bytes) {
-                Some(eid) => Owner::Env(crate::model::EnvId(eid)),
-                None => Owner::NoEnv,
-            },
-            Err(e) if e.kind() == ErrorKind::PermissionDenied => {
-                Owner::Unknown("not enough permissions to read its environment".into())
+    /// The raw parts of a snapshot, given nvidia-smi's answers.
+    fn gather(&self, gpus: String, apps: String) -> Result<RawHost, HostError> {
+        let files = self.state.read(self.timeout)?;
+        let live = |pid: u32| self.proc_root.join(pid.to_string()).exists();
+        let gpu_pids: Vec<u32> = pids_to_read(&apps, None, |_| false);
+        let mut procs = BTreeMap::new();
+        for pid in pids_to_read(&apps, files.envs.as_deref(), live) {
+            let dir = self.proc_root.join(pid.to_string());
+            let environ = gpu_pids.binary_search(&pid).is_ok();
+            if let Some(p) = proc::identity(|f| std::fs::read(dir.join(f)), environ) {
+                procs.insert(pid, p);
             }
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                Owner::Unknown("it exited during the snapshot".into())
-            }
-            Err(e) => Owner::Unknown(format!("cannot read its environment: {e}")),
-        };
-        let start_time = std::fs::read(dir.join("stat"))
-            .ok()
-            .and_then(|s| proc::start_time(&s));
-        let uid = std::fs::read_to_string(dir.join("status"))
-            .ok()
-            .and_then(|s| proc::real_uid(&s));
-        let user = uid.and_then(|u| {
-            users
-                .entry(u)
-                .or_insert_with(|| {
-                    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(u))
-                        .ok()
-                        .flatten()
-                        .map(|u| u.name)
-                })
-                .clone()
-        });
-        Process {
-            pid,
-            owner,
-            gpus,
-            start_time,
-            uid,
-            user,
         }
+        let user_names = procs
+            .values()
+            .filter_map(|p| match p {
+                RawProc::Seen { uid, .. } => *uid,
+                RawProc::Unsure(_) => None,
+            })
+            .collect::<BTreeSet<u32>>()
+            .into_iter()
+            .filter_map(|uid| {
+                let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid));
+                Some((uid, user.ok()??.name))
+            })
+            .collect();
+        Ok(RawHost {
+            gpus,
+            apps,
+            envs: files.envs,
+            devices: files.devices,
+            procs,
+            user_names,
+        })
     }
 
     /// Carries out one host's plan: all terminations, then all detaches

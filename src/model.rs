@@ -3,6 +3,7 @@
 //! Everything here is plain data. Parsers in [`crate::snapshot`] build it,
 //! [`crate::rules`] reads it; nothing here does I/O.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use chrono::NaiveDateTime;
@@ -171,12 +172,24 @@ impl Device {
     }
 }
 
+/// What the host itself says about who runs what, beside genv's records
+/// (which any user can write).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct HostTruth {
+    /// The real uid of every live pid that an environment lists.
+    pub pid_uids: BTreeMap<i64, u32>,
+    /// The host's names for the uids seen (listed pids and GPU processes).
+    pub user_names: BTreeMap<u32, String>,
+}
+
 /// What one host looked like at one moment, in genv's order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct HostSnapshot {
     pub processes: Vec<Process>,
     pub envs: Vec<Env>,
     pub devices: Vec<Device>,
+    /// `None` for a recorded genv snapshot: its records are all there is.
+    pub truth: Option<HostTruth>,
 }
 
 impl HostSnapshot {

@@ -187,6 +187,7 @@ mod tests {
             ],
             envs: vec![env("a", Some("alice"), Some("1gi"))],
             devices: devices(2, &[(0, "a")]),
+            truth: None,
         });
         let policy = Policy {
             non_env_processes: true,
@@ -212,6 +213,7 @@ mod tests {
             ],
             envs: vec![env("b", Some("bob"), None), env("a", Some("alice"), None)],
             devices: devices(2, &[(0, "a"), (0, "b"), (1, "a")]),
+            truth: None,
         });
         let policy = Policy {
             max_devices_per_user: Some(1),
@@ -237,6 +239,7 @@ mod tests {
             processes: vec![p.clone()],
             envs: vec![env("a", Some("alice"), None)],
             devices: devices(2, &[(0, "a"), (1, "a")]),
+            truth: None,
         });
         p.owner = Owner::Unknown("permission denied".into());
         let unknown = local(HostSnapshot {
@@ -264,6 +267,7 @@ mod tests {
             processes: vec![proc_(1, Some("a"), &[(0, mib(10))])],
             envs: vec![env("a", Some("alice"), Some("1gi"))],
             devices: devices(1, &[(0, "a")]),
+            truth: None,
         });
         let everything = Policy {
             non_env_processes: true,

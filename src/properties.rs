@@ -235,6 +235,7 @@ fn host() -> impl Strategy<Value = HostSnapshot> {
             processes,
             envs,
             devices,
+            truth: None,
         }
     })
 }

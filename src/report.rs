@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::model::{GpuIndex, HostId, Mode};
 use crate::outcome::{self, Outcome};
 use crate::plan::{Detach, Plan, Termination};
+use crate::rules::attribution::Unconfirmed;
 use crate::rules::{Finding, Notice, Violation};
 use crate::snapshot::memory::megabytes;
 
@@ -140,6 +141,28 @@ fn notice_line(mode: Mode, n: &Notice) -> String {
             "{}[WARNING] Memory usage of process {pid} from environment {} on device {device} is unknown to nvidia-smi; it is not counted against the capacity",
             prefix(mode, host),
             clean(&eid.0)
+        ),
+        Notice::Recharged { host, eid, recorded, charged } => format!(
+            "{}[WARNING] Environment {} is recorded as {} but its processes are {}'s: its devices count toward {}'s cap",
+            prefix(mode, host),
+            clean(&eid.0),
+            recorded.as_deref().map_or("nobody's".into(), |r| format!("{}'s", clean(r))),
+            clean(charged),
+            clean(charged)
+        ),
+        Notice::Uncharged { host, eid, recorded, why } => format!(
+            "{}[WARNING] Environment {} (recorded user {}) counts toward no user's device cap: {}",
+            prefix(mode, host),
+            clean(&eid.0),
+            clean(recorded.as_deref().unwrap_or("N/A")),
+            match why {
+                Unconfirmed::Nameless => "it names no user".to_string(),
+                Unconfirmed::NoLiveProcess => "no live process of its own says whose it is".to_string(),
+                Unconfirmed::SeveralUsers { users } => format!(
+                    "its processes belong to several users ({})",
+                    users.iter().map(|u| clean(u)).collect::<Vec<_>>().join(", ")
+                ),
+            }
         ),
     }
 }

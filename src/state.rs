@@ -1,19 +1,28 @@
 //! genv's state directory on this machine: its global lock, reading
 //! `envs.json` / `devices.json`, and detaching under the lock.
 //!
-//! Detach rewrites `devices.json` the way genv would have, while holding
-//! the same exclusive `flock(2)` on `genv.lock` that every genv command
-//! takes, so a concurrent `genv attach` is serialised with us and loses
-//! nothing. The new file is written beside the old one and renamed over it
-//! (mode 0666, as genv writes its state), so a crash never leaves half a file.
+//! The directory is world-writable by genv's design (0777, not sticky), so
+//! every name in it is treated as hostile: the directory is opened once
+//! without following a symlink and everything else is opened relative to
+//! that handle, again without following symlinks and without blocking
+//! (`O_NOFOLLOW | O_NONBLOCK`); what is opened must be a regular file
+//! (checked with `fstat` on the open handle) of at most [`MAX_STATE_BYTES`].
+//! A FIFO, socket, device, directory or symlink is an error naming the file.
+//! We never change the mode of a file we did not create, and never write
+//! into an existing file: a detach writes a new file, created exclusively
+//! beside the old one, and renames it over (mode 0666, as genv writes its
+//! state), while holding the same exclusive `flock(2)` on `genv.lock` that
+//! every genv command takes, so a concurrent `genv attach` is serialised
+//! with us and loses nothing.
 
-use std::fs::{self, File, OpenOptions, Permissions};
-use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rustix::fs::{flock, FlockOperation};
+use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags};
+use rustix::io::Errno;
 use serde_json::Value;
 
 use crate::error::StateError;
@@ -22,6 +31,10 @@ use crate::outcome;
 
 /// genv's default state directory.
 pub const DEFAULT_DIR: &str = "/var/tmp/genv";
+
+/// The most we read of a state file: real state is a few KiB; a larger
+/// file is a user's doing and is refused rather than read into memory.
+pub const MAX_STATE_BYTES: u64 = 64 << 20;
 
 /// The state files of one genv installation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +52,19 @@ pub struct StateFiles {
 /// Holds genv's global lock until dropped.
 #[derive(Debug)]
 pub struct Lock {
-    _file: File,
+    _file: OwnedFd,
+}
+
+/// The state directory, open.
+struct Dir<'a> {
+    path: &'a Path,
+    fd: OwnedFd,
+}
+
+/// Flags for every open in the state directory: never follow a link,
+/// never block on a FIFO, never take a terminal, never leak to children.
+fn safe(flags: OFlags) -> OFlags {
+    flags | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC
 }
 
 impl StateDir {
@@ -51,70 +76,59 @@ impl StateDir {
         }
     }
 
-    fn file(&self, name: &str) -> PathBuf {
-        self.path.join(name)
+    /// Opens the directory itself without following a symlink; `None`
+    /// when it does not exist (no state yet: nothing is created).
+    fn open(&self) -> Result<Option<Dir<'_>>, StateError> {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        match rustix::fs::open(&self.path, flags, Mode::empty()) {
+            Ok(fd) => Ok(Some(Dir {
+                path: &self.path,
+                fd,
+            })),
+            Err(Errno::NOENT) => Ok(None),
+            // O_DIRECTORY meets a symlink first: tell the two apart for the report.
+            Err(Errno::LOOP | Errno::NOTDIR) => Err(StateError::Unsafe {
+                path: self.path.clone(),
+                what: if self.path.is_symlink() {
+                    "a symbolic link"
+                } else {
+                    "not a directory"
+                },
+            }),
+            Err(e) => Err(StateError::io(&self.path, e.into())),
+        }
     }
 
-    /// Takes genv's global lock, creating `genv.lock` (0666) and the
-    /// directory if missing; polls until `wait` has passed rather than
-    /// blocking forever behind a stuck process.
+    /// Takes genv's global lock, creating `genv.lock` (0666, as genv does)
+    /// if the directory has none; polls until `wait` has passed rather than
+    /// blocking forever behind a stuck process. `None` when the directory
+    /// does not exist.
     ///
     /// # Errors
-    /// The file cannot be created or opened, or stays locked past `wait`.
-    pub fn lock(&self, wait: Duration) -> Result<Lock, StateError> {
-        let path = self.file("genv.lock");
-        if !self.path.exists() {
-            fs::create_dir_all(&self.path).map_err(|e| StateError::io(&self.path, e))?;
-            let _ = fs::set_permissions(&self.path, Permissions::from_mode(0o777));
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o666)
-            .open(&path)
-            .map_err(|e| StateError::io(&path, e))?;
-        // The umask may have narrowed the mode; genv's lock must stay 0666.
-        if file
-            .metadata()
-            .is_ok_and(|m| m.permissions().mode() & 0o777 != 0o666)
-        {
-            let _ = file.set_permissions(Permissions::from_mode(0o666));
-        }
-        let start = Instant::now();
-        loop {
-            match flock(&file, FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => return Ok(Lock { _file: file }),
-                Err(e) if e == rustix::io::Errno::WOULDBLOCK || e == rustix::io::Errno::INTR => {
-                    if start.elapsed() >= wait {
-                        return Err(StateError::LockTimeout { path, after: wait });
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(e) => return Err(StateError::io(&path, e.into())),
-            }
+    /// The lock file is not a regular file, cannot be opened, or stays
+    /// locked past `wait`.
+    pub fn lock(&self, wait: Duration) -> Result<Option<Lock>, StateError> {
+        match self.open()? {
+            Some(dir) => dir
+                .lock(FlockOperation::NonBlockingLockExclusive, wait)
+                .map(Some),
+            None => Ok(None),
         }
     }
 
-    fn read_optional(&self, name: &str) -> Result<Option<String>, StateError> {
-        let path = self.file(name);
-        match fs::read_to_string(&path) {
-            Ok(text) => Ok(Some(text)),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(StateError::io(path, e)),
-        }
-    }
-
-    /// Reads both state files under the lock, so they agree with each other.
+    /// Reads both state files under a shared lock, so that they agree with
+    /// each other and no genv writer is half-way through either.
     ///
     /// # Errors
-    /// The lock cannot be had, or a file exists but cannot be read.
+    /// The lock cannot be had, or a file is unsafe, too large or unreadable.
     pub fn read(&self, wait: Duration) -> Result<StateFiles, StateError> {
-        let _lock = self.lock(wait)?;
+        let Some(dir) = self.open()? else {
+            return Ok(StateFiles::default());
+        };
+        let _lock = dir.lock(FlockOperation::NonBlockingLockShared, wait)?;
         Ok(StateFiles {
-            envs: self.read_optional("envs.json")?,
-            devices: self.read_optional("devices.json")?,
+            envs: dir.read("envs.json")?,
+            devices: dir.read("devices.json")?,
         })
     }
 
@@ -125,19 +139,23 @@ impl StateDir {
     /// parsed or replaced, every pair fails and the file is left as it was.
     pub fn detach(&self, pairs: &[(GpuIndex, EnvId)], wait: Duration) -> Vec<outcome::Detach> {
         let failed = |error: String| vec![outcome::Detach::Failed { error }; pairs.len()];
-        let _lock = match self.lock(wait) {
+        let dir = match self.open() {
+            Ok(Some(d)) => d,
+            Ok(None) => return vec![outcome::Detach::NotAttached; pairs.len()],
+            Err(e) => return failed(e.to_string()),
+        };
+        let _lock = match dir.lock(FlockOperation::NonBlockingLockExclusive, wait) {
             Ok(l) => l,
             Err(e) => return failed(e.to_string()),
         };
-        let path = self.file("devices.json");
-        let text = match self.read_optional("devices.json") {
+        let text = match dir.read("devices.json") {
             Ok(Some(t)) => t,
             Ok(None) => return vec![outcome::Detach::NotAttached; pairs.len()],
             Err(e) => return failed(e.to_string()),
         };
         let mut json: Value = match serde_json::from_str(&text) {
             Ok(v) => v,
-            Err(e) => return failed(format!("{}: {e}", path.display())),
+            Err(e) => return failed(format!("{}: {e}", dir.path.join("devices.json").display())),
         };
         let outcomes: Vec<outcome::Detach> = pairs
             .iter()
@@ -152,11 +170,174 @@ impl StateDir {
         if !outcomes.contains(&outcome::Detach::Detached) {
             return outcomes;
         }
-        match write_replacing(&path, &json) {
+        match dir.replace("devices.json", &json) {
             Ok(()) => outcomes,
             Err(e) => failed(e.to_string()),
         }
     }
+}
+
+impl Dir<'_> {
+    fn path_of(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// Opens `name` in the directory for reading; `None` when it does not
+    /// exist.
+    fn open_file(&self, name: &str) -> Result<Option<File>, StateError> {
+        let path = || self.path_of(name);
+        let fd = match rustix::fs::openat(&self.fd, name, safe(OFlags::RDONLY), Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(Errno::LOOP) => {
+                return Err(StateError::Unsafe {
+                    path: path(),
+                    what: "a symbolic link",
+                })
+            }
+            Err(e) => return Err(StateError::io(path(), e.into())),
+        };
+        regular(&fd, &path())?;
+        Ok(Some(File::from(fd)))
+    }
+
+    /// `genv.lock`, created (0666) if missing, then locked with `op`,
+    /// retried until `wait` has passed.
+    fn lock(&self, op: FlockOperation, wait: Duration) -> Result<Lock, StateError> {
+        let path = self.path_of("genv.lock");
+        let created = rustix::fs::openat(
+            &self.fd,
+            "genv.lock",
+            safe(OFlags::RDONLY | OFlags::CREATE | OFlags::EXCL),
+            Mode::from_raw_mode(0o666),
+        );
+        let fd = match created {
+            Ok(fd) => {
+                // Ours, just made: the umask may have narrowed genv's 0666.
+                rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o666))
+                    .map_err(|e| StateError::io(&path, e.into()))?;
+                fd
+            }
+            Err(Errno::EXIST) => match self.open_file("genv.lock")? {
+                Some(f) => OwnedFd::from(f),
+                None => return Err(StateError::io(&path, Errno::NOENT.into())),
+            },
+            Err(e) => return Err(StateError::io(&path, e.into())),
+        };
+        regular(&fd, &path)?;
+        let start = Instant::now();
+        loop {
+            match rustix::fs::flock(&fd, op) {
+                Ok(()) => return Ok(Lock { _file: fd }),
+                Err(Errno::WOULDBLOCK | Errno::INTR) => {
+                    if start.elapsed() >= wait {
+                        return Err(StateError::LockTimeout { path, after: wait });
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(StateError::io(&path, e.into())),
+            }
+        }
+    }
+
+    /// The text of `name`, at most [`MAX_STATE_BYTES`]; `None` when absent.
+    fn read(&self, name: &str) -> Result<Option<String>, StateError> {
+        let Some(file) = self.open_file(name)? else {
+            return Ok(None);
+        };
+        let path = self.path_of(name);
+        let mut bytes = Vec::new();
+        file.take(MAX_STATE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| StateError::io(&path, e))?;
+        if bytes.len() as u64 > MAX_STATE_BYTES {
+            return Err(StateError::TooLarge {
+                path,
+                limit: MAX_STATE_BYTES,
+            });
+        }
+        String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| StateError::NotUtf8 { path })
+    }
+
+    /// Writes `json` as genv does (indent 2) to a file created exclusively
+    /// in the directory and renames it over `name`; the new file is removed
+    /// if anything fails.
+    fn replace(&self, name: &str, json: &Value) -> Result<(), StateError> {
+        let (tmp, fd) = self.create_temp(name)?;
+        let tmp_path = self.path_of(&tmp);
+        let written = (|| -> std::io::Result<()> {
+            let mut file = File::from(fd);
+            rustix::fs::fchmod(&file, Mode::from_raw_mode(0o666))?;
+            serde_json::to_writer_pretty(&mut file, json)?;
+            file.flush()?;
+            file.sync_all()
+        })()
+        .map_err(|e| StateError::io(&tmp_path, e))
+        .and_then(|()| {
+            rustix::fs::renameat(&self.fd, tmp.as_str(), &self.fd, name)
+                .map_err(|e| StateError::io(self.path_of(name), e.into()))
+        });
+        if written.is_err() {
+            let _ = rustix::fs::unlinkat(&self.fd, tmp.as_str(), AtFlags::empty());
+        }
+        written
+    }
+
+    /// A new, empty, private file `.<name>.<random>` in the directory.
+    fn create_temp(&self, name: &str) -> Result<(String, OwnedFd), StateError> {
+        let mut last = Errno::EXIST;
+        for attempt in 0..16u32 {
+            let tmp = format!(".{name}.{:016x}", random(attempt));
+            match rustix::fs::openat(
+                &self.fd,
+                tmp.as_str(),
+                safe(OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL),
+                Mode::from_raw_mode(0o600),
+            ) {
+                Ok(fd) => return Ok((tmp, fd)),
+                Err(Errno::EXIST) => last = Errno::EXIST,
+                Err(e) => {
+                    last = e;
+                    break;
+                }
+            }
+        }
+        Err(StateError::io(self.path, last.into()))
+    }
+}
+
+/// A fresh name part: unpredictable enough that a user cannot squat it
+/// (and `O_EXCL` refuses whatever they did squat).
+fn random(attempt: u32) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(attempt);
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+/// Refuses anything but a regular file, by what the open handle is.
+fn regular(fd: &OwnedFd, path: &Path) -> Result<(), StateError> {
+    let stat = rustix::fs::fstat(fd).map_err(|e| StateError::io(path, e.into()))?;
+    let what = match FileType::from_raw_mode(stat.st_mode) {
+        FileType::RegularFile => return Ok(()),
+        FileType::Fifo => "a FIFO",
+        FileType::Socket => "a socket",
+        FileType::CharacterDevice | FileType::BlockDevice => "a device",
+        FileType::Directory => "a directory",
+        _ => "not a regular file",
+    };
+    Err(StateError::Unsafe {
+        path: path.to_path_buf(),
+        what,
+    })
 }
 
 /// Removes `eid`'s attachment from device `index`; whether one was there.
@@ -178,29 +359,10 @@ fn remove_attachment(json: &mut Value, index: GpuIndex, eid: &EnvId) -> bool {
     attachments.len() != before
 }
 
-/// Writes `json` as genv does (indent 2) to a temporary file beside `path`
-/// and renames it over `path`.
-fn write_replacing(path: &Path, json: &Value) -> Result<(), StateError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".devices.json.")
-        .tempfile_in(dir)
-        .map_err(|e| StateError::io(dir, e))?;
-    let tmp_path = tmp.path().to_path_buf();
-    let io = |e| StateError::io(&tmp_path, e);
-    serde_json::to_writer_pretty(tmp.as_file_mut(), json).map_err(|e| io(e.into()))?;
-    tmp.as_file_mut().flush().map_err(io)?;
-    tmp.as_file()
-        .set_permissions(Permissions::from_mode(0o666))
-        .map_err(io)?;
-    tmp.as_file().sync_all().map_err(io)?;
-    tmp.persist(path)
-        .map_err(|e| StateError::io(path, e.error))?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     const DEVICES: &str = r#"{
@@ -214,16 +376,33 @@ mod tests {
 
     fn dir_with(devices: &str) -> (tempfile::TempDir, StateDir) {
         let tmp = tempfile::tempdir().unwrap();
-        fs::write(tmp.path().join("devices.json"), devices).unwrap();
+        std::fs::write(tmp.path().join("devices.json"), devices).unwrap();
         let state = StateDir {
             path: tmp.path().to_path_buf(),
         };
         (tmp, state)
     }
 
+    fn mode(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut n: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        n.sort();
+        n
+    }
+
+    fn a0() -> Vec<(GpuIndex, EnvId)> {
+        vec![(GpuIndex(0), EnvId("a".into()))]
+    }
+
     #[test]
     fn detach_removes_only_the_pair_and_keeps_everything_else() {
-        let (_t, state) = dir_with(DEVICES);
+        let (t, state) = dir_with(DEVICES);
         let out = state.detach(
             &[
                 (GpuIndex(0), EnvId("a".into())),
@@ -236,36 +415,30 @@ mod tests {
             vec![outcome::Detach::Detached, outcome::Detach::NotAttached]
         );
         let after: Value =
-            serde_json::from_str(&fs::read_to_string(state.file("devices.json")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(t.path().join("devices.json")).unwrap())
+                .unwrap();
         let d0 = &after["devices"][0]["attachments"];
         assert_eq!(d0.as_array().unwrap().len(), 1);
         assert_eq!(d0[0]["eid"], "b");
         assert_eq!(d0[0]["gpu_memory"], "1gi");
         assert_eq!(after["devices"][1]["attachments"][0]["eid"], "a");
         assert_eq!(after["devices"][1]["future"], 1);
-        let mode = fs::metadata(state.file("devices.json"))
-            .unwrap()
-            .permissions()
-            .mode()
-            & 0o777;
-        assert_eq!(mode, 0o666);
+        assert_eq!(mode(&t.path().join("devices.json")), 0o666);
+        assert_eq!(mode(&t.path().join("genv.lock")), 0o666);
         assert_eq!(
-            fs::metadata(state.file("genv.lock"))
-                .unwrap()
-                .permissions()
-                .mode()
-                & 0o777,
-            0o666
+            names(t.path()),
+            ["devices.json", "genv.lock"],
+            "no temp file left"
         );
     }
 
     #[test]
     fn malformed_devices_json_fails_and_is_left_alone() {
-        let (_t, state) = dir_with("{\"devices\": [");
-        let out = state.detach(&[(GpuIndex(0), EnvId("a".into()))], Duration::from_secs(1));
+        let (t, state) = dir_with("{\"devices\": [");
+        let out = state.detach(&a0(), Duration::from_secs(1));
         assert!(matches!(&out[0], outcome::Detach::Failed { .. }));
         assert_eq!(
-            fs::read_to_string(state.file("devices.json")).unwrap(),
+            std::fs::read_to_string(t.path().join("devices.json")).unwrap(),
             "{\"devices\": ["
         );
     }
@@ -277,5 +450,134 @@ mod tests {
         // flock locks belong to the open file description: a second open conflicts.
         let e = state.lock(Duration::from_millis(50)).unwrap_err();
         assert!(matches!(e, StateError::LockTimeout { .. }), "{e}");
+        assert!(state.read(Duration::from_millis(50)).is_err());
+    }
+
+    #[test]
+    fn an_existing_lock_keeps_its_mode_and_a_missing_dir_is_not_created() {
+        let (t, state) = dir_with(DEVICES);
+        let lock = t.path().join("genv.lock");
+        std::fs::write(&lock, "").unwrap();
+        std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o600)).unwrap();
+        state.read(Duration::from_secs(1)).unwrap();
+        state.detach(&a0(), Duration::from_secs(1));
+        assert_eq!(
+            mode(&lock),
+            0o600,
+            "genv never chmods an existing lock; nor do we"
+        );
+
+        let gone = StateDir {
+            path: t.path().join("missing"),
+        };
+        assert_eq!(
+            gone.read(Duration::from_secs(1)).unwrap(),
+            StateFiles::default()
+        );
+        assert!(gone.lock(Duration::from_secs(1)).unwrap().is_none());
+        assert_eq!(
+            gone.detach(&a0(), Duration::from_secs(1)),
+            [outcome::Detach::NotAttached]
+        );
+        assert!(!gone.path.exists());
+    }
+
+    #[test]
+    fn symlinks_are_never_followed_and_their_targets_never_touched() {
+        // Regression, issue 7: a symlinked genv.lock had its target chmodded 0666.
+        let (t, state) = dir_with(DEVICES);
+        let outside = tempfile::tempdir().unwrap();
+        let secret = outside.path().join("shadow");
+        std::fs::write(&secret, "root:secret\n").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(&secret, t.path().join("genv.lock")).unwrap();
+        let e = state.read(Duration::from_secs(1)).unwrap_err();
+        assert!(
+            e.to_string().contains("genv.lock is a symbolic link"),
+            "{e}"
+        );
+        assert!(matches!(
+            &state.detach(&a0(), Duration::from_secs(1))[0],
+            outcome::Detach::Failed { .. }
+        ));
+        assert!(state.lock(Duration::from_secs(1)).is_err());
+        std::fs::remove_file(t.path().join("genv.lock")).unwrap();
+
+        // A symlinked state file: refused, on read and on detach.
+        std::fs::rename(
+            t.path().join("devices.json"),
+            outside.path().join("devices.json"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(
+            outside.path().join("devices.json"),
+            t.path().join("devices.json"),
+        )
+        .unwrap();
+        let e = state.read(Duration::from_secs(1)).unwrap_err();
+        assert!(
+            e.to_string().contains("devices.json is a symbolic link"),
+            "{e}"
+        );
+        assert!(matches!(
+            &state.detach(&a0(), Duration::from_secs(1))[0],
+            outcome::Detach::Failed { .. }
+        ));
+        assert_eq!(
+            std::fs::read_to_string(outside.path().join("devices.json")).unwrap(),
+            DEVICES
+        );
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root:secret\n");
+        assert_eq!(mode(&secret), 0o600);
+
+        // The state dir itself a symlink to elsewhere: refused.
+        let link = outside.path().join("genv");
+        std::os::unix::fs::symlink(t.path(), &link).unwrap();
+        let e = StateDir { path: link }
+            .read(Duration::from_secs(1))
+            .unwrap_err();
+        assert!(e.to_string().contains("is a symbolic link"), "{e}");
+    }
+
+    #[test]
+    fn fifos_devices_and_huge_files_are_refused_without_blocking() {
+        let (t, state) = dir_with(DEVICES);
+        let envs = t.path().join("envs.json");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &envs,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o666),
+            0,
+        )
+        .unwrap();
+        let start = Instant::now();
+        let e = state.read(Duration::from_secs(1)).unwrap_err();
+        assert!(e.to_string().contains("envs.json is a FIFO"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(1));
+        std::fs::remove_file(&envs).unwrap();
+
+        std::fs::create_dir(&envs).unwrap();
+        let e = state.read(Duration::from_secs(1)).unwrap_err();
+        assert!(e.to_string().contains("envs.json is a directory"), "{e}");
+        std::fs::remove_dir(&envs).unwrap();
+
+        let f = File::create(&envs).unwrap();
+        f.set_len(MAX_STATE_BYTES + 1).unwrap();
+        let e = state.read(Duration::from_secs(1)).unwrap_err();
+        assert!(e.to_string().contains("larger than"), "{e}");
+    }
+
+    #[test]
+    fn a_failed_replace_leaves_no_temp_file_and_the_old_file() {
+        let (t, state) = dir_with(DEVICES);
+        // devices.json becomes a directory between read and rename: rename
+        // fails; simulate by making the temp file's rename target a directory.
+        let dir = state.open().unwrap().unwrap();
+        std::fs::create_dir(t.path().join("blocked")).unwrap();
+        std::fs::write(t.path().join("blocked/x"), "").unwrap();
+        let e = dir.replace("blocked", &serde_json::json!({})).unwrap_err();
+        assert!(e.to_string().contains("blocked"), "{e}");
+        assert_eq!(names(t.path()), ["blocked", "devices.json"]);
     }
 }

@@ -227,9 +227,9 @@ fn env_memory_kills_in_genvs_process_order_not_nvidia_smis() {
 #[test]
 fn max_devices_per_user_with_override() {
     let mut h = Host::new(6);
-    let a1 = h.spawn(Some("a1"));
-    let a2 = h.spawn(Some("a2"));
-    let b = h.spawn(Some("b"));
+    let a1 = h.spawn_as("alice", Some("a1"));
+    let a2 = h.spawn_as("alice", Some("a2"));
+    let b = h.spawn_as("bob", Some("b"));
     h.set_apps(&[
         (a1, 0, "100"),
         (a2, 1, "100"),
@@ -276,7 +276,7 @@ fn max_devices_per_user_with_override() {
 #[test]
 fn all_rules_on_a_compliant_host_do_nothing() {
     let mut h = Host::new(2);
-    let p = h.spawn(Some("ok"));
+    let p = h.spawn_as("alice", Some("ok"));
     h.set_apps(&[(p, 1, "1000")]);
     h.write_envs(&[env("ok", Some("alice"), Some("2gi"), p)]);
     h.write_devices(2, &[(1, "ok")]);
@@ -309,7 +309,7 @@ fn difference_unknown_environment_is_not_a_way_out() {
 #[test]
 fn difference_per_user_caps_apply_on_their_own() {
     let mut h = Host::new(2);
-    let p = h.spawn(Some("d"));
+    let p = h.spawn_as("dave", Some("d"));
     h.set_apps(&[(p, 0, "100")]);
     h.write_envs(&[env("d", Some("dave"), None, p)]);
     h.write_devices(2, &[(0, "d"), (1, "d")]);

@@ -48,10 +48,10 @@ fn termination(pid: u32, start_time: Option<u64>) -> Termination {
 #[test]
 fn enforce_really_terminates_and_detaches() {
     let mut h = Host::new(4);
-    let good = h.spawn(Some("a"));
+    let good = h.spawn_as("alice", Some("a"));
     let stray = h.spawn(None);
-    let roamer = h.spawn(Some("b"));
-    let hog = h.spawn(Some("c"));
+    let roamer = h.spawn_as("bob", Some("b"));
+    let hog = h.spawn_as("carol", Some("c"));
     h.set_apps(&[
         (good, 0, "100"),
         (stray, 1, "100"),

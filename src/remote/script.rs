@@ -259,6 +259,7 @@ pub fn assemble(frames: &[Frame], host: &str) -> Result<HostSnapshot, HostError>
         processes,
         envs,
         devices,
+        truth: None,
     })
 }
 

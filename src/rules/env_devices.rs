@@ -55,6 +55,7 @@ mod tests {
             ],
             envs: vec![env("a", Some("alice"), None)],
             devices: devices(4, &[(0, "a")]),
+            truth: None,
         };
         let v = evaluate(&HostId("h".into()), &snap);
         assert_eq!(v.len(), 2);
@@ -78,6 +79,7 @@ mod tests {
             processes: vec![proc_(10, Some("a"), &[(0, mib(1))])],
             envs: vec![env("a", None, None)],
             devices: devices(1, &[]),
+            truth: None,
         };
         assert_eq!(evaluate(&HostId("h".into()), &snap).len(), 1);
     }

@@ -78,6 +78,7 @@ mod tests {
             processes: procs,
             envs: vec![env("a", Some("alice"), Some(cap))],
             devices: devices(2, &[(0, "a")]),
+            truth: None,
         }
     }
 
@@ -172,6 +173,7 @@ mod tests {
             processes: vec![proc_(1, Some("a"), &[(0, mib(80000))])],
             envs: vec![env("a", None, None)],
             devices: devices(1, &[(0, "a")]),
+            truth: None,
         };
         assert!(evaluate(&HostId("h".into()), &s).is_empty());
     }

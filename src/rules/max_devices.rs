@@ -1,43 +1,45 @@
 //! max-devices-per-user: caps on the devices a user's environments are
 //! attached to, counted over every host seen this cycle.
 //!
-//! A user's count is the number of (host, device) pairs any of their
-//! environments is attached to. The excess is detached in genv's order:
-//! hosts as given, devices by index, each chosen device detached from all
-//! of that user's environments on it. Users are visited in name order
-//! (genv: Python set order). Environments without a username never count.
+//! A user's count is the number of (host, device) pairs any of the
+//! environments charged to them is attached to (see [`super::attribution`]:
+//! the host's truth, not the record, says whose an environment is). The
+//! excess is detached in genv's order: hosts as given, devices by index,
+//! each chosen device detached from all of that user's environments on it.
+//! Users are visited in name order (genv: Python set order).
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
+use super::attribution::{charge, Charge};
 use super::{Action, Finding, Policy, Rule, Violation};
-use crate::model::{Cluster, EnvId};
+use crate::model::{Cluster, EnvId, GpuIndex, HostId};
 
 pub(super) fn evaluate(cluster: &Cluster, policy: &Policy) -> Vec<Violation> {
-    let users: BTreeSet<&str> = cluster
-        .hosts
-        .iter()
-        .flat_map(|(_, s)| &s.envs)
-        .filter_map(|e| e.username.as_deref())
-        .filter(|u| !u.is_empty())
-        .collect();
+    // user -> hosts in order, each with the user's environments there.
+    let mut users: BTreeMap<String, Vec<(&HostId, Vec<&EnvId>)>> = BTreeMap::new();
+    for (host, snap) in &cluster.hosts {
+        for env in &snap.envs {
+            let Charge::User(user) = charge(snap, env) else {
+                continue;
+            };
+            let hosts = users.entry(user).or_default();
+            match hosts.last_mut() {
+                Some((h, eids)) if *h == host => eids.push(&env.eid),
+                _ => hosts.push((host, vec![&env.eid])),
+            }
+        }
+    }
     let mut out = Vec::new();
-    for user in users {
-        let Some(cap) = policy.cap_for(user) else {
+    for (user, hosts) in users {
+        let Some(cap) = policy.cap_for(&user) else {
             continue;
         };
         // (host, device, the user's eids attached there), in genv's order.
-        let mut attached = Vec::new();
-        let mut hosts = 0;
-        for (host, snap) in &cluster.hosts {
-            let eids: Vec<&EnvId> = snap
-                .envs
-                .iter()
-                .filter(|e| e.username.as_deref() == Some(user))
-                .map(|e| &e.eid)
-                .collect();
-            if !eids.is_empty() {
-                hosts += 1;
-            }
+        let mut attached: Vec<(&HostId, GpuIndex, Vec<EnvId>)> = Vec::new();
+        for (host, eids) in &hosts {
+            let Some(snap) = cluster.host(host) else {
+                continue;
+            };
             for device in &snap.devices {
                 let mine: Vec<EnvId> = device
                     .attachments
@@ -57,9 +59,9 @@ pub(super) fn evaluate(cluster: &Cluster, policy: &Policy) -> Vec<Violation> {
         out.push(Violation {
             rule: Rule::MaxDevicesPerUser,
             finding: Finding::MaxDevices {
-                user: user.to_string(),
+                user,
                 devices: attached.len(),
-                hosts,
+                hosts: hosts.len(),
                 over,
             },
             actions: attached
@@ -95,6 +97,7 @@ mod tests {
             processes: vec![],
             envs,
             devices: devices(4, attachments),
+            truth: None,
         }
     }
 

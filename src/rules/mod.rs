@@ -4,6 +4,7 @@
 //! actions it calls for. Merging those actions into per-host plans is
 //! [`crate::plan`]'s job, and wording them is [`crate::report`]'s.
 
+pub mod attribution;
 mod env_devices;
 mod env_memory;
 mod max_devices;
@@ -14,6 +15,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot, Owner, Pid, Process};
+use attribution::{Charge, Unconfirmed};
 
 /// Which rules run, and the device caps.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -42,6 +44,11 @@ impl Default for Policy {
 }
 
 impl Policy {
+    /// Whether any device cap applies.
+    pub fn has_caps(&self) -> bool {
+        self.max_devices_per_user.is_some() || !self.max_devices_for_user.is_empty()
+    }
+
     /// The cap for `user`, if any.
     pub fn cap_for(&self, user: &str) -> Option<u32> {
         self.max_devices_for_user
@@ -135,6 +142,23 @@ pub enum Notice {
         eid: EnvId,
         device: GpuIndex,
     },
+    /// Under a device cap: an environment with devices that the host shows
+    /// to be another user's than its record says; it counts as theirs.
+    Recharged {
+        host: HostId,
+        eid: EnvId,
+        recorded: Option<String>,
+        charged: String,
+    },
+    /// Under a device cap: an environment with devices whose user the host
+    /// cannot confirm; it counts toward no one's cap.
+    Uncharged {
+        host: HostId,
+        eid: EnvId,
+        recorded: Option<String>,
+        #[serde(flatten)]
+        why: Unconfirmed,
+    },
 }
 
 /// Runs the rules `policy` turns on, in genv's order (rule by rule, each
@@ -161,9 +185,12 @@ pub fn evaluate(cluster: &Cluster, policy: &Policy) -> Vec<Violation> {
 }
 
 /// What the rules leave alone but an admin should know about.
-pub fn notices(cluster: &Cluster) -> Vec<Notice> {
+pub fn notices(cluster: &Cluster, policy: &Policy) -> Vec<Notice> {
     let mut out = Vec::new();
     for (host, snap) in &cluster.hosts {
+        if policy.has_caps() {
+            out.extend(charge_notices(host, snap));
+        }
         for p in &snap.processes {
             if let Owner::Unknown(reason) = &p.owner {
                 out.push(Notice::UnknownOwner {
@@ -188,6 +215,33 @@ pub fn notices(cluster: &Cluster) -> Vec<Notice> {
         }
     }
     out
+}
+
+/// Environments with devices whose charge is not what their record says.
+fn charge_notices(host: &HostId, snap: &HostSnapshot) -> Vec<Notice> {
+    snap.envs
+        .iter()
+        .filter(|e| !snap.attached(&e.eid).is_empty())
+        .filter_map(|e| {
+            let recorded = e.username.clone().filter(|u| !u.is_empty());
+            match attribution::charge(snap, e) {
+                Charge::User(user) if recorded.as_ref() == Some(&user) => None,
+                Charge::User(charged) => Some(Notice::Recharged {
+                    host: host.clone(),
+                    eid: e.eid.clone(),
+                    recorded,
+                    charged,
+                }),
+                Charge::Nobody(Unconfirmed::Nameless) => None,
+                Charge::Nobody(why) => Some(Notice::Uncharged {
+                    host: host.clone(),
+                    eid: e.eid.clone(),
+                    recorded,
+                    why,
+                }),
+            }
+        })
+        .collect()
 }
 
 /// Whether `p` claims an environment that does not exist on its host.

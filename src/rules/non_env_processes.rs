@@ -54,6 +54,7 @@ mod tests {
             ],
             envs: vec![env("e", Some("alice"), None)],
             devices: devices(2, &[(0, "e")]),
+            truth: None,
         };
         let host = HostId("h".into());
         let v = evaluate(&host, &snap);
@@ -75,6 +76,7 @@ mod tests {
             processes: vec![proc_(2, Some("e"), &[(0, mib(10))])],
             envs: vec![env("e", None, None)],
             devices: devices(1, &[(0, "e")]),
+            truth: None,
         };
         assert!(evaluate(&HostId("h".into()), &snap).is_empty());
     }

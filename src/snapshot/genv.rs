@@ -136,6 +136,7 @@ pub fn parse_snapshot(text: &str, source: &str) -> Result<HostSnapshot, ParseErr
         processes: processes_from_json(&json.processes.processes, source)?,
         envs: envs_from_json(&json.envs.envs, source, "envs.envs")?,
         devices: devices_from_json(&json.devices.devices),
+        truth: None,
     })
 }
 

@@ -6,6 +6,7 @@
 //!
 //! [`HostSnapshot`]: crate::model::HostSnapshot
 
+pub mod assemble;
 pub mod genv;
 pub mod memory;
 pub mod nvidia_smi;

@@ -84,12 +84,23 @@ impl Host {
         self.dir.path().join("gpu")
     }
 
-    /// Starts a real process (`sleep`) in environment `eid` (or none).
+    /// Starts a real process (`sleep`, as root) in environment `eid` (or none).
     pub fn spawn(&mut self, eid: Option<&str>) -> u32 {
+        self.spawn_as("root", eid)
+    }
+
+    /// Starts a real process (`sleep`) as `user` (created if missing) in
+    /// environment `eid` (or none), as a job of that user would run.
+    pub fn spawn_as(&mut self, user: &str, eid: Option<&str>) -> u32 {
+        let (uid, gid) = ensure_user(user);
         let mut cmd = Command::new("sleep");
         cmd.arg("1000")
             .env_remove("GENV_ENVIRONMENT_ID")
             .stdin(Stdio::null());
+        if uid != 0 {
+            std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+            std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+        }
         if let Some(e) = eid {
             cmd.env("GENV_ENVIRONMENT_ID", e);
         }
@@ -245,10 +256,49 @@ pub fn write_executable(path: &Path, text: &str) {
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 }
 
-/// An `envs.json` entry with a live `pid`.
+/// The uid and gid of the OS user `name`, created (no home, no login) if
+/// missing: tests run jobs as the users their environments name, so that
+/// records and the host agree.
+///
+/// # Panics
+/// When the user is missing and cannot be created (not root).
+pub fn ensure_user(name: &str) -> (u32, u32) {
+    static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let lookup = || nix::unistd::User::from_name(name).ok().flatten();
+    if let Some(u) = lookup() {
+        return (u.uid.as_raw(), u.gid.as_raw());
+    }
+    let _one_at_a_time = CREATING.lock().unwrap_or_else(|e| e.into_inner());
+    if lookup().is_none() {
+        let out = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                "--user-group",
+                name,
+            ])
+            .output()
+            .expect("useradd");
+        // 9: created meanwhile by another test binary.
+        assert!(
+            out.status.success() || out.status.code() == Some(9),
+            "cannot create test user {name} (tests that run jobs as users need root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let u = lookup().unwrap_or_else(|| panic!("user {name} missing after useradd"));
+    (u.uid.as_raw(), u.gid.as_raw())
+}
+
+/// An `envs.json` entry with a live `pid`, recording `user`'s uid.
 pub fn env(eid: &str, user: Option<&str>, gpu_memory: Option<&str>, pid: u32) -> Value {
+    let uid = user
+        .and_then(|u| nix::unistd::User::from_name(u).ok().flatten())
+        .map_or(0, |u| u.uid.as_raw());
     json!({
-        "eid": eid, "uid": 0, "creation": "22/11/2026 15:04:05", "username": user,
+        "eid": eid, "uid": uid, "creation": "22/11/2026 15:04:05", "username": user,
         "config": {"name": null, "gpu_memory": gpu_memory, "gpus": null},
         "pids": [pid], "kernel_ids": []
     })

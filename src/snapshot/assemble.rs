@@ -1,0 +1,283 @@
+//! One host snapshot from the raw parts a host gave, for local and remote
+//! hosts alike: nvidia-smi's two answers, genv's state files, and what
+//! `/proc` said about the pids involved (the GPU processes and the live
+//! pids that environments list). Pure: gathering the parts is the host's.
+
+use std::collections::BTreeMap;
+
+use super::{genv, nvidia_smi, ParseError};
+use crate::model::{EnvId, HostSnapshot, HostTruth, Owner, Pid, Process};
+
+/// What a host gave for one snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RawHost {
+    /// `nvidia-smi --query-gpu=uuid,index,memory.total --format=csv,noheader,nounits`.
+    pub gpus: String,
+    /// `nvidia-smi --query-compute-apps=gpu_uuid,pid,used_gpu_memory --format=csv,noheader,nounits`.
+    pub apps: String,
+    /// `envs.json`, `devices.json`; `None` where absent.
+    pub envs: Option<String>,
+    pub devices: Option<String>,
+    /// What `/proc` said about each pid asked about: the GPU processes and
+    /// the live pids that environments list. A pid missing here was not alive.
+    pub procs: BTreeMap<u32, RawProc>,
+    /// The host's user names for the uids in `procs`.
+    pub user_names: BTreeMap<u32, String>,
+}
+
+/// What `/proc/<pid>` said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RawProc {
+    /// The process's start time, real uid and environment, all read
+    /// between two reads of the same start time.
+    Seen {
+        start_time: u64,
+        uid: Option<u32>,
+        environ: Environ,
+    },
+    /// Its identity could not be pinned (the start time changed between the
+    /// reads: the pid was reused while we read): never acted on.
+    Unsure(String),
+}
+
+/// `GENV_ENVIRONMENT_ID` in a process's environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Environ {
+    /// Not read: a listed pid, not a GPU process.
+    NotRead,
+    /// The variable's value, byte for byte (the last one, as genv reads it).
+    Var(Vec<u8>),
+    /// Read, and the variable is not there.
+    NoVar,
+    /// Could not be read, and why.
+    Unreadable(String),
+}
+
+/// The pids to ask `/proc` about: the GPU processes of `apps`, then the
+/// pids that environments of `envs` list and that are among `live`. Either
+/// part is empty when its text does not parse (assembly reports that).
+pub fn pids_to_read(apps: &str, envs: Option<&str>, live: impl Fn(u32) -> bool) -> Vec<u32> {
+    let mut pids: Vec<u32> = nvidia_smi::parse_compute_apps(apps, "")
+        .map(|a| a.iter().map(|a| a.pid.0).collect())
+        .unwrap_or_default();
+    if let Some(envs) = envs.and_then(|t| genv::parse_envs(t, "").ok()) {
+        pids.extend(
+            envs.iter()
+                .flat_map(|e| &e.pids)
+                .filter_map(|p| u32::try_from(*p).ok())
+                .filter(|p| live(*p)),
+        );
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// Builds a host snapshot as `genv usage snapshot` would (with genv's
+/// load-time clean-up), plus each process's identity and the host's truth
+/// about who runs the environments. `source` names the host in errors.
+///
+/// # Errors
+/// nvidia-smi's answers or a state file do not parse.
+pub fn assemble(raw: &RawHost, source: &str) -> Result<HostSnapshot, ParseError> {
+    let named = |what: &str| format!("{source}: {what}");
+    let gpus = nvidia_smi::parse_gpus(&raw.gpus, &named("nvidia-smi --query-gpu"))?;
+    let apps =
+        nvidia_smi::parse_compute_apps(&raw.apps, &named("nvidia-smi --query-compute-apps"))?;
+    let by_pid = nvidia_smi::processes(&gpus, &apps, &named("nvidia-smi"))?;
+    let mut envs = match &raw.envs {
+        Some(text) => genv::parse_envs(text, &named("envs.json"))?,
+        None => Vec::new(),
+    };
+    let mut devices = match &raw.devices {
+        Some(text) => genv::parse_devices(text, &named("devices.json"))?,
+        None => nvidia_smi::devices(&gpus),
+    };
+    let alive = |pid: i64| u32::try_from(pid).is_ok_and(|p| raw.procs.contains_key(&p));
+    // Kernels are taken as alive: genv asks `jupyter` for them, and
+    // dropping a live kernel's environment would expose its processes.
+    genv::clean_up(&mut envs, &mut devices, alive, |_| true);
+
+    let processes = by_pid
+        .into_iter()
+        .map(|(pid, gpus)| process(raw, pid, gpus))
+        .collect();
+    let pid_uids = envs
+        .iter()
+        .flat_map(|e| &e.pids)
+        .filter_map(|p| {
+            let uid = match raw.procs.get(&u32::try_from(*p).ok()?)? {
+                RawProc::Seen { uid, .. } => (*uid)?,
+                RawProc::Unsure(_) => return None,
+            };
+            Some((*p, uid))
+        })
+        .collect();
+    Ok(HostSnapshot {
+        processes,
+        envs,
+        devices,
+        truth: Some(HostTruth {
+            pid_uids,
+            user_names: raw.user_names.clone(),
+        }),
+    })
+}
+
+fn process(raw: &RawHost, pid: Pid, gpus: Vec<crate::model::DeviceUsage>) -> Process {
+    let unknown = |why: &str| Process {
+        pid,
+        owner: Owner::Unknown(why.to_string()),
+        gpus: gpus.clone(),
+        start_time: None,
+        uid: None,
+        user: None,
+    };
+    let (start_time, uid, environ) = match raw.procs.get(&pid.0) {
+        None => return unknown("it exited during the snapshot"),
+        Some(RawProc::Unsure(why)) => return unknown(why),
+        Some(RawProc::Seen {
+            start_time,
+            uid,
+            environ,
+        }) => (*start_time, *uid, environ),
+    };
+    let owner = match environ {
+        Environ::Var(value) => Owner::Env(EnvId(String::from_utf8_lossy(value).into_owned())),
+        Environ::NoVar => Owner::NoEnv,
+        Environ::Unreadable(why) => Owner::Unknown(why.clone()),
+        Environ::NotRead => Owner::Unknown("its environment was not read".into()),
+    };
+    Process {
+        pid,
+        owner,
+        gpus,
+        start_time: Some(start_time),
+        uid,
+        user: uid.and_then(|u| raw.user_names.get(&u).cloned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Usage;
+
+    fn seen(start_time: u64, uid: u32, environ: Environ) -> RawProc {
+        RawProc::Seen {
+            start_time,
+            uid: Some(uid),
+            environ,
+        }
+    }
+
+    fn raw() -> RawHost {
+        RawHost {
+            gpus: "GPU-a, 0, 81559\nGPU-b, 1, 81559\n".into(),
+            apps: "GPU-a, 100, 50\nGPU-b, 200, [N/A]\nGPU-a, 300, 10\nGPU-a, 400, 1\nGPU-b, 500, 1\n"
+                .into(),
+            envs: Some(
+                r#"{"envs": [{"eid": "e", "uid": 1001, "creation": "x", "username": "alice", "config": {}, "pids": [7, 100], "kernel_ids": []},
+                {"eid": "dead", "uid": 0, "creation": "x", "username": "u", "config": {}, "pids": [999], "kernel_ids": []}]}"#
+                    .into(),
+            ),
+            devices: Some(
+                r#"{"devices": [{"index": 0, "total_memory": "1mi", "attachments": [{"eid": "e", "gpu_memory": null, "time": "t"}, {"eid": "dead", "gpu_memory": null, "time": "t"}]}]}"#
+                    .into(),
+            ),
+            procs: [
+                (7, seen(5, 1001, Environ::NotRead)),
+                (100, seen(4242, 1001, Environ::Var(b"e".to_vec()))),
+                (200, seen(77, 0, Environ::NoVar)),
+                (
+                    400,
+                    seen(1, 1002, Environ::Unreadable("not enough permissions to read its environment".into())),
+                ),
+                (500, RawProc::Unsure("its pid was reused during the snapshot".into())),
+            ]
+            .into_iter()
+            .collect(),
+            user_names: [(1001, "alice".to_string())].into_iter().collect(),
+        }
+    }
+
+    #[test]
+    fn identity_owners_clean_up_and_truth() {
+        let s = assemble(&raw(), "gpu1").unwrap();
+        assert_eq!(s.envs.len(), 1, "the env without live pids is dropped");
+        assert_eq!(s.envs[0].pids, [7, 100]);
+        assert_eq!(s.devices[0].attachments.len(), 1);
+        let p = |n| s.process(Pid(n)).unwrap();
+        assert_eq!(p(100).owner, Owner::Env(EnvId("e".into())));
+        assert_eq!((p(100).start_time, p(100).uid), (Some(4242), Some(1001)));
+        assert_eq!(p(100).user.as_deref(), Some("alice"));
+        assert_eq!(p(200).owner, Owner::NoEnv);
+        assert_eq!(p(200).gpus[0].usage, Usage::Unknown);
+        assert_eq!(
+            p(300).owner,
+            Owner::Unknown("it exited during the snapshot".into())
+        );
+        assert!(matches!(&p(400).owner, Owner::Unknown(w) if w.contains("permissions")));
+        assert!(matches!(&p(500).owner, Owner::Unknown(w) if w.contains("reused")));
+        assert_eq!((p(500).start_time, p(500).uid), (None, None));
+        let truth = s.truth.unwrap();
+        assert_eq!(
+            truth.pid_uids,
+            [(7, 1001), (100, 1001)].into_iter().collect()
+        );
+        assert_eq!(
+            truth.user_names.get(&1001).map(String::as_str),
+            Some("alice")
+        );
+    }
+
+    #[test]
+    fn any_eid_bytes_stay_one_value() {
+        let mut r = raw();
+        r.procs.insert(
+            300,
+            seen(
+                9,
+                0,
+                Environ::Var(b"$(touch /tmp/x)\n\x01; rm -rf /\r".to_vec()),
+            ),
+        );
+        let s = assemble(&r, "h").unwrap();
+        assert_eq!(
+            s.process(Pid(300)).unwrap().owner,
+            Owner::Env(EnvId("$(touch /tmp/x)\n\u{1}; rm -rf /\r".into()))
+        );
+    }
+
+    #[test]
+    fn unparseable_parts_are_errors_naming_the_host_and_part() {
+        let mut r = raw();
+        r.envs = Some("{\"envs\": [{\"eid\": 7}]}".into());
+        let e = assemble(&r, "gpu1").unwrap_err();
+        assert!(e.to_string().starts_with("gpu1: envs.json"), "{e}");
+        let mut r = raw();
+        r.apps = "GPU-z, 1, 1\n".into();
+        assert!(assemble(&r, "gpu1")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown GPU uuid"));
+        let r = RawHost {
+            envs: None,
+            devices: None,
+            ..raw()
+        };
+        let s = assemble(&r, "h").unwrap();
+        assert_eq!(s.devices.len(), 2, "devices as genv creates them");
+    }
+
+    #[test]
+    fn pids_to_read_are_gpu_pids_and_live_listed_pids() {
+        let r = raw();
+        let pids = pids_to_read(&r.apps, r.envs.as_deref(), |p| p != 999);
+        assert_eq!(pids, [7, 100, 200, 300, 400, 500]);
+        assert_eq!(
+            pids_to_read("garbage", Some("{"), |_| true),
+            Vec::<u32>::new()
+        );
+    }
+}
