@@ -28,6 +28,9 @@ pub enum HostError {
     /// A command ran past its deadline and was killed.
     #[error("{command} did not finish within {}", humantime::format_duration(*after))]
     Timeout { command: String, after: Duration },
+    /// A step failed on a remote host, as our agent there reported it.
+    #[error("{what}: {message}")]
+    Remote { what: String, message: String },
     /// The SSH connection or channel failed.
     #[error("{message}")]
     Ssh { message: String },

@@ -27,10 +27,10 @@ pub struct HostSpec {
     pub genv_dir: String,
     /// The privilege wrapper, as words (`["sudo", "-n"]`; empty for root logins).
     pub sudo: Vec<String>,
-    /// The genv command, as words.
-    pub genv: Vec<String>,
-    /// The nvidia-smi command.
-    pub nvidia_smi: String,
+    /// The Python 3 that runs our agent on the host (genv's own will do), as words.
+    pub python: Vec<String>,
+    /// The nvidia-smi command, as words.
+    pub nvidia_smi: Vec<String>,
 }
 
 /// Per-user device caps read from an inventory.
@@ -69,6 +69,9 @@ macro_rules! with_settings {
             ssh_options: Option<Spanned<Vec<String>>>,
             genv_dir: Option<Spanned<String>>,
             sudo: Option<Spanned<String>>,
+            python: Option<Spanned<String>>,
+            /// Accepted and ignored: detaches no longer run genv on the host.
+            #[allow(dead_code)]
             genv: Option<Spanned<String>>,
             nvidia_smi: Option<Spanned<String>>,
         }
@@ -104,7 +107,7 @@ macro_rules! with_settings {
                     ssh_options: self.ssh_options.as_ref().map(|o| o.get_ref().clone()),
                     genv_dir: non_empty("genv_dir", &self.genv_dir)?,
                     sudo: self.sudo.as_ref().map(|s| s.get_ref().clone()),
-                    genv: non_empty("genv", &self.genv)?,
+                    python: non_empty("python", &self.python)?,
                     nvidia_smi: non_empty("nvidia_smi", &self.nvidia_smi)?,
                 })
             }
@@ -136,7 +139,7 @@ struct Settings {
     ssh_options: Option<Vec<String>>,
     genv_dir: Option<String>,
     sudo: Option<String>,
-    genv: Option<String>,
+    python: Option<String>,
     nvidia_smi: Option<String>,
 }
 
@@ -156,7 +159,7 @@ impl Settings {
                 .or_else(|| base.ssh_options.clone()),
             genv_dir: self.genv_dir.clone().or_else(|| base.genv_dir.clone()),
             sudo: self.sudo.clone().or_else(|| base.sudo.clone()),
-            genv: self.genv.clone().or_else(|| base.genv.clone()),
+            python: self.python.clone().or_else(|| base.python.clone()),
             nvidia_smi: self.nvidia_smi.clone().or_else(|| base.nvidia_smi.clone()),
         }
     }
@@ -219,19 +222,17 @@ pub struct Overrides {
 const DEFAULT_GENV_DIR: &str = "/var/tmp/genv";
 
 fn spec(id: &str, address: &str, s: &Settings) -> Result<HostSpec, String> {
-    let words = |v: &Option<String>, default: &str| -> Vec<String> {
-        v.as_deref()
-            .unwrap_or(default)
-            .split_whitespace()
-            .map(String::from)
-            .collect()
+    // A command as shell words (quotes allowed), never empty where required.
+    let words = |key: &str, v: &Option<String>, default: &str, required: bool| {
+        let words = shell_words::split(v.as_deref().unwrap_or(default))
+            .map_err(|e| format!("key `{key}`: {e}"))?;
+        if required && words.is_empty() {
+            return Err(format!("key `{key}`: must not be empty"));
+        }
+        Ok::<_, String>(words)
     };
     if address.is_empty() || address.starts_with('-') || address.contains(char::is_whitespace) {
         return Err(format!("bad address {address:?}"));
-    }
-    let genv = words(&s.genv, "genv");
-    if genv.is_empty() {
-        return Err("key `genv`: must not be empty".into());
     }
     for o in s.ssh_options.iter().flatten() {
         if !o.contains('=') || o.starts_with('=') {
@@ -249,12 +250,9 @@ fn spec(id: &str, address: &str, s: &Settings) -> Result<HostSpec, String> {
             .genv_dir
             .clone()
             .unwrap_or_else(|| DEFAULT_GENV_DIR.to_string()),
-        sudo: words(&s.sudo, "sudo -n"),
-        genv,
-        nvidia_smi: s
-            .nvidia_smi
-            .clone()
-            .unwrap_or_else(|| "nvidia-smi".to_string()),
+        sudo: words("sudo", &s.sudo, "sudo -n", false)?,
+        python: words("python", &s.python, "python3", true)?,
+        nvidia_smi: words("nvidia_smi", &s.nvidia_smi, "nvidia-smi", true)?,
     })
 }
 
@@ -650,9 +648,14 @@ max_devices_for_user = { alice = 4 }
                 "key `port`",
             ),
             (
-                "[[host]]\nname = \"a\"\ngenv = \" \"\n",
+                "[[host]]\nname = \"a\"\npython = \" \"\n",
                 "line 3: ",
-                "key `genv`: must not be empty",
+                "key `python`: must not be empty",
+            ),
+            (
+                "[[host]]\nname = \"a\"\nnvidia_smi = \"'unclosed\"\n",
+                "line 2: ",
+                "key `nvidia_smi`: ",
             ),
             (
                 "[[host]]\nname = \"a\"\naddress = \"-oProxyCommand=x\"\n",

@@ -207,7 +207,7 @@ fn env_memory_greedy_choice_follows_snapshot_order() {
 #[test]
 fn env_memory_kills_in_genvs_process_order_not_nvidia_smis() {
     let mut h = Host::new(1);
-    let (hog, small) = h.spawn_pair_in_set_order("m");
+    let (hog, small) = h.spawn_pair_in_set_order("mia", "m");
     // nvidia-smi lists the small one first: in line order both would go.
     h.set_apps(&[(small, 0, "100"), (hog, 0, "5000")]);
     h.write_envs(&[env("m", Some("mia"), Some("3gi"), small)]);

@@ -24,13 +24,13 @@ fn each_rule_across_hosts_with_cluster_wide_device_caps() {
     let (n1, n2, n3) = (f.names[0].clone(), f.names[1].clone(), f.names[2].clone());
     // h1: a process outside any environment; alice holds devices 0 and 1.
     let stray = f.host(0).spawn(None);
-    let a1 = f.host(0).spawn(Some("a1"));
+    let a1 = f.host(0).spawn_as("alice", Some("a1"));
     f.host(0).set_apps(&[(stray, 2, "100"), (a1, 0, "100")]);
     f.host(0).write_envs(&[env("a1", Some("alice"), None, a1)]);
     f.host(0).write_devices(4, &[(0, "a1"), (1, "a1")]);
     // h2: a process on a GPU its environment is not attached to; alice again.
-    let roamer = f.host(1).spawn(Some("b"));
-    let a2 = f.host(1).spawn(Some("a2"));
+    let roamer = f.host(1).spawn_as("bob", Some("b"));
+    let a2 = f.host(1).spawn_as("alice", Some("a2"));
     f.host(1)
         .set_apps(&[(roamer, 1, "100"), (roamer, 2, "100"), (a2, 3, "100")]);
     f.host(1).write_envs(&[
@@ -41,7 +41,7 @@ fn each_rule_across_hosts_with_cluster_wide_device_caps() {
     // h3: an environment over its memory capacity.
     // genv walks the pids in CPython set order: the hog comes first there,
     // so killing it is enough.
-    let (hog, fine) = f.host(2).spawn_pair_in_set_order("c");
+    let (hog, fine) = f.host(2).spawn_pair_in_set_order("carol", "c");
     f.host(2).set_apps(&[(hog, 0, "3000"), (fine, 0, "10")]);
     f.host(2)
         .write_envs(&[env("c", Some("carol"), Some("2gi"), hog)]);
@@ -86,7 +86,7 @@ fn dry_run_through_ssh_touches_nothing() {
     let Some(mut f) = Fleet::up(2) else { return };
     let stray = f.host(1).spawn(None);
     f.host(1).set_apps(&[(stray, 0, "100")]);
-    let p = f.host(0).spawn(Some("x"));
+    let p = f.host(0).spawn_as("xu", Some("x"));
     f.host(0).write_envs(&[env("x", Some("xu"), None, p)]);
     f.host(0).write_devices(4, &[(0, "x"), (1, "x")]);
     let before = std::fs::read(f.host(0).state_dir().join("devices.json")).unwrap();
@@ -229,7 +229,7 @@ fn unreachable_host_never_causes_a_detach_elsewhere() {
     let Some(mut f) = Fleet::up(2) else { return };
     // dave: 2 devices on h1 (about to go down) and 2 on h2, cap 3.
     for h in 0..2 {
-        let p = f.host(h).spawn(Some("d"));
+        let p = f.host(h).spawn_as("dave", Some("d"));
         f.host(h).write_envs(&[env("d", Some("dave"), None, p)]);
         f.host(h).write_devices(4, &[(0, "d"), (1, "d")]);
     }
@@ -344,7 +344,7 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 
 #[test]
 fn interval_loop_keeps_one_master_per_host_and_reconnects_after_a_reboot() {
-    let Some(f) = Fleet::up(2) else { return };
+    let Some(mut f) = Fleet::up(2) else { return };
     let control = tempfile::tempdir().unwrap();
     let (child, mut out) = looping(&f, control.path(), "300ms", &["-t", "5"]);
     for cycle in 1..=3 {
@@ -454,8 +454,8 @@ fn hostile_eid_and_username_reach_no_shell() {
     let m = mark.display().to_string();
     let eid = format!("e$(touch {m});touch {m}\n`touch {m}`");
     let user = format!("u$(touch {m}); touch {m}");
-    let p = f.host(0).spawn(Some(&eid));
-    let q = f.host(0).spawn(Some(&eid));
+    let p = f.host(0).spawn_as("mallory", Some(&eid));
+    let q = f.host(0).spawn_as("mallory", Some(&eid));
     f.host(0).set_apps(&[(p, 0, "100"), (q, 3, "100")]);
     f.host(0).write_envs(&[env(&eid, Some(&user), None, p)]);
     f.host(0).write_devices(4, &[(0, &eid), (1, &eid)]);
@@ -533,15 +533,20 @@ fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
 #[test]
 fn inventory_fleet_with_a_host_failing_during_dispatch() {
     let Some(mut f) = Fleet::up(2) else { return };
-    // Host 1's genv is broken: its snapshot works, its detach cannot.
+    // Host 1's sudo works for the snapshot and the kill, then refuses.
+    let flaky = f.dir.path().join("h1/sbin/flaky-sudo");
+    util::write_executable(
+        &flaky,
+        "#!/bin/sh\nn=$(cat /var/tmp/genv/calls 2>/dev/null || echo 0)\necho $((n + 1)) > /var/tmp/genv/calls\n[ \"$n\" -lt 2 ] || { echo 'flaky-sudo: refused' >&2; exit 1; }\nexec sudo \"$@\"\n",
+    );
     let inventory = f.inventory(
         false,
-        &["genv = \"/nonexistent/genv\""],
+        &["sudo = \"/usr/local/sbin/flaky-sudo -n\""],
         "\n[limits]\nmax_devices_per_user = 1\n",
     );
     let mut pids = Vec::new();
     for h in 0..2 {
-        let p = f.host(h).spawn(Some("e"));
+        let p = f.host(h).spawn_as(&format!("user{h}"), Some("e"));
         f.host(h).set_apps(&[(p, 0, "100")]);
         f.host(h)
             .write_envs(&[env("e", Some(&format!("user{h}")), None, p)]);
@@ -565,7 +570,9 @@ fn inventory_fleet_with_a_host_failing_during_dispatch() {
     );
     let err = stderr(&out);
     assert!(
-        err.contains("[h1] [ERROR] Failed detaching environment e from device 0"),
+        err.contains(
+            "[h1] [ERROR] Failed detaching environment e from device 0: flaky-sudo: refused"
+        ),
         "{err}"
     );
     // The caps came from the file; both hosts had their process terminated.
@@ -578,7 +585,7 @@ fn inventory_fleet_with_a_host_failing_during_dispatch() {
     assert_eq!(
         f.host(0).attached(0),
         vec!["e"],
-        "nothing detached where genv failed"
+        "nothing detached where the host refused"
     );
     assert_eq!(f.host(1).attached(0), Vec::<String>::new());
     assert_eq!(f.host(1).attached(1), vec!["e"]);
@@ -671,13 +678,13 @@ fn remote_output_matches_genv_remote_enforce() {
     );
 
     let stray = f.host(0).spawn(None);
-    let a1 = f.host(0).spawn(Some("a1"));
+    let a1 = f.host(0).spawn_as("alice", Some("a1"));
     f.host(0).set_apps(&[(stray, 3, "100"), (a1, 0, "100")]);
     f.host(0).write_envs(&[env("a1", Some("alice"), None, a1)]);
     f.host(0).write_devices(4, &[(0, "a1"), (1, "a1")]);
-    let b = f.host(1).spawn(Some("b"));
-    let a2 = f.host(1).spawn(Some("a2"));
-    let hog = f.host(1).spawn(Some("a2"));
+    let b = f.host(1).spawn_as("bob", Some("b"));
+    let a2 = f.host(1).spawn_as("alice", Some("a2"));
+    let hog = f.host(1).spawn_as("alice", Some("a2"));
     f.host(1).set_apps(&[
         (b, 1, "100"),
         (b, 2, "100"),
@@ -728,7 +735,7 @@ fn detach_uses_the_hosts_genv_dir_and_never_waits_on_a_held_lock() {
     let Some(mut f) = Fleet::up(2) else { return };
     let mut pids = Vec::new();
     for h in 0..2 {
-        let p = f.host(h).spawn(Some("e"));
+        let p = f.host(h).spawn_as(&format!("user{h}"), Some("e"));
         f.host(h).set_apps(&[(p, 0, "100")]);
         f.host(h)
             .write_envs(&[env("e", Some(&format!("user{h}")), None, p)]);
@@ -777,7 +784,7 @@ fn detach_uses_the_hosts_genv_dir_and_never_waits_on_a_held_lock() {
     let err = stderr(&out);
     assert!(
         err.contains("[h2] [ERROR] Failed detaching environment e from device 0")
-            && err.contains("genv.lock held by another process for 2s: nothing detached"),
+            && err.contains("genv.lock held by another process for 3s: nothing detached"),
         "{err}"
     );
     assert!(took < Duration::from_secs(6), "waited {took:?} on the lock");

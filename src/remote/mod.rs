@@ -1,10 +1,13 @@
 //! Remote hosts over SSH: a [`Fleet`] of persistent connections, its
-//! concurrent snapshots and its parallel dispatch of per-host plans.
+//! concurrent snapshots and its parallel dispatch of per-host plans, each
+//! through our host agent ([`agent`]).
 //!
 //! Every host is handled on its own: a failure is that host's result and
-//! never holds back or changes what happens on the others.
+//! never holds back or changes what happens on the others. Fan-out is
+//! bounded and unordered: the next host starts as soon as any finishes, so
+//! one hung host costs one slot, not the cycle.
 
-pub mod script;
+pub mod agent;
 pub mod ssh;
 
 use std::time::Duration;
@@ -16,6 +19,8 @@ use crate::inventory::HostSpec;
 use crate::model::{Cluster, HostId, HostSnapshot};
 use crate::outcome::{self, Outcome};
 use crate::plan::{HostPlan, Plan};
+use crate::snapshot::assemble::assemble;
+use agent::Limits;
 use ssh::{Connection, SshOptions};
 
 /// The hosts of a remote run and how to reach them.
@@ -27,6 +32,24 @@ pub struct Fleet {
     pub concurrency: usize,
     /// Deadline of each remote command.
     pub command_timeout: Duration,
+}
+
+/// Runs `work` over `items`, at most `n` at a time, starting the next as
+/// soon as any finishes; results in the order of `items`.
+async fn fan_out<'a, T: 'a, R, F>(items: impl IntoIterator<Item = T>, n: usize, work: F) -> Vec<R>
+where
+    F: Fn(T) -> futures::future::BoxFuture<'a, R>,
+{
+    let mut done: Vec<(usize, R)> = stream::iter(items.into_iter().enumerate())
+        .map(|(i, item)| {
+            let f = work(item);
+            async move { (i, f.await) }
+        })
+        .buffer_unordered(n.max(1))
+        .collect()
+        .await;
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
 }
 
 impl Fleet {
@@ -45,36 +68,49 @@ impl Fleet {
         }
     }
 
-    /// Seconds a command may run on the host: [`script::BOUNDED`] kills it
+    /// Seconds a command may run on the host: [`agent::BOUNDED`] kills it
     /// (1 s grace included) before our own deadline ends.
     fn host_limit(&self) -> u64 {
         self.command_timeout.as_secs().saturating_sub(2).max(1)
     }
 
-    /// Limit for the steps inside a script (nvidia-smi, waiting on genv's
-    /// lock), so that they report what hung before the whole is killed.
-    fn step_limit(&self) -> u64 {
-        self.host_limit().saturating_sub(2).max(1)
+    /// The agent ends itself half a second before the host-side limit,
+    /// and its steps (nvidia-smi, genv's lock) half a second before that,
+    /// so that each reports what hung.
+    fn limits(&self) -> Limits {
+        let half = Duration::from_millis(500);
+        let run = Duration::from_secs(self.host_limit())
+            .saturating_sub(half)
+            .max(half);
+        Limits {
+            run,
+            step: run.saturating_sub(half).max(Duration::from_millis(300)),
+        }
     }
 
-    /// Runs `rest` on `c` through the host's sudo, under
-    /// [`script::BOUNDED`]: a host-side timeout becomes [`HostError::Timeout`].
-    async fn run_bounded(
+    /// Runs our agent on `c` as root with `request`, under
+    /// [`agent::BOUNDED`]: a limit hit on the host becomes
+    /// [`HostError::Timeout`].
+    async fn run_agent(
         &self,
         c: &Connection,
         what: &str,
-        rest: impl IntoIterator<Item = String>,
+        request: &serde_json::Value,
     ) -> Result<std::process::Output, HostError> {
-        let argv: Vec<String> = ["sh", "-c", script::BOUNDED, "genv-enforce-bounded"]
+        let argv: Vec<String> = ["sh", "-c", agent::BOUNDED, "genv-enforce"]
             .into_iter()
             .map(String::from)
             .chain([self.host_limit().to_string()])
             .chain(c.spec.sudo.iter().cloned())
-            .chain(rest)
+            .chain(c.spec.python.iter().cloned())
+            .chain(agent::bootstrap())
             .collect();
-        let out = c.run(&argv, None, self.command_timeout, &self.ssh).await?;
+        let input = agent::stdin(request);
+        let out = c
+            .run(&argv, Some(&input), self.command_timeout, &self.ssh)
+            .await?;
         match out.status.code() {
-            Some(code) if script::BOUNDED_TIMED_OUT.contains(&code) => Err(HostError::Timeout {
+            Some(code) if agent::TIMED_OUT.contains(&code) => Err(HostError::Timeout {
                 command: format!("{what} (killed on the host)"),
                 after: Duration::from_secs(self.host_limit()),
             }),
@@ -84,77 +120,54 @@ impl Fleet {
 
     /// Snapshots every host, `concurrency` at a time; results in host order.
     pub async fn snapshots(&self) -> Vec<(HostId, Result<HostSnapshot, HostError>)> {
-        stream::iter(&self.hosts)
-            .map(|c| async move { (c.spec.id.clone(), self.snapshot(c).await) })
-            .buffered(self.concurrency)
-            .collect()
-            .await
+        fan_out(&self.hosts, self.concurrency, |c| {
+            Box::pin(async move { (c.spec.id.clone(), self.snapshot(c).await) })
+        })
+        .await
     }
 
     async fn snapshot(&self, c: &Connection) -> Result<HostSnapshot, HostError> {
-        let argv = [
-            "sh".into(),
-            "-c".into(),
-            script::SNAPSHOT.into(),
-            "genv-enforce-snapshot".into(),
-            c.spec.genv_dir.clone(),
-            c.spec.nvidia_smi.clone(),
-            self.step_limit().to_string(),
-        ];
-        let out = self.run_bounded(c, "snapshot", argv).await?;
+        let request = agent::snapshot_request(&c.spec.genv_dir, &c.spec.nvidia_smi, self.limits());
+        let out = self.run_agent(c, "snapshot", &request).await?;
         if !out.status.success() {
             return Err(failed("snapshot", &out));
         }
-        let frames = script::parse_frames(&out.stdout, &c.spec.id.0)?;
-        script::assemble(&frames, &c.spec.id.0)
+        let frames = agent::parse_frames(&out.stdout, &c.spec.id.0)?;
+        let raw = agent::raw_host(&frames, &c.spec.id.0)?;
+        Ok(assemble(&raw, &c.spec.id.0)?)
     }
 
     /// Carries out each host's plan, hosts in parallel (`concurrency` at a
-    /// time) over the same connections. `cluster` is the snapshot the plan
-    /// was made from.
-    pub async fn dispatch(&self, plan: &Plan, cluster: &Cluster) -> Vec<Outcome> {
+    /// time) over the same connections.
+    pub async fn dispatch(&self, plan: &Plan, _cluster: &Cluster) -> Vec<Outcome> {
         let work: Vec<_> = plan
             .hosts
             .iter()
             .filter_map(|(host, hp)| {
                 let c = self.hosts.iter().find(|c| &c.spec.id == host)?;
-                Some((c, hp, cluster.host(host)?))
+                Some((c, hp))
             })
             .collect();
-        let results: Vec<Vec<Outcome>> = stream::iter(work)
-            .map(|(c, hp, snap)| self.execute(c, hp, snap))
-            .buffered(self.concurrency)
-            .collect()
-            .await;
-        results.into_iter().flatten().collect()
+        fan_out(work, self.concurrency, |(c, hp)| {
+            Box::pin(self.execute(c, hp))
+        })
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
     }
 
     /// One host: terminations (start time re-checked on the host), then
     /// detaches, as genv does.
-    async fn execute(
-        &self,
-        c: &Connection,
-        plan: &HostPlan,
-        snapshot: &HostSnapshot,
-    ) -> Vec<Outcome> {
+    async fn execute(&self, c: &Connection, plan: &HostPlan) -> Vec<Outcome> {
         let host = &c.spec.id;
         let mut terminations = vec![outcome::Termination::NoIdentity; plan.terminate.len()];
-        let args = script::terminate_args(&plan.terminate);
-        if !args.is_empty() {
-            let argv = [
-                "sh".into(),
-                "-c".into(),
-                script::TERMINATE.into(),
-                "genv-enforce-terminate".into(),
-            ];
-            terminations = match self
-                .run_bounded(c, "terminate", argv.into_iter().chain(args))
-                .await
-            {
-                Ok(out) if out.status.success() => script::read_terminations(
-                    &String::from_utf8_lossy(&out.stdout),
-                    &plan.terminate,
-                ),
+        if let Some(request) = agent::terminate_request(&plan.terminate, self.limits()) {
+            terminations = match self.run_agent(c, "terminate", &request).await {
+                // Kills that happened are answered even if a later one failed.
+                Ok(out) if out.status.success() || !out.stdout.is_empty() => {
+                    agent::read_terminations(&String::from_utf8_lossy(&out.stdout), &plan.terminate)
+                }
                 Ok(out) => vec![
                     outcome::Termination::Failed {
                         error: failed("terminate", &out).to_string()
@@ -180,48 +193,12 @@ impl Fleet {
             })
             .collect();
         if !plan.detach.is_empty() {
-            // genv's own `usage execute` detaches under genv's lock and
-            // rewrites devices.json as genv does; the environments travel as
-            // JSON on stdin, so no host data is ever part of a command line.
-            let report = script::execute_report(&plan.detach, snapshot);
-            let argv: Vec<String> = c
-                .spec
-                .sudo
-                .iter()
-                .cloned()
-                .chain([
-                    "sh".into(),
-                    "-c".into(),
-                    script::EXECUTE.into(),
-                    "genv-enforce-execute".into(),
-                    c.spec.genv_dir.clone(),
-                    self.step_limit().to_string(),
-                ])
-                .chain(c.spec.genv.iter().cloned())
-                .chain(["usage".into(), "execute".into()])
-                .collect();
-            let detaches = match c
-                .run(
-                    &argv,
-                    Some(report.as_bytes()),
-                    self.command_timeout,
-                    &self.ssh,
-                )
-                .await
-            {
-                Ok(out) => {
-                    let error = if out.status.success() {
-                        String::new()
-                    } else {
-                        failed("genv usage execute", &out).to_string()
-                    };
-                    script::read_detaches(
-                        &String::from_utf8_lossy(&out.stdout),
-                        out.status.success(),
-                        &error,
-                        &plan.detach,
-                    )
+            let request = agent::detach_request(&c.spec.genv_dir, &plan.detach, self.limits());
+            let detaches = match self.run_agent(c, "detach", &request).await {
+                Ok(out) if out.status.success() => {
+                    agent::read_detaches(&String::from_utf8_lossy(&out.stdout), &plan.detach)
                 }
+                Ok(out) => vec![outcome::Detach::Failed { error: said(&out) }; plan.detach.len()],
                 Err(e) => vec![
                     outcome::Detach::Failed {
                         error: e.to_string()
@@ -256,16 +233,21 @@ impl Fleet {
     }
 }
 
-/// A remote command that exited non-zero, with what it said.
-fn failed(what: &str, out: &std::process::Output) -> HostError {
+/// What a remote command said on stderr (else stdout), as one line.
+fn said(out: &std::process::Output) -> String {
     let said = if out.stderr.is_empty() {
         &out.stdout
     } else {
         &out.stderr
     };
+    String::from_utf8_lossy(said).trim().replace('\n', " ")
+}
+
+/// A remote command that exited non-zero, with what it said.
+fn failed(what: &str, out: &std::process::Output) -> HostError {
     HostError::Command {
         command: what.to_string(),
         status: out.status.to_string(),
-        output: String::from_utf8_lossy(said).trim().replace('\n', " "),
+        output: said(out),
     }
 }

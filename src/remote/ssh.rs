@@ -8,11 +8,12 @@ use std::process::Output;
 use std::time::Duration;
 
 use openssh::{ControlPersist, KnownHosts, Session, SessionBuilder, Stdio};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Mutex;
 
 use crate::error::HostError;
 use crate::inventory::HostSpec;
+use crate::remote::agent::MAX_OUTPUT_BYTES;
 
 /// How connections are made.
 #[derive(Debug, Clone)]
@@ -194,13 +195,44 @@ async fn run_on(
     });
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().await?;
-    if let (Some(data), Some(mut pipe)) = (stdin, child.stdin().take()) {
-        pipe.write_all(data)
-            .await
-            .map_err(openssh::Error::ChildIo)?;
-        pipe.shutdown().await.map_err(openssh::Error::ChildIo)?;
-    }
-    child.wait_with_output().await
+    let (input, stdout, stderr) = (
+        child.stdin().take(),
+        child.stdout().take(),
+        child.stderr().take(),
+    );
+    let feed = async {
+        if let (Some(data), Some(mut pipe)) = (stdin, input) {
+            pipe.write_all(data).await?;
+            pipe.shutdown().await?;
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    // A host's answer is capped: past the cap it is cut, and the cut
+    // answer fails to parse rather than filling our memory.
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let read_out = async {
+        if let Some(r) = stdout {
+            r.take(MAX_OUTPUT_BYTES).read_to_end(&mut out).await?;
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    let read_err = async {
+        if let Some(r) = stderr {
+            r.take(1 << 20).read_to_end(&mut err).await?;
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    let (fed, read_out, read_err) = tokio::join!(feed, read_out, read_err);
+    // The agent reads all its input before answering; a refused write
+    // (it died early) is told by its exit status.
+    let _ = fed;
+    read_out.and(read_err).map_err(openssh::Error::ChildIo)?;
+    let status = child.wait().await?;
+    Ok(Output {
+        status,
+        stdout: out,
+        stderr: err,
+    })
 }
 
 /// An ssh error with its causes, as one line.

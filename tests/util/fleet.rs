@@ -52,7 +52,11 @@ impl Fleet {
             .map(String::from)
             .collect();
         let hosts = (1..=k)
-            .map(|i| Host::at(Dir::At(dir.path().join(format!("h{i}"))), 4))
+            .map(|i| {
+                let mut h = Host::at(Dir::At(dir.path().join(format!("h{i}"))), 4);
+                h.ns = Some(read_init(&dir.path().join(format!("h{i}"))));
+                h
+            })
             .collect();
         Some(Fleet { dir, names, hosts })
     }
@@ -137,9 +141,11 @@ impl Fleet {
         self.script("stop", i);
     }
 
-    /// Starts host `i` again.
-    pub fn start(&self, i: usize) {
+    /// Starts host `i` again (new namespaces: its old jobs died with it).
+    pub fn start(&mut self, i: usize) {
         self.script("start", i);
+        let init = read_init(&self.dir.path().join(format!("h{}", i + 1)));
+        self.hosts[i].ns = Some(init);
     }
 
     /// SSH connections host `i` has accepted so far.
@@ -161,6 +167,12 @@ impl Drop for Fleet {
             .args(["down", &self.dir.path().display().to_string()])
             .output();
     }
+}
+
+/// The pid of a host's namespace init, as `scripts/fleet` recorded it.
+fn read_init(host_dir: &std::path::Path) -> u32 {
+    let text = std::fs::read_to_string(host_dir.join("init")).unwrap();
+    text.trim().parse().unwrap()
 }
 
 /// Runs `scripts/fleet` with `args`, asserting it succeeded.

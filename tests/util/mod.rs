@@ -28,7 +28,16 @@ pub mod fleet;
 /// nvidia-smi, `genv/` state and `bin/nvidia-smi`; processes it spawned.
 pub struct Host {
     pub dir: Dir,
-    children: Vec<Child>,
+    jobs: Vec<Job>,
+    /// For a fleet host: a process of its pid (and mount) namespace, as
+    /// this machine numbers it; its jobs are started in there.
+    pub ns: Option<u32>,
+}
+
+/// A process started on a host, and its pid as the host sees it.
+struct Job {
+    child: Child,
+    pid: u32,
 }
 
 /// A host's directory: our own temporary one, or one the fleet made.
@@ -70,7 +79,8 @@ impl Host {
         write_executable(&dir.path().join("bin/nvidia-smi"), &wrapper);
         let host = Host {
             dir,
-            children: Vec::new(),
+            jobs: Vec::new(),
+            ns: None,
         };
         host.set_apps(&[]);
         host
@@ -90,33 +100,72 @@ impl Host {
     }
 
     /// Starts a real process (`sleep`) as `user` (created if missing) in
-    /// environment `eid` (or none), as a job of that user would run.
+    /// environment `eid` (or none), as a job of that user would run; its
+    /// pid as the host sees it.
     pub fn spawn_as(&mut self, user: &str, eid: Option<&str>) -> u32 {
+        self.start(user, eid, &["sleep", "1000"])
+    }
+
+    /// Starts `argv` on the host as `user` in environment `eid` (or none);
+    /// its pid as the host sees it.
+    pub fn start(&mut self, user: &str, eid: Option<&str>, argv: &[&str]) -> u32 {
         let (uid, gid) = ensure_user(user);
-        let mut cmd = Command::new("sleep");
-        cmd.arg("1000")
-            .env_remove("GENV_ENVIRONMENT_ID")
-            .stdin(Stdio::null());
-        if uid != 0 {
-            std::os::unix::process::CommandExt::uid(&mut cmd, uid);
-            std::os::unix::process::CommandExt::gid(&mut cmd, gid);
-        }
+        let mut cmd = match self.ns {
+            // In the host's namespaces, as the user: the shell prints its
+            // pid there, then becomes the job.
+            Some(ns) => {
+                let mut cmd = Command::new("nsenter");
+                cmd.args(["--target", &ns.to_string(), "--mount", "--pid", "--"]);
+                if uid != 0 {
+                    cmd.args([
+                        "setpriv",
+                        &format!("--reuid={uid}"),
+                        &format!("--regid={gid}"),
+                        "--clear-groups",
+                        "--",
+                    ]);
+                }
+                cmd.args(["sh", "-c", "echo $$; exec \"$@\"", "job"])
+                    .args(argv)
+                    .stdout(Stdio::piped());
+                cmd
+            }
+            None => {
+                let mut cmd = Command::new(argv[0]);
+                cmd.args(&argv[1..]);
+                if uid != 0 {
+                    std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+                    std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+                }
+                cmd
+            }
+        };
+        cmd.env_remove("GENV_ENVIRONMENT_ID").stdin(Stdio::null());
         if let Some(e) = eid {
             cmd.env("GENV_ENVIRONMENT_ID", e);
         }
-        let child = cmd.spawn().expect("spawn sleep");
-        let pid = child.id();
-        self.children.push(child);
+        let mut child = cmd.spawn().expect("spawn a job");
+        let pid = match child.stdout.take() {
+            Some(out) => {
+                let mut line = String::new();
+                std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line).unwrap();
+                line.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("no pid from the host's job: {line:?}"))
+            }
+            None => child.id(),
+        };
+        self.jobs.push(Job { child, pid });
         pid
     }
 
     /// Two processes in `eid` whose pids sit in distinct slots of CPython's
     /// 8-slot set table, in the order genv's `set(pids)` gives them whatever
     /// nvidia-smi's line order.
-    pub fn spawn_pair_in_set_order(&mut self, eid: &str) -> (u32, u32) {
-        let first = self.spawn(Some(eid));
+    pub fn spawn_pair_in_set_order(&mut self, user: &str, eid: &str) -> (u32, u32) {
+        let first = self.spawn_as(user, Some(eid));
         let second = loop {
-            let p = self.spawn(Some(eid));
+            let p = self.spawn_as(user, Some(eid));
             if p % 8 != first % 8 {
                 break p;
             }
@@ -214,13 +263,16 @@ impl Host {
             .expect("run genv")
     }
 
-    /// Waits for a spawned process to end; the signal that ended it.
+    /// Waits for a spawned process to end; the signal that ended it
+    /// (`nsenter` reports its job's signal as 128 + the signal).
     pub fn wait_signal(&mut self, pid: u32, timeout: Duration) -> Option<i32> {
-        let child = self.children.iter_mut().find(|c| c.id() == pid)?;
+        let job = self.jobs.iter_mut().find(|j| j.pid == pid)?;
         let start = Instant::now();
         while start.elapsed() < timeout {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status.signal();
+            if let Some(status) = job.child.try_wait().unwrap() {
+                return status
+                    .signal()
+                    .or_else(|| status.code().filter(|c| *c > 128).map(|c| c - 128));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -229,23 +281,51 @@ impl Host {
 
     /// Hands the processes over (to be killed with another host).
     pub fn adopt(&mut self, other: &mut Host) {
-        self.children.append(&mut other.children);
+        self.jobs.append(&mut other.jobs);
     }
 
     /// Whether a spawned process is still running.
     pub fn running(&mut self, pid: u32) -> bool {
-        self.children
+        self.jobs
             .iter_mut()
-            .find(|c| c.id() == pid)
-            .is_some_and(|c| c.try_wait().unwrap().is_none())
+            .find(|j| j.pid == pid)
+            .is_some_and(|j| j.child.try_wait().unwrap().is_none())
     }
+
+    /// Ends a spawned process (SIGKILL) and waits for it.
+    pub fn end(&mut self, pid: u32) {
+        if let Some(i) = self.jobs.iter().position(|j| j.pid == pid) {
+            let mut job = self.jobs.remove(i);
+            match self.ns {
+                // Killing nsenter would leave its job running in the host.
+                Some(_) => {
+                    let _ = Command::new("kill")
+                        .args(["-KILL", &job_pid_outside(&job.child).to_string()])
+                        .status();
+                }
+                None => {
+                    let _ = job.child.kill();
+                }
+            }
+            let _ = job.child.wait();
+        }
+    }
+}
+
+/// The pid, as this machine numbers it, of the job `nsenter` runs.
+fn job_pid_outside(nsenter: &Child) -> u32 {
+    let id = nsenter.id();
+    std::fs::read_to_string(format!("/proc/{id}/task/{id}/children"))
+        .ok()
+        .and_then(|c| c.split_whitespace().next()?.parse().ok())
+        .unwrap_or(id)
 }
 
 impl Drop for Host {
     fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
+        let pids: Vec<u32> = self.jobs.iter().map(|j| j.pid).collect();
+        for pid in pids {
+            self.end(pid);
         }
     }
 }

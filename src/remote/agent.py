@@ -1,0 +1,520 @@
+# genv-enforce host agent: what genv-enforce runs on a remote GPU host, as
+# root, through sudo, for one snapshot, one set of kills or one detach.
+#
+# Runs on: the Python 3 (3.7 or later, standard library only) that genv
+# itself needs, and Linux /proc. Nothing is installed on the host: the
+# command line is a constant bootstrap that reads this text from stdin,
+#   python3 -I -S -c 'import sys;exec(compile(sys.stdin.buffer.read(N),...))'
+# followed on stdin by one JSON request:
+#   {"mode": "snapshot", "dir": D, "nvidia_smi": [argv], "step": S, "limit": L, "max_bytes": B}
+#   {"mode": "terminate", "kills": [[pid, start_time], ...], "limit": L}
+#   {"mode": "detach", "dir": D, "detach": [[index, eid], ...], "step": S, "limit": L, "max_bytes": B}
+#
+# Output:
+#   snapshot: frames "@<kind> [<arg>] <length>\n" + <length> bytes:
+#     gpus, apps         nvidia-smi's two answers (csv,noheader,nounits)
+#     envs, devices      genv's state files, read under a shared lock on
+#                        genv.lock (absent when the file does not exist)
+#     proc <pid>         "seen <start> <uid|-> var|novar|notread\n<value>" or
+#                        "seen <start> <uid|-> unreadable\n<why>" or
+#                        "unsure\n<why>", for each GPU pid and each live pid
+#                        an environment lists (absent: not alive)
+#     user <uid>         the host's name for a uid seen
+#     fail <what>        a step failed; the body says why; nothing follows
+#   terminate: one line per kill, "<pid> signalled|gone|reused <start>|denied|invalid"
+#   detach: one line per pair, "<n> detached|absent"
+# Exit status: 0; 75 when genv.lock stayed held past the step limit (detach:
+# nothing was changed); 124 when the overall limit was reached; 1 on any
+# other failure, with the reason on stderr.
+#
+# Safety: genv's state directory is writable by every user. The directory
+# is opened once without following a symlink and every file in it relative
+# to that handle with O_NOFOLLOW | O_NONBLOCK; only regular files of at most
+# max_bytes are read. A detach writes a new file, created exclusively, and
+# renames it over devices.json under an exclusive lock on genv.lock; the
+# mode of an existing file is never changed. A process's identity (uid,
+# environment) is read between two reads of its start time; a kill
+# re-checks the start time and, where the kernel has pidfds, signals
+# through one. Nothing here runs a shell, and no temporary file outlives
+# the run.
+
+import errno
+import fcntl
+import json
+import os
+import select
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+VAR = b"GENV_ENVIRONMENT_ID="
+SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+REFUSED = "refused (genv's state directory is writable by every user)"
+
+children = []
+temp_files = []
+
+
+class Failure(Exception):
+    """A step that failed: reported as a fail frame (snapshot) or on stderr."""
+
+    def __init__(self, what, message, status=1):
+        Exception.__init__(self, message)
+        self.what = what
+        self.message = message
+        self.status = status
+
+
+def end(status, message):
+    for p in children:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for dfd, name in temp_files:
+        try:
+            os.unlink(name, dir_fd=dfd)
+        except OSError:
+            pass
+    if message:
+        try:
+            write_all(2, message.encode() + b"\n")
+        except OSError:
+            pass
+    os._exit(status)
+
+
+def on_signal(signum, _frame):
+    if signum == signal.SIGALRM:
+        end(124, "genv-enforce agent: killed at its time limit")
+    end(128 + signum, "genv-enforce agent: stopped by signal %d" % signum)
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def frame(out, kind, arg, body):
+    head = "@%s %s%d\n" % (kind, "" if arg is None else "%s " % arg, len(body))
+    out.append(head.encode())
+    out.append(body)
+
+
+# genv's state directory, never followed through a link.
+
+
+def refuse(path, what):
+    raise Failure("state", "%s is %s: %s" % (path, what, REFUSED))
+
+
+def kind_of(mode):
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "not a regular file"
+
+
+def open_dir(path):
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            refuse(path, "a symbolic link" if os.path.islink(path) else "not a directory")
+        raise Failure("state", "%s: %s" % (path, e.strerror))
+
+
+def regular(fd, path):
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        refuse(path, kind_of(mode))
+    return fd
+
+
+def open_in(dfd, path, name, flags, mode=0):
+    """A file of the directory, opened safely; None when absent."""
+    try:
+        fd = os.open(name, flags | SAFE, mode, dir_fd=dfd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            refuse(path, "a symbolic link")
+        raise Failure("state", "%s: %s" % (path, e.strerror))
+    return regular(fd, path)
+
+
+def lock(dfd, d, operation, step, deadline):
+    """genv.lock, created 0666 as genv does when missing, locked by `deadline`."""
+    path = os.path.join(d, "genv.lock")
+    try:
+        fd = os.open("genv.lock", os.O_RDONLY | os.O_CREAT | os.O_EXCL | SAFE, 0o666, dir_fd=dfd)
+        os.fchmod(fd, 0o666)
+    except FileExistsError:
+        fd = open_in(dfd, path, "genv.lock", os.O_RDONLY)
+        if fd is None:
+            raise Failure("state", "%s: vanished while opened" % path)
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise Failure("lock", "genv.lock held by another process for %gs" % step, 75)
+            time.sleep(0.005)
+
+
+def read_file(dfd, d, name, max_bytes):
+    path = os.path.join(d, name)
+    fd = open_in(dfd, path, name, os.O_RDONLY)
+    if fd is None:
+        return None
+    try:
+        chunks, size = [], 0
+        while size <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        raise Failure("state", "%s is larger than %d bytes: refused" % (path, max_bytes))
+    return b"".join(chunks)
+
+
+# nvidia-smi.
+
+
+def spawn(argv):
+    env = dict(os.environ, GENV_BYPASS="1")
+    p = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+    children.append(p)
+    return p
+
+
+def collect(procs, deadline, max_bytes):
+    """Reads every process's stdout and stderr to the end (at most
+    max_bytes each) by `deadline`; kills the stragglers' groups."""
+    bufs = {}
+    for p in procs:
+        for f in (p.stdout, p.stderr):
+            bufs[f.fileno()] = []
+    open_fds = set(bufs)
+    sizes = dict((fd, 0) for fd in bufs)
+    while open_fds:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, _, _ = select.select(list(open_fds), [], [], left)
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if not chunk or sizes[fd] > max_bytes:
+                open_fds.discard(fd)
+                continue
+            bufs[fd].append(chunk)
+            sizes[fd] += len(chunk)
+    results = []
+    for p in procs:
+        status = None
+        if not open_fds & set((p.stdout.fileno(), p.stderr.fileno())):
+            try:
+                status = p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                status = None
+        if status is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            p.wait()
+        results.append(
+            (status, b"".join(bufs[p.stdout.fileno()]), b"".join(bufs[p.stderr.fileno()]))
+        )
+    return results
+
+
+# /proc.
+
+
+def proc_read(pid, name):
+    with open("/proc/%d/%s" % (pid, name), "rb") as f:
+        return f.read(16 << 20)
+
+
+def start_time(stat_bytes):
+    """Field 22 of /proc/<pid>/stat, counted after the last ')' (the
+    command name, which the user picks, may hold anything else)."""
+    close = stat_bytes.rfind(b")")
+    if close < 0:
+        return None
+    fields = stat_bytes[close + 1:].split()
+    if len(fields) < 20 or not fields[19].isdigit():
+        return None
+    return int(fields[19])
+
+
+def real_uid(status):
+    for line in status.split(b"\n"):
+        if line.startswith(b"Uid:"):
+            parts = line.split()
+            if len(parts) > 1 and parts[1].isdigit():
+                return int(parts[1])
+    return None
+
+
+def identity(pid, want_environ):
+    """The identity body of a proc frame, or None when the process is gone."""
+    try:
+        before = start_time(proc_read(pid, "stat"))
+    except OSError:
+        return None
+    if before is None:
+        return b"unsure\nits /proc stat does not parse"
+    try:
+        uid = real_uid(proc_read(pid, "status"))
+    except OSError:
+        uid = None
+    value = b""
+    if want_environ:
+        try:
+            environ = proc_read(pid, "environ")
+            found = [v for v in environ.split(b"\0") if v.startswith(VAR)]
+            if found:
+                env, value = "var", found[-1][len(VAR):]
+            else:
+                env = "novar"
+        except PermissionError:
+            env, value = "unreadable", b"not enough permissions to read its environment"
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        except OSError as e:
+            env, value = "unreadable", ("cannot read its environment: %s" % e.strerror).encode()
+    else:
+        env = "notread"
+    try:
+        after = start_time(proc_read(pid, "stat"))
+    except OSError:
+        return None
+    if after != before:
+        return b"unsure\nits pid was reused while it was read"
+    uid_text = "-" if uid is None else str(uid)
+    return ("seen %d %s %s\n" % (before, uid_text, env)).encode() + value
+
+
+def listed_pids(envs_text):
+    try:
+        envs = json.loads(envs_text.decode("utf-8")).get("envs") or []
+        return set(p for e in envs for p in (e.get("pids") or []) if type(p) is int and 0 < p < 1 << 31)
+    except (ValueError, AttributeError, TypeError):
+        return set()
+
+
+def gpu_pids(apps):
+    pids = set()
+    for line in apps.split(b"\n"):
+        fields = line.split(b", ")
+        if len(fields) >= 2 and fields[1].strip().isdigit():
+            pids.add(int(fields[1].strip()))
+    return pids
+
+
+def snapshot(req, out):
+    max_bytes = req["max_bytes"]
+    deadline = time.monotonic() + req["step"]
+    queries = (
+        ("gpus", "--query-gpu=uuid,index,memory.total"),
+        ("apps", "--query-compute-apps=gpu_uuid,pid,used_gpu_memory"),
+    )
+    try:
+        procs = [spawn(req["nvidia_smi"] + [q, "--format=csv,noheader,nounits"]) for _, q in queries]
+    except OSError as e:
+        raise Failure("nvidia-smi", "cannot run %s: %s" % (req["nvidia_smi"][0], e.strerror))
+    # genv's state is read while nvidia-smi runs.
+    d = req["dir"]
+    dfd = open_dir(d)
+    state = {}
+    if dfd is not None:
+        lfd = lock(dfd, d, fcntl.LOCK_SH, req["step"], deadline)
+        for name in ("envs", "devices"):
+            state[name] = read_file(dfd, d, name + ".json", max_bytes)
+        os.close(lfd)
+        os.close(dfd)
+    answers = collect(procs, deadline, max_bytes)
+    for (name, query), (status, stdout, stderr) in zip(queries, answers):
+        if status is None:
+            raise Failure("nvidia-smi", "%s did not finish within %gs" % (query, req["step"]))
+        if status != 0:
+            said = (stderr or stdout).decode("utf-8", "replace").strip()
+            raise Failure("nvidia-smi", "%s exited with status %d: %s" % (query, status, said))
+        frame(out, name, None, stdout)
+    for name in ("envs", "devices"):
+        if state.get(name) is not None:
+            frame(out, name, None, state[name])
+    live = set(int(n) for n in os.listdir("/proc") if n.isdigit())
+    on_gpus = gpu_pids(answers[1][1])
+    uids = set()
+    for pid in sorted(on_gpus | (listed_pids(state.get("envs") or b"{}") & live)):
+        body = identity(pid, pid in on_gpus)
+        if body is not None:
+            frame(out, "proc", pid, body)
+            words = body.split(b"\n", 1)[0].split()
+            if words[0] == b"seen" and words[2] != b"-":
+                uids.add(int(words[2]))
+    import pwd
+
+    for uid in sorted(uids):
+        try:
+            frame(out, "user", uid, pwd.getpwuid(uid).pw_name.encode())
+        except KeyError:
+            pass
+
+
+# Kills.
+
+
+def terminate(req, lines):
+    for kill in req["kills"]:
+        pid, want = (kill + [None, None])[:2]
+        if not (type(pid) is int and type(want) is int and 0 < pid < 1 << 31):
+            lines.append("%s invalid" % (pid,))
+            continue
+        pidfd = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                lines.append("%d gone" % pid)
+                continue
+            except OSError:
+                pidfd = None
+        try:
+            try:
+                found = start_time(proc_read(pid, "stat"))
+            except OSError:
+                lines.append("%d gone" % pid)
+                continue
+            if found != want:
+                lines.append("%d reused %s" % (pid, found if found is not None else "unparsed"))
+                continue
+            try:
+                if pidfd is not None:
+                    signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+                else:
+                    os.kill(pid, signal.SIGTERM)
+                lines.append("%d signalled" % pid)
+            except ProcessLookupError:
+                lines.append("%d gone" % pid)
+            except PermissionError:
+                lines.append("%d denied" % pid)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+
+# Detach.
+
+
+def detach(req, lines):
+    d = req["dir"]
+    pairs = req["detach"]
+    dfd = open_dir(d)
+    if dfd is None:
+        lines.extend("%d absent" % n for n in range(len(pairs)))
+        return
+    lock(dfd, d, fcntl.LOCK_EX, req["step"], time.monotonic() + req["step"])
+    text = read_file(dfd, d, "devices.json", req["max_bytes"])
+    if text is None:
+        lines.extend("%d absent" % n for n in range(len(pairs)))
+        return
+    path = os.path.join(d, "devices.json")
+    try:
+        state = json.loads(text.decode("utf-8"))
+        devices = state["devices"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise Failure("state", "%s: cannot parse: %s" % (path, e))
+    changed = False
+    for n, pair in enumerate(pairs):
+        index, eid = pair
+        removed = False
+        for device in devices:
+            if isinstance(device, dict) and device.get("index") == index:
+                attachments = device.get("attachments")
+                if isinstance(attachments, list):
+                    kept = [a for a in attachments if not (isinstance(a, dict) and a.get("eid") == eid)]
+                    removed = len(kept) != len(attachments)
+                    device["attachments"] = kept
+                break
+        changed = changed or removed
+        lines.append("%d %s" % (n, "detached" if removed else "absent"))
+    if changed:
+        replace(dfd, d, "devices.json", json.dumps(state, indent=2).encode())
+
+
+def replace(dfd, d, name, data):
+    """Writes `data` to a new file created exclusively beside `name`, then
+    renames it over `name` (mode 0666, as genv writes its state)."""
+    tmp = ".%s.%s" % (name, os.urandom(8).hex())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | SAFE, 0o600, dir_fd=dfd)
+    temp_files.append((dfd, tmp))
+    try:
+        os.fchmod(fd, 0o666)
+        write_all(fd, data)
+        os.fsync(fd)
+        os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        temp_files.remove((dfd, tmp))
+    except OSError as e:
+        raise Failure("state", "%s: cannot replace: %s" % (os.path.join(d, name), e.strerror))
+
+
+def main():
+    for s in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(s, on_signal)
+    req = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    signal.setitimer(signal.ITIMER_REAL, max(0.1, float(req["limit"])))
+    mode = req["mode"]
+    out = []
+    try:
+        if mode == "snapshot":
+            snapshot(req, out)
+        else:
+            lines = []
+            try:
+                (terminate if mode == "terminate" else detach)(req, lines)
+            finally:
+                out = [("%s\n" % line).encode() for line in lines]
+    except Failure as f:
+        if mode != "snapshot":
+            # Kills that happened are reported; a detach that failed changed nothing.
+            if mode == "terminate":
+                write_all(1, b"".join(out))
+            if f.what == "lock":
+                end(f.status, f.message + ": nothing detached")
+            end(f.status, f.message)
+        out = []
+        frame(out, "fail", f.what, f.message.encode())
+    write_all(1, b"".join(out))
+    end(0, None)
+
+
+main()
