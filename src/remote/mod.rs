@@ -221,15 +221,16 @@ impl Fleet {
         outcomes
     }
 
-    /// Closes every master and removes its socket; the hosts that failed to close.
-    pub async fn close(&self) -> Vec<(HostId, openssh::Error)> {
-        let mut failures = Vec::new();
-        for c in &self.hosts {
-            if let Err(e) = c.close().await {
-                failures.push((c.spec.id.clone(), e));
-            }
-        }
-        failures
+    /// Closes every master (hosts in parallel, each bounded) and removes
+    /// its socket; the hosts whose master had to be killed.
+    pub async fn close(&self) -> Vec<(HostId, HostError)> {
+        fan_out(&self.hosts, self.concurrency, |c| {
+            Box::pin(async move { (c.spec.id.clone(), c.close().await) })
+        })
+        .await
+        .into_iter()
+        .filter_map(|(h, r)| r.err().map(|e| (h, e)))
+        .collect()
     }
 }
 

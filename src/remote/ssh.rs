@@ -1,13 +1,19 @@
-//! One persistent OpenSSH ControlMaster per host (the `openssh` crate,
-//! native-mux: commands go straight to the master's socket, no `ssh`
-//! process per command), opened on first use, kept across cycles and
-//! re-established when it has died (reboot, sshd restart).
+//! One persistent OpenSSH ControlMaster per host, opened on first use,
+//! kept across cycles and re-established when it has died (reboot, sshd
+//! restart). Commands go straight to the master's socket through the
+//! `openssh` crate's native mux client: no `ssh` process per command.
+//!
+//! We start each master ourselves (`ssh -M -N`, in a process group of its
+//! own), so that one that does not come up in time is killed whole and
+//! reaped, never left behind; there is always a connect timeout. Every
+//! wait on a master (check, close) is bounded, and a master that does not
+//! close when asked is killed.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use openssh::{ControlPersist, KnownHosts, Session, SessionBuilder, Stdio};
+use openssh::{KnownHosts, Session, Stdio};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Mutex;
 
@@ -15,10 +21,16 @@ use crate::error::HostError;
 use crate::inventory::HostSpec;
 use crate::remote::agent::MAX_OUTPUT_BYTES;
 
+/// The connect timeout when `-t` gives none.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a check or close of a master may take.
+const MASTER_WAIT: Duration = Duration::from_secs(5);
+
 /// How connections are made.
 #[derive(Debug, Clone)]
 pub struct SshOptions {
-    /// `-t`: SSH ConnectTimeout.
+    /// `-t`: SSH ConnectTimeout ([`DEFAULT_CONNECT_TIMEOUT`] when `None`).
     pub connect_timeout: Option<Duration>,
     /// Where master sockets live.
     pub control_dir: PathBuf,
@@ -30,11 +42,19 @@ pub struct SshOptions {
     pub known_hosts_file: Option<PathBuf>,
 }
 
+/// A running master: its socket, its log and the mux session over it.
+#[derive(Debug)]
+struct Master {
+    session: Session,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
 /// A host and its master connection, if open.
 #[derive(Debug)]
 pub struct Connection {
     pub spec: HostSpec,
-    session: Mutex<Option<Session>>,
+    master: Mutex<Option<Master>>,
 }
 
 fn expand_home(path: &Path) -> PathBuf {
@@ -44,55 +64,176 @@ fn expand_home(path: &Path) -> PathBuf {
     }
 }
 
+/// `StrictHostKeyChecking` for a policy.
+fn host_key_option(k: &KnownHosts) -> &'static str {
+    match k {
+        KnownHosts::Strict => "StrictHostKeyChecking=yes",
+        KnownHosts::Add => "StrictHostKeyChecking=accept-new",
+        KnownHosts::Accept => "StrictHostKeyChecking=no",
+    }
+}
+
 impl Connection {
     /// A host with no connection yet.
     pub fn new(spec: HostSpec) -> Self {
         Connection {
             spec,
-            session: Mutex::new(None),
+            master: Mutex::new(None),
         }
     }
 
-    async fn connect(&self, opts: &SshOptions) -> Result<Session, HostError> {
-        let mut b = SessionBuilder::default();
-        b.known_hosts_check(opts.known_hosts.clone())
-            .control_directory(&opts.control_dir)
-            .server_alive_interval(Duration::from_secs(15));
-        if let Some(n) = std::num::NonZeroUsize::new(opts.persist.as_secs() as usize) {
-            b.control_persist(ControlPersist::IdleFor(n));
+    /// A short file name for this host's socket and log (socket paths are
+    /// limited to about 100 bytes).
+    fn file_stem(&self) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.spec.id.hash(&mut h);
+        let safe: String = self
+            .spec
+            .id
+            .0
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(16)
+            .collect();
+        format!("{safe}-{:08x}", h.finish() as u32)
+    }
+
+    /// The `ssh` command line that starts this host's master on `socket`.
+    fn master_command(
+        &self,
+        opts: &SshOptions,
+        socket: &Path,
+        log: &Path,
+    ) -> Result<Vec<std::ffi::OsString>, HostError> {
+        let timeout = opts.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "-E".into(),
+            log.into(),
+            "-S".into(),
+            socket.into(),
+            "-M".into(),
+            "-N".into(),
+            "-o".into(),
+            format!("ControlPersist={}s", opts.persist.as_secs().max(1)).into(),
+            "-o".into(),
+            "BatchMode=yes".into(),
+            "-o".into(),
+            host_key_option(&opts.known_hosts).into(),
+            "-o".into(),
+            format!("ConnectTimeout={}", timeout.as_secs().max(1)).into(),
+            "-o".into(),
+            "ServerAliveInterval=15".into(),
+        ];
+        if let Some(p) = self.spec.port {
+            args.extend(["-p".into(), p.to_string().into()]);
         }
         if let Some(u) = &self.spec.user {
-            b.user(u.clone());
-        }
-        if let Some(p) = self.spec.port {
-            b.port(p);
+            args.extend(["-l".into(), u.into()]);
         }
         if let Some(k) = &self.spec.identity_file {
-            b.keyfile(expand_home(k));
-        }
-        if let Some(t) = opts.connect_timeout {
-            b.connect_timeout(t);
+            args.extend([
+                "-o".into(),
+                "IdentitiesOnly=yes".into(),
+                "-i".into(),
+                expand_home(k).into(),
+            ]);
         }
         if let Some(f) = &opts.known_hosts_file {
-            b.user_known_hosts_file(f);
+            let mut o = std::ffi::OsString::from("UserKnownHostsFile=");
+            o.push(f);
+            args.extend(["-o".into(), o]);
         }
         if !self.spec.ssh_options.is_empty() {
-            b.config_file(self.write_config(opts)?);
+            args.extend(["-F".into(), self.write_config(opts)?.into()]);
         }
-        // ConnectTimeout bounds the TCP connect only; a peer that accepts
-        // and then stalls the handshake must not hold the cycle forever.
+        args.extend(["--".into(), self.spec.address.clone().into()]);
+        Ok(args)
+    }
+
+    async fn connect(&self, opts: &SshOptions) -> Result<Master, HostError> {
+        let stem = self.file_stem();
+        let socket = opts.control_dir.join(format!("{stem}.sock"));
+        let log = opts.control_dir.join(format!("{stem}.log"));
+        // Whatever an earlier master left there is ours to replace.
+        let _ = std::fs::remove_file(&socket);
+        let args = self.master_command(opts, &socket, &log)?;
+        let mut child = tokio::process::Command::new("ssh")
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| HostError::Spawn {
+                command: "ssh".into(),
+                source,
+            })?;
+        let group = child
+            .id()
+            .and_then(|id| rustix::process::Pid::from_raw(id as i32));
+        let give_up = |child: &mut tokio::process::Child| {
+            if let Some(g) = group {
+                let _ = rustix::process::kill_process_group(g, rustix::process::Signal::KILL);
+            }
+            let _ = child.start_kill();
+        };
+        // ConnectTimeout bounds the TCP connect and the handshake; a peer
+        // that stalls authentication is cut off here.
         let limit =
-            opts.connect_timeout.unwrap_or(Duration::from_secs(30)) + Duration::from_secs(10);
-        match tokio::time::timeout(limit, b.connect_mux(&self.spec.address)).await {
-            Ok(Ok(s)) => Ok(s),
-            Ok(Err(e)) => Err(HostError::Ssh {
-                message: ssh_message(&e),
-            }),
-            Err(_) => Err(HostError::Timeout {
-                command: "ssh connect".into(),
-                after: limit,
-            }),
+            opts.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT) + Duration::from_secs(10);
+        let started = tokio::time::Instant::now();
+        let up = loop {
+            // With ControlPersist the master forks into the background once
+            // authenticated and its socket appears; the process we started
+            // then exits. Until then it is ours, and dies with the group.
+            if std::fs::symlink_metadata(&socket).is_ok() {
+                break true;
+            }
+            match tokio::time::timeout(Duration::from_millis(20), child.wait()).await {
+                Ok(Ok(status)) if !status.success() => break false,
+                Ok(Err(_)) => break false,
+                _ => {}
+            }
+            if started.elapsed() >= limit {
+                give_up(&mut child);
+                let _ = child.wait().await;
+                let _ = std::fs::remove_file(&log);
+                return Err(HostError::Timeout {
+                    command: "ssh connect".into(),
+                    after: limit,
+                });
+            }
+        };
+        if !up {
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            let _ = std::fs::remove_file(&log);
+            let _ = std::fs::remove_file(&socket);
+            let message = said.trim().replace('\n', " ");
+            return Err(HostError::Ssh {
+                message: if message.is_empty() {
+                    "ssh exited without a connection".into()
+                } else {
+                    message
+                },
+            });
         }
+        // Reap the launcher once it has handed over (it exits right away).
+        if tokio::time::timeout(MASTER_WAIT, child.wait())
+            .await
+            .is_err()
+        {
+            tracing::debug!(host = %self.spec.id, "ssh master launcher still running");
+        }
+        Ok(Master {
+            session: Session::resume_mux(
+                socket.clone().into_boxed_path(),
+                Some(log.clone().into_boxed_path()),
+            ),
+            socket,
+            log,
+        })
     }
 
     /// The inventory's `ssh_options` as an ssh config file, then the user's own.
@@ -103,14 +244,9 @@ impl Connection {
             text.push_str(&format!("{} {}\n", k.trim(), v.trim()));
         }
         text.push_str("Include ~/.ssh/config\n");
-        let safe: String = self
-            .spec
-            .id
-            .0
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-            .collect();
-        let path = opts.control_dir.join(format!("{safe}.ssh_config"));
+        let path = opts
+            .control_dir
+            .join(format!("{}.ssh_config", self.file_stem()));
         std::fs::write(&path, text).map_err(|e| HostError::Spawn {
             command: format!("write {}", path.display()),
             source: e,
@@ -132,27 +268,27 @@ impl Connection {
         deadline: Duration,
         opts: &SshOptions,
     ) -> Result<Output, HostError> {
-        let mut guard = self.session.lock().await;
-        if let Some(s) = guard.as_ref() {
-            if s.check().await.is_err() {
+        let mut guard = self.master.lock().await;
+        if let Some(m) = guard.as_ref() {
+            if !alive(&m.session).await {
                 if let Some(dead) = guard.take() {
-                    let _ = dead.close().await;
+                    let _ = shut(dead).await; // dead already: only its files are left to remove
                 }
             }
         }
         if guard.is_none() {
             *guard = Some(self.connect(opts).await?);
         }
-        let Some(session) = guard.as_ref() else {
+        let Some(master) = guard.as_ref() else {
             unreachable!("connected just above")
         };
-        let result = tokio::time::timeout(deadline, run_on(session, argv, stdin)).await;
+        let result = tokio::time::timeout(deadline, run_on(&master.session, argv, stdin)).await;
         match result {
             Ok(Ok(out)) => Ok(out),
             Ok(Err(e)) => {
-                if session.check().await.is_err() {
+                if !alive(&master.session).await {
                     if let Some(dead) = guard.take() {
-                        let _ = dead.close().await;
+                        let _ = shut(dead).await; // dead already: only its files are left to remove
                     }
                 }
                 Err(HostError::Ssh {
@@ -166,16 +302,68 @@ impl Connection {
         }
     }
 
-    /// Closes the master, if open, removing its socket.
+    /// Closes the master, if open, removing its socket; a master that does
+    /// not stop when asked is killed.
     ///
     /// # Errors
-    /// The master could not be shut down cleanly.
-    pub async fn close(&self) -> Result<(), openssh::Error> {
-        match self.session.lock().await.take() {
-            Some(s) => s.close().await,
+    /// The master could not be shut down cleanly (it was killed instead).
+    pub async fn close(&self) -> Result<(), HostError> {
+        match self.master.lock().await.take() {
+            Some(m) => shut(m).await,
             None => Ok(()),
         }
     }
+}
+
+/// Whether a master still answers, within [`MASTER_WAIT`].
+async fn alive(session: &Session) -> bool {
+    matches!(
+        tokio::time::timeout(MASTER_WAIT, session.check()).await,
+        Ok(Ok(()))
+    )
+}
+
+/// Asks a master to stop (it then exits, its sessions done), within
+/// [`MASTER_WAIT`]; if it does not, kills it. Removes its socket and log.
+async fn shut(m: Master) -> Result<(), HostError> {
+    let pid = master_pid(&m.socket).await;
+    let asked = tokio::time::timeout(MASTER_WAIT, m.session.close()).await;
+    let result = match asked {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(HostError::Ssh {
+            message: ssh_message(&e),
+        }),
+        Err(_) => Err(HostError::Timeout {
+            command: "ssh master close".into(),
+            after: MASTER_WAIT,
+        }),
+    };
+    if result.is_err() {
+        if let Some(pid) = pid.filter(|p| is_master_of(*p, &m.socket)) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
+    let _ = std::fs::remove_file(&m.socket);
+    let _ = std::fs::remove_file(&m.log);
+    result
+}
+
+/// The master's pid, as it tells over its socket.
+async fn master_pid(socket: &Path) -> Option<rustix::process::Pid> {
+    let ask = async {
+        let mut c = openssh_mux_client::Connection::connect(socket).await.ok()?;
+        c.send_alive_check().await.ok()
+    };
+    let pid = tokio::time::timeout(MASTER_WAIT, ask).await.ok()??;
+    rustix::process::Pid::from_raw(pid.get() as i32)
+}
+
+/// Whether `pid` is still the ssh master serving `socket` (pids are reused).
+fn is_master_of(pid: rustix::process::Pid, socket: &Path) -> bool {
+    let cmdline =
+        std::fs::read(format!("/proc/{}/cmdline", pid.as_raw_nonzero())).unwrap_or_default();
+    let socket = socket.as_os_str().as_encoded_bytes();
+    cmdline.split(|b| *b == 0).any(|arg| arg == socket)
 }
 
 async fn run_on(
