@@ -12,7 +12,7 @@ use crate::error::HostError;
 use crate::local::LocalHost;
 use crate::model::{Cluster, HostId, HostSnapshot, Mode};
 use crate::outcome::{self, Outcome};
-use crate::plan::{self, Plan};
+use crate::plan::{self, HostPlan, Plan};
 use crate::report::{self, CycleReport, HostStatus};
 use crate::rules::{self, Policy};
 use crate::snapshot::genv;
@@ -268,8 +268,31 @@ pub async fn remote_cycle(
     cycle: u64,
 ) -> (CycleReport, bool) {
     let start = std::time::Instant::now();
-    let results = fleet.snapshots().await;
-    let (cluster, mut report) = assess(
+    // What a host's own snapshot decides is enforced on it at once (not
+    // with -e: nothing is enforced before every host has answered).
+    let early = !settings.dry_run && !failures.exit_on_error;
+    let own = |host: &HostId, snap: &HostSnapshot| {
+        if early {
+            plan::for_host(
+                host,
+                snap,
+                &rules::evaluate_host(host, snap, &settings.policy),
+            )
+        } else {
+            HostPlan::default()
+        }
+    };
+    let mut done = Plan::default();
+    let mut outcomes = Vec::new();
+    let mut results = Vec::new();
+    for (host, result, plan, early_outcomes) in fleet.snapshots_and(own).await {
+        if !plan.is_empty() {
+            done.hosts.push((host.clone(), plan));
+        }
+        outcomes.extend(early_outcomes);
+        results.push((host, result));
+    }
+    let (_, mut report) = assess(
         cycle,
         Mode::Remote,
         settings.dry_run,
@@ -285,7 +308,20 @@ pub async fn remote_cycle(
     } else if settings.dry_run {
         report.outcomes = dry_run_outcomes(&report.plan);
     } else {
-        report.outcomes = fleet.dispatch(&report.plan, &cluster).await;
+        let rest = Plan {
+            hosts: report
+                .plan
+                .hosts
+                .iter()
+                .map(|(h, p)| match done.hosts.iter().find(|(d, _)| d == h) {
+                    Some((_, d)) => (h.clone(), p.without(d)),
+                    None => (h.clone(), p.clone()),
+                })
+                .filter(|(_, p)| !p.is_empty())
+                .collect(),
+        };
+        outcomes.extend(fleet.dispatch(&rest).await);
+        report.outcomes = outcome::in_plan_order(&report.plan, outcomes);
     }
     report.duration_ms = Some(start.elapsed().as_millis() as u64);
     (report, abort)

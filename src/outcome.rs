@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use crate::model::{EnvId, GpuIndex, HostId, Pid};
+use crate::plan::Plan;
 
 /// The result of one planned termination.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -68,5 +69,84 @@ impl Outcome {
                 ..
             }
         )
+    }
+}
+
+/// `outcomes` in the order of the actions of `plan` (hosts in order, each
+/// host's terminations then detaches), whatever order they were carried
+/// out in; actions without an outcome are left out.
+pub fn in_plan_order(plan: &Plan, mut outcomes: Vec<Outcome>) -> Vec<Outcome> {
+    let mut ordered = Vec::with_capacity(outcomes.len());
+    for (host, hp) in &plan.hosts {
+        let mut take = |matches: &dyn Fn(&Outcome) -> bool| {
+            if let Some(i) = outcomes.iter().position(matches) {
+                ordered.push(outcomes.remove(i));
+            }
+        };
+        for t in &hp.terminate {
+            take(
+                &|o| matches!(o, Outcome::Terminate { host: h, pid, .. } if h == host && *pid == t.pid),
+            );
+        }
+        for d in &hp.detach {
+            take(&|o| {
+                matches!(o, Outcome::Detach { host: h, device, eid, .. }
+                    if h == host && *device == d.device && *eid == d.eid)
+            });
+        }
+    }
+    ordered
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Detach as PlannedDetach, HostPlan, Termination as Planned};
+
+    #[test]
+    fn outcomes_follow_the_plan_whatever_order_they_came_in() {
+        let h = HostId("h".into());
+        let t = |pid| Planned {
+            pid: Pid(pid),
+            start_time: Some(1),
+            eid: None,
+            gpus: vec![],
+            uid: None,
+            user: None,
+            rules: Default::default(),
+        };
+        let plan = Plan {
+            hosts: vec![(
+                h.clone(),
+                HostPlan {
+                    terminate: vec![t(1), t(2)],
+                    detach: vec![PlannedDetach {
+                        device: GpuIndex(0),
+                        eid: EnvId("e".into()),
+                        username: None,
+                    }],
+                },
+            )],
+        };
+        let term = |pid| Outcome::Terminate {
+            host: h.clone(),
+            pid: Pid(pid),
+            outcome: Termination::Signalled,
+        };
+        let detach = Outcome::Detach {
+            host: h.clone(),
+            device: GpuIndex(0),
+            eid: EnvId("e".into()),
+            outcome: Detach::Detached,
+        };
+        let stray = Outcome::Terminate {
+            host: HostId("other".into()),
+            pid: Pid(1),
+            outcome: Termination::Signalled,
+        };
+        assert_eq!(
+            in_plan_order(&plan, vec![detach.clone(), term(2), stray, term(1)]),
+            vec![term(1), term(2), detach]
+        );
     }
 }

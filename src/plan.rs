@@ -130,6 +130,38 @@ pub fn build(cluster: &Cluster, violations: &[Violation]) -> Plan {
     Plan { hosts }
 }
 
+/// The plan for one host's own violations (those of
+/// [`crate::rules::evaluate_host`]: terminations only).
+pub fn for_host(host: &HostId, snap: &HostSnapshot, violations: &[Violation]) -> HostPlan {
+    let mut w = Wanted::default();
+    for v in violations {
+        for action in &v.actions {
+            if let Action::Terminate { host: h, pid } = action {
+                if h == host {
+                    w.pids.entry(*pid).or_default().insert(v.rule);
+                }
+            }
+        }
+    }
+    host_plan(snap, w)
+}
+
+impl HostPlan {
+    /// What is left of this plan once `done` has been carried out: the
+    /// terminations of pids `done` did not terminate, and every detach.
+    pub fn without(&self, done: &HostPlan) -> HostPlan {
+        HostPlan {
+            terminate: self
+                .terminate
+                .iter()
+                .filter(|t| !done.terminate.iter().any(|d| d.pid == t.pid))
+                .cloned()
+                .collect(),
+            detach: self.detach.clone(),
+        }
+    }
+}
+
 fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
     let terminate = snap
         .processes
@@ -259,6 +291,47 @@ mod tests {
         }];
         assert!(build(&unknown, &v).hosts.is_empty());
         assert_eq!(build(&c, &v).hosts.len(), 1);
+    }
+
+    #[test]
+    fn a_hosts_own_plan_then_the_rest_is_the_whole_plan() {
+        let c = local(HostSnapshot {
+            processes: vec![
+                proc_(1, Some("a"), &[(0, mib(10))]),
+                proc_(2, None, &[(1, mib(10))]),
+                proc_(3, Some("a"), &[(1, mib(10))]),
+            ],
+            envs: vec![env("a", Some("alice"), None)],
+            devices: devices(2, &[(0, "a")]),
+            truth: None,
+        });
+        let policy = Policy {
+            non_env_processes: true,
+            max_devices_per_user: Some(0),
+            ..Policy::default()
+        };
+        let (host, snap) = &c.hosts[0];
+        let own = for_host(
+            host,
+            snap,
+            &crate::rules::evaluate_host(host, snap, &policy),
+        );
+        assert_eq!(
+            pids(&own),
+            vec![2, 3],
+            "non-env 2, env-devices 3; no cap here"
+        );
+        assert!(own.detach.is_empty());
+        let whole = &build(&c, &evaluate(&c, &policy)).hosts[0].1;
+        assert_eq!(pids(whole), vec![1, 2, 3]);
+        let rest = whole.without(&own);
+        assert_eq!(
+            pids(&rest),
+            vec![1],
+            "the cap's detach kills pid 1; 2 and 3 are done"
+        );
+        assert_eq!(rest.detach, whole.detach);
+        assert_eq!(whole.without(&HostPlan::default()), *whole);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use futures::stream::{self, StreamExt};
 
 use crate::error::HostError;
 use crate::inventory::HostSpec;
-use crate::model::{Cluster, HostId, HostSnapshot};
+use crate::model::{HostId, HostSnapshot};
 use crate::outcome::{self, Outcome};
 use crate::plan::{HostPlan, Plan};
 use crate::snapshot::assemble::assemble;
@@ -120,8 +120,46 @@ impl Fleet {
 
     /// Snapshots every host, `concurrency` at a time; results in host order.
     pub async fn snapshots(&self) -> Vec<(HostId, Result<HostSnapshot, HostError>)> {
+        self.snapshots_and(|_, _| HostPlan::default())
+            .await
+            .into_iter()
+            .map(|(h, r, ..)| (h, r))
+            .collect()
+    }
+
+    /// Snapshots every host, `concurrency` at a time, and right after each
+    /// host's snapshot carries out the plan `now` makes from it, in the same
+    /// slot and over the same connection: what one host's snapshot alone
+    /// decides is enforced without waiting for the slowest host. Results in
+    /// host order, with those early plans and their outcomes.
+    #[allow(clippy::type_complexity)]
+    pub async fn snapshots_and<F>(
+        &self,
+        now: F,
+    ) -> Vec<(
+        HostId,
+        Result<HostSnapshot, HostError>,
+        HostPlan,
+        Vec<Outcome>,
+    )>
+    where
+        F: Fn(&HostId, &HostSnapshot) -> HostPlan + Sync,
+    {
+        let now = &now;
         fan_out(&self.hosts, self.concurrency, |c| {
-            Box::pin(async move { (c.spec.id.clone(), self.snapshot(c).await) })
+            Box::pin(async move {
+                let result = self.snapshot(c).await;
+                let plan = match &result {
+                    Ok(snap) => now(&c.spec.id, snap),
+                    Err(_) => HostPlan::default(),
+                };
+                let outcomes = if plan.is_empty() {
+                    Vec::new()
+                } else {
+                    self.execute(c, &plan).await
+                };
+                (c.spec.id.clone(), result, plan, outcomes)
+            })
         })
         .await
     }
@@ -139,7 +177,7 @@ impl Fleet {
 
     /// Carries out each host's plan, hosts in parallel (`concurrency` at a
     /// time) over the same connections.
-    pub async fn dispatch(&self, plan: &Plan, _cluster: &Cluster) -> Vec<Outcome> {
+    pub async fn dispatch(&self, plan: &Plan) -> Vec<Outcome> {
         let work: Vec<_> = plan
             .hosts
             .iter()

@@ -161,6 +161,23 @@ pub enum Notice {
     },
 }
 
+/// The rules that need only one host's snapshot (all but the device
+/// caps), on `host` alone, in genv's order: what can be enforced on a host
+/// as soon as its snapshot is in, without waiting for the other hosts.
+pub fn evaluate_host(host: &HostId, snap: &HostSnapshot, policy: &Policy) -> Vec<Violation> {
+    let mut out = Vec::new();
+    if policy.non_env_processes {
+        out.extend(non_env_processes::evaluate(host, snap));
+    }
+    if policy.env_devices {
+        out.extend(env_devices::evaluate(host, snap));
+    }
+    if policy.env_memory {
+        out.extend(env_memory::evaluate(host, snap));
+    }
+    out
+}
+
 /// Runs the rules `policy` turns on, in genv's order (rule by rule, each
 /// over all hosts).
 pub fn evaluate(cluster: &Cluster, policy: &Policy) -> Vec<Violation> {
