@@ -482,9 +482,14 @@ def replace(dfd, d, name, data):
         os.fsync(fd)
         os.close(fd)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        temp_files.remove((dfd, tmp))
     except OSError as e:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
         raise Failure("state", "%s: cannot replace: %s" % (os.path.join(d, name), e.strerror))
+    finally:
+        temp_files.remove((dfd, tmp))
 
 
 def main():
@@ -517,4 +522,5 @@ def main():
     end(0, None)
 
 
-main()
+if __name__ == "__main__":
+    main()

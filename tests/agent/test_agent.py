@@ -1,0 +1,187 @@
+"""Unit tests of the host agent (src/remote/agent.py), run by
+tests/agent.rs under every Python 3 it finds (genv 1.4.3 needs 3.7+).
+
+The agent is loaded from its source as genv-enforce sends it, without
+running main(); its /proc reads and the state directory are exercised
+against temporary files."""
+
+import errno
+import fcntl
+import json
+import os
+import stat
+import tempfile
+import unittest
+
+SOURCE = os.path.join(os.path.dirname(__file__), "..", "..", "src", "remote", "agent.py")
+agent = {"__name__": "agent_under_test"}
+with open(SOURCE, "rb") as f:
+    exec(compile(f.read(), "genv-enforce-agent", "exec"), agent)
+
+
+def stat_line(start, name=b"sleep"):
+    return b"42 (" + name + b") S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 " + str(start).encode() + b" 0 0\n"
+
+
+class Proc:
+    """A fake /proc/42 whose files answer in turn."""
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+
+    def __call__(self, pid, name):
+        expected, answer = self.answers.pop(0)
+        assert name == expected, (name, expected)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+class Identity(unittest.TestCase):
+    def setUp(self):
+        self.real = agent["proc_read"]
+
+    def tearDown(self):
+        agent["proc_read"] = self.real
+
+    def with_proc(self, answers):
+        agent["proc_read"] = Proc(answers)
+
+    def test_identity_is_read_between_two_equal_start_times(self):
+        status = b"Name:\tsleep\nUid:\t1001\t1001\t1001\t1001\n"
+        self.with_proc([("stat", stat_line(7)), ("status", status), ("environ", b"A=1\0GENV_ENVIRONMENT_ID=a\nb\xff\0"), ("stat", stat_line(7))])
+        self.assertEqual(agent["identity"](42, True), b"seen 7 1001 var\na\nb\xff")
+        self.with_proc([("stat", stat_line(7)), ("status", status), ("environ", b"X=1\0"), ("stat", stat_line(8))])
+        self.assertEqual(agent["identity"](42, True), b"unsure\nits pid was reused while it was read")
+        self.with_proc([("stat", OSError(errno.ENOENT, "gone"))])
+        self.assertIsNone(agent["identity"](42, True))
+        self.with_proc([("stat", stat_line(7)), ("status", status), ("environ", PermissionError(errno.EACCES, "no")), ("stat", stat_line(7))])
+        self.assertEqual(agent["identity"](42, True), b"seen 7 1001 unreadable\nnot enough permissions to read its environment")
+        self.with_proc([("stat", stat_line(7)), ("status", OSError(errno.ESRCH, "x")), ("stat", stat_line(7))])
+        self.assertEqual(agent["identity"](42, False), b"seen 7 - notread\n")
+
+    def test_start_time_counts_fields_after_the_last_paren(self):
+        start_time = agent["start_time"]
+        self.assertEqual(start_time(stat_line(987654, b"\xff) x (y) S 1 2 3")), 987654)
+        self.assertEqual(start_time(stat_line(5, b"a b")), 5)
+        self.assertIsNone(start_time(b"42 (x"))
+        self.assertIsNone(start_time(b"42 (x) S 1"))
+
+    def test_pids_from_answers_and_records(self):
+        self.assertEqual(agent["gpu_pids"](b"GPU-a, 100, 5\nGPU-b, x, 1\nGPU-b, 200, [N/A]\n\n"), {100, 200})
+        listed = agent["listed_pids"](b'{"envs": [{"pids": [1, -2, "3", true, 4294967296, 7]}, {"pids": null}]}')
+        self.assertEqual(listed, {1, 7})
+        self.assertEqual(agent["listed_pids"](b"{"), set())
+        self.assertEqual(agent["listed_pids"](b"[]"), set())
+
+
+class StateDir(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = os.path.join(self.tmp.name, "genv")
+        os.mkdir(self.dir)
+        self.outside = os.path.join(self.tmp.name, "shadow")
+        with open(self.outside, "w") as f:
+            f.write("root:secret\n")
+        os.chmod(self.outside, 0o600)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def refused(self, fn, *args):
+        with self.assertRaises(agent["Failure"]) as caught:
+            fn(*args)
+        return caught.exception.message
+
+    def test_symlinks_fifos_and_huge_files_are_refused(self):
+        dfd = agent["open_dir"](self.dir)
+        os.symlink(self.outside, self.path("envs.json"))
+        self.assertIn("envs.json is a symbolic link: refused", self.refused(agent["read_file"], dfd, self.dir, "envs.json", 100))
+        os.unlink(self.path("envs.json"))
+        os.mkfifo(self.path("envs.json"))
+        self.assertIn("envs.json is a FIFO: refused", self.refused(agent["read_file"], dfd, self.dir, "envs.json", 100))
+        os.unlink(self.path("envs.json"))
+        with open(self.path("envs.json"), "wb") as f:
+            f.write(b"x" * 101)
+        self.assertIn("larger than 100 bytes", self.refused(agent["read_file"], dfd, self.dir, "envs.json", 100))
+        self.assertIsNone(agent["read_file"](dfd, self.dir, "devices.json", 100))
+        os.symlink(self.outside, self.path("genv.lock"))
+        self.assertIn("genv.lock is a symbolic link", self.refused(agent["lock"], dfd, self.dir, fcntl.LOCK_SH, 1, 0))
+        with open(self.outside) as f:
+            self.assertEqual(f.read(), "root:secret\n")
+        self.assertEqual(stat.S_IMODE(os.stat(self.outside).st_mode), 0o600)
+        link = os.path.join(self.tmp.name, "link")
+        os.symlink(self.dir, link)
+        self.assertIn("is a symbolic link", self.refused(agent["open_dir"], link))
+        self.assertIsNone(agent["open_dir"](os.path.join(self.tmp.name, "missing")))
+
+    def test_lock_is_created_0666_an_existing_one_keeps_its_mode_and_a_held_one_times_out(self):
+        dfd = agent["open_dir"](self.dir)
+        os.umask(0o022)
+        fd = agent["lock"](dfd, self.dir, fcntl.LOCK_EX, 1, 0)
+        self.assertEqual(stat.S_IMODE(os.stat(self.path("genv.lock")).st_mode), 0o666)
+        message = self.refused(agent["lock"], dfd, self.dir, fcntl.LOCK_SH, 0.05, 0)
+        self.assertEqual(message, "genv.lock held by another process for 0.05s")
+        os.close(fd)
+        os.chmod(self.path("genv.lock"), 0o600)
+        os.close(agent["lock"](dfd, self.dir, fcntl.LOCK_SH, 1, 0))
+        self.assertEqual(stat.S_IMODE(os.stat(self.path("genv.lock")).st_mode), 0o600)
+
+    def test_detach_renames_a_new_file_over_and_keeps_everything_else(self):
+        devices = {"devices": [
+            {"index": 0, "total_memory": "1mi", "attachments": [{"eid": "a\nb", "gpu_memory": None, "time": "t"}, {"eid": "c", "gpu_memory": "1gi", "time": "t"}]},
+            {"index": 1, "total_memory": "1mi", "attachments": [{"eid": "a\nb", "gpu_memory": None, "time": "t"}], "future": 1},
+        ]}
+        with open(self.path("devices.json"), "w") as f:
+            json.dump(devices, f)
+        before = os.stat(self.path("devices.json")).st_ino
+        lines = []
+        agent["detach"]({"dir": self.dir, "detach": [[0, "a\nb"], [3, "a\nb"]], "step": 1, "limit": 2, "max_bytes": 1000}, lines)
+        self.assertEqual(lines, ["0 detached", "1 absent"])
+        with open(self.path("devices.json")) as f:
+            text = f.read()
+        after = json.loads(text)
+        self.assertEqual(after["devices"][0]["attachments"], [{"eid": "c", "gpu_memory": "1gi", "time": "t"}])
+        self.assertEqual(after["devices"][1]["future"], 1)
+        self.assertEqual(text, json.dumps(after, indent=2), "genv's own format")
+        self.assertNotEqual(os.stat(self.path("devices.json")).st_ino, before, "a new file, renamed over")
+        self.assertEqual(stat.S_IMODE(os.stat(self.path("devices.json")).st_mode), 0o666)
+        self.assertEqual(sorted(os.listdir(self.dir)), ["devices.json", "genv.lock"])
+
+    def test_a_failed_detach_leaves_no_temp_file(self):
+        with open(self.path("devices.json"), "w") as f:
+            json.dump({"devices": [{"index": 0, "attachments": [{"eid": "a"}]}]}, f)
+        dfd = agent["open_dir"](self.dir)
+        os.mkdir(self.path("blocked"))
+        open(self.path("blocked/x"), "w").close()
+        self.assertIn("cannot replace", self.refused(agent["replace"], dfd, self.dir, "blocked", b"{}"))
+        self.assertEqual(sorted(os.listdir(self.dir)), ["blocked", "devices.json"])
+
+
+class Terminate(unittest.TestCase):
+    def test_nothing_is_signalled_without_a_matching_start_time(self):
+        import subprocess
+
+        p = subprocess.Popen(["sleep", "100"])
+        try:
+            start = agent["start_time"](agent["proc_read"](p.pid, "stat"))
+            lines = []
+            agent["terminate"]({"kills": [[p.pid, start + 1], ["x", 1], [p.pid], [2 ** 40, 1]]}, lines)
+            self.assertEqual(lines, ["%d reused %d" % (p.pid, start), "x invalid", "%d invalid" % p.pid, "%d invalid" % 2 ** 40])
+            self.assertIsNone(p.poll())
+            agent["terminate"]({"kills": [[p.pid, start]]}, lines)
+            self.assertEqual(lines[-1], "%d signalled" % p.pid)
+            self.assertEqual(p.wait(5), -15)
+            lines = []
+            agent["terminate"]({"kills": [[p.pid, start]]}, lines)
+            self.assertEqual(lines, ["%d gone" % p.pid])
+        finally:
+            p.kill()
+            p.wait()
+
+
+if __name__ == "__main__":
+    unittest.main()
