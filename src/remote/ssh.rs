@@ -179,10 +179,10 @@ impl Connection {
             }
             let _ = child.start_kill();
         };
-        // ConnectTimeout bounds the TCP connect and the handshake; a peer
-        // that stalls authentication is cut off here.
-        let limit =
-            opts.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT) + Duration::from_secs(10);
+        // ConnectTimeout bounds the TCP connect and the banner; a peer that
+        // stalls the key exchange or authentication is cut off here.
+        let timeout = opts.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        let limit = timeout * 2 + Duration::from_secs(2);
         let started = tokio::time::Instant::now();
         let up = loop {
             // With ControlPersist the master forks into the background once
