@@ -8,8 +8,12 @@ use proptest::prelude::*;
 use crate::cycle::assess;
 use crate::model::*;
 use crate::plan::{self, Plan};
+use crate::remote::agent;
+use crate::rules::attribution::{self, Charge};
 use crate::rules::{evaluate, Policy};
+use crate::snapshot::assemble::{assemble, pids_to_read, Environ, RawHost, RawProc};
 use crate::snapshot::{genv, memory, nvidia_smi, proc};
+use crate::{inventory, plan::Detach, plan::Termination};
 
 proptest! {
     #[test]
@@ -24,6 +28,98 @@ proptest! {
         let _ = proc::start_time(&bytes);
         let _ = proc::environment_id(&bytes);
         let _ = proc::real_uid(&text);
+        let overrides = inventory::Overrides::default();
+        let _ = inventory::parse_inventory(&text, "p", &overrides);
+        let _ = inventory::parse_hostfile(&text, "p", &overrides);
+        let _ = inventory::parse_host_list(&text, &overrides);
+        let _ = inventory::parse_host(&text, &overrides);
+        if let Ok(frames) = agent::parse_frames(&bytes, "p") {
+            let _ = agent::raw_host(&frames, "p");
+        }
+        let _ = agent::read_terminations(&text, &[]);
+        let _ = agent::read_detaches(&text, &[]);
+        let _ = crate::cli::parse_duration(&text);
+        let _ = crate::cli::parse_user_cap(&text);
+    }
+
+    #[test]
+    fn frames_of_any_bytes_never_panic(
+        parts in proptest::collection::vec(
+            (
+                prop_oneof!["gpus", "apps", "envs", "devices", "proc", "user", "fail", "x"],
+                proptest::option::of("[0-9x-]{0,6}"),
+                proptest::collection::vec(any::<u8>(), 0..60),
+            ),
+            0..8,
+        ),
+        trailer in proptest::collection::vec(any::<u8>(), 0..8),
+    ) {
+        let mut bytes = Vec::new();
+        for (kind, arg, body) in &parts {
+            let head = match arg {
+                Some(a) => format!("@{kind} {a} {}\n", body.len()),
+                None => format!("@{kind} {}\n", body.len()),
+            };
+            bytes.extend_from_slice(head.as_bytes());
+            bytes.extend_from_slice(body);
+        }
+        bytes.extend_from_slice(&trailer);
+        if let Ok(frames) = agent::parse_frames(&bytes, "p") {
+            if let Ok(raw) = agent::raw_host(&frames, "p") {
+                let _ = assemble(&raw, "p");
+            }
+        }
+    }
+
+    #[test]
+    fn assembly_of_any_parts_never_panics(
+        gpus in "[A-Z0-9a-z\\-\\[\\]/ ,\n]{0,60}",
+        apps in "[A-Z0-9a-z\\-\\[\\]/ ,\n]{0,60}",
+        envs in proptest::option::of(".{0,80}"),
+        pids in proptest::collection::btree_map(0u32..400, (any::<u64>(), proptest::option::of(any::<u32>()), proptest::collection::vec(any::<u8>(), 0..8)), 0..6),
+    ) {
+        let raw = RawHost {
+            gpus,
+            apps: apps.clone(),
+            envs: envs.clone(),
+            devices: None,
+            procs: pids
+                .into_iter()
+                .map(|(pid, (start_time, uid, eid))| (pid, RawProc::Seen { start_time, uid, environ: Environ::Var(eid) }))
+                .collect(),
+            user_names: BTreeMap::new(),
+        };
+        let _ = assemble(&raw, "p");
+        let _ = pids_to_read(&apps, envs.as_deref(), |_| true);
+    }
+
+    #[test]
+    fn identity_reads_of_any_bytes_never_panic(
+        reads in proptest::collection::vec(proptest::option::of(proptest::collection::vec(any::<u8>(), 0..120)), 4),
+        environ in any::<bool>(),
+    ) {
+        let mut reads = reads.into_iter();
+        let _ = proc::identity(
+            |_| reads.next().flatten().ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)),
+            environ,
+        );
+    }
+
+    #[test]
+    fn answers_to_any_plan_never_panic(
+        text in ".{0,200}",
+        pids in proptest::collection::vec((any::<u32>(), proptest::option::of(any::<u64>())), 0..5),
+        n in 0usize..5,
+    ) {
+        let terminations: Vec<Termination> = pids
+            .into_iter()
+            .map(|(pid, start_time)| Termination { pid: Pid(pid), start_time, eid: None, gpus: vec![], uid: None, user: None, rules: BTreeSet::new() })
+            .collect();
+        prop_assert_eq!(agent::read_terminations(&text, &terminations).len(), terminations.len());
+        let detaches: Vec<Detach> = (0..n)
+            .map(|i| Detach { device: GpuIndex(i as u32), eid: EnvId(format!("e{i}")), username: None })
+            .collect();
+        prop_assert_eq!(agent::read_detaches(&text, &detaches).len(), n);
     }
 
     #[test]
@@ -78,6 +174,36 @@ proptest! {
     }
 
     #[test]
+    fn where_the_host_speaks_records_cannot_redirect_a_charge(
+        c in cluster(),
+        policy in policy(),
+        names in proptest::collection::vec(proptest::option::of("u[0-3]"), 16),
+    ) {
+        // Any user may rewrite every username in envs.json: with the host's
+        // truth at hand, nobody's processes or devices fare any differently.
+        prop_assume!(c.hosts.iter().all(|(_, s)| s.truth.is_some()));
+        let mut forged = c.clone();
+        let mut names = names.into_iter().cycle();
+        for (_, s) in &mut forged.hosts {
+            for e in &mut s.envs {
+                e.username = names.next().flatten();
+            }
+        }
+        let actions = |c: &Cluster| {
+            let plan = plan::build(c, &evaluate(c, &policy));
+            plan.hosts
+                .into_iter()
+                .map(|(h, p)| {
+                    let pids: Vec<Pid> = p.terminate.iter().map(|t| t.pid).collect();
+                    let detached: Vec<(GpuIndex, EnvId)> = p.detach.into_iter().map(|d| (d.device, d.eid)).collect();
+                    (h, pids, detached)
+                })
+                .collect::<Vec<_>>()
+        };
+        prop_assert_eq!(actions(&c), actions(&forged));
+    }
+
+    #[test]
     fn dry_run_plan_equals_real_plan(c in cluster(), policy in policy()) {
         let results = |c: &Cluster| c.hosts.iter().map(|(h, s)| (h.clone(), Ok::<_, String>(s.clone()))).collect::<Vec<_>>();
         let (_, dry) = assess(1, c.mode, true, &policy, results(&c));
@@ -87,7 +213,8 @@ proptest! {
     }
 }
 
-/// (user, devices still attached) after carrying out the plan's detaches.
+/// (user, devices still attached) after carrying out the plan's detaches,
+/// each environment counted for the user it is charged to.
 fn attached_per_user(c: &Cluster, plan: &Plan) -> BTreeMap<String, usize> {
     let mut count = BTreeMap::new();
     for (host, snap) in &c.hosts {
@@ -97,18 +224,13 @@ fn attached_per_user(c: &Cluster, plan: &Plan) -> BTreeMap<String, usize> {
             .filter(|(h, _)| h == host)
             .flat_map(|(_, p)| p.detach.iter().map(|d| (d.device, d.eid.clone())))
             .collect();
-        for user in snap
-            .envs
-            .iter()
-            .filter_map(|e| e.username.clone())
-            .collect::<BTreeSet<_>>()
-        {
-            let eids: Vec<_> = snap
-                .envs
-                .iter()
-                .filter(|e| e.username.as_deref() == Some(user.as_str()))
-                .map(|e| &e.eid)
-                .collect();
+        let mut users: BTreeMap<String, Vec<&EnvId>> = BTreeMap::new();
+        for e in &snap.envs {
+            if let Charge::User(u) = attribution::charge(snap, e) {
+                users.entry(u).or_default().push(&e.eid);
+            }
+        }
+        for (user, eids) in users {
             let n = snap
                 .devices
                 .iter()
@@ -143,11 +265,16 @@ fn policy() -> impl Strategy<Value = Policy> {
 
 /// Hosts with up to 4 GPUs, 4 environments (some nameless) and 6 processes
 /// whose owners may be an env, a missing env, none, or unknown.
+///
+/// With host truth (most of the time), environment `i` lists pid `1000 + i`,
+/// owned by a uid of 0..3 or dead; uids 0..2 have names (`u0`..`u2`), so a
+/// record naming `u1` may or may not agree with the host.
 fn host() -> impl Strategy<Value = HostSnapshot> {
     let envs = proptest::collection::vec(
         (
             proptest::option::of("u[0-3]"),
             proptest::option::of(0u64..3000),
+            proptest::option::of(0u32..4),
         ),
         0..4,
     );
@@ -160,84 +287,97 @@ fn host() -> impl Strategy<Value = HostSnapshot> {
         ),
         0..6,
     );
-    (1u32..5, envs, attach, procs).prop_map(|(ngpu, envs, attach, procs)| {
-        let envs: Vec<Env> = envs
-            .into_iter()
-            .enumerate()
-            .map(|(i, (user, mib))| Env {
-                eid: EnvId(format!("e{i}")),
-                uid: 0,
-                username: user,
-                creation: String::new(),
-                created: None,
-                name: None,
-                gpu_memory: mib.map(|m| Memory {
-                    text: format!("{m}mi"),
-                    bytes: m << 20,
-                }),
-                gpus: None,
-                pids: vec![1],
-                kernel_ids: vec![],
-            })
-            .collect();
-        let devices = (0..ngpu)
-            .map(|i| Device {
-                index: GpuIndex(i),
-                total_memory: "81559mi".into(),
-                attachments: attach
-                    .iter()
-                    .filter(|(d, e)| *d == i && *e < envs.len())
-                    .map(|(_, e)| Attachment {
-                        eid: envs[*e].eid.clone(),
-                        gpu_memory: None,
-                        time: String::new(),
-                    })
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .fold(Vec::new(), |mut v: Vec<Attachment>, a| {
-                        if !v.iter().any(|x| x.eid == a.eid) {
-                            v.push(a);
-                        }
-                        v
+    let truth = proptest::bool::weighted(0.8);
+    let uids = proptest::collection::vec(0u32..4, 6);
+    (1u32..5, envs, attach, procs, truth, uids).prop_map(
+        |(ngpu, envs, attach, procs, truth, uids)| {
+            let owners: BTreeMap<i64, u32> = envs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, (_, _, owner))| Some((1000 + i as i64, (*owner)?)))
+                .collect();
+            let truth = truth.then(|| HostTruth {
+                pid_uids: owners,
+                user_names: (0..3).map(|u| (u, format!("u{u}"))).collect(),
+            });
+            let envs: Vec<Env> = envs
+                .into_iter()
+                .enumerate()
+                .map(|(i, (user, mib, _))| Env {
+                    eid: EnvId(format!("e{i}")),
+                    uid: 0,
+                    username: user,
+                    creation: String::new(),
+                    created: None,
+                    name: None,
+                    gpu_memory: mib.map(|m| Memory {
+                        text: format!("{m}mi"),
+                        bytes: m << 20,
                     }),
-            })
-            .collect();
-        let processes = procs
-            .into_iter()
-            .enumerate()
-            .map(|(i, (kind, e, gpus))| {
-                let owner = match kind {
-                    0 => Owner::NoEnv,
-                    1 => Owner::Unknown("hidden".into()),
-                    _ if e < envs.len() => Owner::Env(envs[e].eid.clone()),
-                    _ => Owner::Env(EnvId("ghost".into())),
-                };
-                let mut seen = BTreeSet::new();
-                let gpus = gpus
-                    .into_iter()
-                    .filter(|(g, _)| *g < ngpu && seen.insert(*g))
-                    .map(|(g, m)| DeviceUsage {
-                        index: GpuIndex(g),
-                        usage: m.map_or(Usage::Unknown, |m| Usage::Known(m << 20)),
-                    })
-                    .collect();
-                Process {
-                    pid: Pid(100 + i as u32),
-                    owner,
-                    gpus,
-                    start_time: Some(7),
-                    uid: Some(0),
-                    user: None,
-                }
-            })
-            .collect();
-        HostSnapshot {
-            processes,
-            envs,
-            devices,
-            truth: None,
-        }
-    })
+                    gpus: None,
+                    pids: vec![1000 + i as i64],
+                    kernel_ids: vec![],
+                })
+                .collect();
+            let devices = (0..ngpu)
+                .map(|i| Device {
+                    index: GpuIndex(i),
+                    total_memory: "81559mi".into(),
+                    attachments: attach
+                        .iter()
+                        .filter(|(d, e)| *d == i && *e < envs.len())
+                        .map(|(_, e)| Attachment {
+                            eid: envs[*e].eid.clone(),
+                            gpu_memory: None,
+                            time: String::new(),
+                        })
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .fold(Vec::new(), |mut v: Vec<Attachment>, a| {
+                            if !v.iter().any(|x| x.eid == a.eid) {
+                                v.push(a);
+                            }
+                            v
+                        }),
+                })
+                .collect();
+            let processes = procs
+                .into_iter()
+                .enumerate()
+                .map(|(i, (kind, e, gpus))| {
+                    let owner = match kind {
+                        0 => Owner::NoEnv,
+                        1 => Owner::Unknown("hidden".into()),
+                        _ if e < envs.len() => Owner::Env(envs[e].eid.clone()),
+                        _ => Owner::Env(EnvId("ghost".into())),
+                    };
+                    let mut seen = BTreeSet::new();
+                    let gpus = gpus
+                        .into_iter()
+                        .filter(|(g, _)| *g < ngpu && seen.insert(*g))
+                        .map(|(g, m)| DeviceUsage {
+                            index: GpuIndex(g),
+                            usage: m.map_or(Usage::Unknown, |m| Usage::Known(m << 20)),
+                        })
+                        .collect();
+                    Process {
+                        pid: Pid(100 + i as u32),
+                        owner,
+                        gpus,
+                        start_time: Some(7),
+                        uid: Some(uids[i]),
+                        user: None,
+                    }
+                })
+                .collect();
+            HostSnapshot {
+                processes,
+                envs,
+                devices,
+                truth,
+            }
+        },
+    )
 }
 
 fn cluster() -> impl Strategy<Value = Cluster> {

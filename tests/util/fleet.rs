@@ -22,10 +22,10 @@ impl Fleet {
     /// Brings up `k` hosts; `prepare(dir_of_host_i, i)` runs before each
     /// sshd starts (to put a `sudoers.d` or an `sshd_extra` there).
     pub fn up_with(k: u32, prepare: impl Fn(&std::path::Path, u32)) -> Option<Fleet> {
-        if !rustix::process::geteuid().is_root() {
-            eprintln!(
-                "SKIPPED: the SSH fleet needs root (sshd, mount namespaces); CI runs as root"
-            );
+        if !super::prerequisite(
+            rustix::process::geteuid().is_root(),
+            "the SSH fleet needs root (sshd, namespaces, sudoers)",
+        ) {
             return None;
         }
         let dir = tempfile::tempdir().unwrap();

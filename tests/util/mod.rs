@@ -336,6 +336,37 @@ pub fn write_executable(path: &Path, text: &str) {
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 }
 
+/// Whether a test's prerequisite holds. In CI (`GENV_ENFORCE_CI` set, as
+/// `.ci/run` does) a missing one fails the test; elsewhere the test is
+/// skipped, said on stderr and listed in `target/genv-enforce-skipped`,
+/// which `scripts/test` prints in its summary.
+///
+/// # Panics
+/// In CI, when `holds` is false.
+pub fn prerequisite(holds: bool, why: &str) -> bool {
+    if holds {
+        return true;
+    }
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    assert!(
+        std::env::var_os("GENV_ENFORCE_CI").is_none(),
+        "{test}: prerequisite missing in CI: {why}"
+    );
+    eprintln!("SKIPPED {test}: {why}");
+    let list = repo().join("target/genv-enforce-skipped");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(list)
+    {
+        let _ = std::io::Write::write_all(&mut f, format!("{test}: {why}\n").as_bytes());
+    }
+    false
+}
+
 /// The uid and gid of the OS user `name`, created (no home, no login) if
 /// missing: tests run jobs as the users their environments name, so that
 /// records and the host agree.
