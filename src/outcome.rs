@@ -106,15 +106,7 @@ mod tests {
     #[test]
     fn outcomes_follow_the_plan_whatever_order_they_came_in() {
         let h = HostId("h".into());
-        let t = |pid| Planned {
-            pid: Pid(pid),
-            start_time: Some(1),
-            eid: None,
-            gpus: vec![],
-            uid: None,
-            user: None,
-            rules: Default::default(),
-        };
+        let t = |pid| Planned::of(Pid(pid), Some(1));
         let plan = Plan {
             hosts: vec![(
                 h.clone(),

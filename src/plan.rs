@@ -27,6 +27,22 @@ pub struct Termination {
     pub rules: BTreeSet<Rule>,
 }
 
+impl Termination {
+    /// A termination of `pid`, identified by `start_time`, with nothing else
+    /// known (no environment, GPUs, owner or rule).
+    pub fn of(pid: Pid, start_time: Option<u64>) -> Self {
+        Termination {
+            pid,
+            start_time,
+            eid: None,
+            gpus: Vec::new(),
+            uid: None,
+            user: None,
+            rules: BTreeSet::new(),
+        }
+    }
+}
+
 /// An environment to detach from a device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Detach {

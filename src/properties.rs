@@ -113,7 +113,7 @@ proptest! {
     ) {
         let terminations: Vec<Termination> = pids
             .into_iter()
-            .map(|(pid, start_time)| Termination { pid: Pid(pid), start_time, eid: None, gpus: vec![], uid: None, user: None, rules: BTreeSet::new() })
+            .map(|(pid, start_time)| Termination::of(Pid(pid), start_time))
             .collect();
         prop_assert_eq!(agent::read_terminations(&text, &terminations).len(), terminations.len());
         let detaches: Vec<Detach> = (0..n)

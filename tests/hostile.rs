@@ -184,15 +184,10 @@ fn reuse_a_pid_inside_this_namespace() {
     let mut second = Command::new("sleep").arg("1000").spawn().unwrap();
     assert_eq!(second.id(), pid, "the pid was not reused: cannot test");
     let host = genv_enforce::local::LocalHost::from_env(Duration::from_secs(5));
-    let outcome = host.terminate(&genv_enforce::plan::Termination {
-        pid: genv_enforce::model::Pid(pid),
-        start_time: Some(start),
-        eid: None,
-        gpus: vec![],
-        uid: None,
-        user: None,
-        rules: Default::default(),
-    });
+    let outcome = host.terminate(&genv_enforce::plan::Termination::of(
+        genv_enforce::model::Pid(pid),
+        Some(start),
+    ));
     assert!(
         matches!(outcome, T::PidReused { expected, .. } if expected == start),
         "{outcome:?}"

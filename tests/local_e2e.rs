@@ -34,15 +34,7 @@ fn local(h: &Host) -> LocalHost {
 }
 
 fn termination(pid: u32, start_time: Option<u64>) -> Termination {
-    Termination {
-        pid: Pid(pid),
-        start_time,
-        eid: None,
-        gpus: vec![],
-        uid: None,
-        user: None,
-        rules: Default::default(),
-    }
+    Termination::of(Pid(pid), start_time)
 }
 
 #[test]

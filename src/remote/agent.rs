@@ -434,15 +434,7 @@ mod tests {
     }
 
     fn term(pid: u32, start: Option<u64>) -> Termination {
-        Termination {
-            pid: Pid(pid),
-            start_time: start,
-            eid: None,
-            gpus: vec![],
-            uid: None,
-            user: None,
-            rules: Default::default(),
-        }
+        Termination::of(Pid(pid), start)
     }
 
     #[test]
