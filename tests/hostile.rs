@@ -253,20 +253,6 @@ fn absurd_durations_and_hosts_named_twice_are_usage_errors() {
 
 // Remote.
 
-/// A sudo for host `i` (1-based) of `f` that runs `hook` (sh, as the login
-/// user, a hostile user's stand-in) before every call after the first
-/// (the first is the snapshot), then the real sudo.
-fn hooked_sudo(f: &Fleet, i: usize, hook: &str) -> String {
-    let path = f.dir.path().join(format!("h{i}/sbin/hooked-sudo"));
-    util::write_executable(
-        &path,
-        &format!(
-            "#!/bin/sh\nn=$(cat /var/tmp/genv/.calls 2>/dev/null || echo 0)\necho $((n + 1)) > /var/tmp/genv/.calls\nif [ \"$n\" -ge 1 ]; then\n{hook}\nfi\nexec sudo \"$@\"\n"
-        ),
-    );
-    "sudo = \"/usr/local/sbin/hooked-sudo -n\"".to_string()
-}
-
 fn run_inventory(f: &Fleet, inventory: &Path, extra: &[&str]) -> Output {
     let inv = inventory.display().to_string();
     let mut args = vec!["--inventory", inv.as_str()];
@@ -298,6 +284,13 @@ fn leftovers(f: &Fleet, i: usize) -> Vec<String> {
         .collect()
 }
 
+/// Replaces `name` in `dir` by a symlink to `target`, as a user may.
+fn link(dir: &Path, name: &str, target: &Path) {
+    let tmp = dir.join(format!(".{name}.link"));
+    std::os::unix::fs::symlink(target, &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
 #[test]
 fn a_remote_hosts_symlinked_lock_and_state_are_never_followed() {
     let Some(mut f) = Fleet::up(2) else { return };
@@ -314,18 +307,15 @@ fn a_remote_hosts_symlinked_lock_and_state_are_never_followed() {
     let devices = std::fs::read_to_string(f.host(1).state_dir().join("devices.json")).unwrap();
     std::fs::write(&shadow2, &devices).unwrap();
     std::fs::set_permissions(&shadow2, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let hook = format!(
-        "ln -sf {} /var/tmp/genv/genv.lock.new && mv -f /var/tmp/genv/genv.lock.new /var/tmp/genv/genv.lock\nln -sf {} /var/tmp/genv/devices.json.new && mv -f /var/tmp/genv/devices.json.new /var/tmp/genv/devices.json",
-        shadow.display(),
-        shadow2.display()
-    );
-    let sudo = hooked_sudo(&f, 2, &hook);
-    let inventory = f.inventory(
-        false,
-        &["", &sudo],
-        "\n[limits]\nmax_devices_per_user = 1\n",
-    );
+    let state = f.host(1).state_dir();
+    let (s1, s2) = (shadow.clone(), shadow2.clone());
+    let user = util::after_read(&state.join("devices.json"), move || {
+        link(&state, "genv.lock", &s1);
+        link(&state, "devices.json", &s2);
+    });
+    let inventory = f.inventory(false, &[], "\n[limits]\nmax_devices_per_user = 1\n");
     let out = run_inventory(&f, &inventory, &["enforce", "--interval", "0"]);
+    assert!(user.join().unwrap());
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
@@ -348,24 +338,22 @@ fn a_remote_hosts_symlinked_lock_and_state_are_never_followed() {
     );
     // The kill needed no state: it happened.
     assert_eq!(f.host(1).wait_signal(p, WAIT), Some(SIGTERM));
-    // Only the lock link refused: devices.json alone is refused too.
-    std::fs::remove_file(f.host(1).state_dir().join("genv.lock")).unwrap();
-    std::fs::write(f.host(1).state_dir().join(".calls"), "0").unwrap();
-    let hook = format!("ln -sf {} /var/tmp/genv/devices.json", shadow2.display());
-    let sudo = hooked_sudo(&f, 2, &hook);
-    std::fs::remove_file(f.host(1).state_dir().join("devices.json")).unwrap();
+    // A link in place of devices.json alone is refused too.
+    let state = f.host(1).state_dir();
+    std::fs::remove_file(state.join("genv.lock")).unwrap();
+    std::fs::remove_file(state.join("devices.json")).unwrap();
     f.host(1).write_devices(4, &[(0, "a"), (1, "a")]);
     let q = f.host(1).spawn_as("alice", Some("a"));
     f.host(1).set_apps(&[(q, 0, "100")]);
     f.host(1).write_envs(&[env("a", Some("alice"), None, q)]);
-    let inventory = f.inventory(
-        false,
-        &["", &sudo],
-        "\n[limits]\nmax_devices_per_user = 1\n",
-    );
+    let s2 = shadow2.clone();
+    let user = util::after_read(&state.join("devices.json"), move || {
+        link(&state, "devices.json", &s2)
+    });
     let out = run_inventory(&f, &inventory, &["-q", "enforce", "--interval", "0"]);
+    assert!(user.join().unwrap());
     assert!(
-        stderr(&out).contains("devices.json is a symbolic link: refused"),
+        stderr(&out).contains("[h2] [ERROR] Failed detaching environment a from device 0: /var/tmp/genv/devices.json is a symbolic link: refused"),
         "{}",
         stderr(&out)
     );
@@ -380,14 +368,22 @@ fn a_lock_taken_between_decision_and_detach_means_never() {
     f.host(0).set_apps(&[(p, 0, "100")]);
     f.host(0).write_envs(&[env("a", Some("alice"), None, p)]);
     f.host(0).write_devices(4, &[(0, "a"), (1, "a")]);
-    let before = std::fs::read(f.host(0).state_dir().join("devices.json")).unwrap();
-    // After the snapshot, someone takes genv's lock for 8 s.
-    let sudo = hooked_sudo(
-        &f,
-        1,
-        "[ -e /var/tmp/genv/.held ] || { touch /var/tmp/genv/.held; flock /var/tmp/genv/genv.lock sleep 8 >/dev/null 2>&1 & sleep 0.3; }",
-    );
-    let inventory = f.inventory(false, &[&sudo], "\n[limits]\nmax_devices_per_user = 1\n");
+    let state = f.host(0).state_dir();
+    let before = std::fs::read(state.join("devices.json")).unwrap();
+    // Once the snapshot has read the state, someone takes genv's lock for 8 s.
+    let lock = state.join("genv.lock");
+    let holder = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let held = std::sync::Arc::clone(&holder);
+    let user = util::after_read(&state.join("devices.json"), move || {
+        let child = Command::new("flock")
+            .arg(&lock)
+            .args(["sleep", "8"])
+            .spawn()
+            .unwrap();
+        *held.lock().unwrap() = Some(child);
+        std::thread::sleep(Duration::from_millis(100));
+    });
+    let inventory = f.inventory(false, &[], "\n[limits]\nmax_devices_per_user = 1\n");
     let started = Instant::now();
     let out = run_inventory(
         &f,
@@ -395,6 +391,7 @@ fn a_lock_taken_between_decision_and_detach_means_never() {
         &["--command-timeout", "5s", "enforce", "--interval", "0"],
     );
     let took = started.elapsed();
+    assert!(user.join().unwrap());
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
@@ -402,8 +399,10 @@ fn a_lock_taken_between_decision_and_detach_means_never() {
         "{err}"
     );
     assert!(took < Duration::from_secs(6), "waited {took:?}");
-    // Long after the holder let go, nothing landed late.
-    std::thread::sleep(Duration::from_secs(9) - took.min(Duration::from_secs(9)));
+    // Once the holder has let go, nothing lands late.
+    let mut holder = holder.lock().unwrap().take().unwrap();
+    holder.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
         std::fs::read(f.host(0).state_dir().join("devices.json")).unwrap(),
         before
@@ -614,19 +613,38 @@ fn a_forged_or_relabelled_env_never_gets_another_users_job_killed() {
 
 #[test]
 fn a_pid_reused_between_decision_and_kill_on_a_remote_host_is_never_signalled() {
-    let Some(mut f) = Fleet::up(1) else { return };
+    let Some(mut f) = Fleet::up(2) else { return };
     let victim = f.host(0).spawn(None);
     f.host(0).set_apps(&[(victim, 0, "100")]);
-    std::fs::write(f.host(0).state_dir().join(".victim"), victim.to_string()).unwrap();
-    // Before the kill, the process dies and its pid goes to a new one
-    // (as root, inside the host's pid namespace).
-    let reuse = "sudo -n sh -c 'v=$(cat /var/tmp/genv/.victim); kill -KILL $v; while kill -0 $v 2>/dev/null; do sleep 0.01; done; echo $((v - 1)) > /proc/sys/kernel/ns_last_pid; setsid sleep 999 >/dev/null 2>&1 < /dev/null & echo $! > /var/tmp/genv/.reborn'";
-    let sudo = hooked_sudo(&f, 1, reuse);
-    let inventory = f.inventory(false, &[&sudo], "");
+    f.host(0).write_devices(4, &[]);
+    // With -e nothing is done before every host has answered, and host 2's
+    // sudo takes 2 s: the kill on host 1 comes 2 s after its snapshot. In
+    // between the process dies and its pid goes to a new one.
+    let slow = f.dir.path().join("h2/sbin/slow-sudo");
+    util::write_executable(&slow, "#!/bin/sh\nsleep 2\nexec sudo \"$@\"\n");
+    let inventory = f.inventory(false, &["", "sudo = \"/usr/local/sbin/slow-sudo -n\""], "");
+    let ns = f.hosts[0].ns.unwrap().to_string();
+    let reborn = f.host(0).state_dir().join(".reborn");
+    let script = format!(
+        "kill -KILL {victim}; while kill -0 {victim} 2>/dev/null; do sleep 0.01; done; sleep 0.05; echo {} > /proc/sys/kernel/ns_last_pid; setsid sleep 999 >/dev/null 2>&1 < /dev/null & echo $! > /var/tmp/genv/.reborn",
+        victim - 1
+    );
+    let user = util::after_read(&f.host(0).state_dir().join("devices.json"), move || {
+        std::thread::sleep(Duration::from_millis(500));
+        let done = Command::new("nsenter")
+            .args([
+                "--target", &ns, "--mount", "--pid", "--", "sh", "-c", &script,
+            ])
+            .status()
+            .unwrap();
+        assert!(done.success());
+    });
+    f.host(0).write_devices(4, &[]);
     let out = run_inventory(
         &f,
         &inventory,
         &[
+            "-e",
             "enforce",
             "--interval",
             "0",
@@ -635,9 +653,10 @@ fn a_pid_reused_between_decision_and_kill_on_a_remote_host_is_never_signalled() 
             "json",
         ],
     );
+    assert!(user.join().unwrap());
     let report: Value =
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
-    let reborn: u32 = std::fs::read_to_string(f.host(0).state_dir().join(".reborn"))
+    let reborn: u32 = std::fs::read_to_string(&reborn)
         .unwrap()
         .trim()
         .parse()
@@ -650,7 +669,7 @@ fn a_pid_reused_between_decision_and_kill_on_a_remote_host_is_never_signalled() 
     assert_eq!(
         f.host(0).wait_signal(victim, WAIT),
         Some(9),
-        "the old process died of our hook's SIGKILL"
+        "the old process died of the user's SIGKILL"
     );
     let alive = Command::new("nsenter")
         .args([

@@ -533,17 +533,7 @@ fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
 #[test]
 fn inventory_fleet_with_a_host_failing_during_dispatch() {
     let Some(mut f) = Fleet::up(2) else { return };
-    // Host 1's sudo works for the snapshot and the kill, then refuses.
-    let flaky = f.dir.path().join("h1/sbin/flaky-sudo");
-    util::write_executable(
-        &flaky,
-        "#!/bin/sh\nn=$(cat /var/tmp/genv/calls 2>/dev/null || echo 0)\necho $((n + 1)) > /var/tmp/genv/calls\n[ \"$n\" -lt 2 ] || { echo 'flaky-sudo: refused' >&2; exit 1; }\nexec sudo \"$@\"\n",
-    );
-    let inventory = f.inventory(
-        false,
-        &["sudo = \"/usr/local/sbin/flaky-sudo -n\""],
-        "\n[limits]\nmax_devices_per_user = 1\n",
-    );
+    let inventory = f.inventory(false, &[], "\n[limits]\nmax_devices_per_user = 1\n");
     let mut pids = Vec::new();
     for h in 0..2 {
         let p = f.host(h).spawn_as(&format!("user{h}"), Some("e"));
@@ -553,6 +543,16 @@ fn inventory_fleet_with_a_host_failing_during_dispatch() {
         f.host(h).write_devices(4, &[(0, "e"), (1, "e")]);
         pids.push(p);
     }
+    // Once host 1 is decided on, its devices.json becomes a link: the
+    // detach there must fail (and be reported), nothing else.
+    let state = f.host(0).state_dir();
+    let watcher = util::after_read(&state.join("devices.json"), move || {
+        let text = std::fs::read(state.join("devices.json")).unwrap();
+        std::fs::write(state.join("elsewhere.json"), text).unwrap();
+        std::fs::remove_file(state.join("devices.json")).unwrap();
+        std::os::unix::fs::symlink(state.join("elsewhere.json"), state.join("devices.json"))
+            .unwrap();
+    });
     let out = f
         .command(&[
             "--inventory",
@@ -563,6 +563,7 @@ fn inventory_fleet_with_a_host_failing_during_dispatch() {
         ])
         .output()
         .unwrap();
+    assert!(watcher.join().unwrap());
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -571,7 +572,7 @@ fn inventory_fleet_with_a_host_failing_during_dispatch() {
     let err = stderr(&out);
     assert!(
         err.contains(
-            "[h1] [ERROR] Failed detaching environment e from device 0: flaky-sudo: refused"
+            "[h1] [ERROR] Failed detaching environment e from device 0: /var/tmp/genv/devices.json is a symbolic link: refused"
         ),
         "{err}"
     );
@@ -841,7 +842,8 @@ fn concurrency_bounds_how_many_hosts_are_worked_on_at_once() {
             .map(|h| {
                 let log = std::fs::read_to_string(f.host(h).state_dir().join("slow.log")).unwrap();
                 let t: Vec<u128> = log.lines().map(|l| l.parse().unwrap()).collect();
-                assert_eq!(t.len(), 2, "one snapshot per host: {log}");
+                // sudo runs twice per host: tried first, then our agent.
+                assert_eq!(t.len(), 4, "one connection per host: {log}");
                 (t[0], t[1])
             })
             .collect()

@@ -1,16 +1,17 @@
 # genv-enforce host agent: what genv-enforce runs on a remote GPU host, as
-# root, through sudo, for one snapshot, one set of kills or one detach.
+# root, through sudo: one long-lived process per host and connection, that
+# answers one request per cycle (a snapshot), and the kills and detaches
+# that follow it.
 #
 # Runs on: the Python 3 (3.7 or later, standard library only) that genv
 # itself needs, and Linux /proc. Nothing is installed on the host: the
 # command line is a constant bootstrap that reads this text from stdin,
 #   python3 -I -S -c 'import sys;exec(compile(sys.stdin.buffer.read(N),...))'
-# followed on stdin by one JSON request:
+# after which stdin carries requests, each "<length>\n" + a JSON object:
 #   {"mode": "snapshot", "dir": D, "nvidia_smi": [argv], "step": S, "limit": L, "max_bytes": B}
 #   {"mode": "terminate", "kills": [[pid, start_time], ...], "limit": L}
 #   {"mode": "detach", "dir": D, "detach": [[index, eid], ...], "step": S, "limit": L, "max_bytes": B}
-#
-# Output:
+# and stdout one answer per request, "@<status> <length>\n" + <length> bytes:
 #   snapshot: frames "@<kind> [<arg>] <length>\n" + <length> bytes:
 #     gpus, apps         nvidia-smi's two answers (csv,noheader,nounits)
 #     envs, devices      genv's state files, read under a shared lock on
@@ -23,9 +24,11 @@
 #     fail <what>        a step failed; the body says why; nothing follows
 #   terminate: one line per kill, "<pid> signalled|gone|reused <start>|denied|invalid"
 #   detach: one line per pair, "<n> detached|absent"
-# Exit status: 0; 75 when genv.lock stayed held past the step limit (detach:
-# nothing was changed); 124 when the overall limit was reached; 1 on any
-# other failure, with the reason on stderr.
+# Status 0; otherwise the body is why: 75 when genv.lock stayed held past
+# the step limit (detach: nothing was changed); 1 on any other failure.
+# A request past its time limit (L) ends the agent (exit status 124), as
+# does the end of stdin, a signal, or a malformed request: genv-enforce
+# starts a new one when it needs one.
 #
 # Safety: genv's state directory is writable by every user. The directory
 # is opened once without following a symlink and every file in it relative
@@ -35,8 +38,8 @@
 # mode of an existing file is never changed. A process's identity (uid,
 # environment) is read between two reads of its start time; a kill
 # re-checks the start time and, where the kernel has pidfds, signals
-# through one. Nothing here runs a shell, and no temporary file outlives
-# the run.
+# through one. Nothing here runs a shell, and no temporary file or child
+# outlives a request.
 
 import errno
 import fcntl
@@ -69,10 +72,7 @@ class Failure(Exception):
 
 def end(status, message):
     for p in children:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        p.kill()
     for dfd, name in temp_files:
         try:
             os.unlink(name, dir_fd=dfd)
@@ -198,27 +198,63 @@ def read_file(dfd, d, name, max_bytes):
 # nvidia-smi.
 
 
+class Child:
+    """A tool we started: its pid (and process group) and its two pipes."""
+
+    def __init__(self, pid, out, err):
+        self.pid, self.out, self.err = pid, out, err
+        self.status = None
+
+    def kill(self):
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def reap(self, block):
+        """Its exit status once it has ended, else None."""
+        if self.status is None:
+            pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+            if pid:
+                self.status = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+        return self.status
+
+
 def spawn(argv):
+    """Starts argv in a session (so a process group) of its own, stdin from
+    /dev/null, with genv's GENV_BYPASS=1, without forking this interpreter
+    where posix_spawn can (Python 3.8+)."""
     env = dict(os.environ, GENV_BYPASS="1")
-    p = subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        start_new_session=True,
-    )
-    children.append(p)
-    return p
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        if hasattr(os, "posix_spawnp"):
+            actions = [
+                (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, out_w, 1),
+                (os.POSIX_SPAWN_DUP2, err_w, 2),
+            ]
+            pid = os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True)
+        else:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, env=env, start_new_session=True)
+            pid = p.pid
+            p.returncode = 0  # reaped by Child, not by subprocess
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    child = Child(pid, out_r, err_r)
+    children.append(child)
+    return child
 
 
 def collect(procs, deadline, max_bytes):
     """Reads every process's stdout and stderr to the end (at most
-    max_bytes each) by `deadline`; kills the stragglers' groups."""
+    max_bytes each) by `deadline`; kills the stragglers' groups. Returns
+    (status or None when killed, stdout, stderr) per process."""
     bufs = {}
     for p in procs:
-        for f in (p.stdout, p.stderr):
-            bufs[f.fileno()] = []
+        bufs[p.out] = []
+        bufs[p.err] = []
     open_fds = set(bufs)
     sizes = dict((fd, 0) for fd in bufs)
     while open_fds:
@@ -236,20 +272,18 @@ def collect(procs, deadline, max_bytes):
     results = []
     for p in procs:
         status = None
-        if not open_fds & set((p.stdout.fileno(), p.stderr.fileno())):
-            try:
-                status = p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                status = None
+        if not open_fds & set((p.out, p.err)):
+            while status is None and time.monotonic() < deadline:
+                status = p.reap(False)
+                if status is None:
+                    time.sleep(0.001)
         if status is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            p.wait()
-        results.append(
-            (status, b"".join(bufs[p.stdout.fileno()]), b"".join(bufs[p.stderr.fileno()]))
-        )
+            p.kill()
+            p.reap(True)
+        os.close(p.out)
+        os.close(p.err)
+        children.remove(p)
+        results.append((status, b"".join(bufs[p.out]), b"".join(bufs[p.err])))
     return results
 
 
@@ -492,34 +526,43 @@ def replace(dfd, d, name, data):
         temp_files.remove((dfd, tmp))
 
 
-def main():
-    for s in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(s, on_signal)
-    req = json.loads(sys.stdin.buffer.read().decode("utf-8"))
-    signal.setitimer(signal.ITIMER_REAL, max(0.1, float(req["limit"])))
+def handle(req):
+    """One request: (status, answer body)."""
     mode = req["mode"]
     out = []
     try:
         if mode == "snapshot":
             snapshot(req, out)
-        else:
-            lines = []
-            try:
-                (terminate if mode == "terminate" else detach)(req, lines)
-            finally:
-                out = [("%s\n" % line).encode() for line in lines]
+            return 0, b"".join(out)
+        lines = []
+        try:
+            (terminate if mode == "terminate" else detach)(req, lines)
+        except Failure as f:
+            # Kills that happened are answered; a detach that failed changed nothing.
+            done = "".join("%s\n" % line for line in lines) if mode == "terminate" else ""
+            why = f.message + (": nothing detached" if f.what == "lock" else "")
+            return f.status, (done + why).encode()
+        return 0, "".join("%s\n" % line for line in lines).encode()
     except Failure as f:
-        if mode != "snapshot":
-            # Kills that happened are reported; a detach that failed changed nothing.
-            if mode == "terminate":
-                write_all(1, b"".join(out))
-            if f.what == "lock":
-                end(f.status, f.message + ": nothing detached")
-            end(f.status, f.message)
         out = []
         frame(out, "fail", f.what, f.message.encode())
-    write_all(1, b"".join(out))
-    end(0, None)
+        return 0, b"".join(out)
+
+
+def main():
+    for s in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(s, on_signal)
+    stdin = sys.stdin.buffer
+    while True:
+        header = stdin.readline()
+        if not header:
+            end(0, None)
+        body = stdin.read(int(header))
+        req = json.loads(body.decode("utf-8"))
+        signal.setitimer(signal.ITIMER_REAL, max(0.1, float(req["limit"])))
+        status, answer = handle(req)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        write_all(1, b"@%d %d\n" % (status, len(answer)) + answer)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 //! What runs on a remote host, and the pure parsers of what comes back.
 //!
 //! Hosts need only what a genv host has: `sh`, `sudo`, nvidia-smi, genv's
-//! files and the Python 3 that genv runs on. Our host agent
-//! (`agent.py`, included here) is not installed there: the command line is
-//! a constant bootstrap (so sudo's log holds one short line per call), and
-//! the agent's text and a JSON request travel on stdin. Host data never
-//! reaches a shell: requests are JSON, answers are length-prefixed frames.
+//! files and the Python 3 that genv runs on. Our host agent (`agent.py`,
+//! included here) is not installed there: the command line is a constant
+//! bootstrap, the agent's text travels on stdin, and the agent then stays,
+//! answering one request per cycle over the same channel, so that a cycle
+//! starts no process on the host but nvidia-smi (and sudo's log holds one
+//! short line per connection). Host data never reaches a shell: requests
+//! are JSON, answers are length-prefixed.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -43,23 +45,43 @@ pub fn bootstrap() -> [String; 4] {
     ]
 }
 
-/// What the agent reads on stdin: its text, then `request`.
-pub fn stdin(request: &serde_json::Value) -> Vec<u8> {
-    let mut bytes = AGENT.as_bytes().to_vec();
-    bytes.extend_from_slice(request.to_string().as_bytes());
+/// One request as the agent reads it: `<length>\n<json>`.
+pub fn encode(request: &serde_json::Value) -> Vec<u8> {
+    let json = request.to_string();
+    let mut bytes = format!("{}\n", json.len()).into_bytes();
+    bytes.extend_from_slice(json.as_bytes());
     bytes
 }
 
+/// The header of one answer, `@<status> <length>`: its status and length.
+///
+/// # Errors
+/// Anything else (the agent is not speaking our protocol).
+pub fn answer_header(line: &str) -> Result<(i32, u64), String> {
+    let bad = || format!("not an answer from our agent: {:?}", line.trim_end());
+    let (status, len) = line
+        .trim_end()
+        .strip_prefix('@')
+        .and_then(|h| h.split_once(' '))
+        .ok_or_else(bad)?;
+    let status = status.parse().map_err(|_| bad())?;
+    let len: u64 = len.parse().map_err(|_| bad())?;
+    if len > MAX_OUTPUT_BYTES {
+        return Err(format!("an answer of {len} bytes is over our limit"));
+    }
+    Ok((status, len))
+}
+
 /// Runs its arguments under `timeout` when the host has it (coreutils and
-/// busybox both do), so that a command that hangs before our agent runs
-/// (sudo waiting on a directory service) is killed on the host before our
-/// deadline; otherwise its session would linger on the master and count
-/// against sshd's MaxSessions. Past sudo, the agent bounds itself, as
-/// root. Arguments: seconds, then argv. Exit status 124 (or 137 after the
-/// kill) means the limit was hit.
+/// busybox both do), so that a command that hangs (sudo waiting on a
+/// directory service) is killed on the host before our deadline; otherwise
+/// its session would linger on the master and count against sshd's
+/// MaxSessions. Used to try `sudo` before the agent is started; past sudo,
+/// the agent bounds itself, as root. Arguments: seconds, then argv. Exit
+/// status 124 (or 137 after the kill) means the limit was hit.
 pub const BOUNDED: &str = r#"l=$1; shift; if command -v timeout >/dev/null 2>&1; then exec timeout -k 1 "$l" "$@"; fi; exec "$@""#;
 
-/// Exit statuses of [`BOUNDED`] and of the agent when a limit was hit.
+/// Exit statuses of [`BOUNDED`] when its limit was hit.
 pub const TIMED_OUT: [i32; 2] = [124, 137];
 
 /// Limits of one agent run.
@@ -512,11 +534,22 @@ mod tests {
     }
 
     #[test]
-    fn the_command_line_is_constant_and_the_agent_travels_on_stdin() {
+    fn the_command_line_is_constant_and_requests_are_length_prefixed() {
         let boot = bootstrap();
-        assert!(boot[3].contains(&AGENT.len().to_string()));
-        let input = stdin(&json!({"mode": "x"}));
-        assert!(input.starts_with(AGENT.as_bytes()));
-        assert!(input.ends_with(b"{\"mode\":\"x\"}"));
+        assert!(boot[3].contains(&format!("read({})", AGENT.len())));
+        assert_eq!(encode(&json!({"mode": "x"})), b"12\n{\"mode\":\"x\"}");
+        assert_eq!(answer_header("@0 12\n"), Ok((0, 12)));
+        assert_eq!(answer_header("@75 0"), Ok((75, 0)));
+        for bad in [
+            "",
+            "0 12",
+            "@x 1",
+            "@0",
+            "@0 -1",
+            "Traceback (most recent call last):",
+        ] {
+            assert!(answer_header(bad).is_err(), "{bad:?}");
+        }
+        assert!(answer_header(&format!("@0 {}", MAX_OUTPUT_BYTES + 1)).is_err());
     }
 }

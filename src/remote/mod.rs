@@ -21,7 +21,7 @@ use crate::outcome::{self, Outcome};
 use crate::plan::{HostPlan, Plan};
 use crate::snapshot::assemble::assemble;
 use agent::Limits;
-use ssh::{Connection, SshOptions};
+use ssh::{Answer, Connection, PeerStart, SshOptions};
 
 /// The hosts of a remote run and how to reach them.
 #[derive(Debug)]
@@ -88,34 +88,47 @@ impl Fleet {
         }
     }
 
-    /// Runs our agent on `c` as root with `request`, under
-    /// [`agent::BOUNDED`]: a limit hit on the host becomes
-    /// [`HostError::Timeout`].
-    async fn run_agent(
-        &self,
-        c: &Connection,
-        what: &str,
-        request: &serde_json::Value,
-    ) -> Result<std::process::Output, HostError> {
-        let argv: Vec<String> = ["sh", "-c", agent::BOUNDED, "genv-enforce"]
+    /// How our agent is started on `c`: sudo is tried first under
+    /// [`agent::BOUNDED`] (a sudo that hangs is killed on the host), then
+    /// the agent runs through it as root and reads its own text.
+    fn agent_start(&self, c: &Connection) -> PeerStart {
+        let probe = ["sh", "-c", agent::BOUNDED, "genv-enforce"]
             .into_iter()
             .map(String::from)
             .chain([self.host_limit().to_string()])
             .chain(c.spec.sudo.iter().cloned())
+            .chain(["true".to_string()])
+            .collect();
+        let argv = c
+            .spec
+            .sudo
+            .iter()
+            .cloned()
             .chain(c.spec.python.iter().cloned())
             .chain(agent::bootstrap())
             .collect();
-        let input = agent::stdin(request);
-        let out = c
-            .run(&argv, Some(&input), self.command_timeout, &self.ssh)
-            .await?;
-        match out.status.code() {
-            Some(code) if agent::TIMED_OUT.contains(&code) => Err(HostError::Timeout {
-                command: format!("{what} (killed on the host)"),
-                after: Duration::from_secs(self.host_limit()),
-            }),
-            _ => Ok(out),
+        PeerStart {
+            probe,
+            argv,
+            preamble: agent::AGENT.as_bytes().to_vec(),
         }
+    }
+
+    /// Asks our agent on `c` (started if needed) to carry out `request`.
+    async fn ask(
+        &self,
+        c: &Connection,
+        what: &str,
+        request: &serde_json::Value,
+    ) -> Result<Answer, HostError> {
+        c.exchange(
+            what,
+            &self.agent_start(c),
+            &agent::encode(request),
+            self.command_timeout,
+            &self.ssh,
+        )
+        .await
     }
 
     /// Snapshots every host, `concurrency` at a time; results in host order.
@@ -166,11 +179,14 @@ impl Fleet {
 
     async fn snapshot(&self, c: &Connection) -> Result<HostSnapshot, HostError> {
         let request = agent::snapshot_request(&c.spec.genv_dir, &c.spec.nvidia_smi, self.limits());
-        let out = self.run_agent(c, "snapshot", &request).await?;
-        if !out.status.success() {
-            return Err(failed("snapshot", &out));
+        let answer = self.ask(c, "snapshot", &request).await?;
+        if answer.status != 0 {
+            return Err(HostError::Remote {
+                what: "snapshot".into(),
+                message: String::from_utf8_lossy(&answer.body).trim().to_string(),
+            });
         }
-        let frames = agent::parse_frames(&out.stdout, &c.spec.id.0)?;
+        let frames = agent::parse_frames(&answer.body, &c.spec.id.0)?;
         let raw = agent::raw_host(&frames, &c.spec.id.0)?;
         Ok(assemble(&raw, &c.spec.id.0)?)
     }
@@ -201,17 +217,12 @@ impl Fleet {
         let host = &c.spec.id;
         let mut terminations = vec![outcome::Termination::NoIdentity; plan.terminate.len()];
         if let Some(request) = agent::terminate_request(&plan.terminate, self.limits()) {
-            terminations = match self.run_agent(c, "terminate", &request).await {
+            terminations = match self.ask(c, "terminate", &request).await {
                 // Kills that happened are answered even if a later one failed.
-                Ok(out) if out.status.success() || !out.stdout.is_empty() => {
-                    agent::read_terminations(&String::from_utf8_lossy(&out.stdout), &plan.terminate)
-                }
-                Ok(out) => vec![
-                    outcome::Termination::Failed {
-                        error: failed("terminate", &out).to_string()
-                    };
-                    plan.terminate.len()
-                ],
+                Ok(answer) => agent::read_terminations(
+                    &String::from_utf8_lossy(&answer.body),
+                    &plan.terminate,
+                ),
                 Err(e) => vec![
                     outcome::Termination::Failed {
                         error: e.to_string()
@@ -232,11 +243,18 @@ impl Fleet {
             .collect();
         if !plan.detach.is_empty() {
             let request = agent::detach_request(&c.spec.genv_dir, &plan.detach, self.limits());
-            let detaches = match self.run_agent(c, "detach", &request).await {
-                Ok(out) if out.status.success() => {
-                    agent::read_detaches(&String::from_utf8_lossy(&out.stdout), &plan.detach)
+            let detaches = match self.ask(c, "detach", &request).await {
+                Ok(answer) if answer.status == 0 => {
+                    agent::read_detaches(&String::from_utf8_lossy(&answer.body), &plan.detach)
                 }
-                Ok(out) => vec![outcome::Detach::Failed { error: said(&out) }; plan.detach.len()],
+                Ok(answer) => vec![
+                    outcome::Detach::Failed {
+                        error: String::from_utf8_lossy(&answer.body)
+                            .trim()
+                            .replace('\n', " ")
+                    };
+                    plan.detach.len()
+                ],
                 Err(e) => vec![
                     outcome::Detach::Failed {
                         error: e.to_string()
@@ -269,24 +287,5 @@ impl Fleet {
         .into_iter()
         .filter_map(|(h, r)| r.err().map(|e| (h, e)))
         .collect()
-    }
-}
-
-/// What a remote command said on stderr (else stdout), as one line.
-fn said(out: &std::process::Output) -> String {
-    let said = if out.stderr.is_empty() {
-        &out.stdout
-    } else {
-        &out.stderr
-    };
-    String::from_utf8_lossy(said).trim().replace('\n', " ")
-}
-
-/// A remote command that exited non-zero, with what it said.
-fn failed(what: &str, out: &std::process::Output) -> HostError {
-    HostError::Command {
-        command: what.to_string(),
-        status: out.status.to_string(),
-        output: said(out),
     }
 }

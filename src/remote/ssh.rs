@@ -13,8 +13,10 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use openssh::{KnownHosts, Session, Stdio};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::sync::Arc;
+
+use openssh::{ChildStdin, ChildStdout, KnownHosts, Session, Stdio};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::Mutex;
 
 use crate::error::HostError;
@@ -42,12 +44,39 @@ pub struct SshOptions {
     pub known_hosts_file: Option<PathBuf>,
 }
 
-/// A running master: its socket, its log and the mux session over it.
+/// A running master: its socket, its log, the mux session over it, and
+/// the long-lived remote process we talk to over it, if started.
 #[derive(Debug)]
 struct Master {
-    session: Session,
+    session: Arc<Session>,
     socket: PathBuf,
     log: PathBuf,
+    peer: Option<Peer>,
+}
+
+/// A long-lived remote process that answers one message at a time.
+#[derive(Debug)]
+struct Peer {
+    child: openssh::Child<Arc<Session>>,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+/// How to start a [`Peer`]: a bounded command that must succeed first (it
+/// fails fast where the long-lived one would hang, e.g. a sudo that waits on
+/// a directory service), then the command, then what it reads first.
+#[derive(Debug, Clone)]
+pub struct PeerStart {
+    pub probe: Vec<String>,
+    pub argv: Vec<String>,
+    pub preamble: Vec<u8>,
+}
+
+/// A peer's answer: its status and its body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: i32,
+    pub body: Vec<u8>,
 }
 
 /// A host and its master connection, if open.
@@ -227,12 +256,13 @@ impl Connection {
             tracing::debug!(host = %self.spec.id, "ssh master launcher still running");
         }
         Ok(Master {
-            session: Session::resume_mux(
+            session: Arc::new(Session::resume_mux(
                 socket.clone().into_boxed_path(),
                 Some(log.clone().into_boxed_path()),
-            ),
+            )),
             socket,
             log,
+            peer: None,
         })
     }
 
@@ -254,6 +284,25 @@ impl Connection {
         Ok(path)
     }
 
+    /// The master, opened if there is none or the old one has died.
+    async fn master<'a>(
+        &self,
+        guard: &'a mut Option<Master>,
+        opts: &SshOptions,
+    ) -> Result<&'a mut Master, HostError> {
+        if let Some(m) = guard.as_ref() {
+            if !alive(&m.session).await {
+                if let Some(dead) = guard.take() {
+                    let _ = shut(dead).await; // dead already: only its files are left to remove
+                }
+            }
+        }
+        if guard.is_none() {
+            *guard = Some(self.connect(opts).await?);
+        }
+        Ok(guard.as_mut().expect("connected just above"))
+    }
+
     /// Runs `argv` on the host (each word shell-quoted by the transport),
     /// feeding `stdin`, within `deadline`. Opens the master if there is none
     /// or the old one has died.
@@ -269,36 +318,103 @@ impl Connection {
         opts: &SshOptions,
     ) -> Result<Output, HostError> {
         let mut guard = self.master.lock().await;
-        if let Some(m) = guard.as_ref() {
-            if !alive(&m.session).await {
-                if let Some(dead) = guard.take() {
-                    let _ = shut(dead).await; // dead already: only its files are left to remove
-                }
-            }
-        }
-        if guard.is_none() {
-            *guard = Some(self.connect(opts).await?);
-        }
-        let Some(master) = guard.as_ref() else {
-            unreachable!("connected just above")
-        };
-        let result = tokio::time::timeout(deadline, run_on(&master.session, argv, stdin)).await;
-        match result {
+        let master = self.master(&mut guard, opts).await?;
+        // A master that died under the command is found out on next use.
+        self.run_on_master(master, argv, stdin, deadline).await
+    }
+
+    async fn run_on_master(
+        &self,
+        master: &Master,
+        argv: &[String],
+        stdin: Option<&[u8]>,
+        deadline: Duration,
+    ) -> Result<Output, HostError> {
+        match tokio::time::timeout(deadline, run_on(&master.session, argv, stdin)).await {
             Ok(Ok(out)) => Ok(out),
-            Ok(Err(e)) => {
-                if !alive(&master.session).await {
-                    if let Some(dead) = guard.take() {
-                        let _ = shut(dead).await; // dead already: only its files are left to remove
-                    }
-                }
-                Err(HostError::Ssh {
-                    message: ssh_message(&e),
-                })
-            }
+            Ok(Err(e)) => Err(HostError::Ssh {
+                message: ssh_message(&e),
+            }),
             Err(_) => Err(HostError::Timeout {
                 command: argv_summary(argv),
                 after: deadline,
             }),
+        }
+    }
+
+    /// Sends `message` to this host's long-lived peer and reads its answer,
+    /// within `deadline`; the peer is started first (see [`PeerStart`]) if
+    /// there is none. A peer that fails, ends or overruns the deadline is
+    /// dropped (its stdin closed: it ends) and started again next time.
+    ///
+    /// # Errors
+    /// Connection failures, the probe failing or timing out (a
+    /// [`HostError::Command`] or [`HostError::Timeout`] naming `what`), the
+    /// peer ending (with what it said on stderr), or the deadline.
+    pub async fn exchange(
+        &self,
+        what: &str,
+        start: &PeerStart,
+        message: &[u8],
+        deadline: Duration,
+        opts: &SshOptions,
+    ) -> Result<Answer, HostError> {
+        let mut guard = self.master.lock().await;
+        let master = self.master(&mut guard, opts).await?;
+        let started = tokio::time::Instant::now();
+        if master.peer.is_none() {
+            let probe = self
+                .run_on_master(master, &start.probe, None, deadline)
+                .await?;
+            match probe.status.code() {
+                Some(0) => {}
+                Some(code) if crate::remote::agent::TIMED_OUT.contains(&code) => {
+                    return Err(HostError::Timeout {
+                        command: format!("{what} (killed on the host)"),
+                        after: deadline
+                            .saturating_sub(Duration::from_secs(2))
+                            .max(Duration::from_secs(1)),
+                    })
+                }
+                _ => {
+                    let said = String::from_utf8_lossy(if probe.stderr.is_empty() {
+                        &probe.stdout
+                    } else {
+                        &probe.stderr
+                    })
+                    .trim()
+                    .replace('\n', " ");
+                    return Err(HostError::Command {
+                        command: what.to_string(),
+                        status: probe.status.to_string(),
+                        output: said,
+                    });
+                }
+            }
+            master.peer =
+                Some(
+                    spawn_peer(&master.session, start)
+                        .await
+                        .map_err(|e| HostError::Ssh {
+                            message: ssh_message(&e),
+                        })?,
+                );
+        }
+        let left = deadline.saturating_sub(started.elapsed());
+        let peer = master.peer.as_mut().expect("started just above");
+        match tokio::time::timeout(left, peer.exchange(message)).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => {
+                let peer = master.peer.take().expect("present");
+                Err(peer.end(e).await)
+            }
+            Err(_) => {
+                master.peer = None; // dropped: its stdin closes, it ends
+                Err(HostError::Timeout {
+                    command: what.to_string(),
+                    after: deadline,
+                })
+            }
         }
     }
 
@@ -325,9 +441,14 @@ async fn alive(session: &Session) -> bool {
 
 /// Asks a master to stop (it then exits, its sessions done), within
 /// [`MASTER_WAIT`]; if it does not, kills it. Removes its socket and log.
-async fn shut(m: Master) -> Result<(), HostError> {
+async fn shut(mut m: Master) -> Result<(), HostError> {
     let pid = master_pid(&m.socket).await;
-    let asked = tokio::time::timeout(MASTER_WAIT, m.session.close()).await;
+    // The peer's channel closes with its stdin: it ends.
+    m.peer = None;
+    let asked = match Arc::try_unwrap(m.session) {
+        Ok(session) => tokio::time::timeout(MASTER_WAIT, session.close()).await,
+        Err(_) => Ok(Err(openssh::Error::Disconnected)),
+    };
     let result = match asked {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(HostError::Ssh {
@@ -364,6 +485,80 @@ fn is_master_of(pid: rustix::process::Pid, socket: &Path) -> bool {
         std::fs::read(format!("/proc/{}/cmdline", pid.as_raw_nonzero())).unwrap_or_default();
     let socket = socket.as_os_str().as_encoded_bytes();
     cmdline.split(|b| *b == 0).any(|arg| arg == socket)
+}
+
+/// Starts a peer: `start.argv` with its stdin fed `start.preamble`.
+async fn spawn_peer(session: &Arc<Session>, start: &PeerStart) -> Result<Peer, openssh::Error> {
+    let (program, args) = start
+        .argv
+        .split_first()
+        .expect("argv is never empty: callers pass a command");
+    let mut cmd = Session::arc_command(Arc::clone(session), program.as_str());
+    cmd.args(args.iter().map(String::as_str));
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().await?;
+    let mut stdin = child.stdin().take().expect("piped");
+    let stdout = BufReader::new(child.stdout().take().expect("piped"));
+    stdin
+        .write_all(&start.preamble)
+        .await
+        .map_err(openssh::Error::ChildIo)?;
+    Ok(Peer {
+        child,
+        stdin,
+        stdout,
+    })
+}
+
+impl Peer {
+    /// Writes `message`, reads one answer (`@<status> <length>\n` + body).
+    async fn exchange(&mut self, message: &[u8]) -> std::io::Result<Answer> {
+        self.stdin.write_all(message).await?;
+        self.stdin.flush().await?;
+        let mut header = String::new();
+        (&mut self.stdout).take(64).read_line(&mut header).await?;
+        if header.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the agent ended",
+            ));
+        }
+        let (status, len) = crate::remote::agent::answer_header(&header)
+            .map_err(|m| std::io::Error::new(std::io::ErrorKind::InvalidData, m))?;
+        let mut body = vec![0; len as usize];
+        self.stdout.read_exact(&mut body).await?;
+        Ok(Answer { status, body })
+    }
+
+    /// Ends a peer that failed with `error`: closes its stdin and reads
+    /// what it said on stderr (briefly), for the report.
+    async fn end(mut self, error: std::io::Error) -> HostError {
+        drop(self.stdin);
+        let mut said = Vec::new();
+        if let Some(stderr) = self.child.stderr().take() {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(1),
+                stderr.take(1 << 16).read_to_end(&mut said),
+            )
+            .await;
+        }
+        let said = String::from_utf8_lossy(&said);
+        let last = said
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .trim();
+        HostError::Ssh {
+            message: if last.is_empty() {
+                format!("the agent failed: {error}")
+            } else {
+                format!("the agent failed: {error}: {last}")
+            },
+        }
+    }
 }
 
 async fn run_on(

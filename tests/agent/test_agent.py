@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import stat
+import sys
 import tempfile
 import unittest
 
@@ -159,6 +160,65 @@ class StateDir(unittest.TestCase):
         open(self.path("blocked/x"), "w").close()
         self.assertIn("cannot replace", self.refused(agent["replace"], dfd, self.dir, "blocked", b"{}"))
         self.assertEqual(sorted(os.listdir(self.dir)), ["blocked", "devices.json"])
+
+
+class Tools(unittest.TestCase):
+    def test_a_tool_is_read_to_the_end_and_reaped(self):
+        child = agent["spawn"](["sh", "-c", "echo out; echo err >&2; exit 3"])
+        [(status, out, err)] = agent["collect"]([child], agent["time"].monotonic() + 5, 1000)
+        self.assertEqual((status, out, err), (3, b"out\n", b"err\n"))
+        self.assertEqual(agent["children"], [])
+
+    def test_a_hung_tool_is_killed_with_its_group_at_the_deadline(self):
+        start = agent["time"].monotonic()
+        child = agent["spawn"](["sh", "-c", "sleep 30 & sleep 30"])
+        [(status, _, _)] = agent["collect"]([child], start + 0.3, 1000)
+        self.assertIsNone(status)
+        self.assertLess(agent["time"].monotonic() - start, 5)
+        # The whole group dies (its orphans are reaped by init soon after).
+        for _ in range(200):
+            try:
+                os.killpg(child.pid, 0)
+            except ProcessLookupError:
+                break
+            agent["time"].sleep(0.01)
+        else:
+            self.fail("the tool's group outlived it")
+
+    def test_genv_bypass_and_no_stdin(self):
+        child = agent["spawn"](["sh", "-c", "echo $GENV_BYPASS; cat"])
+        [(status, out, _)] = agent["collect"]([child], agent["time"].monotonic() + 5, 1000)
+        self.assertEqual((status, out), (0, b"1\n"))
+
+
+class Serve(unittest.TestCase):
+    def test_requests_and_answers_over_one_process_as_genv_enforce_starts_it(self):
+        import subprocess
+
+        with open(SOURCE, "rb") as f:
+            source = f.read()
+        boot = "import sys;exec(compile(sys.stdin.buffer.read(%d),'genv-enforce-agent','exec'))" % len(source)
+        p = subprocess.Popen([sys.executable, "-I", "-S", "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+        def ask(request):
+            body = json.dumps(request).encode()
+            p.stdin.write(b"%d\n" % len(body) + body)
+            p.stdin.flush()
+            status, length = p.stdout.readline()[1:].split()
+            return int(status), p.stdout.read(int(length))
+
+        p.stdin.write(source)
+        self.assertEqual(ask({"mode": "terminate", "kills": [[2 ** 40, 1]], "limit": 5}), (0, b"%d invalid\n" % 2 ** 40))
+        status, body = ask({"mode": "snapshot", "dir": "/nonexistent", "nvidia_smi": ["/nonexistent/nvidia-smi"], "step": 1, "limit": 5, "max_bytes": 100})
+        self.assertEqual(status, 0)
+        self.assertTrue(body.startswith(b"@fail nvidia-smi "), body)
+        with tempfile.TemporaryDirectory() as d:
+            status, body = ask({"mode": "detach", "dir": d, "detach": [[0, "e"]], "step": 1, "limit": 5, "max_bytes": 100})
+        self.assertEqual((status, body), (0, b"0 absent\n"))
+        p.stdin.close()
+        self.assertEqual(p.wait(5), 0, p.stderr.read())
+        p.stdout.close()
+        p.stderr.close()
 
 
 class Terminate(unittest.TestCase):

@@ -455,3 +455,29 @@ pub fn assert_same_snapshot(genv: &[u8], ours: &[u8]) {
     }
     assert_eq!(ours["processes"], genv["processes"]);
 }
+
+/// Runs `action` on a thread right after `file` has next been read and
+/// closed by anyone (our agent, taking a snapshot): a user acting between
+/// the enforcer's decision and its action. The handle ends with `action`,
+/// or after 60 s without a read.
+pub fn after_read(
+    file: &Path,
+    action: impl FnOnce() + Send + 'static,
+) -> std::thread::JoinHandle<bool> {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let watch = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).unwrap();
+    watch
+        .add_watch(file, AddWatchFlags::IN_CLOSE_NOWRITE)
+        .unwrap();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(60) {
+            if watch.read_events().is_ok_and(|e| !e.is_empty()) {
+                action();
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    })
+}
