@@ -3,7 +3,9 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
 
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -13,7 +15,7 @@ use crate::local::LocalHost;
 use crate::model::{Cluster, HostId, HostSnapshot, Mode};
 use crate::outcome::{self, Outcome};
 use crate::plan::{self, HostPlan, Plan};
-use crate::report::{self, CycleReport, HostStatus};
+use crate::report::{self, CycleReport, HostStatus, Timing};
 use crate::rules::{self, Policy};
 use crate::snapshot::genv;
 
@@ -67,6 +69,7 @@ pub fn assess<E: ToString>(
         plan,
         outcomes: Vec::new(),
         duration_ms: None,
+        timing: None,
     };
     (cluster, report)
 }
@@ -148,15 +151,25 @@ pub async fn local_cycle(
     settings: &Settings,
     cycle: u64,
 ) -> CycleReport {
-    let start = std::time::Instant::now();
-    let result: Result<HostSnapshot, HostError> = host.snapshot().await;
-    let (_, mut report) = assess(
-        cycle,
-        Mode::Local,
-        settings.dry_run,
-        &settings.policy,
-        vec![(id.clone(), result)],
-    );
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let start = Instant::now();
+    let result: Result<HostSnapshot, HostError> = host
+        .snapshot()
+        .instrument(tracing::info_span!("snapshot", cycle))
+        .await;
+    let snapshot_ms = ms(start.elapsed());
+    let assessed = Instant::now();
+    let (_, mut report) = tracing::info_span!("assess", cycle).in_scope(|| {
+        assess(
+            cycle,
+            Mode::Local,
+            settings.dry_run,
+            &settings.policy,
+            vec![(id.clone(), result)],
+        )
+    });
+    let assess_ms = ms(assessed.elapsed());
+    let dispatched = Instant::now();
     report.outcomes = if settings.dry_run {
         dry_run_outcomes(&report.plan)
     } else {
@@ -166,7 +179,17 @@ pub async fn local_cycle(
         }
         out
     };
-    report.duration_ms = Some(start.elapsed().as_millis() as u64);
+    let total_ms = ms(start.elapsed());
+    report.duration_ms = Some(total_ms);
+    report.timing = Some(Timing {
+        snapshot_ms,
+        slowest_host: Some(id.clone()),
+        slowest_ms: snapshot_ms,
+        assess_ms,
+        dispatch_ms: ms(dispatched.elapsed()),
+        total_ms,
+        ..Timing::default()
+    });
     report
 }
 
@@ -267,7 +290,8 @@ pub async fn remote_cycle(
     failures: Failures,
     cycle: u64,
 ) -> (CycleReport, bool) {
-    let start = std::time::Instant::now();
+    let start = Instant::now();
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     // What a host's own snapshot decides is enforced on it at once (not
     // with -e: nothing is enforced before every host has answered).
     let early = !settings.dry_run && !failures.exit_on_error;
@@ -282,24 +306,45 @@ pub async fn remote_cycle(
             HostPlan::default()
         }
     };
+    let rounds = fleet
+        .snapshots_and(own)
+        .instrument(tracing::info_span!("snapshot", cycle))
+        .await;
+    let mut timing = Timing {
+        snapshot_ms: ms(start.elapsed()),
+        ..Timing::default()
+    };
     let mut done = Plan::default();
     let mut outcomes = Vec::new();
     let mut results = Vec::new();
-    for (host, result, plan, early_outcomes) in fleet.snapshots_and(own).await {
-        if !plan.is_empty() {
-            done.hosts.push((host.clone(), plan));
+    for round in rounds {
+        if let Some(c) = round.connect {
+            timing.connects += 1;
+            timing.connect_ms = timing.connect_ms.max(ms(c));
         }
-        outcomes.extend(early_outcomes);
-        results.push((host, result));
+        if timing.slowest_host.is_none() || ms(round.elapsed) > timing.slowest_ms {
+            timing.slowest_ms = ms(round.elapsed);
+            timing.slowest_host = Some(round.host.clone());
+        }
+        if !round.plan.is_empty() {
+            done.hosts.push((round.host.clone(), round.plan));
+        }
+        outcomes.extend(round.outcomes);
+        results.push((round.host, round.snapshot));
     }
-    let (_, mut report) = assess(
-        cycle,
-        Mode::Remote,
-        settings.dry_run,
-        &settings.policy,
-        results,
-    );
+    let assessed = Instant::now();
+    let (_, mut report) = tracing::info_span!("assess", cycle).in_scope(|| {
+        assess(
+            cycle,
+            Mode::Remote,
+            settings.dry_run,
+            &settings.policy,
+            results,
+        )
+    });
+    timing.assess_ms = ms(assessed.elapsed());
     let abort = failures.exit_on_error && report.hosts.iter().any(|h| h.error.is_some());
+    let dispatched = Instant::now();
     if abort {
         // genv raises on the first failed host, before any rule runs.
         report.plan = Plan::default();
@@ -320,10 +365,18 @@ pub async fn remote_cycle(
                 .filter(|(_, p)| !p.is_empty())
                 .collect(),
         };
-        outcomes.extend(fleet.dispatch(&rest).await);
+        outcomes.extend(
+            fleet
+                .dispatch(&rest)
+                .instrument(tracing::info_span!("dispatch", cycle))
+                .await,
+        );
         report.outcomes = outcome::in_plan_order(&report.plan, outcomes);
     }
-    report.duration_ms = Some(start.elapsed().as_millis() as u64);
+    timing.dispatch_ms = ms(dispatched.elapsed());
+    timing.total_ms = ms(start.elapsed());
+    report.duration_ms = Some(timing.total_ms);
+    report.timing = Some(timing);
     (report, abort)
 }
 

@@ -40,6 +40,27 @@ pub struct CycleReport {
     pub outcomes: Vec<Outcome>,
     /// Wall time of the cycle, measured by the caller.
     pub duration_ms: Option<u64>,
+    /// Where the cycle's time went (none for a replay).
+    pub timing: Option<Timing>,
+}
+
+/// Where one cycle's time went, phase by phase (milliseconds).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Timing {
+    /// SSH masters opened this cycle, and the longest of those handshakes.
+    pub connects: usize,
+    pub connect_ms: u64,
+    /// All hosts' snapshots (handshakes included), and what each host's own
+    /// snapshot decided, enforced right after it.
+    pub snapshot_ms: u64,
+    /// The host whose snapshot took longest, and how long.
+    pub slowest_host: Option<HostId>,
+    pub slowest_ms: u64,
+    /// Rules and plan over the merged snapshots.
+    pub assess_ms: u64,
+    /// What could only be done once every host had answered.
+    pub dispatch_ms: u64,
+    pub total_ms: u64,
 }
 
 /// Text for the two output streams.

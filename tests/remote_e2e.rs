@@ -350,6 +350,19 @@ fn interval_loop_keeps_one_master_per_host_and_reconnects_after_a_reboot() {
     for cycle in 1..=3 {
         let c = next_cycle(&mut out);
         assert_eq!(c["cycle"], cycle);
+        // Per-phase timing: masters opened in cycle 1 only.
+        let t = &c["timing"];
+        assert_eq!(t["connects"], if cycle == 1 { 2 } else { 0 }, "{c}");
+        assert!(
+            f.names.iter().any(|n| t["slowest_host"] == n.as_str()),
+            "{c}"
+        );
+        let ms = |k: &str| t[k].as_u64().unwrap();
+        assert!(
+            ms("total_ms") >= ms("snapshot_ms") && ms("snapshot_ms") >= ms("slowest_ms"),
+            "{c}"
+        );
+        assert!(ms("snapshot_ms") >= ms("connect_ms"), "{c}");
         assert!(
             c["hosts"]
                 .as_array()

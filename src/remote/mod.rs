@@ -13,6 +13,7 @@ pub mod ssh;
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
+use tracing::Instrument;
 
 use crate::error::HostError;
 use crate::inventory::HostSpec;
@@ -32,6 +33,20 @@ pub struct Fleet {
     pub concurrency: usize,
     /// Deadline of each remote command.
     pub command_timeout: Duration,
+}
+
+/// One host's part of a cycle's first phase.
+#[derive(Debug)]
+pub struct Round {
+    pub host: HostId,
+    pub snapshot: Result<HostSnapshot, HostError>,
+    /// How long the snapshot took (handshake included).
+    pub elapsed: Duration,
+    /// How long a new master took to come up, if one was opened.
+    pub connect: Option<Duration>,
+    /// What the host's own snapshot decided, carried out right after it.
+    pub plan: HostPlan,
+    pub outcomes: Vec<Outcome>,
 }
 
 /// Runs `work` over `items`, at most `n` at a time, starting the next as
@@ -136,7 +151,7 @@ impl Fleet {
         self.snapshots_and(|_, _| HostPlan::default())
             .await
             .into_iter()
-            .map(|(h, r, ..)| (h, r))
+            .map(|r| (r.host, r.snapshot))
             .collect()
     }
 
@@ -145,34 +160,38 @@ impl Fleet {
     /// slot and over the same connection: what one host's snapshot alone
     /// decides is enforced without waiting for the slowest host. Results in
     /// host order, with those early plans and their outcomes.
-    #[allow(clippy::type_complexity)]
-    pub async fn snapshots_and<F>(
-        &self,
-        now: F,
-    ) -> Vec<(
-        HostId,
-        Result<HostSnapshot, HostError>,
-        HostPlan,
-        Vec<Outcome>,
-    )>
+    pub async fn snapshots_and<F>(&self, now: F) -> Vec<Round>
     where
         F: Fn(&HostId, &HostSnapshot) -> HostPlan + Sync,
     {
         let now = &now;
         fan_out(&self.hosts, self.concurrency, |c| {
-            Box::pin(async move {
-                let result = self.snapshot(c).await;
-                let plan = match &result {
-                    Ok(snap) => now(&c.spec.id, snap),
-                    Err(_) => HostPlan::default(),
-                };
-                let outcomes = if plan.is_empty() {
-                    Vec::new()
-                } else {
-                    self.execute(c, &plan).await
-                };
-                (c.spec.id.clone(), result, plan, outcomes)
-            })
+            let span = tracing::debug_span!("host", host = %c.spec.id);
+            Box::pin(
+                async move {
+                    let start = tokio::time::Instant::now();
+                    let snapshot = self.snapshot(c).await;
+                    let elapsed = start.elapsed();
+                    let plan = match &snapshot {
+                        Ok(snap) => now(&c.spec.id, snap),
+                        Err(_) => HostPlan::default(),
+                    };
+                    let outcomes = if plan.is_empty() {
+                        Vec::new()
+                    } else {
+                        self.execute(c, &plan).await
+                    };
+                    Round {
+                        host: c.spec.id.clone(),
+                        snapshot,
+                        elapsed,
+                        connect: c.take_connect_time(),
+                        plan,
+                        outcomes,
+                    }
+                }
+                .instrument(span),
+            )
         })
         .await
     }

@@ -84,6 +84,8 @@ pub struct Answer {
 pub struct Connection {
     pub spec: HostSpec,
     master: Mutex<Option<Master>>,
+    /// How long the last master took to come up, until asked for.
+    connected_in: std::sync::Mutex<Option<Duration>>,
 }
 
 fn expand_home(path: &Path) -> PathBuf {
@@ -108,6 +110,7 @@ impl Connection {
         Connection {
             spec,
             master: Mutex::new(None),
+            connected_in: std::sync::Mutex::new(None),
         }
     }
 
@@ -298,7 +301,9 @@ impl Connection {
             }
         }
         if guard.is_none() {
+            let start = tokio::time::Instant::now();
             *guard = Some(self.connect(opts).await?);
+            *self.connected_in.lock().unwrap_or_else(|e| e.into_inner()) = Some(start.elapsed());
         }
         Ok(guard.as_mut().expect("connected just above"))
     }
@@ -416,6 +421,14 @@ impl Connection {
                 })
             }
         }
+    }
+
+    /// How long a master took to come up, if one was opened since last asked.
+    pub fn take_connect_time(&self) -> Option<Duration> {
+        self.connected_in
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// Closes the master, if open, removing its socket; a master that does
