@@ -104,6 +104,11 @@ pub struct RemoteArgs {
     #[arg(long, value_name = "DIR")]
     pub control_dir: Option<PathBuf>,
 
+    /// Leave the SSH masters running this long after the run, for the next
+    /// run with the same --control-dir to use (cron: no handshake per run)
+    #[arg(long, value_name = "DURATION", requires = "control_dir", value_parser = parse_timeout)]
+    pub control_persist: Option<Duration>,
+
     /// Host-key policy
     #[arg(long, value_enum, default_value = "accept-new")]
     pub host_key_check: HostKeyCheck,

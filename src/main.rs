@@ -159,7 +159,13 @@ async fn remote(args: RemoteArgs) -> bool {
     };
     let temp;
     let control_dir = match &args.control_dir {
-        Some(d) => d.clone(),
+        Some(d) => match private_dir(d) {
+            Ok(()) => d.clone(),
+            Err(e) => {
+                complain(&format!("--control-dir {}: {e}", d.display()));
+                return false;
+            }
+        },
         None => match tempfile::Builder::new().prefix("genv-enforce-").tempdir() {
             Ok(t) => {
                 temp = t;
@@ -175,7 +181,10 @@ async fn remote(args: RemoteArgs) -> bool {
         connect_timeout: args.timeout.map(std::time::Duration::from_secs),
         control_dir,
         // Masters left by a crash exit on their own once idle this long.
-        persist: (settings.interval * 3).max(std::time::Duration::from_secs(60)),
+        persist: args
+            .control_persist
+            .unwrap_or((settings.interval * 3).max(std::time::Duration::from_secs(60))),
+        reuse: args.control_persist.is_some(),
         known_hosts: match args.host_key_check {
             HostKeyCheck::Strict => openssh::KnownHosts::Strict,
             HostKeyCheck::AcceptNew => openssh::KnownHosts::Add,
@@ -196,6 +205,30 @@ async fn remote(args: RemoteArgs) -> bool {
             false
         }
     }
+}
+
+/// Makes sure `dir` can hold our master sockets: a directory (created 0700
+/// if missing) owned by us that no one else may write to.
+fn private_dir(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| e.to_string())?;
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
+    if !meta.is_dir() {
+        return Err("not a directory".into());
+    }
+    if meta.uid() != rustix::process::geteuid().as_raw() {
+        return Err("not owned by us: another user could replace our sockets".into());
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err("writable by others: another user could replace our sockets".into());
+    }
+    Ok(())
 }
 
 /// Prints an error on stderr; a closed stderr is not worth a panic.

@@ -517,6 +517,7 @@ fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
             persist: Duration::from_secs(60),
             known_hosts: openssh::KnownHosts::Add,
             known_hosts_file: Some(f.dir.path().join("known_hosts")),
+            reuse: false,
         };
         let fleet = genv_enforce::remote::Fleet::new(vec![spec], ssh, 1, Duration::from_secs(20));
         let (_, ours) = fleet.snapshots().await.pop().unwrap();
@@ -873,4 +874,113 @@ fn concurrency_bounds_how_many_hosts_are_worked_on_at_once() {
         last_start < first_end,
         "--concurrency 3 ran hosts one by one: {all:?}"
     );
+}
+
+#[test]
+fn cron_runs_reuse_the_masters_they_left_and_replace_stale_or_foreign_ones() {
+    let Some(mut f) = Fleet::up(2) else { return };
+    let stray = f.host(1).spawn(None);
+    f.host(1).set_apps(&[(stray, 0, "100")]);
+    let control = tempfile::tempdir().unwrap();
+    let ctl = control.path().display().to_string();
+    let cron = |f: &Fleet, extra: &[&str]| {
+        let mut args = vec!["--control-dir", ctl.as_str(), "--control-persist", "60s"];
+        args.extend_from_slice(&["enforce", "--interval", "0", "--output", "json"]);
+        args.extend_from_slice(extra);
+        let out = f.ours(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        c["timing"]["connects"].as_u64().unwrap()
+    };
+    assert_eq!(cron(&f, &[]), 2, "the first run opens the masters");
+    assert_eq!(
+        cron(&f, &["--non-env-processes"]),
+        0,
+        "the second finds them"
+    );
+    assert_eq!(
+        f.host(1).wait_signal(stray, WAIT),
+        Some(SIGTERM),
+        "and enforces through them"
+    );
+    assert_eq!(
+        (f.connections(0), f.connections(1)),
+        (1, 1),
+        "one handshake per host in all"
+    );
+    let sockets = sockets_in(control.path());
+    assert_eq!(
+        sockets.len(),
+        2,
+        "the masters outlive the runs: {sockets:?}"
+    );
+    // Host 1's master dies (its socket stays, stale); host 2's socket is
+    // replaced by one another user could reach.
+    let pids = std::process::Command::new("pgrep")
+        .args(["-f", &format!("{ctl}/.*{}", "")])
+        .output()
+        .unwrap();
+    assert!(!pids.stdout.is_empty());
+    let first = sockets
+        .iter()
+        .find(|s| s.contains("genvfleet127"))
+        .unwrap()
+        .clone();
+    let masters = String::from_utf8_lossy(&pids.stdout).into_owned();
+    for pid in masters.split_whitespace() {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&first) {
+            rustix::process::kill_process(
+                rustix::process::Pid::from_raw(pid.parse().unwrap()).unwrap(),
+                rustix::process::Signal::KILL,
+            )
+            .unwrap();
+        }
+    }
+    let other = sockets.iter().find(|s| **s != first).unwrap().clone();
+    std::fs::set_permissions(&other, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        cron(&f, &[]),
+        2,
+        "a stale and a foreign socket are both replaced"
+    );
+    assert_eq!((f.connections(0), f.connections(1)), (2, 2));
+    assert_eq!(cron(&f, &[]), 0);
+    // A run without --control-persist uses what it finds, and closes it.
+    let out = f.ours(&["--control-dir", &ctl, "enforce", "--interval", "0"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!((f.connections(0), f.connections(1)), (2, 2));
+    assert_eq!(sockets_in(control.path()), Vec::<String>::new());
+    // A control dir others can write to is refused.
+    std::fs::set_permissions(
+        control.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let out = f.ours(&[
+        "--control-dir",
+        &ctl,
+        "--control-persist",
+        "60s",
+        "enforce",
+        "--interval",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("writable by others"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::set_permissions(
+        control.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    for s in sockets_in(control.path()) {
+        let _ = std::process::Command::new("ssh")
+            .args(["-S", &s, "-O", "exit", "x"])
+            .output();
+    }
 }

@@ -297,8 +297,15 @@ impl Fleet {
     }
 
     /// Closes every master (hosts in parallel, each bounded) and removes
-    /// its socket; the hosts whose master had to be killed.
+    /// its socket, or with `--control-persist` leaves it for the next run;
+    /// the hosts whose master had to be killed.
     pub async fn close(&self) -> Vec<(HostId, HostError)> {
+        if self.ssh.reuse {
+            for c in &self.hosts {
+                c.release().await;
+            }
+            return Vec::new();
+        }
         fan_out(&self.hosts, self.concurrency, |c| {
             Box::pin(async move { (c.spec.id.clone(), c.close().await) })
         })

@@ -9,6 +9,7 @@
 //! wait on a master (check, close) is bounded, and a master that does not
 //! close when asked is killed.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
@@ -42,6 +43,10 @@ pub struct SshOptions {
     pub known_hosts: KnownHosts,
     /// A known_hosts file to use instead of the user's.
     pub known_hosts_file: Option<PathBuf>,
+    /// Masters outlive the run (`--control-persist`) for the next run to
+    /// use; otherwise every master used is closed at the end. Either way a
+    /// master an earlier run left, ours and alive, is used.
+    pub reuse: bool,
 }
 
 /// A running master: its socket, its log, the mux session over it, and
@@ -114,36 +119,11 @@ impl Connection {
         }
     }
 
-    /// A short file name for this host's socket and log (socket paths are
-    /// limited to about 100 bytes).
-    fn file_stem(&self) -> String {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.spec.id.hash(&mut h);
-        let safe: String = self
-            .spec
-            .id
-            .0
-            .chars()
-            .filter(char::is_ascii_alphanumeric)
-            .take(16)
-            .collect();
-        format!("{safe}-{:08x}", h.finish() as u32)
-    }
-
-    /// The `ssh` command line that starts this host's master on `socket`.
-    fn master_command(
-        &self,
-        opts: &SshOptions,
-        socket: &Path,
-        log: &Path,
-    ) -> Result<Vec<std::ffi::OsString>, HostError> {
+    /// The `ssh` options of this host's master: everything but its
+    /// socket and log.
+    fn master_options(&self, opts: &SshOptions) -> Result<Vec<OsString>, HostError> {
         let timeout = opts.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
-        let mut args: Vec<std::ffi::OsString> = vec![
-            "-E".into(),
-            log.into(),
-            "-S".into(),
-            socket.into(),
+        let mut args: Vec<OsString> = vec![
             "-M".into(),
             "-N".into(),
             "-o".into(),
@@ -172,7 +152,7 @@ impl Connection {
             ]);
         }
         if let Some(f) = &opts.known_hosts_file {
-            let mut o = std::ffi::OsString::from("UserKnownHostsFile=");
+            let mut o = OsString::from("UserKnownHostsFile=");
             o.push(f);
             args.extend(["-o".into(), o]);
         }
@@ -183,13 +163,47 @@ impl Connection {
         Ok(args)
     }
 
+    /// A short name for files of this host in the control directory (socket
+    /// paths are limited to about 100 bytes): its name, and a hash of `what`
+    /// that tells different settings apart.
+    fn file_stem(&self, what: &[impl AsRef<std::ffi::OsStr>]) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.spec.id.hash(&mut h);
+        for w in what {
+            w.as_ref().as_encoded_bytes().hash(&mut h);
+        }
+        let safe: String = self
+            .spec
+            .id
+            .0
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(16)
+            .collect();
+        format!("{safe}-{:016x}", h.finish())
+    }
+
     async fn connect(&self, opts: &SshOptions) -> Result<Master, HostError> {
-        let stem = self.file_stem();
+        let options = self.master_options(opts)?;
+        // Same host, same options, same file names: what a master left by an
+        // earlier run with these settings would use.
+        let stem = self.file_stem(&options);
         let socket = opts.control_dir.join(format!("{stem}.sock"));
         let log = opts.control_dir.join(format!("{stem}.log"));
-        // Whatever an earlier master left there is ours to replace.
+        if let Some(m) = adopt(&socket, &log).await {
+            tracing::debug!(host = %self.spec.id, socket = %socket.display(), "reusing a master left by an earlier run");
+            return Ok(m);
+        }
+        // Whatever is left there is stale or foreign: replaced.
         let _ = std::fs::remove_file(&socket);
-        let args = self.master_command(opts, &socket, &log)?;
+        let mut args: Vec<OsString> = vec![
+            "-E".into(),
+            log.clone().into(),
+            "-S".into(),
+            socket.clone().into(),
+        ];
+        args.extend(options);
         let mut child = tokio::process::Command::new("ssh")
             .args(&args)
             .stdin(std::process::Stdio::null())
@@ -251,6 +265,7 @@ impl Connection {
                 },
             });
         }
+        *self.connected_in.lock().unwrap_or_else(|e| e.into_inner()) = Some(started.elapsed());
         // Reap the launcher once it has handed over (it exits right away).
         if tokio::time::timeout(MASTER_WAIT, child.wait())
             .await
@@ -279,7 +294,7 @@ impl Connection {
         text.push_str("Include ~/.ssh/config\n");
         let path = opts
             .control_dir
-            .join(format!("{}.ssh_config", self.file_stem()));
+            .join(format!("{}.ssh_config", self.file_stem(&[&text])));
         std::fs::write(&path, text).map_err(|e| HostError::Spawn {
             command: format!("write {}", path.display()),
             source: e,
@@ -301,9 +316,7 @@ impl Connection {
             }
         }
         if guard.is_none() {
-            let start = tokio::time::Instant::now();
             *guard = Some(self.connect(opts).await?);
-            *self.connected_in.lock().unwrap_or_else(|e| e.into_inner()) = Some(start.elapsed());
         }
         Ok(guard.as_mut().expect("connected just above"))
     }
@@ -431,6 +444,14 @@ impl Connection {
             .take()
     }
 
+    /// Leaves the master running for a later run (`--control-persist`); our
+    /// agent on the host ends (its stdin closes).
+    pub async fn release(&self) {
+        if let Some(mut m) = self.master.lock().await.take() {
+            m.peer = None;
+        }
+    }
+
     /// Closes the master, if open, removing its socket; a master that does
     /// not stop when asked is killed.
     ///
@@ -442,6 +463,33 @@ impl Connection {
             None => Ok(()),
         }
     }
+}
+
+/// A master an earlier run left on `socket`, if it is ours and alive: the
+/// socket owned by us and private, the process answering on it running as
+/// us and serving that socket. Anything else is not used (and is replaced).
+async fn adopt(socket: &Path, log: &Path) -> Option<Master> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let me = rustix::process::geteuid().as_raw();
+    let meta = std::fs::symlink_metadata(socket).ok()?;
+    if !meta.file_type().is_socket() || meta.uid() != me || meta.mode() & 0o077 != 0 {
+        return None;
+    }
+    let pid = master_pid(socket).await?;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid.as_raw_nonzero())).ok()?;
+    let uid = crate::snapshot::proc::real_uid(&status)?;
+    if uid != me || !is_master_of(pid, socket) {
+        return None;
+    }
+    Some(Master {
+        session: Arc::new(Session::resume_mux(
+            socket.to_path_buf().into_boxed_path(),
+            Some(log.to_path_buf().into_boxed_path()),
+        )),
+        socket: socket.to_path_buf(),
+        log: log.to_path_buf(),
+        peer: None,
+    })
 }
 
 /// Whether a master still answers, within [`MASTER_WAIT`].
