@@ -23,7 +23,7 @@ pub enum Command {
     /// Enforce GPU usage on this machine (as `genv enforce`).
     Enforce(EnforceArgs),
     /// Enforce GPU usage on remote hosts over SSH (as `genv remote ... enforce`).
-    Remote(RemoteArgs),
+    Remote(Box<RemoteArgs>),
     /// Print this machine's GPU usage as JSON (as `genv usage snapshot`),
     /// with each process's start time and uid added.
     Snapshot(SnapshotArgs),

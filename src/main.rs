@@ -36,7 +36,7 @@ fn main() -> ExitCode {
     };
     let ok = match cli.command {
         Command::Enforce(args) => runtime.block_on(enforce(args)),
-        Command::Remote(args) => runtime.block_on(remote(args)),
+        Command::Remote(args) => runtime.block_on(remote(*args)),
         Command::Snapshot(args) => runtime.block_on(async {
             match LocalHost::from_env(args.command_timeout).snapshot().await {
                 Ok(s) => serde_json::to_string_pretty(&genv::to_json(&s))
