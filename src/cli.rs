@@ -355,6 +355,18 @@ mod tests {
     }
 
     #[test]
+    fn genvs_single_dash_host_in_both_spellings() {
+        let args = |a: &[&str]| normalize_args(a.iter().map(std::ffi::OsString::from));
+        assert_eq!(args(&["x", "-host", "a,b"]), args(&["x", "--host", "a,b"]));
+        assert_eq!(args(&["x", "-host=a,b"]), args(&["x", "--host=a,b"]));
+        assert_eq!(
+            args(&["x", "-hostile"]),
+            args(&["x", "-hostile"]),
+            "only -host itself"
+        );
+    }
+
+    #[test]
     fn remote_command_line_as_genv() {
         let args = normalize_args(
             [

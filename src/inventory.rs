@@ -234,11 +234,6 @@ fn spec(id: &str, address: &str, s: &Settings) -> Result<HostSpec, String> {
     if address.is_empty() || address.starts_with('-') || address.contains(char::is_whitespace) {
         return Err(format!("bad address {address:?}"));
     }
-    for o in s.ssh_options.iter().flatten() {
-        if !o.contains('=') || o.starts_with('=') {
-            return Err(format!("key `ssh_options`: {o:?} is not Key=Value"));
-        }
-    }
     Ok(HostSpec {
         id: HostId(id.to_string()),
         address: address.to_string(),
@@ -556,6 +551,23 @@ mod tests {
         assert_eq!(hosts.len(), 2);
         let e = parse_hostfile("gpu1\ngpu2:x\n", "hosts.txt", &Overrides::default()).unwrap_err();
         assert!(e.to_string().starts_with("hosts.txt: line 2:"), "{e}");
+    }
+
+    #[test]
+    fn dash_l_names_the_user_where_the_inventory_does_not() {
+        let o = Overrides {
+            user: Some("ops".into()),
+        };
+        let inv = parse_inventory(
+            "[[host]]\nname = \"a\"\n[[host]]\nname = \"b\"\nuser = \"root\"\n",
+            "f",
+            &o,
+        )
+        .unwrap();
+        assert_eq!(inv.hosts[0].user.as_deref(), Some("ops"));
+        assert_eq!(inv.hosts[1].user.as_deref(), Some("root"));
+        let none = parse_inventory("[[host]]\nname = \"a\"\n", "f", &Overrides::default()).unwrap();
+        assert_eq!(none.hosts[0].user, None);
     }
 
     #[test]

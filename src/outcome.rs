@@ -104,6 +104,44 @@ mod tests {
     use crate::plan::{Detach as PlannedDetach, HostPlan, Termination as Planned};
 
     #[test]
+    fn failures_are_errors_and_nothing_else_is() {
+        let h = HostId("h".into());
+        let term = |outcome| Outcome::Terminate {
+            host: h.clone(),
+            pid: Pid(1),
+            outcome,
+        };
+        let detach = |outcome| Outcome::Detach {
+            host: h.clone(),
+            device: GpuIndex(0),
+            eid: EnvId("e".into()),
+            outcome,
+        };
+        for o in [
+            term(Termination::PermissionDenied),
+            term(Termination::Failed { error: "x".into() }),
+            detach(Detach::Failed { error: "x".into() }),
+        ] {
+            assert!(o.is_error(), "{o:?}");
+        }
+        for o in [
+            term(Termination::Signalled),
+            term(Termination::DryRun),
+            term(Termination::AlreadyGone),
+            term(Termination::PidReused {
+                expected: 1,
+                found: 2,
+            }),
+            term(Termination::NoIdentity),
+            detach(Detach::Detached),
+            detach(Detach::DryRun),
+            detach(Detach::NotAttached),
+        ] {
+            assert!(!o.is_error(), "{o:?}");
+        }
+    }
+
+    #[test]
     fn outcomes_follow_the_plan_whatever_order_they_came_in() {
         let h = HostId("h".into());
         let t = |pid| Planned::of(Pid(pid), Some(1));

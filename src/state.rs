@@ -195,6 +195,13 @@ impl Dir<'_> {
                     what: "a symbolic link",
                 })
             }
+            // What open(2) says of a socket.
+            Err(Errno::NXIO) => {
+                return Err(StateError::Unsafe {
+                    path: path(),
+                    what: "a socket",
+                })
+            }
             Err(e) => return Err(StateError::io(path(), e.into())),
         };
         regular(&fd, &path())?;
@@ -329,7 +336,6 @@ fn regular(fd: &OwnedFd, path: &Path) -> Result<(), StateError> {
     let what = match FileType::from_raw_mode(stat.st_mode) {
         FileType::RegularFile => return Ok(()),
         FileType::Fifo => "a FIFO",
-        FileType::Socket => "a socket",
         FileType::CharacterDevice | FileType::BlockDevice => "a device",
         FileType::Directory => "a directory",
         _ => "not a regular file",
@@ -566,6 +572,84 @@ mod tests {
         f.set_len(MAX_STATE_BYTES + 1).unwrap();
         let e = state.read(Duration::from_secs(1)).unwrap_err();
         assert!(e.to_string().contains("larger than"), "{e}");
+    }
+
+    #[test]
+    fn sockets_and_devices_are_named_as_such() {
+        let (t, state) = dir_with(DEVICES);
+        let _listener = std::os::unix::net::UnixListener::bind(t.path().join("envs.json")).unwrap();
+        let e = state.read(Duration::from_secs(1)).unwrap_err();
+        assert!(e.to_string().contains("envs.json is a socket"), "{e}");
+        std::fs::remove_file(t.path().join("envs.json")).unwrap();
+        // A device node (only root can make one; a user could only link to
+        // one, and links are refused before that).
+        let null = rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &t.path().join("envs.json"),
+            FileType::CharacterDevice,
+            Mode::from_raw_mode(0o666),
+            rustix::fs::makedev(1, 3),
+        );
+        if null.is_ok() {
+            let e = state.read(Duration::from_secs(1)).unwrap_err();
+            assert!(
+                e.to_string().contains("envs.json is a device")
+                    || e.to_string().contains("Permission denied"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn nothing_opened_leaks_into_children() {
+        let (t, state) = dir_with(DEVICES);
+        let cloexec = |fd: &OwnedFd| {
+            rustix::io::fcntl_getfd(fd)
+                .unwrap()
+                .contains(rustix::io::FdFlags::CLOEXEC)
+        };
+        let dir = state.open().unwrap().unwrap();
+        assert!(cloexec(&dir.fd));
+        let file = dir.open_file("devices.json").unwrap().unwrap();
+        assert!(cloexec(&OwnedFd::from(file)));
+        let lock = state.lock(Duration::from_secs(1)).unwrap().unwrap();
+        assert!(cloexec(&lock._file));
+        let (name, tmp) = dir.create_temp("devices.json").unwrap();
+        assert!(cloexec(&tmp));
+        let _ = std::fs::remove_file(t.path().join(name));
+    }
+
+    #[test]
+    fn a_lock_let_go_of_while_we_wait_is_taken() {
+        let (_t, state) = dir_with(DEVICES);
+        let held = state.lock(Duration::from_secs(1)).unwrap();
+        let letting_go = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(held);
+        });
+        let start = Instant::now();
+        assert!(state.lock(Duration::from_secs(5)).unwrap().is_some());
+        assert!(start.elapsed() >= Duration::from_millis(90));
+        letting_go.join().unwrap();
+    }
+
+    #[test]
+    fn a_state_file_of_exactly_the_cap_is_read() {
+        let (t, state) = dir_with(DEVICES);
+        let f = File::create(t.path().join("envs.json")).unwrap();
+        f.set_len(MAX_STATE_BYTES).unwrap();
+        let files = state.read(Duration::from_secs(1)).unwrap();
+        assert_eq!(files.envs.map(|e| e.len() as u64), Some(MAX_STATE_BYTES));
+    }
+
+    #[test]
+    fn temp_files_get_fresh_names() {
+        let (t, state) = dir_with(DEVICES);
+        let dir = state.open().unwrap().unwrap();
+        let (a, _) = dir.create_temp("devices.json").unwrap();
+        let (b, _) = dir.create_temp("devices.json").unwrap();
+        assert_ne!(a, b);
+        assert!(t.path().join(&a).exists() && t.path().join(&b).exists());
     }
 
     #[test]

@@ -114,8 +114,6 @@ def refuse(path, what):
 def kind_of(mode):
     if stat.S_ISFIFO(mode):
         return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         return "a device"
     if stat.S_ISDIR(mode):
@@ -151,6 +149,8 @@ def open_in(dfd, path, name, flags, mode=0):
     except OSError as e:
         if e.errno == errno.ELOOP:
             refuse(path, "a symbolic link")
+        if e.errno == errno.ENXIO:
+            refuse(path, "a socket")
         raise Failure("state", "%s: %s" % (path, e.strerror))
     return regular(fd, path)
 

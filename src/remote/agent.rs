@@ -368,6 +368,7 @@ mod tests {
                 Some("9"),
                 b"unsure\nits pid was reused while it was read",
             ),
+            frame("proc", Some("10"), b"seen 8 2 novar\n"),
             frame("user", Some("1001"), b"alice"),
         ]
         .concat()
@@ -398,6 +399,14 @@ mod tests {
             matches!(&raw.procs[&8], RawProc::Seen { environ: Environ::Unreadable(w), .. } if w == "not enough permissions")
         );
         assert!(matches!(&raw.procs[&9], RawProc::Unsure(w) if w.contains("reused")));
+        assert_eq!(
+            raw.procs[&10],
+            RawProc::Seen {
+                start_time: 8,
+                uid: Some(2),
+                environ: Environ::NoVar
+            }
+        );
         assert_eq!(raw.user_names[&1001], "alice");
     }
 
@@ -501,6 +510,27 @@ mod tests {
         );
         assert!(matches!(out[5], T::Failed { .. }));
         assert!(matches!(&out[6], T::Failed { error } if error.contains("what")));
+    }
+
+    #[test]
+    fn snapshot_requests_carry_the_hosts_settings_and_limits() {
+        let limits = Limits {
+            step: Duration::from_millis(2500),
+            run: Duration::from_secs(3),
+        };
+        let req = snapshot_request("/var/tmp/genv", &["nvidia-smi".into(), "-x".into()], limits);
+        assert_eq!(
+            req,
+            json!({"mode": "snapshot", "dir": "/var/tmp/genv", "nvidia_smi": ["nvidia-smi", "-x"],
+                   "step": 2.5, "limit": 3.0, "max_bytes": MAX_STATE_BYTES})
+        );
+    }
+
+    #[test]
+    fn an_answer_may_hold_every_part_at_its_cap_and_no_more_than_that() {
+        // Two state files and two nvidia-smi answers at their caps, plus frames.
+        assert!(MAX_OUTPUT_BYTES > 4 * MAX_STATE_BYTES);
+        assert!(MAX_OUTPUT_BYTES <= 4 * MAX_STATE_BYTES + (16 << 20));
     }
 
     #[test]

@@ -193,6 +193,44 @@ mod tests {
             denied,
             Some(RawProc::Seen { environ: Environ::Unreadable(w), .. }) if w.contains("permissions")
         ));
+        let environ_gone = identity(
+            reads(vec![
+                ("stat", Ok(stat(7))),
+                ("status", status()),
+                ("environ", gone()),
+            ]),
+            true,
+        );
+        assert_eq!(environ_gone, None, "it exited while read");
+        let environ_io = identity(
+            reads(vec![
+                ("stat", Ok(stat(7))),
+                ("status", status()),
+                ("environ", Err(std::io::Error::other("disk on fire"))),
+                ("stat", Ok(stat(7))),
+            ]),
+            true,
+        );
+        assert!(matches!(
+            environ_io,
+            Some(RawProc::Seen { environ: Environ::Unreadable(w), .. }) if w == "cannot read its environment: disk on fire"
+        ));
+        let no_var = identity(
+            reads(vec![
+                ("stat", Ok(stat(7))),
+                ("status", status()),
+                ("environ", Ok(b"A=1\0".to_vec())),
+                ("stat", Ok(stat(7))),
+            ]),
+            true,
+        );
+        assert!(matches!(
+            no_var,
+            Some(RawProc::Seen {
+                environ: Environ::NoVar,
+                ..
+            })
+        ));
         let garbled = identity(reads(vec![("stat", Ok(b"42 (x".to_vec()))]), true);
         assert!(matches!(garbled, Some(RawProc::Unsure(_))));
     }

@@ -105,6 +105,13 @@ class StateDir(unittest.TestCase):
         os.mkfifo(self.path("envs.json"))
         self.assertIn("envs.json is a FIFO: refused", self.refused(agent["read_file"], dfd, self.dir, "envs.json", 100))
         os.unlink(self.path("envs.json"))
+        import socket
+
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(self.path("envs.json"))
+        self.assertIn("envs.json is a socket: refused", self.refused(agent["read_file"], dfd, self.dir, "envs.json", 100))
+        listener.close()
+        os.unlink(self.path("envs.json"))
         with open(self.path("envs.json"), "wb") as f:
             f.write(b"x" * 101)
         self.assertIn("larger than 100 bytes", self.refused(agent["read_file"], dfd, self.dir, "envs.json", 100))
