@@ -30,6 +30,10 @@ pub const MAX_STATE_BYTES: u64 = crate::state::MAX_STATE_BYTES;
 /// The most we read of a remote command's output: two state files and two
 /// nvidia-smi answers at their caps, and room for the frames.
 pub const MAX_OUTPUT_BYTES: u64 = 4 * MAX_STATE_BYTES + (1 << 20);
+const _: () = assert!(
+    MAX_OUTPUT_BYTES > 4 * MAX_STATE_BYTES && MAX_OUTPUT_BYTES <= 4 * MAX_STATE_BYTES + (16 << 20),
+    "an answer must hold every part at its cap, and little more"
+);
 
 /// The Python arguments that run the agent: it reads its own text from
 /// stdin, then the request.
@@ -524,13 +528,6 @@ mod tests {
             json!({"mode": "snapshot", "dir": "/var/tmp/genv", "nvidia_smi": ["nvidia-smi", "-x"],
                    "step": 2.5, "limit": 3.0, "max_bytes": MAX_STATE_BYTES})
         );
-    }
-
-    #[test]
-    fn an_answer_may_hold_every_part_at_its_cap_and_no_more_than_that() {
-        // Two state files and two nvidia-smi answers at their caps, plus frames.
-        assert!(MAX_OUTPUT_BYTES > 4 * MAX_STATE_BYTES);
-        assert!(MAX_OUTPUT_BYTES <= 4 * MAX_STATE_BYTES + (16 << 20));
     }
 
     #[test]
