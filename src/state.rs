@@ -585,7 +585,7 @@ mod tests {
         // one, and links are refused before that).
         let null = rustix::fs::mknodat(
             rustix::fs::CWD,
-            &t.path().join("envs.json"),
+            t.path().join("envs.json"),
             FileType::CharacterDevice,
             Mode::from_raw_mode(0o666),
             rustix::fs::makedev(1, 3),
