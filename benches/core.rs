@@ -1,11 +1,17 @@
 //! The pure core at fleet scale: parsing nvidia-smi output and a genv
-//! snapshot, and assessing a synthetic 500-host cluster (rules + plan).
+//! snapshot, assessing a synthetic 500-host cluster (rules + plan), and the
+//! whole pure path of a remote cycle over 1,000 hosts (8,000 GPUs, 24,000
+//! processes): the agents' answers parsed and assembled, merged, the rules
+//! run and the plan made.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 
+use genv_enforce::cycle::assess;
 use genv_enforce::model::{Cluster, HostId, HostSnapshot, Mode};
 use genv_enforce::plan;
+use genv_enforce::remote::agent;
 use genv_enforce::rules::{evaluate, Policy};
+use genv_enforce::snapshot::assemble::assemble;
 use genv_enforce::snapshot::{genv, nvidia_smi};
 
 /// A busy 8-GPU host: 8 environments (4 users), 24 processes, some stray,
@@ -64,6 +70,111 @@ fn cluster(hosts: usize) -> Cluster {
     }
 }
 
+/// What our agent answers for one busy 8-GPU host: 6 environments of 3
+/// users (each attached to its devices), 24 GPU processes in them (one a
+/// stray, one on a device its environment lacks), and the identity of
+/// every process and listed shell.
+fn agent_answer(h: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut frame = |kind: &str, arg: Option<String>, body: &[u8]| {
+        match arg {
+            Some(a) => out.extend(format!("@{kind} {a} {}\n", body.len()).bytes()),
+            None => out.extend(format!("@{kind} {}\n", body.len()).bytes()),
+        }
+        out.extend_from_slice(body);
+    };
+    let uuid = |g: usize| format!("GPU-{g:08x}-{h:04x}-4c3b-9a8f-7e6d5c4b3a29");
+    let gpus: String = (0..8)
+        .map(|g| format!("{}, {g}, 81559\n", uuid(g)))
+        .collect();
+    frame("gpus", None, gpus.as_bytes());
+    let user = |e: usize| 1000 + (h * 3 + e / 2) % 150;
+    let mut apps = String::new();
+    for p in 0..24 {
+        let env = p / 4;
+        let gpu = if p == 23 { 7 } else { env + (p % 2) * (p / 12) };
+        apps.push_str(&format!(
+            "{}, {}, {}\n",
+            uuid(gpu % 8),
+            20_000 + p,
+            1000 + p * 10
+        ));
+    }
+    frame("apps", None, apps.as_bytes());
+    let envs: Vec<String> = (0..6)
+        .map(|e| {
+            format!(
+                r#"{{"eid": "{h}-{e}", "uid": {}, "creation": "22/11/2026 15:04:05", "username": "user{}", "config": {{"name": null, "gpu_memory": null, "gpus": 1}}, "pids": [{}], "kernel_ids": []}}"#,
+                user(e),
+                user(e),
+                10_000 + e
+            )
+        })
+        .collect();
+    frame(
+        "envs",
+        None,
+        format!(r#"{{"envs": [{}]}}"#, envs.join(", ")).as_bytes(),
+    );
+    let devices: Vec<String> = (0..8)
+        .map(|d| {
+            let attached = if d < 6 {
+                format!(
+                    r#"{{"eid": "{h}-{d}", "gpu_memory": null, "time": "22/11/2026 15:04:06"}}"#
+                )
+            } else {
+                String::new()
+            };
+            format!(r#"{{"index": {d}, "total_memory": "81559mi", "attachments": [{attached}]}}"#)
+        })
+        .collect();
+    frame(
+        "devices",
+        None,
+        format!(r#"{{"devices": [{}]}}"#, devices.join(", ")).as_bytes(),
+    );
+    for e in 0..6 {
+        frame(
+            "proc",
+            Some((10_000 + e).to_string()),
+            format!("seen {} {} notread\n", 500 + e, user(e)).as_bytes(),
+        );
+    }
+    for p in 0..24 {
+        let mut body = format!("seen {} {} ", 9000 + p, user(p / 4)).into_bytes();
+        if p == 5 {
+            body.extend_from_slice(b"novar\n");
+        } else {
+            body.extend_from_slice(format!("var\n{h}-{}", p / 4).as_bytes());
+        }
+        frame("proc", Some((20_000 + p).to_string()), &body);
+    }
+    for e in 0..6 {
+        frame(
+            "user",
+            Some(user(e).to_string()),
+            format!("user{}", user(e)).as_bytes(),
+        );
+    }
+    out
+}
+
+/// The pure path of one remote cycle over `answers`.
+fn pure_path(answers: &[(HostId, Vec<u8>)], policy: &Policy) -> usize {
+    let results: Vec<(HostId, Result<HostSnapshot, String>)> = answers
+        .iter()
+        .map(|(host, bytes)| {
+            let snap = agent::parse_frames(bytes, &host.0)
+                .map_err(|e| e.to_string())
+                .and_then(|f| agent::raw_host(&f, &host.0).map_err(|e| e.to_string()))
+                .and_then(|raw| assemble(&raw, &host.0).map_err(|e| e.to_string()));
+            (host.clone(), snap)
+        })
+        .collect();
+    let (_, report) = assess(1, Mode::Remote, false, policy, results);
+    report.plan.hosts.len()
+}
+
 fn benches(c: &mut Criterion) {
     let mut apps = String::new();
     for i in 0..10_000 {
@@ -97,5 +208,38 @@ fn benches(c: &mut Criterion) {
     });
 }
 
-criterion_group!(core, benches);
+fn fleet_benches(c: &mut Criterion) {
+    let answers: Vec<(HostId, Vec<u8>)> = (0..1000)
+        .map(|h| (HostId(format!("gpu{h}")), agent_answer(h)))
+        .collect();
+    let policy = Policy {
+        non_env_processes: true,
+        max_devices_per_user: Some(60),
+        ..Policy::default()
+    };
+    let planned = pure_path(&answers, &policy);
+    assert!(
+        planned > 0 && planned <= 1000,
+        "{planned} hosts with a plan"
+    );
+    let mut group = c.benchmark_group("1000 hosts, 8000 GPUs, 24000 processes");
+    group.sample_size(20);
+    group.bench_function("pure path: parse + assemble + merge + rules + plan", |b| {
+        b.iter(|| pure_path(black_box(&answers), &policy))
+    });
+    group.bench_function("parse + assemble only", |b| {
+        b.iter(|| {
+            answers
+                .iter()
+                .map(|(h, bytes)| {
+                    let f = agent::parse_frames(black_box(bytes), &h.0).unwrap();
+                    assemble(&agent::raw_host(&f, &h.0).unwrap(), &h.0).unwrap()
+                })
+                .count()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(core, benches, fleet_benches);
 criterion_main!(core);

@@ -24,6 +24,7 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    raise_fd_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -203,6 +204,20 @@ async fn remote(args: RemoteArgs) -> bool {
         Err(e) => {
             complain(&chain(&e));
             false
+        }
+    }
+}
+
+/// A fleet costs a few file descriptors per host (the mux connection and
+/// the agent's pipes): take the whole hard limit rather than the usual soft
+/// 1024, which a few hundred hosts would exhaust.
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            tracing::debug!(error = %e, "cannot raise the open-file limit");
         }
     }
 }

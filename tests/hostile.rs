@@ -260,28 +260,39 @@ fn run_inventory(f: &Fleet, inventory: &Path, extra: &[&str]) -> Output {
     f.command(&args).output().unwrap()
 }
 
-/// Processes left in host `i`'s namespaces besides its sshd.
+/// Processes left in host `i`'s namespaces besides its sshd and the
+/// test's jobs, once our agent there has had a few seconds to see the end
+/// of its input.
 fn leftovers(f: &Fleet, i: usize) -> Vec<String> {
     let ns = f.hosts[i].ns.unwrap().to_string();
-    let out = Command::new("nsenter")
-        .args([
-            "--target",
-            &ns,
-            "--mount",
-            "--pid",
-            "--",
-            "ps",
-            "-eo",
-            "pid=,user=,args=",
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.contains("sshd") && !l.contains("ps -eo") && !l.contains("sleep 1000"))
-        .map(String::from)
-        .collect()
+    let list = || {
+        let out = Command::new("nsenter")
+            .args([
+                "--target",
+                &ns,
+                "--mount",
+                "--pid",
+                "--",
+                "ps",
+                "-eo",
+                "pid=,user=,args=",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.contains("sshd") && !l.contains("ps -eo") && !l.contains("sleep 1000"))
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    let start = Instant::now();
+    let mut left = list();
+    while !left.is_empty() && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(100));
+        left = list();
+    }
+    left
 }
 
 /// Replaces `name` in `dir` by a symlink to `target`, as a user may.

@@ -125,7 +125,7 @@ impl Fleet {
         PeerStart {
             probe,
             argv,
-            preamble: agent::AGENT.as_bytes().to_vec(),
+            preamble: agent::AGENT.as_bytes(),
         }
     }
 

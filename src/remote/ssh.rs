@@ -74,7 +74,7 @@ struct Peer {
 pub struct PeerStart {
     pub probe: Vec<String>,
     pub argv: Vec<String>,
-    pub preamble: Vec<u8>,
+    pub preamble: &'static [u8],
 }
 
 /// A peer's answer: its status and its body.
@@ -378,7 +378,13 @@ impl Connection {
         opts: &SshOptions,
     ) -> Result<Answer, HostError> {
         let mut guard = self.master.lock().await;
-        let master = self.master(&mut guard, opts).await?;
+        // A running peer is the proof that its master lives: no check per
+        // request (a dead master shows as the peer failing, and is checked
+        // before the next peer starts).
+        let master = match guard.as_mut() {
+            Some(m) if m.peer.is_some() => m,
+            _ => self.master(&mut guard, opts).await?,
+        };
         let started = tokio::time::Instant::now();
         if master.peer.is_none() {
             let probe = self
@@ -563,7 +569,7 @@ async fn spawn_peer(session: &Arc<Session>, start: &PeerStart) -> Result<Peer, o
     let mut stdin = child.stdin().take().expect("piped");
     let stdout = BufReader::new(child.stdout().take().expect("piped"));
     stdin
-        .write_all(&start.preamble)
+        .write_all(start.preamble)
         .await
         .map_err(openssh::Error::ChildIo)?;
     Ok(Peer {
