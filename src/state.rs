@@ -539,10 +539,27 @@ mod tests {
         // The state dir itself a symlink to elsewhere: refused.
         let link = outside.path().join("genv");
         std::os::unix::fs::symlink(t.path(), &link).unwrap();
-        let e = StateDir { path: link }
+        let e = StateDir { path: link.clone() }
             .read(Duration::from_secs(1))
             .unwrap_err();
-        assert!(e.to_string().contains("is a symbolic link"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{} is a symbolic link: refused (genv's state directory is writable by every user)",
+                link.display()
+            )
+        );
+        // Or a file.
+        let file = outside.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let e = StateDir { path: file.clone() }
+            .read(Duration::from_secs(1))
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{} is not a directory", file.display())),
+            "{e}"
+        );
     }
 
     #[test]
