@@ -578,5 +578,9 @@ mod tests {
             assert!(answer_header(bad).is_err(), "{bad:?}");
         }
         assert!(answer_header(&format!("@0 {}", MAX_OUTPUT_BYTES + 1)).is_err());
+        assert_eq!(
+            answer_header(&format!("@0 {MAX_OUTPUT_BYTES}")),
+            Ok((0, MAX_OUTPUT_BYTES))
+        );
     }
 }
