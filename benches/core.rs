@@ -11,7 +11,7 @@ use genv_enforce::model::{Cluster, HostId, HostSnapshot, Mode};
 use genv_enforce::plan;
 use genv_enforce::remote::agent;
 use genv_enforce::rules::{evaluate, Policy};
-use genv_enforce::snapshot::assemble::assemble;
+use genv_enforce::snapshot::assemble::{assemble, ParsedState};
 use genv_enforce::snapshot::{genv, nvidia_smi};
 
 /// A busy 8-GPU host: 8 environments (4 users), 24 processes, some stray,
@@ -159,15 +159,17 @@ fn agent_answer(h: usize) -> Vec<u8> {
     out
 }
 
-/// The pure path of one remote cycle over `answers`.
-fn pure_path(answers: &[(HostId, Vec<u8>)], policy: &Policy) -> usize {
+/// The pure path of one remote cycle over `answers`, with each host's
+/// state as parsed last cycle in `parsed`.
+fn pure_path(answers: &[(HostId, Vec<u8>)], parsed: &mut [ParsedState], policy: &Policy) -> usize {
     let results: Vec<(HostId, Result<HostSnapshot, String>)> = answers
         .iter()
-        .map(|(host, bytes)| {
+        .zip(parsed.iter_mut())
+        .map(|((host, bytes), parsed)| {
             let snap = agent::parse_frames(bytes, &host.0)
                 .map_err(|e| e.to_string())
                 .and_then(|f| agent::raw_host(&f, &host.0).map_err(|e| e.to_string()))
-                .and_then(|raw| assemble(&raw, &host.0).map_err(|e| e.to_string()));
+                .and_then(|raw| assemble(&raw, &host.0, parsed).map_err(|e| e.to_string()));
             (host.clone(), snap)
         })
         .collect();
@@ -217,23 +219,37 @@ fn fleet_benches(c: &mut Criterion) {
         max_devices_per_user: Some(60),
         ..Policy::default()
     };
-    let planned = pure_path(&answers, &policy);
+    let fresh = || {
+        (0..answers.len())
+            .map(|_| ParsedState::default())
+            .collect::<Vec<_>>()
+    };
+    let mut steady = fresh();
+    let planned = pure_path(&answers, &mut steady, &policy);
     assert!(
         planned > 0 && planned <= 1000,
         "{planned} hosts with a plan"
     );
     let mut group = c.benchmark_group("1000 hosts, 8000 GPUs, 24000 processes");
     group.sample_size(20);
-    group.bench_function("pure path: parse + assemble + merge + rules + plan", |b| {
-        b.iter(|| pure_path(black_box(&answers), &policy))
+    group.bench_function("pure path, steady state (state files unchanged)", |b| {
+        b.iter(|| pure_path(black_box(&answers), &mut steady, &policy))
     });
-    group.bench_function("parse + assemble only", |b| {
+    group.bench_function("pure path, first cycle (every state file parsed)", |b| {
+        b.iter_batched_ref(
+            fresh,
+            |p| pure_path(black_box(&answers), p, &policy),
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    group.bench_function("parse + assemble only, steady state", |b| {
         b.iter(|| {
             answers
                 .iter()
-                .map(|(h, bytes)| {
+                .zip(steady.iter_mut())
+                .map(|((h, bytes), p)| {
                     let f = agent::parse_frames(black_box(bytes), &h.0).unwrap();
-                    assemble(&agent::raw_host(&f, &h.0).unwrap(), &h.0).unwrap()
+                    assemble(&agent::raw_host(&f, &h.0).unwrap(), &h.0, p).unwrap()
                 })
                 .count()
         })
@@ -243,3 +259,7 @@ fn fleet_benches(c: &mut Criterion) {
 
 criterion_group!(core, benches, fleet_benches);
 criterion_main!(core);
+
+/// As the binary does (src/main.rs).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -57,14 +57,15 @@ pub fn assess<E: ToString>(
         })
         .collect();
     let cluster = Cluster::merge(mode, results);
-    let violations = rules::evaluate(&cluster, policy);
+    let charges = rules::Charges::of(&cluster, policy);
+    let violations = rules::evaluate_with(&cluster, policy, &charges);
     let plan = plan::build(&cluster, &violations);
     let report = CycleReport {
         cycle,
         mode,
         dry_run,
         hosts,
-        notices: rules::notices(&cluster, policy),
+        notices: rules::notices_with(&cluster, &charges),
         violations,
         plan,
         outcomes: Vec::new(),

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::ErrorKind;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustix::process::{pidfd_open, pidfd_send_signal, PidfdFlags, Signal};
@@ -14,7 +15,7 @@ use crate::error::HostError;
 use crate::model::{HostId, HostSnapshot};
 use crate::outcome::{self, Outcome};
 use crate::plan::{HostPlan, Termination};
-use crate::snapshot::assemble::{assemble, pids_to_read, RawHost, RawProc};
+use crate::snapshot::assemble::{assemble, pids_to_read, ParsedState, RawHost, RawProc};
 use crate::snapshot::proc;
 use crate::state::StateDir;
 
@@ -43,6 +44,8 @@ pub struct LocalHost {
     pub proc_root: PathBuf,
     /// Deadline of each command and of waiting for genv's lock.
     pub timeout: Duration,
+    /// The state files as parsed last cycle.
+    pub parsed: Arc<Mutex<ParsedState>>,
 }
 
 impl LocalHost {
@@ -53,6 +56,7 @@ impl LocalHost {
             nvidia_smi: "nvidia-smi".to_string(),
             proc_root: PathBuf::from("/proc"),
             timeout,
+            parsed: Arc::default(),
         }
     }
 
@@ -134,7 +138,12 @@ impl LocalHost {
                 command: "state reader".into(),
                 source: std::io::Error::other(e),
             })??;
-        Ok(assemble(&raw, &self.state.path.display().to_string())?)
+        let mut parsed = self.parsed.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(assemble(
+            &raw,
+            &self.state.path.display().to_string(),
+            &mut parsed,
+        )?)
     }
 
     /// The raw parts of a snapshot, given nvidia-smi's answers.

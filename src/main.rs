@@ -16,6 +16,12 @@ use genv_enforce::remote::{ssh::SshOptions, Fleet};
 use genv_enforce::rules::Policy;
 use genv_enforce::snapshot::genv;
 
+/// A cycle makes and drops many small values per host (ids, records):
+/// mimalloc does that a third faster than glibc's malloc (the 1,000-host
+/// criterion bench).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse_from(cli::normalize_args(std::env::args_os()));
     tracing_subscriber::fmt()

@@ -11,7 +11,7 @@ use crate::plan::{self, Plan};
 use crate::remote::agent;
 use crate::rules::attribution::{self, Charge};
 use crate::rules::{evaluate, Policy};
-use crate::snapshot::assemble::{assemble, pids_to_read, Environ, RawHost, RawProc};
+use crate::snapshot::assemble::{assemble, pids_to_read, Environ, ParsedState, RawHost, RawProc};
 use crate::snapshot::{genv, memory, nvidia_smi, proc};
 use crate::{inventory, plan::Detach, plan::Termination};
 
@@ -66,7 +66,7 @@ proptest! {
         bytes.extend_from_slice(&trailer);
         if let Ok(frames) = agent::parse_frames(&bytes, "p") {
             if let Ok(raw) = agent::raw_host(&frames, "p") {
-                let _ = assemble(&raw, "p");
+                let _ = assemble(&raw, "p", &mut ParsedState::default());
             }
         }
     }
@@ -89,7 +89,7 @@ proptest! {
                 .collect(),
             user_names: BTreeMap::new(),
         };
-        let _ = assemble(&raw, "p");
+        let _ = assemble(&raw, "p", &mut ParsedState::default());
         let _ = pids_to_read(&apps, envs.as_deref(), |_| true);
     }
 

@@ -30,6 +30,7 @@ fn local(h: &Host) -> LocalHost {
         nvidia_smi: h.dir.path().join("bin/nvidia-smi").display().to_string(),
         proc_root: "/proc".into(),
         timeout: Duration::from_secs(10),
+        parsed: Default::default(),
     }
 }
 

@@ -139,19 +139,19 @@ pub fn detach_request(dir: &str, detaches: &[Detach], limits: Limits) -> serde_j
     })
 }
 
-/// One frame of the agent's snapshot answer.
+/// One frame of the agent's snapshot answer, borrowed from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Frame {
-    pub kind: String,
-    pub arg: Option<String>,
-    pub body: Vec<u8>,
+pub struct Frame<'a> {
+    pub kind: &'a str,
+    pub arg: Option<&'a str>,
+    pub body: &'a [u8],
 }
 
 /// Splits the agent's snapshot answer into frames.
 ///
 /// # Errors
 /// A malformed header or a frame shorter than announced (truncated output).
-pub fn parse_frames(mut bytes: &[u8], source: &str) -> Result<Vec<Frame>, ParseError> {
+pub fn parse_frames<'a>(mut bytes: &'a [u8], source: &str) -> Result<Vec<Frame<'a>>, ParseError> {
     let mut frames = Vec::new();
     while !bytes.is_empty() {
         let bad = |m: String| ParseError::new(source, format!("frame {}", frames.len() + 1), m);
@@ -168,7 +168,7 @@ pub fn parse_frames(mut bytes: &[u8], source: &str) -> Result<Vec<Frame>, ParseE
             .collect();
         let (kind, arg, len) = match words[..] {
             [kind, len] => (kind, None, len),
-            [kind, arg, len] => (kind, Some(arg.to_string()), len),
+            [kind, arg, len] => (kind, Some(arg), len),
             _ => return Err(bad(format!("not a frame header: {header:?}"))),
         };
         let len: usize = len
@@ -182,9 +182,9 @@ pub fn parse_frames(mut bytes: &[u8], source: &str) -> Result<Vec<Frame>, ParseE
             )));
         }
         frames.push(Frame {
-            kind: kind.to_string(),
+            kind,
             arg,
-            body: rest[..len].to_vec(),
+            body: &rest[..len],
         });
         bytes = &rest[len..];
     }
@@ -192,8 +192,9 @@ pub fn parse_frames(mut bytes: &[u8], source: &str) -> Result<Vec<Frame>, ParseE
 }
 
 fn text(frame: &Frame, source: &str) -> Result<String, ParseError> {
-    String::from_utf8(frame.body.clone())
-        .map_err(|_| ParseError::new(source, &frame.kind, "not UTF-8"))
+    std::str::from_utf8(frame.body)
+        .map(str::to_string)
+        .map_err(|_| ParseError::new(source, frame.kind, "not UTF-8"))
 }
 
 /// The raw parts of a host snapshot from the agent's frames.
@@ -204,8 +205,8 @@ fn text(frame: &Frame, source: &str) -> Result<String, ParseError> {
 pub fn raw_host(frames: &[Frame], source: &str) -> Result<RawHost, HostError> {
     if let Some(f) = frames.iter().find(|f| f.kind == "fail") {
         return Err(HostError::Remote {
-            what: f.arg.clone().unwrap_or_default(),
-            message: String::from_utf8_lossy(&f.body).trim().to_string(),
+            what: f.arg.unwrap_or_default().to_string(),
+            message: String::from_utf8_lossy(f.body).trim().to_string(),
         });
     }
     let find = |kind: &str| frames.iter().find(|f| f.kind == kind && f.arg.is_none());
@@ -224,14 +225,12 @@ pub fn raw_host(frames: &[Frame], source: &str) -> Result<RawHost, HostError> {
     for f in frames {
         let number = |what: &str| {
             f.arg
-                .as_deref()
                 .and_then(|a| a.parse::<u32>().ok())
-                .ok_or_else(|| ParseError::new(source, &f.kind, format!("bad {what} {:?}", f.arg)))
+                .ok_or_else(|| ParseError::new(source, f.kind, format!("bad {what} {:?}", f.arg)))
         };
-        match f.kind.as_str() {
+        match f.kind {
             "proc" => {
-                raw.procs
-                    .insert(number("pid")?, proc_body(&f.body, source)?);
+                raw.procs.insert(number("pid")?, proc_body(f.body, source)?);
             }
             "user" => {
                 raw.user_names.insert(number("uid")?, text(f, source)?);

@@ -207,7 +207,8 @@ impl Fleet {
         }
         let frames = agent::parse_frames(&answer.body, &c.spec.id.0)?;
         let raw = agent::raw_host(&frames, &c.spec.id.0)?;
-        Ok(assemble(&raw, &c.spec.id.0)?)
+        let mut parsed = c.parsed.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(assemble(&raw, &c.spec.id.0, &mut parsed)?)
     }
 
     /// Carries out each host's plan, hosts in parallel (`concurrency` at a

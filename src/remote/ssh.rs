@@ -91,6 +91,8 @@ pub struct Connection {
     master: Mutex<Option<Master>>,
     /// How long the last master took to come up, until asked for.
     connected_in: std::sync::Mutex<Option<Duration>>,
+    /// The host's state files as parsed last cycle.
+    pub parsed: std::sync::Mutex<crate::snapshot::assemble::ParsedState>,
 }
 
 fn expand_home(path: &Path) -> PathBuf {
@@ -116,6 +118,7 @@ impl Connection {
             spec,
             master: Mutex::new(None),
             connected_in: std::sync::Mutex::new(None),
+            parsed: std::sync::Mutex::default(),
         }
     }
 

@@ -19,8 +19,6 @@
 //! there is and genv's rule applies (environments without a username
 //! count for nobody).
 
-use std::collections::BTreeSet;
-
 use serde::Serialize;
 
 use crate::model::{Env, HostSnapshot};
@@ -48,24 +46,30 @@ pub enum Unconfirmed {
 
 /// The charge of `env`, one of `snap`'s environments.
 pub fn charge(snap: &HostSnapshot, env: &Env) -> Charge {
-    let Some(truth) = &snap.truth else {
-        return match env.username.as_deref().filter(|u| !u.is_empty()) {
-            Some(u) => Charge::User(u.to_string()),
-            None => Charge::Nobody(Unconfirmed::Nameless),
-        };
-    };
-    let listed = env
-        .pids
+    let i = snap
+        .envs
         .iter()
-        .filter(|pid| {
-            !snap
-                .envs
-                .iter()
-                .any(|other| other.eid != env.eid && other.pids.contains(pid))
-        })
-        .filter_map(|pid| truth.pid_uids.get(pid).copied());
-    let running = snap.processes_of(&env.eid).filter_map(|p| p.uid);
-    let uids: BTreeSet<u32> = listed.chain(running).collect();
+        .position(|e| std::ptr::eq(e, env))
+        .expect("env is one of snap's environments");
+    charges(snap).swap_remove(i)
+}
+
+/// The charge of each of `snap`'s environments, in order, in one pass.
+pub fn charges(snap: &HostSnapshot) -> Vec<Charge> {
+    let Some(truth) = &snap.truth else {
+        return snap
+            .envs
+            .iter()
+            .map(
+                |env| match env.username.as_deref().filter(|u| !u.is_empty()) {
+                    Some(u) => Charge::User(u.to_string()),
+                    None => Charge::Nobody(Unconfirmed::Nameless),
+                },
+            )
+            .collect();
+    };
+    // Hosts hold a handful of environments and a few dozen processes:
+    // plain scans beat hashing here.
     let name = |uid: &u32| {
         truth
             .user_names
@@ -73,13 +77,33 @@ pub fn charge(snap: &HostSnapshot, env: &Env) -> Charge {
             .cloned()
             .unwrap_or_else(|| format!("uid {uid}"))
     };
-    match uids.len() {
-        0 => Charge::Nobody(Unconfirmed::NoLiveProcess),
-        1 => Charge::User(uids.iter().map(name).collect()),
-        _ => Charge::Nobody(Unconfirmed::SeveralUsers {
-            users: uids.iter().map(name).collect(),
-        }),
-    }
+    snap.envs
+        .iter()
+        .map(|env| {
+            let listed_alone = |pid: &&i64| {
+                !snap
+                    .envs
+                    .iter()
+                    .any(|other| !std::ptr::eq(other, env) && other.pids.contains(pid))
+            };
+            let mut uids: Vec<u32> = env
+                .pids
+                .iter()
+                .filter(listed_alone)
+                .filter_map(|pid| truth.pid_uids.get(pid).copied())
+                .chain(snap.processes_of(&env.eid).filter_map(|p| p.uid))
+                .collect();
+            uids.sort_unstable();
+            uids.dedup();
+            match uids.len() {
+                0 => Charge::Nobody(Unconfirmed::NoLiveProcess),
+                1 => Charge::User(name(&uids[0])),
+                _ => Charge::Nobody(Unconfirmed::SeveralUsers {
+                    users: uids.iter().map(name).collect(),
+                }),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

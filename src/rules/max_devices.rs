@@ -10,36 +10,42 @@
 
 use std::collections::BTreeMap;
 
-use super::attribution::{charge, Charge};
+use super::attribution::Charge;
 use super::{Action, Finding, Policy, Rule, Violation};
-use crate::model::{Cluster, EnvId, GpuIndex, HostId};
+use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot};
 
-pub(super) fn evaluate(cluster: &Cluster, policy: &Policy) -> Vec<Violation> {
+/// One host where a user has environments, and those environments.
+type UserOnHost<'a> = (&'a HostId, &'a HostSnapshot, Vec<&'a EnvId>);
+
+/// `charges`: whose cap each environment of each host counts toward
+/// ([`super::Charges`]).
+pub(super) fn evaluate(
+    cluster: &Cluster,
+    policy: &Policy,
+    charges: &[Vec<Charge>],
+) -> Vec<Violation> {
     // user -> hosts in order, each with the user's environments there.
-    let mut users: BTreeMap<String, Vec<(&HostId, Vec<&EnvId>)>> = BTreeMap::new();
-    for (host, snap) in &cluster.hosts {
-        for env in &snap.envs {
-            let Charge::User(user) = charge(snap, env) else {
+    let mut users: BTreeMap<&str, Vec<UserOnHost>> = BTreeMap::new();
+    for ((host, snap), charges) in cluster.hosts.iter().zip(charges) {
+        for (env, charge) in snap.envs.iter().zip(charges) {
+            let Charge::User(user) = charge else {
                 continue;
             };
             let hosts = users.entry(user).or_default();
             match hosts.last_mut() {
-                Some((h, eids)) if *h == host => eids.push(&env.eid),
-                _ => hosts.push((host, vec![&env.eid])),
+                Some((h, _, eids)) if *h == host => eids.push(&env.eid),
+                _ => hosts.push((host, snap, vec![&env.eid])),
             }
         }
     }
     let mut out = Vec::new();
     for (user, hosts) in users {
-        let Some(cap) = policy.cap_for(&user) else {
+        let Some(cap) = policy.cap_for(user) else {
             continue;
         };
         // (host, device, the user's eids attached there), in genv's order.
         let mut attached: Vec<(&HostId, GpuIndex, Vec<EnvId>)> = Vec::new();
-        for (host, eids) in &hosts {
-            let Some(snap) = cluster.host(host) else {
-                continue;
-            };
+        for (host, snap, eids) in &hosts {
             for device in &snap.devices {
                 let mine: Vec<EnvId> = device
                     .attachments
@@ -59,7 +65,7 @@ pub(super) fn evaluate(cluster: &Cluster, policy: &Policy) -> Vec<Violation> {
         out.push(Violation {
             rule: Rule::MaxDevicesPerUser,
             finding: Finding::MaxDevices {
-                user,
+                user: user.to_string(),
                 devices: attached.len(),
                 hosts: hosts.len(),
                 over,
@@ -121,7 +127,7 @@ mod tests {
             ],
             &[(0, "a1"), (1, "a1"), (1, "a2"), (2, "a2"), (3, "b")],
         ));
-        let v = evaluate(&c, &policy(Some(1), &[]));
+        let v = crate::rules::evaluate(&c, &policy(Some(1), &[]));
         assert_eq!(v.len(), 1);
         assert_eq!(
             v[0].finding,
@@ -146,7 +152,7 @@ mod tests {
             mode: Mode::Remote,
             hosts: vec![(HostId("h2".into()), h2), (HostId("h1".into()), h1)],
         };
-        let v = evaluate(&c, &policy(Some(2), &[]));
+        let v = crate::rules::evaluate(&c, &policy(Some(2), &[]));
         assert_eq!(
             v[0].finding,
             Finding::MaxDevices {
@@ -177,15 +183,17 @@ mod tests {
             &[(0, "a"), (1, "b"), (2, "n"), (3, "n")],
         ));
         // bob may have 1; alice 0 by override; the nameless env is never counted.
-        let v = evaluate(&c, &policy(Some(1), &[("alice", 0)]));
+        let v = crate::rules::evaluate(&c, &policy(Some(1), &[("alice", 0)]));
         assert_eq!(v.len(), 1);
         assert!(
             matches!(&v[0].finding, Finding::MaxDevices { user, over: 1, .. } if user == "alice")
         );
         // Per-user caps apply without a global cap; other users are uncapped.
-        let v = evaluate(&c, &policy(None, &[("bob", 0)]));
+        let v = crate::rules::evaluate(&c, &policy(None, &[("bob", 0)]));
         assert!(matches!(&v[0].finding, Finding::MaxDevices { user, .. } if user == "bob"));
-        assert!(evaluate(&c, &policy(None, &[])).is_empty());
-        assert!(evaluate(&c, &policy(Some(0), &[("alice", 5), ("bob", 5)])).is_empty());
+        assert!(crate::rules::evaluate(&c, &policy(None, &[])).is_empty());
+        assert!(
+            crate::rules::evaluate(&c, &policy(Some(0), &[("alice", 5), ("bob", 5)])).is_empty()
+        );
     }
 }

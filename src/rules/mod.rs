@@ -181,6 +181,32 @@ pub fn evaluate_host(host: &HostId, snap: &HostSnapshot, policy: &Policy) -> Vec
 /// Runs the rules `policy` turns on, in genv's order (rule by rule, each
 /// over all hosts).
 pub fn evaluate(cluster: &Cluster, policy: &Policy) -> Vec<Violation> {
+    evaluate_with(cluster, policy, &Charges::of(cluster, policy))
+}
+
+/// Whose cap each environment of each host counts toward, worked out once
+/// for the rules and the notices (empty when no cap applies).
+#[derive(Debug, Clone, Default)]
+pub struct Charges(Vec<Vec<Charge>>);
+
+impl Charges {
+    /// The charges of every environment of `cluster`, if `policy` caps devices.
+    pub fn of(cluster: &Cluster, policy: &Policy) -> Self {
+        if !policy.has_caps() {
+            return Charges::default();
+        }
+        Charges(
+            cluster
+                .hosts
+                .iter()
+                .map(|(_, snap)| attribution::charges(snap))
+                .collect(),
+        )
+    }
+}
+
+/// [`evaluate`] with the charges already worked out.
+pub fn evaluate_with(cluster: &Cluster, policy: &Policy, charges: &Charges) -> Vec<Violation> {
     let mut out = Vec::new();
     for (host, snap) in &cluster.hosts {
         if policy.non_env_processes {
@@ -197,16 +223,21 @@ pub fn evaluate(cluster: &Cluster, policy: &Policy) -> Vec<Violation> {
             out.extend(env_memory::evaluate(host, snap));
         }
     }
-    out.extend(max_devices::evaluate(cluster, policy));
+    out.extend(max_devices::evaluate(cluster, policy, &charges.0));
     out
 }
 
 /// What the rules leave alone but an admin should know about.
 pub fn notices(cluster: &Cluster, policy: &Policy) -> Vec<Notice> {
+    notices_with(cluster, &Charges::of(cluster, policy))
+}
+
+/// [`notices`] with the charges already worked out.
+pub fn notices_with(cluster: &Cluster, charges: &Charges) -> Vec<Notice> {
     let mut out = Vec::new();
-    for (host, snap) in &cluster.hosts {
-        if policy.has_caps() {
-            out.extend(charge_notices(host, snap));
+    for (i, (host, snap)) in cluster.hosts.iter().enumerate() {
+        if let Some(charges) = charges.0.get(i) {
+            out.extend(charge_notices(host, snap, charges));
         }
         for p in &snap.processes {
             if let Owner::Unknown(reason) = &p.owner {
@@ -235,13 +266,14 @@ pub fn notices(cluster: &Cluster, policy: &Policy) -> Vec<Notice> {
 }
 
 /// Environments with devices whose charge is not what their record says.
-fn charge_notices(host: &HostId, snap: &HostSnapshot) -> Vec<Notice> {
+fn charge_notices(host: &HostId, snap: &HostSnapshot, charges: &[Charge]) -> Vec<Notice> {
     snap.envs
         .iter()
-        .filter(|e| !snap.attached(&e.eid).is_empty())
-        .filter_map(|e| {
+        .zip(charges.iter().cloned())
+        .filter(|(e, _)| !snap.attached(&e.eid).is_empty())
+        .filter_map(|(e, charge)| {
             let recorded = e.username.clone().filter(|u| !u.is_empty());
-            match attribution::charge(snap, e) {
+            match charge {
                 Charge::User(user) if recorded.as_ref() == Some(&user) => None,
                 Charge::User(charged) => Some(Notice::Recharged {
                     host: host.clone(),

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::{genv, nvidia_smi, ParseError};
-use crate::model::{EnvId, HostSnapshot, HostTruth, Owner, Pid, Process};
+use crate::model::{Device, Env, EnvId, HostSnapshot, HostTruth, Owner, Pid, Process};
 
 /// What a host gave for one snapshot.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -73,24 +73,56 @@ pub fn pids_to_read(apps: &str, envs: Option<&str>, live: impl Fn(u32) -> bool) 
     pids
 }
 
+/// The state files one host had last time, parsed, kept across cycles:
+/// unchanged files (the usual case) are compared, not parsed again.
+#[derive(Debug, Default)]
+pub struct ParsedState {
+    envs: Option<(String, Vec<Env>)>,
+    devices: Option<(String, Vec<Device>)>,
+}
+
+/// `text` parsed by `parse`, or what `cache` holds for the same text.
+fn cached<T: Clone>(
+    cache: &mut Option<(String, Vec<T>)>,
+    text: &str,
+    parse: impl FnOnce(&str) -> Result<Vec<T>, ParseError>,
+) -> Result<Vec<T>, ParseError> {
+    if let Some((seen, parsed)) = cache {
+        if seen == text {
+            return Ok(parsed.clone());
+        }
+    }
+    let parsed = parse(text)?;
+    *cache = Some((text.to_string(), parsed.clone()));
+    Ok(parsed)
+}
+
 /// Builds a host snapshot as `genv usage snapshot` would (with genv's
 /// load-time clean-up), plus each process's identity and the host's truth
-/// about who runs the environments. `source` names the host in errors.
+/// about who runs the environments. `source` names the host in errors;
+/// `parsed` is the host's state as parsed last time.
 ///
 /// # Errors
 /// nvidia-smi's answers or a state file do not parse.
-pub fn assemble(raw: &RawHost, source: &str) -> Result<HostSnapshot, ParseError> {
-    let named = |what: &str| format!("{source}: {what}");
-    let gpus = nvidia_smi::parse_gpus(&raw.gpus, &named("nvidia-smi --query-gpu"))?;
-    let apps =
-        nvidia_smi::parse_compute_apps(&raw.apps, &named("nvidia-smi --query-compute-apps"))?;
-    let by_pid = nvidia_smi::processes(&gpus, &apps, &named("nvidia-smi"))?;
+pub fn assemble(
+    raw: &RawHost,
+    source: &str,
+    parsed: &mut ParsedState,
+) -> Result<HostSnapshot, ParseError> {
+    // Errors name the host and the part; the names are made only then.
+    let named = |what: &'static str| move |e: ParseError| e.from(&format!("{source}: {what}"));
+    let gpus = nvidia_smi::parse_gpus(&raw.gpus, "").map_err(named("nvidia-smi --query-gpu"))?;
+    let apps = nvidia_smi::parse_compute_apps(&raw.apps, "")
+        .map_err(named("nvidia-smi --query-compute-apps"))?;
+    let by_pid = nvidia_smi::processes(&gpus, &apps, "").map_err(named("nvidia-smi"))?;
     let mut envs = match &raw.envs {
-        Some(text) => genv::parse_envs(text, &named("envs.json"))?,
+        Some(text) => cached(&mut parsed.envs, text, |t| genv::parse_envs(t, ""))
+            .map_err(named("envs.json"))?,
         None => Vec::new(),
     };
     let mut devices = match &raw.devices {
-        Some(text) => genv::parse_devices(text, &named("devices.json"))?,
+        Some(text) => cached(&mut parsed.devices, text, |t| genv::parse_devices(t, ""))
+            .map_err(named("devices.json"))?,
         None => nvidia_smi::devices(&gpus),
     };
     let alive = |pid: i64| u32::try_from(pid).is_ok_and(|p| raw.procs.contains_key(&p));
@@ -203,7 +235,7 @@ mod tests {
 
     #[test]
     fn identity_owners_clean_up_and_truth() {
-        let s = assemble(&raw(), "gpu1").unwrap();
+        let s = assemble(&raw(), "gpu1", &mut ParsedState::default()).unwrap();
         assert_eq!(s.envs.len(), 1, "the env without live pids is dropped");
         assert_eq!(s.envs[0].pids, [7, 100]);
         assert_eq!(s.devices[0].attachments.len(), 1);
@@ -242,7 +274,7 @@ mod tests {
                 Environ::Var(b"$(touch /tmp/x)\n\x01; rm -rf /\r".to_vec()),
             ),
         );
-        let s = assemble(&r, "h").unwrap();
+        let s = assemble(&r, "h", &mut ParsedState::default()).unwrap();
         assert_eq!(
             s.process(Pid(300)).unwrap().owner,
             Owner::Env(EnvId("$(touch /tmp/x)\n\u{1}; rm -rf /\r".into()))
@@ -253,11 +285,11 @@ mod tests {
     fn unparseable_parts_are_errors_naming_the_host_and_part() {
         let mut r = raw();
         r.envs = Some("{\"envs\": [{\"eid\": 7}]}".into());
-        let e = assemble(&r, "gpu1").unwrap_err();
+        let e = assemble(&r, "gpu1", &mut ParsedState::default()).unwrap_err();
         assert!(e.to_string().starts_with("gpu1: envs.json"), "{e}");
         let mut r = raw();
         r.apps = "GPU-z, 1, 1\n".into();
-        assert!(assemble(&r, "gpu1")
+        assert!(assemble(&r, "gpu1", &mut ParsedState::default())
             .unwrap_err()
             .to_string()
             .contains("unknown GPU uuid"));
@@ -266,8 +298,28 @@ mod tests {
             devices: None,
             ..raw()
         };
-        let s = assemble(&r, "h").unwrap();
+        let s = assemble(&r, "h", &mut ParsedState::default()).unwrap();
         assert_eq!(s.devices.len(), 2, "devices as genv creates them");
+    }
+
+    #[test]
+    fn unchanged_state_is_not_parsed_again_and_changed_state_is() {
+        let mut parsed = ParsedState::default();
+        let first = assemble(&raw(), "h", &mut parsed).unwrap();
+        let cached = parsed.envs.as_ref().unwrap().1.clone();
+        assert_eq!(assemble(&raw(), "h", &mut parsed).unwrap(), first);
+        // What is cached is the parse before clean-up: the dead env is there.
+        assert_eq!(cached.len(), 2);
+        let mut r = raw();
+        r.envs = Some(r.envs.unwrap().replace("\"alice\"", "\"bob\""));
+        let changed = assemble(&r, "h", &mut parsed).unwrap();
+        assert_eq!(changed.envs[0].username.as_deref(), Some("bob"));
+        r.envs = Some("{".into());
+        assert!(assemble(&r, "h", &mut parsed).is_err());
+        assert_eq!(
+            parsed.envs.as_ref().unwrap().1[0].username.as_deref(),
+            Some("bob")
+        );
     }
 
     #[test]

@@ -113,6 +113,10 @@ pub struct AttachmentJson {
 }
 
 fn deserialize<T: DeserializeOwned>(text: &str, source: &str) -> Result<T, ParseError> {
+    // The common case, fast; the path of what is wrong only when something is.
+    if let Ok(value) = serde_json::from_str(text) {
+        return Ok(value);
+    }
     let de = &mut serde_json::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();

@@ -36,4 +36,12 @@ impl ParseError {
             message: message.into(),
         }
     }
+
+    /// The same error, said to come from `source_name`.
+    pub fn from(self, source_name: &str) -> Self {
+        ParseError {
+            source_name: source_name.to_string(),
+            ..self
+        }
+    }
 }
