@@ -203,6 +203,7 @@ async fn remote(args: RemoteArgs) -> bool {
         ssh,
         usize::from(args.concurrency),
         args.command_timeout,
+        settings.interval.is_zero(),
     );
     match cycle::run_remote(&fleet, &settings, failures).await {
         Ok(Ending::Clean) => true,

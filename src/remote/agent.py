@@ -48,7 +48,6 @@ import os
 import select
 import signal
 import stat
-import subprocess
 import sys
 import time
 
@@ -236,6 +235,8 @@ def spawn(argv):
             ]
             pid = os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True)
         else:
+            import subprocess  # Python 3.7: no posix_spawn with setsid; imported only there
+
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, env=env, start_new_session=True)
             pid = p.pid
             p.returncode = 0  # reaped by Child, not by subprocess

@@ -33,6 +33,8 @@ pub struct Fleet {
     pub concurrency: usize,
     /// Deadline of each remote command.
     pub command_timeout: Duration,
+    /// One cycle only (`--interval 0`): agents need not outlive it.
+    pub once: bool,
 }
 
 /// One host's part of a cycle's first phase.
@@ -74,12 +76,14 @@ impl Fleet {
         ssh: SshOptions,
         concurrency: usize,
         command_timeout: Duration,
+        once: bool,
     ) -> Self {
         Fleet {
             hosts: hosts.into_iter().map(Connection::new).collect(),
             ssh,
             concurrency: concurrency.max(1),
             command_timeout,
+            once,
         }
     }
 
@@ -103,29 +107,38 @@ impl Fleet {
         }
     }
 
-    /// How our agent is started on `c`: sudo is tried first under
-    /// [`agent::BOUNDED`] (a sudo that hangs is killed on the host), then
-    /// the agent runs through it as root and reads its own text.
+    /// How our agent is started on `c`, as root through the host's sudo.
+    /// A run of one cycle starts it under [`agent::BOUNDED`] (a sudo that
+    /// hangs is killed on the host, and so is the agent past the limit); a
+    /// looping run, whose agent stays, tries sudo first under that bound.
     fn agent_start(&self, c: &Connection) -> PeerStart {
-        let probe = ["sh", "-c", agent::BOUNDED, "genv-enforce"]
-            .into_iter()
-            .map(String::from)
-            .chain([self.host_limit().to_string()])
-            .chain(c.spec.sudo.iter().cloned())
-            .chain(["true".to_string()])
-            .collect();
-        let argv = c
-            .spec
-            .sudo
-            .iter()
-            .cloned()
+        let bounded = |rest: Vec<String>| -> Vec<String> {
+            ["sh", "-c", agent::BOUNDED, "genv-enforce"]
+                .into_iter()
+                .map(String::from)
+                .chain([self.host_limit().to_string()])
+                .chain(rest)
+                .collect()
+        };
+        let sudo = c.spec.sudo.iter().cloned();
+        let agent: Vec<String> = sudo
+            .clone()
             .chain(c.spec.python.iter().cloned())
             .chain(agent::bootstrap())
             .collect();
+        let (probe, argv) = if self.once {
+            (None, bounded(agent))
+        } else {
+            (
+                Some(bounded(sudo.chain(["true".to_string()]).collect())),
+                agent,
+            )
+        };
         PeerStart {
             probe,
             argv,
             preamble: agent::AGENT.as_bytes(),
+            limit: Duration::from_secs(self.host_limit()),
         }
     }
 

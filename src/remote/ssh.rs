@@ -22,7 +22,7 @@ use tokio::sync::Mutex;
 
 use crate::error::HostError;
 use crate::inventory::HostSpec;
-use crate::remote::agent::MAX_OUTPUT_BYTES;
+use crate::remote::agent::{MAX_OUTPUT_BYTES, TIMED_OUT};
 
 /// The connect timeout when `-t` gives none.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,14 +67,16 @@ struct Peer {
     stdout: BufReader<ChildStdout>,
 }
 
-/// How to start a [`Peer`]: a bounded command that must succeed first (it
-/// fails fast where the long-lived one would hang, e.g. a sudo that waits on
-/// a directory service), then the command, then what it reads first.
+/// How to start a [`Peer`]: a bounded command that must succeed first, if
+/// any (it fails fast where a long-lived one would hang, e.g. a sudo that
+/// waits on a directory service), then the command, then what it reads
+/// first. `limit`: the host-side limit that bounds either, for reports.
 #[derive(Debug, Clone)]
 pub struct PeerStart {
-    pub probe: Vec<String>,
+    pub probe: Option<Vec<String>>,
     pub argv: Vec<String>,
     pub preamble: &'static [u8],
+    pub limit: Duration,
 }
 
 /// A peer's answer: its status and its body.
@@ -390,32 +392,30 @@ impl Connection {
         };
         let started = tokio::time::Instant::now();
         if master.peer.is_none() {
-            let probe = self
-                .run_on_master(master, &start.probe, None, deadline)
-                .await?;
-            match probe.status.code() {
-                Some(0) => {}
-                Some(code) if crate::remote::agent::TIMED_OUT.contains(&code) => {
-                    return Err(HostError::Timeout {
-                        command: format!("{what} (killed on the host)"),
-                        after: deadline
-                            .saturating_sub(Duration::from_secs(2))
-                            .max(Duration::from_secs(1)),
-                    })
-                }
-                _ => {
-                    let said = String::from_utf8_lossy(if probe.stderr.is_empty() {
-                        &probe.stdout
-                    } else {
-                        &probe.stderr
-                    })
-                    .trim()
-                    .replace('\n', " ");
-                    return Err(HostError::Command {
-                        command: what.to_string(),
-                        status: probe.status.to_string(),
-                        output: said,
-                    });
+            if let Some(argv) = &start.probe {
+                let probe = self.run_on_master(master, argv, None, deadline).await?;
+                match probe.status.code() {
+                    Some(0) => {}
+                    Some(code) if TIMED_OUT.contains(&code) => {
+                        return Err(HostError::Timeout {
+                            command: format!("{what} (killed on the host)"),
+                            after: start.limit,
+                        })
+                    }
+                    _ => {
+                        let said = String::from_utf8_lossy(if probe.stderr.is_empty() {
+                            &probe.stdout
+                        } else {
+                            &probe.stderr
+                        })
+                        .trim()
+                        .replace('\n', " ");
+                        return Err(HostError::Command {
+                            command: what.to_string(),
+                            status: probe.status.to_string(),
+                            output: said,
+                        });
+                    }
                 }
             }
             master.peer =
@@ -433,7 +433,7 @@ impl Connection {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => {
                 let peer = master.peer.take().expect("present");
-                Err(peer.end(e).await)
+                Err(peer.end(what, e, start.limit).await)
             }
             Err(_) => {
                 master.peer = None; // dropped: its stdin closes, it ends
@@ -602,9 +602,10 @@ impl Peer {
         Ok(Answer { status, body })
     }
 
-    /// Ends a peer that failed with `error`: closes its stdin and reads
-    /// what it said on stderr (briefly), for the report.
-    async fn end(mut self, error: std::io::Error) -> HostError {
+    /// Ends a peer that failed with `error` while doing `what`: closes its
+    /// stdin, reads what it said on stderr and how it ended (briefly), for
+    /// the report. A peer killed at a host-side limit is a timeout.
+    async fn end(mut self, what: &str, error: std::io::Error, limit: Duration) -> HostError {
         drop(self.stdin);
         let mut said = Vec::new();
         if let Some(stderr) = self.child.stderr().take() {
@@ -620,12 +621,27 @@ impl Peer {
             .rev()
             .find(|l| !l.trim().is_empty())
             .unwrap_or("")
-            .trim();
-        HostError::Ssh {
-            message: if last.is_empty() {
-                format!("the agent failed: {error}")
-            } else {
-                format!("the agent failed: {error}: {last}")
+            .trim()
+            .to_string();
+        let status = tokio::time::timeout(Duration::from_secs(1), self.child.wait()).await;
+        match status {
+            Ok(Ok(status)) if status.code().is_some_and(|c| TIMED_OUT.contains(&c)) => {
+                HostError::Timeout {
+                    command: format!("{what} (killed on the host)"),
+                    after: limit,
+                }
+            }
+            Ok(Ok(status)) if !status.success() => HostError::Command {
+                command: what.to_string(),
+                status: status.to_string(),
+                output: last,
+            },
+            _ => HostError::Ssh {
+                message: if last.is_empty() {
+                    format!("the agent failed: {error}")
+                } else {
+                    format!("the agent failed: {error}: {last}")
+                },
             },
         }
     }
