@@ -19,6 +19,11 @@ use crate::report::{self, CycleReport, HostStatus, Timing};
 use crate::rules::{self, Policy};
 use crate::snapshot::genv;
 
+/// Whole milliseconds of `d`, for reports.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// How cycles run.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -152,13 +157,12 @@ pub async fn local_cycle(
     settings: &Settings,
     cycle: u64,
 ) -> CycleReport {
-    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let start = Instant::now();
     let result: Result<HostSnapshot, HostError> = host
         .snapshot()
         .instrument(tracing::info_span!("snapshot", cycle))
         .await;
-    let snapshot_ms = ms(start.elapsed());
+    let snapshot_ms = millis(start.elapsed());
     let assessed = Instant::now();
     let (_, mut report) = tracing::info_span!("assess", cycle).in_scope(|| {
         assess(
@@ -169,7 +173,7 @@ pub async fn local_cycle(
             vec![(id.clone(), result)],
         )
     });
-    let assess_ms = ms(assessed.elapsed());
+    let assess_ms = millis(assessed.elapsed());
     let dispatched = Instant::now();
     report.outcomes = if settings.dry_run {
         dry_run_outcomes(&report.plan)
@@ -180,14 +184,14 @@ pub async fn local_cycle(
         }
         out
     };
-    let total_ms = ms(start.elapsed());
+    let total_ms = millis(start.elapsed());
     report.duration_ms = Some(total_ms);
     report.timing = Some(Timing {
         snapshot_ms,
         slowest_host: Some(id.clone()),
         slowest_ms: snapshot_ms,
         assess_ms,
-        dispatch_ms: ms(dispatched.elapsed()),
+        dispatch_ms: millis(dispatched.elapsed()),
         total_ms,
         ..Timing::default()
     });
@@ -292,7 +296,6 @@ pub async fn remote_cycle(
     cycle: u64,
 ) -> (CycleReport, bool) {
     let start = Instant::now();
-    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     // What a host's own snapshot decides is enforced on it at once (not
     // with -e: nothing is enforced before every host has answered).
     let early = !settings.dry_run && !failures.exit_on_error;
@@ -312,7 +315,7 @@ pub async fn remote_cycle(
         .instrument(tracing::info_span!("snapshot", cycle))
         .await;
     let mut timing = Timing {
-        snapshot_ms: ms(start.elapsed()),
+        snapshot_ms: millis(start.elapsed()),
         ..Timing::default()
     };
     let mut done = Plan::default();
@@ -321,10 +324,10 @@ pub async fn remote_cycle(
     for round in rounds {
         if let Some(c) = round.connect {
             timing.connects += 1;
-            timing.connect_ms = timing.connect_ms.max(ms(c));
+            timing.connect_ms = timing.connect_ms.max(millis(c));
         }
-        if timing.slowest_host.is_none() || ms(round.elapsed) > timing.slowest_ms {
-            timing.slowest_ms = ms(round.elapsed);
+        if timing.slowest_host.is_none() || millis(round.elapsed) > timing.slowest_ms {
+            timing.slowest_ms = millis(round.elapsed);
             timing.slowest_host = Some(round.host.clone());
         }
         if !round.plan.is_empty() {
@@ -343,7 +346,7 @@ pub async fn remote_cycle(
             results,
         )
     });
-    timing.assess_ms = ms(assessed.elapsed());
+    timing.assess_ms = millis(assessed.elapsed());
     let abort = failures.exit_on_error && report.hosts.iter().any(|h| h.error.is_some());
     let dispatched = Instant::now();
     if abort {
@@ -374,8 +377,8 @@ pub async fn remote_cycle(
         );
         report.outcomes = outcome::in_plan_order(&report.plan, outcomes);
     }
-    timing.dispatch_ms = ms(dispatched.elapsed());
-    timing.total_ms = ms(start.elapsed());
+    timing.dispatch_ms = millis(dispatched.elapsed());
+    timing.total_ms = millis(start.elapsed());
     report.duration_ms = Some(timing.total_ms);
     report.timing = Some(timing);
     (report, abort)
