@@ -376,6 +376,11 @@ def gpu_pids(apps):
 def snapshot(req, out):
     max_bytes = req["max_bytes"]
     deadline = time.monotonic() + req["step"]
+    # The GPU list (uuid -> index) is asked for every time, not kept from
+    # the last cycle: indices change with a driver reload, a GPU falling off
+    # the bus or MIG reconfiguration, and a stale map would put processes
+    # on the wrong devices (and so kill the wrong ones). Both queries run at
+    # once, so asking costs one short process, not time.
     queries = (
         ("gpus", "--query-gpu=uuid,index,memory.total"),
         ("apps", "--query-compute-apps=gpu_uuid,pid,used_gpu_memory"),
