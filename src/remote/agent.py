@@ -57,6 +57,12 @@ REFUSED = "refused (genv's state directory is writable by every user)"
 
 children = []
 temp_files = []
+held = []  # fds opened for the request at hand: all closed when it ends
+
+
+def keep(fd):
+    held.append(fd)
+    return fd
 
 
 class Failure(Exception):
@@ -122,7 +128,7 @@ def kind_of(mode):
 
 def open_dir(path):
     try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return keep(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
     except FileNotFoundError:
         return None
     except OSError as e:
@@ -158,12 +164,13 @@ def lock(dfd, d, operation, step, deadline):
     """genv.lock, created 0666 as genv does when missing, locked by `deadline`."""
     path = os.path.join(d, "genv.lock")
     try:
-        fd = os.open("genv.lock", os.O_RDONLY | os.O_CREAT | os.O_EXCL | SAFE, 0o666, dir_fd=dfd)
+        fd = keep(os.open("genv.lock", os.O_RDONLY | os.O_CREAT | os.O_EXCL | SAFE, 0o666, dir_fd=dfd))
         os.fchmod(fd, 0o666)
     except FileExistsError:
         fd = open_in(dfd, path, "genv.lock", os.O_RDONLY)
         if fd is None:
             raise Failure("state", "%s: vanished while opened" % path)
+        keep(fd)
     while True:
         try:
             fcntl.flock(fd, operation | fcntl.LOCK_NB)
@@ -397,8 +404,7 @@ def snapshot(req, out):
         lfd = lock(dfd, d, fcntl.LOCK_SH, req["step"], deadline)
         for name in ("envs", "devices"):
             state[name] = read_file(dfd, d, name + ".json", max_bytes)
-        os.close(lfd)
-        os.close(dfd)
+        release()  # genv's lock, while nvidia-smi finishes
     answers = collect(procs, deadline, max_bytes)
     for (name, query), (status, stdout, stderr) in zip(queries, answers):
         if status is None:
@@ -516,11 +522,11 @@ def replace(dfd, d, name, data):
     tmp = ".%s.%s" % (name, os.urandom(8).hex())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | SAFE, 0o600, dir_fd=dfd)
     temp_files.append((dfd, tmp))
+    keep(fd)
     try:
         os.fchmod(fd, 0o666)
         write_all(fd, data)
         os.fsync(fd)
-        os.close(fd)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except OSError as e:
         try:
@@ -532,8 +538,39 @@ def replace(dfd, d, name, data):
         temp_files.remove((dfd, tmp))
 
 
+def release():
+    """Closes every fd opened for the request (and so drops genv's lock)."""
+    while held:
+        try:
+            os.close(held.pop())
+        except OSError:
+            pass
+
+
+def finish():
+    """What a request leaves is undone: tools still running are killed and
+    reaped, their pipes and every fd it opened closed."""
+    while children:
+        c = children.pop()
+        c.kill()
+        c.reap(True)
+        for fd in (c.out, c.err):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    release()
+
+
 def handle(req):
-    """One request: (status, answer body)."""
+    """One request: (status, answer body); nothing of it outlives it."""
+    try:
+        return answer(req)
+    finally:
+        finish()
+
+
+def answer(req):
     mode = req["mode"]
     out = []
     try:

@@ -216,6 +216,31 @@ class Serve(unittest.TestCase):
 
         p.stdin.write(source)
         self.assertEqual(ask({"mode": "terminate", "kills": [[2 ** 40, 1]], "limit": 5}), (0, b"%d invalid\n" % 2 ** 40))
+        fds = len(os.listdir("/proc/%d/fd" % p.pid))
+        # Requests that take genv's lock, succeed or fail, leave nothing
+        # held: no fd, no lock, no child (the agent stays between cycles).
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "devices.json"), "w") as f:
+                json.dump({"devices": [{"index": 0, "attachments": [{"eid": "e"}]}]}, f)
+            smi = os.path.join(d, "smi")
+            with open(smi, "w") as f:
+                f.write("#!/bin/sh\nsleep 30\n")
+            os.chmod(smi, 0o755)
+            for request in (
+                {"mode": "detach", "dir": d, "detach": [[0, "e"]], "step": 1, "limit": 5, "max_bytes": 1000},
+                {"mode": "detach", "dir": d, "detach": [[0, "e"]], "step": 1, "limit": 5, "max_bytes": 10},
+                {"mode": "snapshot", "dir": d, "nvidia_smi": [smi], "step": 0.3, "limit": 5, "max_bytes": 1000},
+            ):
+                ask(request)
+            os.mkfifo(os.path.join(d, "envs.json"))
+            status, body = ask({"mode": "snapshot", "dir": d, "nvidia_smi": [smi], "step": 1, "limit": 5, "max_bytes": 1000})
+            self.assertTrue(body.startswith(b"@fail state "), body)
+            self.assertEqual(len(os.listdir("/proc/%d/fd" % p.pid)), fds, "an fd outlived its request")
+            lock = os.open(os.path.join(d, "genv.lock"), os.O_RDONLY)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: nobody holds genv's lock
+            os.close(lock)
+            with open("/proc/%d/task/%d/children" % (p.pid, p.pid)) as f:
+                self.assertEqual(f.read().split(), [], "a tool outlived its request")
         status, body = ask({"mode": "snapshot", "dir": "/nonexistent", "nvidia_smi": ["/nonexistent/nvidia-smi"], "step": 1, "limit": 5, "max_bytes": 100})
         self.assertEqual(status, 0)
         self.assertTrue(body.startswith(b"@fail nvidia-smi "), body)
