@@ -985,3 +985,51 @@ fn cron_runs_reuse_the_masters_they_left_and_replace_stale_or_foreign_ones() {
             .output();
     }
 }
+
+#[test]
+fn a_looping_runs_agent_holds_nothing_between_cycles() {
+    // The agent stays between cycles: a detach in one cycle must leave
+    // genv's lock free for the next, and for genv itself.
+    let Some(mut f) = Fleet::up(1) else { return };
+    let p = f.host(0).spawn_as("alice", Some("a"));
+    f.host(0).set_apps(&[(p, 0, "100")]);
+    f.host(0).write_envs(&[env("a", Some("alice"), None, p)]);
+    f.host(0).write_devices(4, &[(0, "a"), (1, "a")]);
+    let hosts = f.names.join(",");
+    let mut child = f
+        .command(&[
+            "-H",
+            &hosts,
+            "--command-timeout",
+            "5s",
+            "enforce",
+            "--interval",
+            "300ms",
+            "--output",
+            "json",
+            "--max-devices-per-user",
+            "1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let first = next_cycle(&mut out);
+    assert_eq!(
+        first["outcomes"][1]["outcome"]["result"], "detached",
+        "{first}"
+    );
+    for _ in 0..3 {
+        let c = next_cycle(&mut out);
+        assert!(c["hosts"][0]["error"].is_null(), "{c}");
+    }
+    let lock = f.host(0).state_dir().join("genv.lock");
+    let free = std::process::Command::new("flock")
+        .args(["-n", "-x", &lock.display().to_string(), "true"])
+        .status()
+        .unwrap();
+    assert!(free.success(), "genv.lock is held between cycles");
+    terminate(&child);
+    child.wait().unwrap();
+}
