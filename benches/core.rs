@@ -6,12 +6,12 @@
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 
-use genv_enforce::cycle::assess;
+use genv_enforce::assess::assess;
 use genv_enforce::model::{Cluster, HostId, HostSnapshot, Mode};
 use genv_enforce::plan;
-use genv_enforce::remote::agent;
 use genv_enforce::rules::{evaluate, Policy};
 use genv_enforce::snapshot::assemble::{assemble, ParsedState};
+use genv_enforce::snapshot::frames;
 use genv_enforce::snapshot::{genv, nvidia_smi};
 
 /// A busy 8-GPU host: 8 environments (4 users), 24 processes, some stray,
@@ -166,14 +166,14 @@ fn pure_path(answers: &[(HostId, Vec<u8>)], parsed: &mut [ParsedState], policy: 
         .iter()
         .zip(parsed.iter_mut())
         .map(|((host, bytes), parsed)| {
-            let snap = agent::parse_frames(bytes, &host.0)
+            let snap = frames::parse_frames(bytes, &host.0)
                 .map_err(|e| e.to_string())
-                .and_then(|f| agent::raw_host(&f, &host.0).map_err(|e| e.to_string()))
+                .and_then(|f| frames::raw_host(&f, &host.0).map_err(|e| e.to_string()))
                 .and_then(|raw| assemble(&raw, &host.0, parsed).map_err(|e| e.to_string()));
             (host.clone(), snap)
         })
         .collect();
-    let (_, report) = assess(1, Mode::Remote, false, policy, results);
+    let report = assess(1, Mode::Remote, false, policy, results);
     report.plan.hosts.len()
 }
 
@@ -248,8 +248,8 @@ fn fleet_benches(c: &mut Criterion) {
                 .iter()
                 .zip(steady.iter_mut())
                 .map(|((h, bytes), p)| {
-                    let f = agent::parse_frames(black_box(bytes), &h.0).unwrap();
-                    assemble(&agent::raw_host(&f, &h.0).unwrap(), &h.0, p).unwrap()
+                    let f = frames::parse_frames(black_box(bytes), &h.0).unwrap();
+                    assemble(&frames::raw_host(&f, &h.0).unwrap(), &h.0, p).unwrap()
                 })
                 .count()
         })

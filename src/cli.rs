@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::rules::Policy;
-
 /// Enforce genv GPU environments: drop-in for `genv enforce`, faster and safer.
 #[derive(Debug, Parser)]
 #[command(name = "genv-enforce", version, about, max_term_width = 100)]
@@ -225,33 +223,6 @@ pub struct RuleArgs {
     pub max_devices_for_user: Vec<(String, u32)>,
 }
 
-impl RuleArgs {
-    /// The policy these flags select, on genv's defaults.
-    pub fn policy(&self) -> Policy {
-        let d = Policy::default();
-        let pick = |on: bool, off: bool, default: bool| {
-            if on {
-                true
-            } else if off {
-                false
-            } else {
-                default
-            }
-        };
-        Policy {
-            non_env_processes: pick(
-                self.non_env_processes,
-                self.no_non_env_processes,
-                d.non_env_processes,
-            ),
-            env_devices: pick(self.env_devices, self.no_env_devices, d.env_devices),
-            env_memory: pick(self.env_memory, self.no_env_memory, d.env_memory),
-            max_devices_per_user: self.max_devices_per_user,
-            max_devices_for_user: self.max_devices_for_user.iter().cloned().collect(),
-        }
-    }
-}
-
 /// The longest duration any flag accepts: longer is surely a typo, and
 /// keeps every sum of durations far from overflowing.
 pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -309,6 +280,7 @@ pub fn parse_user_cap(text: &str) -> Result<(String, u32), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::Policy;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("genv-enforce").chain(args.iter().copied()))
@@ -316,7 +288,7 @@ mod tests {
 
     fn policy(args: &[&str]) -> Policy {
         match parse(args).unwrap().command {
-            Command::Enforce(e) => e.rules.policy(),
+            Command::Enforce(e) => crate::config::policy(&e.rules),
             other => panic!("{other:?}"),
         }
     }
@@ -395,7 +367,10 @@ mod tests {
         );
         assert!(r.exit_on_error && r.quiet);
         let RemoteCommand::Enforce(e) = r.command;
-        assert_eq!(e.rules.policy().max_devices_per_user, Some(2));
+        assert_eq!(
+            crate::config::policy(&e.rules).max_devices_per_user,
+            Some(2)
+        );
         assert!(parse(&["remote", "-H", "a", "--hostfile", "f", "enforce"]).is_err());
         assert!(parse(&["remote", "-H", "a", "--concurrency", "0", "enforce"]).is_err());
         for t in ["0", "18446744073709551615", "-1"] {

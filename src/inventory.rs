@@ -219,7 +219,7 @@ pub struct Overrides {
     pub user: Option<String>,
 }
 
-const DEFAULT_GENV_DIR: &str = "/var/tmp/genv";
+use crate::snapshot::genv::DEFAULT_DIR as DEFAULT_GENV_DIR;
 
 fn spec(id: &str, address: &str, s: &Settings) -> Result<HostSpec, String> {
     // A command as shell words (quotes allowed), never empty where required.

@@ -1,36 +1,46 @@
 //! genv-enforce: enforcement of genv GPU environments, drop-in for
-//! `genv enforce`, faster and safer.
+//! `genv enforce` and `genv remote enforce`, faster and safer.
 //!
-//! # Layout
+//! # Crate map
 //!
-//! A pure core over plain data:
+//! Data flows one way: config -> hosts -> snapshot -> assess -> execute ->
+//! report. A pure core over plain data:
 //!
-//! - [`snapshot`]: parsers for nvidia-smi CSV, genv JSON and `/proc` text.
+//! - [`snapshot`]: parsers (nvidia-smi CSV, genv JSON, `/proc` text, the
+//!   agent's frames) and [`snapshot::assemble`], which makes one host
+//!   snapshot from raw parts, for every kind of host.
 //! - [`model`]: ids, host snapshots, the merged [`model::Cluster`].
-//! - [`rules`]: the four genv rules, each `Cluster -> Vec<Violation>`.
+//! - [`rules`]: genv's four rules, each `Cluster -> Vec<Violation>`, and
+//!   [`rules::attribution`] (who an environment is charged to).
 //! - [`plan`]: violations -> per-host pids to terminate and detaches.
-//! - [`report`]: genv's text lines and our JSON; never decides.
-//! - [`outcome`]: what execution did, as data.
+//! - [`assess`]: the hosts' results -> violations, notices and plan.
+//! - [`outcome`]: what carrying out a plan did, as data.
+//! - [`report`]: a cycle's report, built once, as genv's text lines or
+//!   our JSON; rendering decides nothing.
 //!
 //! and a thin I/O shell:
 //!
-//! - [`local`]: this machine's snapshot and execution (pidfd SIGTERM after a
-//!   start-time re-check; detach under genv's lock via [`state`]).
-//! - [`cycle`]: collect -> assess -> execute -> emit, and the loop.
-//! - [`cli`]: clap types; `main.rs` wires them to the above.
+//! - [`cli`]: clap types; [`config`] resolves them (and [`inventory`])
+//!   into fleets and settings.
+//! - [`host`]: one [`host::Host`] over local, SSH and recorded hosts:
+//!   snapshot, execute, close.
+//! - [`fleet`]: bounded, unordered fan-out over hosts.
+//! - [`cycle`]: one loop for every kind of host; signals; output.
+//! - [`error`]: the shell's errors, each with its cause.
 
+pub mod assess;
 pub mod cli;
+pub mod config;
 pub mod cycle;
 pub mod error;
+pub mod fleet;
+pub mod host;
 pub mod inventory;
-pub mod local;
 pub mod model;
 pub mod outcome;
 pub mod plan;
 #[cfg(test)]
 mod properties;
-pub mod remote;
 pub mod report;
 pub mod rules;
 pub mod snapshot;
-pub mod state;

@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use chrono::NaiveDateTime;
 use serde::Serialize;
 
 /// A host's name as the admin gave it (`localhost` in local mode).
@@ -139,12 +138,11 @@ pub struct Env {
     pub uid: u32,
     pub username: Option<String>,
     pub creation: String,
-    /// `creation` parsed, when it is a valid genv timestamp.
-    #[serde(skip)]
-    pub created: Option<NaiveDateTime>,
     pub name: Option<String>,
     pub gpu_memory: Option<Memory>,
     pub gpus: Option<u32>,
+    /// As recorded: any JSON integer (a forged record may hold a negative
+    /// or huge one), hence not a [`Pid`]; matched against real pids only.
     pub pids: Vec<i64>,
     pub kernel_ids: Vec<String>,
 }

@@ -8,7 +8,7 @@ use crate::plan::Plan;
 /// The result of one planned termination.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
-pub enum Termination {
+pub enum TerminateResult {
     /// SIGTERM was delivered to the same process the snapshot saw.
     Signalled,
     /// Nothing done: `--dry-run` or a recorded snapshot.
@@ -28,7 +28,7 @@ pub enum Termination {
 /// The result of one planned detach.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
-pub enum Detach {
+pub enum DetachResult {
     /// Removed from devices.json.
     Detached,
     /// Nothing done: `--dry-run` or a recorded snapshot.
@@ -46,13 +46,13 @@ pub enum Outcome {
     Terminate {
         host: HostId,
         pid: Pid,
-        outcome: Termination,
+        outcome: TerminateResult,
     },
     Detach {
         host: HostId,
         device: GpuIndex,
         eid: EnvId,
-        outcome: Detach,
+        outcome: DetachResult,
     },
 }
 
@@ -62,10 +62,10 @@ impl Outcome {
         matches!(
             self,
             Outcome::Terminate {
-                outcome: Termination::PermissionDenied | Termination::Failed { .. },
+                outcome: TerminateResult::PermissionDenied | TerminateResult::Failed { .. },
                 ..
             } | Outcome::Detach {
-                outcome: Detach::Failed { .. },
+                outcome: DetachResult::Failed { .. },
                 ..
             }
         )
@@ -118,24 +118,24 @@ mod tests {
             outcome,
         };
         for o in [
-            term(Termination::PermissionDenied),
-            term(Termination::Failed { error: "x".into() }),
-            detach(Detach::Failed { error: "x".into() }),
+            term(TerminateResult::PermissionDenied),
+            term(TerminateResult::Failed { error: "x".into() }),
+            detach(DetachResult::Failed { error: "x".into() }),
         ] {
             assert!(o.is_error(), "{o:?}");
         }
         for o in [
-            term(Termination::Signalled),
-            term(Termination::DryRun),
-            term(Termination::AlreadyGone),
-            term(Termination::PidReused {
+            term(TerminateResult::Signalled),
+            term(TerminateResult::DryRun),
+            term(TerminateResult::AlreadyGone),
+            term(TerminateResult::PidReused {
                 expected: 1,
                 found: 2,
             }),
-            term(Termination::NoIdentity),
-            detach(Detach::Detached),
-            detach(Detach::DryRun),
-            detach(Detach::NotAttached),
+            term(TerminateResult::NoIdentity),
+            detach(DetachResult::Detached),
+            detach(DetachResult::DryRun),
+            detach(DetachResult::NotAttached),
         ] {
             assert!(!o.is_error(), "{o:?}");
         }
@@ -161,18 +161,18 @@ mod tests {
         let term = |pid| Outcome::Terminate {
             host: h.clone(),
             pid: Pid(pid),
-            outcome: Termination::Signalled,
+            outcome: TerminateResult::Signalled,
         };
         let detach = Outcome::Detach {
             host: h.clone(),
             device: GpuIndex(0),
             eid: EnvId("e".into()),
-            outcome: Detach::Detached,
+            outcome: DetachResult::Detached,
         };
         let stray = Outcome::Terminate {
             host: HostId("other".into()),
             pid: Pid(1),
-            outcome: Termination::Signalled,
+            outcome: TerminateResult::Signalled,
         };
         assert_eq!(
             in_plan_order(&plan, vec![detach.clone(), term(2), stray, term(1)]),

@@ -5,13 +5,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 
-use crate::cycle::assess;
+use crate::assess::assess;
+use crate::host::agent;
 use crate::model::*;
 use crate::plan::{self, Plan};
-use crate::remote::agent;
 use crate::rules::attribution::{self, Charge};
 use crate::rules::{evaluate, Policy};
 use crate::snapshot::assemble::{assemble, pids_to_read, Environ, ParsedState, RawHost, RawProc};
+use crate::snapshot::frames;
 use crate::snapshot::{genv, memory, nvidia_smi, proc};
 use crate::{inventory, plan::Detach, plan::Termination};
 
@@ -33,8 +34,8 @@ proptest! {
         let _ = inventory::parse_hostfile(&text, "p", &overrides);
         let _ = inventory::parse_host_list(&text, &overrides);
         let _ = inventory::parse_host(&text, &overrides);
-        if let Ok(frames) = agent::parse_frames(&bytes, "p") {
-            let _ = agent::raw_host(&frames, "p");
+        if let Ok(frames) = frames::parse_frames(&bytes, "p") {
+            let _ = frames::raw_host(&frames, "p");
         }
         let _ = agent::read_terminations(&text, &[]);
         let _ = agent::read_detaches(&text, &[]);
@@ -64,8 +65,8 @@ proptest! {
             bytes.extend_from_slice(body);
         }
         bytes.extend_from_slice(&trailer);
-        if let Ok(frames) = agent::parse_frames(&bytes, "p") {
-            if let Ok(raw) = agent::raw_host(&frames, "p") {
+        if let Ok(frames) = frames::parse_frames(&bytes, "p") {
+            if let Ok(raw) = frames::raw_host(&frames, "p") {
                 let _ = assemble(&raw, "p", &mut ParsedState::default());
             }
         }
@@ -206,8 +207,8 @@ proptest! {
     #[test]
     fn dry_run_plan_equals_real_plan(c in cluster(), policy in policy()) {
         let results = |c: &Cluster| c.hosts.iter().map(|(h, s)| (h.clone(), Ok::<_, String>(s.clone()))).collect::<Vec<_>>();
-        let (_, dry) = assess(1, c.mode, true, &policy, results(&c));
-        let (_, real) = assess(1, c.mode, false, &policy, results(&c));
+        let dry = assess(1, c.mode, true, &policy, results(&c));
+        let real = assess(1, c.mode, false, &policy, results(&c));
         prop_assert_eq!(dry.plan, real.plan);
         prop_assert_eq!(dry.violations, real.violations);
     }
@@ -308,7 +309,6 @@ fn host() -> impl Strategy<Value = HostSnapshot> {
                     uid: 0,
                     username: user,
                     creation: String::new(),
-                    created: None,
                     name: None,
                     gpu_memory: mib.map(|m| Memory {
                         text: format!("{m}mi"),

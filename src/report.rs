@@ -7,23 +7,14 @@
 
 use serde::Serialize;
 
+use crate::assess::Assessment;
+pub use crate::assess::HostStatus;
 use crate::model::{GpuIndex, HostId, Mode};
 use crate::outcome::{self, Outcome};
 use crate::plan::{Detach, Plan, Termination};
 use crate::rules::attribution::Unconfirmed;
 use crate::rules::{Finding, Notice, Violation};
 use crate::snapshot::memory::megabytes;
-
-/// How one host fared this cycle.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct HostStatus {
-    pub host: HostId,
-    /// Why its snapshot failed, if it did.
-    pub error: Option<String>,
-    pub processes: usize,
-    pub envs: usize,
-    pub devices: usize,
-}
 
 /// Everything one cycle found and did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -38,10 +29,43 @@ pub struct CycleReport {
     pub violations: Vec<Violation>,
     pub plan: Plan,
     pub outcomes: Vec<Outcome>,
-    /// Wall time of the cycle, measured by the caller.
+    /// Wall time of the cycle (none for a replay).
     pub duration_ms: Option<u64>,
     /// Where the cycle's time went (none for a replay).
     pub timing: Option<Timing>,
+}
+
+impl CycleReport {
+    /// The report of a cycle: what it found and decided, what was done
+    /// (in plan order), and where its time went.
+    pub fn new(a: Assessment, outcomes: Vec<Outcome>, timing: Option<Timing>) -> Self {
+        CycleReport {
+            cycle: a.cycle,
+            mode: a.mode,
+            dry_run: a.dry_run,
+            hosts: a.hosts,
+            notices: a.notices,
+            violations: a.violations,
+            outcomes: outcome::in_plan_order(&a.plan, outcomes),
+            plan: a.plan,
+            duration_ms: timing.as_ref().map(|t| t.total_ms),
+            timing,
+        }
+    }
+
+    /// Whether it shows a failure (exit status 1): a host or an action failed.
+    pub fn failed(&self) -> bool {
+        self.hosts.iter().any(|h| h.error.is_some()) || self.outcomes.iter().any(Outcome::is_error)
+    }
+}
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// genv's lines on stdout; warnings and errors on stderr.
+    Text,
+    /// One JSON object per cycle on stdout.
+    Json,
 }
 
 /// Where one cycle's time went, phase by phase (milliseconds).
@@ -189,7 +213,7 @@ fn notice_line(mode: Mode, n: &Notice) -> String {
 }
 
 fn outcome_line(mode: Mode, o: &Outcome) -> Option<String> {
-    use outcome::{Detach as D, Termination as T};
+    use outcome::{DetachResult as D, TerminateResult as T};
     let line = match o {
         Outcome::Terminate { host, pid, outcome } => {
             let p = prefix(mode, host);
@@ -231,6 +255,17 @@ fn outcome_line(mode: Mode, o: &Outcome) -> Option<String> {
 
 fn host_error_line(mode: Mode, h: &HostStatus, error: &str) -> String {
     match mode {
+        Mode::Remote if h.recorded => format!(
+            "Failed reading the recorded snapshot of {} ({})",
+            h.host,
+            clean(error)
+        ),
+        Mode::Local if h.recorded => {
+            format!(
+                "[ERROR] Failed reading a recorded snapshot: {}",
+                clean(error)
+            )
+        }
         Mode::Remote => format!(
             "Failed running SSH command on {} ({})",
             h.host,
@@ -242,8 +277,14 @@ fn host_error_line(mode: Mode, h: &HostStatus, error: &str) -> String {
 
 /// The report as genv-style text.
 pub fn render_text(r: &CycleReport) -> Text {
+    render_text_with(r, true)
+}
+
+/// The report as genv-style text, host failures left out unless
+/// `host_errors` (genv's `-q`).
+pub fn render_text_with(r: &CycleReport, host_errors: bool) -> Text {
     let mut text = Text::default();
-    for h in &r.hosts {
+    for h in r.hosts.iter().filter(|_| host_errors) {
         if let Some(e) = &h.error {
             text.stderr.push(host_error_line(r.mode, h, e));
         }

@@ -170,7 +170,7 @@ fn sigterm_ends_a_run_whatever_it_waits_on() {
 /// identified, dies, and its pid is given to a new process on purpose;
 /// terminating the old identity must leave the new process alone.
 fn reuse_a_pid_inside_this_namespace() {
-    use genv_enforce::outcome::Termination as T;
+    use genv_enforce::outcome::TerminateResult as T;
     let mut first = Command::new("sleep").arg("1000").spawn().unwrap();
     let pid = first.id();
     let stat = std::fs::read(format!("/proc/{pid}/stat")).unwrap();
@@ -183,7 +183,7 @@ fn reuse_a_pid_inside_this_namespace() {
     std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
     let mut second = Command::new("sleep").arg("1000").spawn().unwrap();
     assert_eq!(second.id(), pid, "the pid was not reused: cannot test");
-    let host = genv_enforce::local::LocalHost::from_env(Duration::from_secs(5));
+    let host = genv_enforce::host::local::LocalHost::from_env(Duration::from_secs(5));
     let outcome = host.terminate(&genv_enforce::plan::Termination::of(
         genv_enforce::model::Pid(pid),
         Some(start),

@@ -8,11 +8,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use genv_enforce::local::LocalHost;
+use genv_enforce::host::genv_state::StateDir;
+use genv_enforce::host::local::LocalHost;
 use genv_enforce::model::{EnvId, GpuIndex, Pid};
-use genv_enforce::outcome::{self, Termination as T};
+use genv_enforce::outcome::{self, TerminateResult as T};
 use genv_enforce::plan::Termination;
-use genv_enforce::state::StateDir;
 use util::{env, lines, Host};
 
 const SIGTERM: i32 = 15;
@@ -24,6 +24,7 @@ fn start_time(pid: u32) -> u64 {
 
 fn local(h: &Host) -> LocalHost {
     LocalHost {
+        id: genv_enforce::model::HostId("local".into()),
         state: StateDir {
             path: h.state_dir(),
         },
@@ -162,16 +163,18 @@ async fn process_of_unknown_ownership_is_reported_never_terminated() {
         ..local(&h)
     };
     let settings = genv_enforce::cycle::Settings {
+        mode: genv_enforce::model::Mode::Local,
         policy: genv_enforce::rules::Policy {
             non_env_processes: true,
             ..Default::default()
         },
         interval: Duration::ZERO,
         dry_run: false,
-        output: genv_enforce::cli::OutputFormat::Text,
+        format: genv_enforce::report::Format::Text,
+        failures: Default::default(),
     };
-    let id = genv_enforce::model::HostId("local".into());
-    let report = genv_enforce::cycle::local_cycle(&host, &id, &settings, 1).await;
+    let fleet = genv_enforce::fleet::Fleet::new(vec![genv_enforce::host::Host::Local(host)], 1);
+    let (report, _) = genv_enforce::cycle::cycle(&fleet, &settings, 1).await;
     assert!(report.violations.is_empty());
     assert!(report.plan.hosts.is_empty());
     assert!(
@@ -225,7 +228,7 @@ fn concurrent_genv_attach_loses_nothing_to_our_detach() {
             &[(GpuIndex(i), EnvId("victim".into()))],
             Duration::from_secs(30),
         );
-        assert_eq!(out, vec![outcome::Detach::Detached]);
+        assert_eq!(out, vec![outcome::DetachResult::Detached]);
         std::thread::sleep(Duration::from_millis(30));
     }
     for mut a in attaches {

@@ -511,25 +511,30 @@ fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
             identity_file: Some(f.dir.path().join("id_ed25519")),
             ..spec
         };
-        let ssh = genv_enforce::remote::ssh::SshOptions {
+        let ssh = std::sync::Arc::new(genv_enforce::host::ssh::SshOptions {
             connect_timeout: Some(Duration::from_secs(5)),
             control_dir: f.dir.path().to_path_buf(),
             persist: Duration::from_secs(60),
             known_hosts: openssh::KnownHosts::Add,
             known_hosts_file: Some(f.dir.path().join("known_hosts")),
             reuse: false,
+        });
+        let host = genv_enforce::host::remote::SshHost {
+            conn: genv_enforce::host::ssh::Connection::new(spec),
+            ssh,
+            command_timeout: Duration::from_secs(20),
+            once: true,
         };
-        let fleet =
-            genv_enforce::remote::Fleet::new(vec![spec], ssh, 1, Duration::from_secs(20), true);
-        let (_, ours) = fleet.snapshots().await.pop().unwrap();
+        let ours = host.snapshot().await;
         let argv: Vec<String> = ["sudo", "-n", "genv", "usage", "snapshot"]
             .map(String::from)
             .to_vec();
-        let genv = fleet.hosts[0]
-            .run(&argv, None, Duration::from_secs(20), &fleet.ssh)
+        let genv = host
+            .conn
+            .run(&argv, None, Duration::from_secs(20), &host.ssh)
             .await
             .unwrap();
-        fleet.close().await;
+        host.close().await.unwrap();
         (ours.unwrap(), genv)
     });
     assert!(

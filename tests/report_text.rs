@@ -3,9 +3,10 @@
 
 use std::process::Command;
 
-use genv_enforce::cycle::{assess, dry_run_outcomes};
+use genv_enforce::assess::{assess, dry_run_outcomes};
 use genv_enforce::model::{HostId, Mode};
 use genv_enforce::report::render_text;
+use genv_enforce::report::CycleReport;
 use genv_enforce::rules::Policy;
 use genv_enforce::snapshot::genv::parse_snapshot;
 
@@ -31,14 +32,15 @@ fn policy() -> Policy {
 }
 
 fn render(mode: Mode, hosts: &[&str]) -> String {
-    let (_, mut report) = assess(
+    let a = assess(
         1,
         mode,
         true,
         &policy(),
         hosts.iter().map(|h| fixture(h)).collect(),
     );
-    report.outcomes = dry_run_outcomes(&report.plan);
+    let outcomes = dry_run_outcomes(&a.plan);
+    let report = CycleReport::new(a, outcomes, None);
     let text = render_text(&report);
     format!(
         "--- stdout\n{}\n--- stderr\n{}\n",
@@ -65,7 +67,11 @@ fn host_errors_are_reported() {
         HostId("gpu9".into()),
         Err("nvidia-smi exited with exit status: 9: NVIDIA-SMI has failed".into()),
     );
-    let (_, report) = assess(1, Mode::Remote, true, &policy(), vec![fixture("gpu2"), bad]);
+    let report = CycleReport::new(
+        assess(1, Mode::Remote, true, &policy(), vec![fixture("gpu2"), bad]),
+        Vec::new(),
+        None,
+    );
     insta::assert_snapshot!(render_text(&report).stderr.join("\n"));
 }
 
@@ -86,9 +92,64 @@ fn help_texts() {
 
 #[test]
 fn json_report_shape() {
-    let (_, mut report) = assess(1, Mode::Remote, true, &policy(), vec![fixture("gpu1")]);
-    report.outcomes = dry_run_outcomes(&report.plan);
+    let a = assess(1, Mode::Remote, true, &policy(), vec![fixture("gpu1")]);
+    let outcomes = dry_run_outcomes(&a.plan);
+    let report = CycleReport::new(a, outcomes, None);
     let json: serde_json::Value =
         serde_json::from_str(&genv_enforce::report::render_json(&report)).unwrap();
     insta::assert_snapshot!(serde_json::to_string_pretty(&json).unwrap());
+}
+
+#[test]
+fn replays_name_what_they_cannot_read() {
+    // Issue 9: a mistyped --snapshot-dir replayed zero hosts and exited 0;
+    // a recorded host that cannot be read was "Failed running SSH command".
+    let bin = env!("CARGO_BIN_EXE_genv-enforce");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = run(&["remote", "enforce", "--snapshot-dir", "/nonexistent/snaps"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("--snapshot-dir /nonexistent/snaps: No such file or directory"),
+        "{err}"
+    );
+    let empty = tempfile::tempdir().unwrap();
+    let dir = empty.path().to_str().unwrap();
+    let (code, _, err) = run(&["remote", "enforce", "--snapshot-dir", dir]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no recorded snapshots"), "{err}");
+    let fixtures = format!("{}/fixtures/snapshots", env!("CARGO_MANIFEST_DIR"));
+    let (code, out, err) = run(&[
+        "remote",
+        "-H",
+        "gpu1,gpu9",
+        "enforce",
+        "--snapshot-dir",
+        &fixtures,
+        "--non-env-processes",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("Failed reading the recorded snapshot of gpu9 (")
+            && err.contains("gpu9.json: No such file or directory"),
+        "{err}"
+    );
+    assert!(
+        out.contains("gpu1"),
+        "the readable host is still assessed: {out}"
+    );
+    let (code, _, err) = run(&["enforce", "--snapshot", "/nonexistent/gpu1.json"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains(
+            "[ERROR] Failed reading a recorded snapshot: /nonexistent/gpu1.json: No such file"
+        ),
+        "{err}"
+    );
 }

@@ -333,7 +333,6 @@ pub(crate) mod test_support {
             uid: 1000,
             username: user.map(String::from),
             creation: "22/11/2026 15:04:05".into(),
-            created: None,
             name: None,
             gpu_memory: gpu_memory.map(|t| Memory {
                 text: t.into(),

@@ -4,7 +4,6 @@
 //! Unknown fields are ignored; `null`s are accepted where genv writes them.
 //! genv's pre-1.0 state layouts (objects keyed by eid/index) are not read.
 
-use chrono::NaiveDateTime;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -14,13 +13,8 @@ use crate::model::{
     Process, Usage,
 };
 
-/// genv's timestamp format (local time).
-pub const TIMESTAMP_FORMAT: &str = "%d/%m/%Y %H:%M:%S";
-
-/// Parses a genv timestamp such as `"22/11/2026 15:04:05"`.
-pub fn parse_timestamp(text: &str) -> Option<NaiveDateTime> {
-    NaiveDateTime::parse_from_str(text, TIMESTAMP_FORMAT).ok()
-}
+/// genv's default state directory (`$GENV_TMPDIR` overrides it).
+pub const DEFAULT_DIR: &str = "/var/tmp/genv";
 
 /// `genv usage snapshot` as JSON.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -220,7 +214,6 @@ fn envs_from_json(json: &[EnvJson], source: &str, path: &str) -> Result<Vec<Env>
                 eid: EnvId(e.eid.clone()),
                 uid: e.uid,
                 username: e.username.clone(),
-                created: parse_timestamp(&e.creation),
                 creation: e.creation.clone(),
                 name: e.config.name.clone(),
                 gpu_memory,
@@ -372,7 +365,6 @@ mod tests {
         );
         assert_eq!(s.envs[0].gpu_memory.as_ref().unwrap().bytes, 2 << 30);
         assert_eq!(s.envs[0].username.as_deref(), Some("alice"));
-        assert!(s.envs[0].created.is_some());
         assert_eq!(s.devices[0].attachments[0].eid, EnvId("4100".into()));
     }
 
@@ -386,7 +378,6 @@ mod tests {
         assert_eq!(s.processes[0].owner, Owner::NoEnv);
         assert_eq!(s.processes[0].gpus[0].usage, Usage::Unknown);
         assert_eq!(s.envs[0].username, None);
-        assert_eq!(s.envs[0].created, None);
     }
 
     #[test]

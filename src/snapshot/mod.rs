@@ -2,11 +2,12 @@
 //!
 //! `genv` reads genv's JSON (snapshots and state files), `nvidia_smi` its
 //! CSV, `proc` the text of `/proc/<pid>/{stat,environ,status}`. Reading the
-//! files and running the commands is left to [`crate::local`].
+//! files and running the commands is left to [`crate::host`].
 //!
 //! [`HostSnapshot`]: crate::model::HostSnapshot
 
 pub mod assemble;
+pub mod frames;
 pub mod genv;
 pub mod memory;
 pub mod nvidia_smi;

@@ -11,13 +11,13 @@ use rustix::process::{pidfd_open, pidfd_send_signal, PidfdFlags, Signal};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
-use crate::error::HostError;
+use super::genv_state::StateDir;
+use crate::error::{self, HostError};
 use crate::model::{HostId, HostSnapshot};
 use crate::outcome::{self, Outcome};
 use crate::plan::{HostPlan, Termination};
 use crate::snapshot::assemble::{assemble, pids_to_read, ParsedState, RawHost, RawProc};
 use crate::snapshot::proc;
-use crate::state::StateDir;
 
 /// The most we read of a tool's output: far above any real nvidia-smi answer.
 pub const MAX_OUTPUT_BYTES: u64 = 64 << 20;
@@ -37,6 +37,8 @@ async fn read_capped<R: AsyncRead + Unpin>(
 /// How to reach this machine's GPUs and genv state.
 #[derive(Debug, Clone)]
 pub struct LocalHost {
+    /// Its name in reports (the machine's hostname).
+    pub id: HostId,
     pub state: StateDir,
     /// The nvidia-smi command (a path or a name on PATH).
     pub nvidia_smi: String,
@@ -52,6 +54,7 @@ impl LocalHost {
     /// genv's defaults, from the environment.
     pub fn from_env(timeout: Duration) -> Self {
         LocalHost {
+            id: hostname(),
             state: StateDir::from_env(),
             nvidia_smi: "nvidia-smi".to_string(),
             proc_root: PathBuf::from("/proc"),
@@ -134,9 +137,9 @@ impl LocalHost {
         // File and NSS reads block: off the async workers.
         let raw = tokio::task::spawn_blocking(move || host.gather(gpus, apps))
             .await
-            .map_err(|e| HostError::Spawn {
-                command: "state reader".into(),
-                source: std::io::Error::other(e),
+            .map_err(|source| HostError::Join {
+                what: "the state reader",
+                source,
             })??;
         let mut parsed = self.parsed.lock().unwrap_or_else(|e| e.into_inner());
         Ok(assemble(
@@ -182,49 +185,62 @@ impl LocalHost {
         })
     }
 
-    /// Carries out one host's plan: all terminations, then all detaches
-    /// (genv's order).
-    pub async fn execute(&self, host: &HostId, plan: &HostPlan) -> Vec<Outcome> {
-        let mut out: Vec<Outcome> = plan
-            .terminate
-            .iter()
-            .map(|t| Outcome::Terminate {
-                host: host.clone(),
-                pid: t.pid,
-                outcome: self.terminate(t),
-            })
-            .collect();
-        if !plan.detach.is_empty() {
-            let pairs: Vec<_> = plan
+    /// Carries out its plan: all terminations, then all detaches (genv's
+    /// order), off the async workers (they read `/proc` and wait on
+    /// genv's lock).
+    pub async fn execute(&self, plan: &HostPlan) -> Vec<Outcome> {
+        let host = self.clone();
+        let work = plan.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            let terminations: Vec<_> = work.terminate.iter().map(|t| host.terminate(t)).collect();
+            let pairs: Vec<_> = work
                 .detach
                 .iter()
                 .map(|d| (d.device, d.eid.clone()))
                 .collect();
-            let state = self.state.clone();
-            let wait = self.timeout;
-            let results = tokio::task::spawn_blocking(move || state.detach(&pairs, wait))
-                .await
-                .unwrap_or_else(|e| {
-                    vec![
-                        outcome::Detach::Failed {
-                            error: e.to_string()
-                        };
-                        plan.detach.len()
-                    ]
+            let detaches = if pairs.is_empty() {
+                Vec::new()
+            } else {
+                host.state.detach(&pairs, host.timeout)
+            };
+            (terminations, detaches)
+        })
+        .await;
+        let (terminations, detaches) = done.unwrap_or_else(|source| {
+            let error = error::chain(&HostError::Join {
+                what: "carrying out the plan",
+                source,
+            });
+            (
+                vec![
+                    outcome::TerminateResult::Failed {
+                        error: error.clone()
+                    };
+                    plan.terminate.len()
+                ],
+                vec![outcome::DetachResult::Failed { error }; plan.detach.len()],
+            )
+        });
+        let terminated =
+            plan.terminate
+                .iter()
+                .zip(terminations)
+                .map(|(t, outcome)| Outcome::Terminate {
+                    host: self.id.clone(),
+                    pid: t.pid,
+                    outcome,
                 });
-            out.extend(
-                plan.detach
-                    .iter()
-                    .zip(results)
-                    .map(|(d, outcome)| Outcome::Detach {
-                        host: host.clone(),
-                        device: d.device,
-                        eid: d.eid.clone(),
-                        outcome,
-                    }),
-            );
-        }
-        out
+        let detached = plan
+            .detach
+            .iter()
+            .zip(detaches)
+            .map(|(d, outcome)| Outcome::Detach {
+                host: self.id.clone(),
+                device: d.device,
+                eid: d.eid.clone(),
+                outcome,
+            });
+        terminated.chain(detached).collect()
     }
 
     /// SIGTERMs `t.pid` only if it is still the process the snapshot saw.
@@ -233,8 +249,8 @@ impl LocalHost {
     /// re-read, then the signal goes through the pidfd: a pid reused in
     /// between is caught by the start time, and one reused after the check
     /// cannot be hit because the pidfd still names the old process.
-    pub fn terminate(&self, t: &Termination) -> outcome::Termination {
-        use outcome::Termination as T;
+    pub fn terminate(&self, t: &Termination) -> outcome::TerminateResult {
+        use outcome::TerminateResult as T;
         let Some(expected) = t.start_time else {
             return T::NoIdentity;
         };
@@ -287,4 +303,14 @@ impl LocalHost {
             },
         }
     }
+}
+
+/// This machine's name for reports.
+pub fn hostname() -> HostId {
+    HostId(
+        nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "localhost".to_string()),
+    )
 }

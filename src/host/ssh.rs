@@ -20,9 +20,9 @@ use openssh::{ChildStdin, ChildStdout, KnownHosts, Session, Stdio};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::Mutex;
 
-use crate::error::HostError;
+use super::agent::{MAX_OUTPUT_BYTES, TIMED_OUT};
+use crate::error::{ConnectFailure, HostError};
 use crate::inventory::HostSpec;
-use crate::remote::agent::{MAX_OUTPUT_BYTES, TIMED_OUT};
 
 /// The connect timeout when `-t` gives none.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -261,13 +261,15 @@ impl Connection {
             let said = std::fs::read_to_string(&log).unwrap_or_default();
             let _ = std::fs::remove_file(&log);
             let _ = std::fs::remove_file(&socket);
-            let message = said.trim().replace('\n', " ");
-            return Err(HostError::Ssh {
-                message: if message.is_empty() {
-                    "ssh exited without a connection".into()
-                } else {
-                    message
-                },
+            let said = said.trim().replace('\n', " ");
+            let said = if said.is_empty() {
+                "ssh exited without a connection".to_string()
+            } else {
+                said
+            };
+            return Err(HostError::Connect {
+                failure: ConnectFailure::of(&said),
+                said,
             });
         }
         *self.connected_in.lock().unwrap_or_else(|e| e.into_inner()) = Some(started.elapsed());
@@ -355,9 +357,7 @@ impl Connection {
     ) -> Result<Output, HostError> {
         match tokio::time::timeout(deadline, run_on(&master.session, argv, stdin)).await {
             Ok(Ok(out)) => Ok(out),
-            Ok(Err(e)) => Err(HostError::Ssh {
-                message: ssh_message(&e),
-            }),
+            Ok(Err(e)) => Err(HostError::Ssh(e)),
             Err(_) => Err(HostError::Timeout {
                 command: argv_summary(argv),
                 after: deadline,
@@ -418,14 +418,11 @@ impl Connection {
                     }
                 }
             }
-            master.peer =
-                Some(
-                    spawn_peer(&master.session, start)
-                        .await
-                        .map_err(|e| HostError::Ssh {
-                            message: ssh_message(&e),
-                        })?,
-                );
+            master.peer = Some(
+                spawn_peer(&master.session, start)
+                    .await
+                    .map_err(HostError::Ssh)?,
+            );
         }
         let left = deadline.saturating_sub(started.elapsed());
         let peer = master.peer.as_mut().expect("started just above");
@@ -521,9 +518,7 @@ async fn shut(mut m: Master) -> Result<(), HostError> {
     };
     let result = match asked {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(HostError::Ssh {
-            message: ssh_message(&e),
-        }),
+        Ok(Err(e)) => Err(HostError::Ssh(e)),
         Err(_) => Err(HostError::Timeout {
             command: "ssh master close".into(),
             after: MASTER_WAIT,
@@ -595,7 +590,7 @@ impl Peer {
                 "the agent ended",
             ));
         }
-        let (status, len) = crate::remote::agent::answer_header(&header)
+        let (status, len) = super::agent::answer_header(&header)
             .map_err(|m| std::io::Error::new(std::io::ErrorKind::InvalidData, m))?;
         let mut body = vec![0; len as usize];
         self.stdout.read_exact(&mut body).await?;
@@ -636,13 +631,7 @@ impl Peer {
                 status: status.to_string(),
                 output: last,
             },
-            _ => HostError::Ssh {
-                message: if last.is_empty() {
-                    format!("the agent failed: {error}")
-                } else {
-                    format!("the agent failed: {error}: {last}")
-                },
-            },
+            _ => HostError::Agent { error, said: last },
         }
     }
 }
@@ -702,17 +691,6 @@ async fn run_on(
         stdout: out,
         stderr: err,
     })
-}
-
-/// An ssh error with its causes, as one line.
-fn ssh_message(e: &openssh::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    text.trim().replace('\n', " ")
 }
 
 fn argv_summary(argv: &[String]) -> String {

@@ -29,12 +29,8 @@ use crate::error::StateError;
 use crate::model::{EnvId, GpuIndex};
 use crate::outcome;
 
-/// genv's default state directory.
-pub const DEFAULT_DIR: &str = "/var/tmp/genv";
-
-/// The most we read of a state file: real state is a few KiB; a larger
-/// file is a user's doing and is refused rather than read into memory.
-pub const MAX_STATE_BYTES: u64 = 64 << 20;
+pub use super::MAX_STATE_BYTES;
+use crate::snapshot::genv::DEFAULT_DIR;
 
 /// The state files of one genv installation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,42 +133,46 @@ impl StateDir {
     ///
     /// Returns one outcome per pair, in order. If the file cannot be read,
     /// parsed or replaced, every pair fails and the file is left as it was.
-    pub fn detach(&self, pairs: &[(GpuIndex, EnvId)], wait: Duration) -> Vec<outcome::Detach> {
-        let failed = |error: String| vec![outcome::Detach::Failed { error }; pairs.len()];
+    pub fn detach(
+        &self,
+        pairs: &[(GpuIndex, EnvId)],
+        wait: Duration,
+    ) -> Vec<outcome::DetachResult> {
+        let failed = |error: String| vec![outcome::DetachResult::Failed { error }; pairs.len()];
         let dir = match self.open() {
             Ok(Some(d)) => d,
-            Ok(None) => return vec![outcome::Detach::NotAttached; pairs.len()],
-            Err(e) => return failed(e.to_string()),
+            Ok(None) => return vec![outcome::DetachResult::NotAttached; pairs.len()],
+            Err(e) => return failed(crate::error::chain(&e)),
         };
         let _lock = match dir.lock(FlockOperation::NonBlockingLockExclusive, wait) {
             Ok(l) => l,
-            Err(e) => return failed(e.to_string()),
+            Err(e) => return failed(crate::error::chain(&e)),
         };
         let text = match dir.read("devices.json") {
             Ok(Some(t)) => t,
-            Ok(None) => return vec![outcome::Detach::NotAttached; pairs.len()],
-            Err(e) => return failed(e.to_string()),
+            Ok(None) => return vec![outcome::DetachResult::NotAttached; pairs.len()],
+            Err(e) => return failed(crate::error::chain(&e)),
         };
         let mut json: Value = match serde_json::from_str(&text) {
             Ok(v) => v,
             Err(e) => return failed(format!("{}: {e}", dir.path.join("devices.json").display())),
         };
-        let outcomes: Vec<outcome::Detach> = pairs
+        let outcomes: Vec<outcome::DetachResult> = pairs
             .iter()
             .map(|(device, eid)| {
                 if remove_attachment(&mut json, *device, eid) {
-                    outcome::Detach::Detached
+                    outcome::DetachResult::Detached
                 } else {
-                    outcome::Detach::NotAttached
+                    outcome::DetachResult::NotAttached
                 }
             })
             .collect();
-        if !outcomes.contains(&outcome::Detach::Detached) {
+        if !outcomes.contains(&outcome::DetachResult::Detached) {
             return outcomes;
         }
         match dir.replace("devices.json", &json) {
             Ok(()) => outcomes,
-            Err(e) => failed(e.to_string()),
+            Err(e) => failed(crate::error::chain(&e)),
         }
     }
 }
@@ -418,7 +418,10 @@ mod tests {
         );
         assert_eq!(
             out,
-            vec![outcome::Detach::Detached, outcome::Detach::NotAttached]
+            vec![
+                outcome::DetachResult::Detached,
+                outcome::DetachResult::NotAttached
+            ]
         );
         let after: Value =
             serde_json::from_str(&std::fs::read_to_string(t.path().join("devices.json")).unwrap())
@@ -442,7 +445,7 @@ mod tests {
     fn malformed_devices_json_fails_and_is_left_alone() {
         let (t, state) = dir_with("{\"devices\": [");
         let out = state.detach(&a0(), Duration::from_secs(1));
-        assert!(matches!(&out[0], outcome::Detach::Failed { .. }));
+        assert!(matches!(&out[0], outcome::DetachResult::Failed { .. }));
         assert_eq!(
             std::fs::read_to_string(t.path().join("devices.json")).unwrap(),
             "{\"devices\": ["
@@ -483,7 +486,7 @@ mod tests {
         assert!(gone.lock(Duration::from_secs(1)).unwrap().is_none());
         assert_eq!(
             gone.detach(&a0(), Duration::from_secs(1)),
-            [outcome::Detach::NotAttached]
+            [outcome::DetachResult::NotAttached]
         );
         assert!(!gone.path.exists());
     }
@@ -499,12 +502,12 @@ mod tests {
         std::os::unix::fs::symlink(&secret, t.path().join("genv.lock")).unwrap();
         let e = state.read(Duration::from_secs(1)).unwrap_err();
         assert!(
-            e.to_string().contains("genv.lock is a symbolic link"),
+            crate::error::chain(&e).contains("genv.lock is a symbolic link"),
             "{e}"
         );
         assert!(matches!(
             &state.detach(&a0(), Duration::from_secs(1))[0],
-            outcome::Detach::Failed { .. }
+            outcome::DetachResult::Failed { .. }
         ));
         assert!(state.lock(Duration::from_secs(1)).is_err());
         std::fs::remove_file(t.path().join("genv.lock")).unwrap();
@@ -522,12 +525,12 @@ mod tests {
         .unwrap();
         let e = state.read(Duration::from_secs(1)).unwrap_err();
         assert!(
-            e.to_string().contains("devices.json is a symbolic link"),
+            crate::error::chain(&e).contains("devices.json is a symbolic link"),
             "{e}"
         );
         assert!(matches!(
             &state.detach(&a0(), Duration::from_secs(1))[0],
-            outcome::Detach::Failed { .. }
+            outcome::DetachResult::Failed { .. }
         ));
         assert_eq!(
             std::fs::read_to_string(outside.path().join("devices.json")).unwrap(),
@@ -576,19 +579,25 @@ mod tests {
         .unwrap();
         let start = Instant::now();
         let e = state.read(Duration::from_secs(1)).unwrap_err();
-        assert!(e.to_string().contains("envs.json is a FIFO"), "{e}");
+        assert!(
+            crate::error::chain(&e).contains("envs.json is a FIFO"),
+            "{e}"
+        );
         assert!(start.elapsed() < Duration::from_secs(1));
         std::fs::remove_file(&envs).unwrap();
 
         std::fs::create_dir(&envs).unwrap();
         let e = state.read(Duration::from_secs(1)).unwrap_err();
-        assert!(e.to_string().contains("envs.json is a directory"), "{e}");
+        assert!(
+            crate::error::chain(&e).contains("envs.json is a directory"),
+            "{e}"
+        );
         std::fs::remove_dir(&envs).unwrap();
 
         let f = File::create(&envs).unwrap();
         f.set_len(MAX_STATE_BYTES + 1).unwrap();
         let e = state.read(Duration::from_secs(1)).unwrap_err();
-        assert!(e.to_string().contains("larger than"), "{e}");
+        assert!(crate::error::chain(&e).contains("larger than"), "{e}");
     }
 
     #[test]
@@ -596,7 +605,10 @@ mod tests {
         let (t, state) = dir_with(DEVICES);
         let _listener = std::os::unix::net::UnixListener::bind(t.path().join("envs.json")).unwrap();
         let e = state.read(Duration::from_secs(1)).unwrap_err();
-        assert!(e.to_string().contains("envs.json is a socket"), "{e}");
+        assert!(
+            crate::error::chain(&e).contains("envs.json is a socket"),
+            "{e}"
+        );
         std::fs::remove_file(t.path().join("envs.json")).unwrap();
         // A device node (only root can make one; a user could only link to
         // one, and links are refused before that).
@@ -610,8 +622,8 @@ mod tests {
         if null.is_ok() {
             let e = state.read(Duration::from_secs(1)).unwrap_err();
             assert!(
-                e.to_string().contains("envs.json is a device")
-                    || e.to_string().contains("Permission denied"),
+                crate::error::chain(&e).contains("envs.json is a device")
+                    || crate::error::chain(&e).contains("Permission denied"),
                 "{e}"
             );
         }
@@ -678,7 +690,7 @@ mod tests {
         std::fs::create_dir(t.path().join("blocked")).unwrap();
         std::fs::write(t.path().join("blocked/x"), "").unwrap();
         let e = dir.replace("blocked", &serde_json::json!({})).unwrap_err();
-        assert!(e.to_string().contains("blocked"), "{e}");
+        assert!(crate::error::chain(&e).contains("blocked"), "{e}");
         assert_eq!(names(t.path()), ["blocked", "devices.json"]);
     }
 }

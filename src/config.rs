@@ -1,0 +1,345 @@
+//! The command line (and the inventory it names) resolved into a job: the
+//! hosts, as [`Fleet`]s, and how cycles run. Every way the flags can be
+//! wrong is a [`ConfigError`] here, before anything runs.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::cli::{
+    Cli, Command, CycleArgs, HostKeyCheck, OutputFormat, RemoteArgs, RemoteCommand, RuleArgs,
+};
+use crate::cycle::{Failures, Settings};
+use crate::fleet::Fleet;
+use crate::host::local::LocalHost;
+use crate::host::recorded::Recorded;
+use crate::host::remote::SshHost;
+use crate::host::ssh::{Connection, SshOptions};
+use crate::host::Host;
+use crate::inventory::{self, Inventory, InventoryError, Overrides};
+use crate::model::{HostId, Mode};
+use crate::report::Format;
+use crate::rules::Policy;
+
+/// What a command line asks for.
+#[derive(Debug)]
+pub enum Job {
+    /// Cycles over fleets (see [`crate::cycle::run`]).
+    Enforce {
+        fleets: Vec<Fleet>,
+        settings: Settings,
+        /// The temporary directory of the SSH sockets, removed when dropped.
+        control_dir: Option<tempfile::TempDir>,
+    },
+    /// This machine's snapshot as genv prints it.
+    Snapshot(LocalHost),
+}
+
+/// A command line that cannot run.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("{}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("-H: {0}")]
+    HostList(String),
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+    #[error("{}: no hosts", path.display())]
+    NoHosts { path: PathBuf },
+    #[error("remote: one of -H/--host, --hostfile or --inventory is required")]
+    NoHostsGiven,
+    #[error("--snapshot-dir {}", dir.display())]
+    SnapshotDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--snapshot-dir {}: no recorded snapshots (<host>.json) in it", dir.display())]
+    NoSnapshots { dir: PathBuf },
+    #[error("--control-dir {}: {reason}", dir.display())]
+    ControlDir { dir: PathBuf, reason: String },
+    #[error("cannot create a directory for SSH sockets")]
+    TempDir(#[source] std::io::Error),
+}
+
+/// Resolves a parsed command line.
+///
+/// # Errors
+/// Unreadable or invalid host lists and inventories, a `--snapshot-dir`
+/// that holds no snapshots, an unsafe `--control-dir`.
+pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
+    match cli.command {
+        Command::Snapshot(args) => Ok(Job::Snapshot(LocalHost::from_env(args.command_timeout))),
+        Command::Enforce(args) => {
+            let replay = !args.snapshot.is_empty();
+            let settings = settings(&args.cycle, policy(&args.rules), Mode::Local, replay);
+            let fleets = if replay {
+                args.snapshot
+                    .iter()
+                    .map(|path| Fleet::new(vec![Host::Recorded(recorded(path))], 1))
+                    .collect()
+            } else {
+                vec![Fleet::new(
+                    vec![Host::Local(LocalHost::from_env(args.command_timeout))],
+                    1,
+                )]
+            };
+            Ok(Job::Enforce {
+                fleets,
+                settings: Settings {
+                    failures: Failures::default(),
+                    ..settings
+                },
+                control_dir: None,
+            })
+        }
+        Command::Remote(args) => remote(*args),
+    }
+}
+
+/// A recorded snapshot named by its file's stem.
+fn recorded(path: &Path) -> Recorded {
+    let id = path.file_stem().map_or_else(
+        || path.display().to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
+    Recorded {
+        id: HostId(id),
+        path: path.to_path_buf(),
+    }
+}
+
+fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
+    let RemoteCommand::Enforce(enforce) = &args.command;
+    let mut inventory = load_hosts(&args)?;
+    for h in inventory.iter_mut().flat_map(|i| i.hosts.iter_mut()) {
+        h.identity_file = h
+            .identity_file
+            .take()
+            .or_else(|| args.identity_file.clone());
+    }
+    let mut policy = policy(&enforce.rules);
+    if let Some(inv) = &inventory {
+        // Flags win over the inventory's caps.
+        policy.max_devices_per_user = policy
+            .max_devices_per_user
+            .or(inv.caps.max_devices_per_user);
+        let mut caps = inv.caps.max_devices_for_user.clone();
+        caps.extend(policy.max_devices_for_user);
+        policy.max_devices_for_user = caps;
+    }
+    let settings = Settings {
+        failures: Failures {
+            exit_on_error: args.exit_on_error,
+            quiet: args.quiet,
+        },
+        ..settings(
+            &enforce.cycle,
+            policy,
+            Mode::Remote,
+            enforce.snapshot_dir.is_some(),
+        )
+    };
+    if let Some(dir) = &enforce.snapshot_dir {
+        let ids = match inventory {
+            Some(i) => i.hosts.into_iter().map(|h| h.id).collect(),
+            None => recorded_hosts(dir)?,
+        };
+        let hosts = ids
+            .into_iter()
+            .map(|id| {
+                Host::Recorded(Recorded {
+                    path: dir.join(format!("{id}.json")),
+                    id,
+                })
+            })
+            .collect();
+        return Ok(Job::Enforce {
+            fleets: vec![Fleet::new(hosts, usize::from(args.concurrency))],
+            settings,
+            control_dir: None,
+        });
+    }
+    let inventory = inventory.ok_or(ConfigError::NoHostsGiven)?;
+    let (control_dir, temp) = match &args.control_dir {
+        Some(d) => {
+            private_dir(d).map_err(|reason| ConfigError::ControlDir {
+                dir: d.clone(),
+                reason,
+            })?;
+            (d.clone(), None)
+        }
+        None => {
+            let t = tempfile::Builder::new()
+                .prefix("genv-enforce-")
+                .tempdir()
+                .map_err(ConfigError::TempDir)?;
+            (t.path().to_path_buf(), Some(t))
+        }
+    };
+    let ssh = Arc::new(SshOptions {
+        connect_timeout: args.timeout.map(Duration::from_secs),
+        control_dir,
+        // Masters left by a crash exit on their own once idle this long.
+        persist: args
+            .control_persist
+            .unwrap_or((settings.interval * 3).max(Duration::from_secs(60))),
+        reuse: args.control_persist.is_some(),
+        known_hosts: match args.host_key_check {
+            HostKeyCheck::Strict => openssh::KnownHosts::Strict,
+            HostKeyCheck::AcceptNew => openssh::KnownHosts::Add,
+        },
+        known_hosts_file: args.known_hosts_file.clone(),
+    });
+    let once = settings.interval.is_zero();
+    let hosts = inventory
+        .hosts
+        .into_iter()
+        .map(|spec| {
+            Host::Ssh(Box::new(SshHost {
+                conn: Connection::new(spec),
+                ssh: Arc::clone(&ssh),
+                command_timeout: args.command_timeout,
+                once,
+            }))
+        })
+        .collect();
+    Ok(Job::Enforce {
+        fleets: vec![Fleet::new(hosts, usize::from(args.concurrency))],
+        settings,
+        control_dir: temp,
+    })
+}
+
+/// The policy the rule flags ask for, genv's defaults elsewhere.
+pub fn policy(r: &RuleArgs) -> Policy {
+    let d = Policy::default();
+    let pick = |on: bool, off: bool, default: bool| {
+        if on {
+            true
+        } else if off {
+            false
+        } else {
+            default
+        }
+    };
+    Policy {
+        non_env_processes: pick(
+            r.non_env_processes,
+            r.no_non_env_processes,
+            d.non_env_processes,
+        ),
+        env_devices: pick(r.env_devices, r.no_env_devices, d.env_devices),
+        env_memory: pick(r.env_memory, r.no_env_memory, d.env_memory),
+        max_devices_per_user: r.max_devices_per_user,
+        max_devices_for_user: r.max_devices_for_user.iter().cloned().collect(),
+    }
+}
+
+/// Cycle settings from the flags; a replay of recorded snapshots is always
+/// a single dry run.
+fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings {
+    Settings {
+        mode,
+        policy,
+        interval: if replay { Duration::ZERO } else { c.interval },
+        dry_run: c.dry_run || replay,
+        format: match c.output {
+            OutputFormat::Text => Format::Text,
+            OutputFormat::Json => Format::Json,
+        },
+        failures: Failures::default(),
+    }
+}
+
+/// The hosts named by -H, --hostfile or --inventory, if any.
+fn load_hosts(args: &RemoteArgs) -> Result<Option<Inventory>, ConfigError> {
+    let overrides = Overrides {
+        user: args.username.clone(),
+    };
+    let read = |p: &Path| {
+        std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+            path: p.to_path_buf(),
+            source,
+        })
+    };
+    if let Some(list) = &args.host {
+        let hosts = inventory::parse_host_list(list, &overrides).map_err(ConfigError::HostList)?;
+        return Ok(Some(Inventory {
+            hosts,
+            ..Inventory::default()
+        }));
+    }
+    if let Some(path) = &args.hostfile {
+        let hosts =
+            inventory::parse_hostfile(&read(path)?, &path.display().to_string(), &overrides)?;
+        if hosts.is_empty() {
+            return Err(ConfigError::NoHosts { path: path.clone() });
+        }
+        return Ok(Some(Inventory {
+            hosts,
+            ..Inventory::default()
+        }));
+    }
+    if let Some(path) = &args.inventory {
+        return Ok(Some(inventory::parse_inventory(
+            &read(path)?,
+            &path.display().to_string(),
+            &overrides,
+        )?));
+    }
+    Ok(None)
+}
+
+/// Every `<host>.json` in `dir`, by name.
+fn recorded_hosts(dir: &Path) -> Result<Vec<HostId>, ConfigError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| ConfigError::SnapshotDir {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    let mut names: Vec<HostId> = entries
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            let stem = p.file_stem()?.to_string_lossy().into_owned();
+            (p.extension()? == "json").then_some(HostId(stem))
+        })
+        .collect();
+    if names.is_empty() {
+        return Err(ConfigError::NoSnapshots {
+            dir: dir.to_path_buf(),
+        });
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Makes sure `dir` can hold our master sockets: a directory (created 0700
+/// if missing) owned by us that no one else may write to.
+fn private_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| e.to_string())?;
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
+    if !meta.is_dir() {
+        return Err("not a directory".into());
+    }
+    if meta.uid() != rustix::process::geteuid().as_raw() {
+        return Err("not owned by us: another user could replace our sockets".into());
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err("writable by others: another user could replace our sockets".into());
+    }
+    Ok(())
+}

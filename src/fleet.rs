@@ -1,0 +1,146 @@
+//! A fleet: the hosts of a run, worked on concurrently. Snapshots, plans
+//! and closes fan out over them, bounded and unordered: the next host
+//! starts as soon as any finishes, so one hung host costs one slot, not the
+//! cycle. Every host is handled on its own: a failure is that host's result
+//! and never holds back or changes what happens on the others.
+
+use std::time::Duration;
+
+use futures::stream::{self, StreamExt};
+use tracing::Instrument;
+
+use crate::error::HostError;
+use crate::host::Host;
+use crate::model::{HostId, HostSnapshot};
+use crate::outcome::Outcome;
+use crate::plan::{HostPlan, Plan};
+
+/// The hosts of a run.
+#[derive(Debug)]
+pub struct Fleet {
+    pub hosts: Vec<Host>,
+    /// At most this many hosts are worked on at once (handshakes included).
+    pub concurrency: usize,
+}
+
+/// One host's part of a cycle's first phase.
+#[derive(Debug)]
+pub struct Round {
+    pub host: HostId,
+    pub snapshot: Result<HostSnapshot, HostError>,
+    /// How long the snapshot took (handshake included).
+    pub elapsed: Duration,
+    /// How long a new connection took to come up, if one was opened.
+    pub connect: Option<Duration>,
+    /// What the host's own snapshot decided, carried out right after it.
+    pub plan: HostPlan,
+    pub outcomes: Vec<Outcome>,
+}
+
+/// Runs `work` over `items`, at most `n` at a time, starting the next as
+/// soon as any finishes; results in the order of `items`.
+async fn fan_out<'a, T: 'a, R, F>(items: impl IntoIterator<Item = T>, n: usize, work: F) -> Vec<R>
+where
+    F: Fn(T) -> futures::future::BoxFuture<'a, R>,
+{
+    let mut done: Vec<(usize, R)> = stream::iter(items.into_iter().enumerate())
+        .map(|(i, item)| {
+            let f = work(item);
+            async move { (i, f.await) }
+        })
+        .buffer_unordered(n.max(1))
+        .collect()
+        .await;
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
+impl Fleet {
+    /// A fleet of `hosts`, `concurrency` at a time.
+    pub fn new(hosts: Vec<Host>, concurrency: usize) -> Self {
+        Fleet {
+            hosts,
+            concurrency: concurrency.max(1),
+        }
+    }
+
+    /// Whether every host is a recording.
+    pub fn is_recorded(&self) -> bool {
+        self.hosts.iter().all(Host::is_recorded)
+    }
+
+    /// Snapshots every host; results in host order.
+    pub async fn snapshots(&self) -> Vec<(HostId, Result<HostSnapshot, HostError>)> {
+        self.snapshots_and(|_, _| HostPlan::default())
+            .await
+            .into_iter()
+            .map(|r| (r.host, r.snapshot))
+            .collect()
+    }
+
+    /// Snapshots every host and right after each host's snapshot carries
+    /// out the plan `now` makes from it, in the same slot: what one host's
+    /// snapshot alone decides is enforced without waiting for the slowest
+    /// host. Results in host order, with those early plans and outcomes.
+    pub async fn snapshots_and<F>(&self, now: F) -> Vec<Round>
+    where
+        F: Fn(&HostId, &HostSnapshot) -> HostPlan + Sync,
+    {
+        let now = &now;
+        fan_out(&self.hosts, self.concurrency, |h| {
+            let span = tracing::debug_span!("host", host = %h.id());
+            Box::pin(
+                async move {
+                    let start = tokio::time::Instant::now();
+                    let snapshot = h.snapshot().await;
+                    let elapsed = start.elapsed();
+                    let plan = match &snapshot {
+                        Ok(snap) => now(h.id(), snap),
+                        Err(_) => HostPlan::default(),
+                    };
+                    let outcomes = if plan.is_empty() {
+                        Vec::new()
+                    } else {
+                        h.execute(&plan).await
+                    };
+                    Round {
+                        host: h.id().clone(),
+                        snapshot,
+                        elapsed,
+                        connect: h.take_connect_time(),
+                        plan,
+                        outcomes,
+                    }
+                }
+                .instrument(span),
+            )
+        })
+        .await
+    }
+
+    /// Carries out each host's plan, hosts in parallel.
+    pub async fn dispatch(&self, plan: &Plan) -> Vec<Outcome> {
+        let work: Vec<_> = plan
+            .hosts
+            .iter()
+            .filter_map(|(id, hp)| Some((self.hosts.iter().find(|h| h.id() == id)?, hp)))
+            .collect();
+        fan_out(work, self.concurrency, |(h, hp)| Box::pin(h.execute(hp)))
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// Closes every host (in parallel, each bounded); the hosts that could
+    /// not be closed cleanly.
+    pub async fn close(&self) -> Vec<(HostId, HostError)> {
+        fan_out(&self.hosts, self.concurrency, |h| {
+            Box::pin(async move { (h.id().clone(), h.close().await) })
+        })
+        .await
+        .into_iter()
+        .filter_map(|(h, r)| r.err().map(|e| (h, e)))
+        .collect()
+    }
+}

@@ -1,0 +1,105 @@
+//! Hosts: where snapshots come from and where plans are carried out. One
+//! interface, [`Host`], over three kinds:
+//!
+//! - [`local::LocalHost`]: this machine (nvidia-smi, genv's files through
+//!   [`genv_state`], `/proc`, pidfd signals);
+//! - [`remote::SshHost`]: a machine reached over SSH ([`ssh`]), where our
+//!   [`agent`] does the same as root;
+//! - [`recorded::Recorded`]: a `genv usage snapshot` file, for dry runs.
+//!
+//! A host reports its failures as data ([`HostError`]); nothing here
+//! decides what to enforce.
+
+pub mod agent;
+pub mod genv_state;
+pub mod local;
+pub mod recorded;
+pub mod remote;
+pub mod ssh;
+
+use std::time::Duration;
+
+/// The most we read of a genv state file, here or on a remote host: real
+/// state is a few KiB; a larger file is a user's doing and is refused
+/// rather than read into memory.
+pub const MAX_STATE_BYTES: u64 = 64 << 20;
+
+use crate::error::HostError;
+use crate::model::{HostId, HostSnapshot};
+use crate::outcome::Outcome;
+use crate::plan::HostPlan;
+
+/// A host of any kind.
+#[derive(Debug)]
+pub enum Host {
+    Local(local::LocalHost),
+    Ssh(Box<remote::SshHost>),
+    Recorded(recorded::Recorded),
+}
+
+impl Host {
+    /// Its name in reports.
+    pub fn id(&self) -> &crate::model::HostId {
+        match self {
+            Host::Local(h) => &h.id,
+            Host::Ssh(h) => &h.conn.spec.id,
+            Host::Recorded(h) => &h.id,
+        }
+    }
+
+    /// Whether it is a recording (nothing can be carried out on it, and
+    /// its cycles are not timed).
+    pub fn is_recorded(&self) -> bool {
+        matches!(self, Host::Recorded(_))
+    }
+
+    /// Its snapshot now: GPU processes with their identity, genv's state,
+    /// and who runs what.
+    ///
+    /// # Errors
+    /// Whatever kept it from being taken, naming the step.
+    pub async fn snapshot(&self) -> Result<HostSnapshot, HostError> {
+        match self {
+            Host::Local(h) => h.snapshot().await,
+            Host::Ssh(h) => h.snapshot().await,
+            Host::Recorded(h) => h.snapshot().await,
+        }
+    }
+
+    /// Carries out its plan: terminations (each pid's identity re-checked
+    /// first), then detaches, as genv does; one outcome per action.
+    pub async fn execute(&self, plan: &HostPlan) -> Vec<Outcome> {
+        match self {
+            Host::Local(h) => h.execute(plan).await,
+            Host::Ssh(h) => h.execute(plan).await,
+            Host::Recorded(h) => h.execute(plan),
+        }
+    }
+
+    /// How long a new connection took to come up this cycle, if one was
+    /// opened.
+    pub fn take_connect_time(&self) -> Option<Duration> {
+        match self {
+            Host::Ssh(h) => h.conn.take_connect_time(),
+            Host::Local(_) | Host::Recorded(_) => None,
+        }
+    }
+
+    /// Ends what the host holds open (an SSH master, our agent on it).
+    ///
+    /// # Errors
+    /// It could not be closed cleanly (it was killed instead).
+    pub async fn close(&self) -> Result<(), HostError> {
+        match self {
+            Host::Ssh(h) => h.close().await,
+            Host::Local(_) | Host::Recorded(_) => Ok(()),
+        }
+    }
+}
+
+/// Outcomes for actions that were not carried out, e.g. a dry run.
+pub fn not_carried_out(host: &HostId, plan: &HostPlan) -> Vec<Outcome> {
+    crate::assess::dry_run_outcomes(&crate::plan::Plan {
+        hosts: vec![(host.clone(), plan.clone())],
+    })
+}

@@ -1,0 +1,199 @@
+//! A remote host: our [`agent`](super::agent) run as root through the
+//! host's sudo over its SSH connection ([`ssh`](super::ssh)), asked for a
+//! snapshot, kills and detaches.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::agent::{self, Limits};
+use super::ssh::{Answer, Connection, PeerStart, SshOptions};
+use crate::error::{self, HostError};
+use crate::model::HostSnapshot;
+use crate::outcome::{self, Outcome};
+use crate::plan::HostPlan;
+use crate::snapshot::{assemble::assemble, frames};
+
+/// A host reached over SSH.
+#[derive(Debug)]
+pub struct SshHost {
+    pub conn: Connection,
+    pub ssh: Arc<SshOptions>,
+    /// Deadline of each request, connection included.
+    pub command_timeout: Duration,
+    /// One cycle only (`--interval 0`): the agent need not outlive it.
+    pub once: bool,
+}
+
+impl SshHost {
+    /// Seconds a command may run on the host: [`agent::BOUNDED`] kills it
+    /// (1 s grace included) before our own deadline ends.
+    fn host_limit(&self) -> u64 {
+        self.command_timeout.as_secs().saturating_sub(2).max(1)
+    }
+
+    /// The agent ends itself half a second before the host-side limit,
+    /// and its steps (nvidia-smi, genv's lock) half a second before that,
+    /// so that each reports what hung.
+    fn limits(&self) -> Limits {
+        let half = Duration::from_millis(500);
+        let run = Duration::from_secs(self.host_limit())
+            .saturating_sub(half)
+            .max(half);
+        Limits {
+            run,
+            step: run.saturating_sub(half).max(Duration::from_millis(300)),
+        }
+    }
+
+    /// How our agent is started, as root through the host's sudo. A run of
+    /// one cycle starts it under [`agent::BOUNDED`] (a sudo that hangs is
+    /// killed on the host, and so is the agent past the limit); a looping
+    /// run, whose agent stays, tries sudo first under that bound.
+    fn agent_start(&self) -> PeerStart {
+        let spec = &self.conn.spec;
+        let bounded = |rest: Vec<String>| -> Vec<String> {
+            ["sh", "-c", agent::BOUNDED, "genv-enforce"]
+                .into_iter()
+                .map(String::from)
+                .chain([self.host_limit().to_string()])
+                .chain(rest)
+                .collect()
+        };
+        let sudo = spec.sudo.iter().cloned();
+        let agent: Vec<String> = sudo
+            .clone()
+            .chain(spec.python.iter().cloned())
+            .chain(agent::bootstrap())
+            .collect();
+        let (probe, argv) = if self.once {
+            (None, bounded(agent))
+        } else {
+            (
+                Some(bounded(sudo.chain(["true".to_string()]).collect())),
+                agent,
+            )
+        };
+        PeerStart {
+            probe,
+            argv,
+            preamble: agent::AGENT.as_bytes(),
+            limit: Duration::from_secs(self.host_limit()),
+        }
+    }
+
+    /// Asks our agent (started if needed) to carry out `request`.
+    async fn ask(&self, what: &str, request: &serde_json::Value) -> Result<Answer, HostError> {
+        self.conn
+            .exchange(
+                what,
+                &self.agent_start(),
+                &agent::encode(request),
+                self.command_timeout,
+                &self.ssh,
+            )
+            .await
+    }
+
+    /// See [`Host::snapshot`](super::Host::snapshot).
+    ///
+    /// # Errors
+    /// The connection, sudo or the agent failed, a step failed on the
+    /// host, or the answer is malformed.
+    pub async fn snapshot(&self) -> Result<HostSnapshot, HostError> {
+        let spec = &self.conn.spec;
+        let request = agent::snapshot_request(&spec.genv_dir, &spec.nvidia_smi, self.limits());
+        let answer = self.ask("snapshot", &request).await?;
+        if answer.status != 0 {
+            return Err(HostError::Remote {
+                what: "snapshot".into(),
+                message: String::from_utf8_lossy(&answer.body).trim().to_string(),
+            });
+        }
+        let frames = frames::parse_frames(&answer.body, &spec.id.0)?;
+        let raw = frames::raw_host(&frames, &spec.id.0)?;
+        let mut parsed = self.conn.parsed.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(assemble(&raw, &spec.id.0, &mut parsed)?)
+    }
+
+    /// See [`Host::execute`](super::Host::execute): the start times are
+    /// re-checked on the host, by the agent, right before each signal.
+    pub async fn execute(&self, plan: &HostPlan) -> Vec<Outcome> {
+        let host = &self.conn.spec.id;
+        let mut terminations = vec![outcome::TerminateResult::NoIdentity; plan.terminate.len()];
+        if let Some(request) = agent::terminate_request(&plan.terminate, self.limits()) {
+            terminations = match self.ask("terminate", &request).await {
+                // Kills that happened are answered even if a later one failed.
+                Ok(answer) => agent::read_terminations(
+                    &String::from_utf8_lossy(&answer.body),
+                    &plan.terminate,
+                ),
+                Err(e) => vec![
+                    outcome::TerminateResult::Failed {
+                        error: error::chain(&e)
+                    };
+                    plan.terminate.len()
+                ],
+            };
+        }
+        let mut outcomes: Vec<Outcome> = plan
+            .terminate
+            .iter()
+            .zip(terminations)
+            .map(|(t, outcome)| Outcome::Terminate {
+                host: host.clone(),
+                pid: t.pid,
+                outcome,
+            })
+            .collect();
+        if !plan.detach.is_empty() {
+            let request =
+                agent::detach_request(&self.conn.spec.genv_dir, &plan.detach, self.limits());
+            let detaches = match self.ask("detach", &request).await {
+                Ok(answer) if answer.status == 0 => {
+                    agent::read_detaches(&String::from_utf8_lossy(&answer.body), &plan.detach)
+                }
+                Ok(answer) => vec![
+                    outcome::DetachResult::Failed {
+                        error: String::from_utf8_lossy(&answer.body)
+                            .trim()
+                            .replace('\n', " ")
+                    };
+                    plan.detach.len()
+                ],
+                Err(e) => vec![
+                    outcome::DetachResult::Failed {
+                        error: error::chain(&e)
+                    };
+                    plan.detach.len()
+                ],
+            };
+            outcomes.extend(
+                plan.detach
+                    .iter()
+                    .zip(detaches)
+                    .map(|(d, outcome)| Outcome::Detach {
+                        host: host.clone(),
+                        device: d.device,
+                        eid: d.eid.clone(),
+                        outcome,
+                    }),
+            );
+        }
+        outcomes
+    }
+
+    /// Closes the master and removes its socket, or with
+    /// `--control-persist` leaves it for the next run (our agent ends
+    /// either way).
+    ///
+    /// # Errors
+    /// The master did not close when asked and was killed.
+    pub async fn close(&self) -> Result<(), HostError> {
+        if self.ssh.reuse {
+            self.conn.release().await;
+            Ok(())
+        } else {
+            self.conn.close().await
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! The agent's snapshot answer: length-prefixed frames (`@<kind> [<arg>]
+//! <len>\n<body>`), split without copying and turned into a host's raw
+//! parts. Pure: what the host sent is untrusted bytes, and every malformed
+//! or truncated answer is an error naming the host.
+
+use std::collections::BTreeMap;
+
+use thiserror::Error;
+
+use super::assemble::{Environ, RawHost, RawProc};
+use super::ParseError;
+
+/// Why an answer gives no raw host.
+#[derive(Debug, Error)]
+pub enum FrameError {
+    /// A step failed on the host (nvidia-smi, genv's lock, a state file).
+    #[error("{what}: {message}")]
+    Failed { what: String, message: String },
+    /// The answer is malformed.
+    #[error(transparent)]
+    Parse(#[from] ParseError),
+}
+
+/// One frame of the agent's snapshot answer, borrowed from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame<'a> {
+    pub kind: &'a str,
+    pub arg: Option<&'a str>,
+    pub body: &'a [u8],
+}
+
+/// Splits the agent's snapshot answer into frames.
+///
+/// # Errors
+/// A malformed header or a frame shorter than announced (truncated output).
+pub fn parse_frames<'a>(mut bytes: &'a [u8], source: &str) -> Result<Vec<Frame<'a>>, ParseError> {
+    let mut frames = Vec::new();
+    while !bytes.is_empty() {
+        let bad = |m: String| ParseError::new(source, format!("frame {}", frames.len() + 1), m);
+        let nl = bytes
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or_else(|| bad("header without newline".into()))?;
+        let header =
+            std::str::from_utf8(&bytes[..nl]).map_err(|_| bad("header is not UTF-8".into()))?;
+        let words: Vec<&str> = header
+            .strip_prefix('@')
+            .ok_or_else(|| bad(format!("not a frame header: {header:?}")))?
+            .split(' ')
+            .collect();
+        let (kind, arg, len) = match words[..] {
+            [kind, len] => (kind, None, len),
+            [kind, arg, len] => (kind, Some(arg), len),
+            _ => return Err(bad(format!("not a frame header: {header:?}"))),
+        };
+        let len: usize = len
+            .parse()
+            .map_err(|_| bad(format!("bad length in {header:?}")))?;
+        let rest = &bytes[nl + 1..];
+        if rest.len() < len {
+            return Err(bad(format!(
+                "{kind} truncated: {} of {len} bytes",
+                rest.len()
+            )));
+        }
+        frames.push(Frame {
+            kind,
+            arg,
+            body: &rest[..len],
+        });
+        bytes = &rest[len..];
+    }
+    Ok(frames)
+}
+
+fn text(frame: &Frame, source: &str) -> Result<String, ParseError> {
+    std::str::from_utf8(frame.body)
+        .map(str::to_string)
+        .map_err(|_| ParseError::new(source, frame.kind, "not UTF-8"))
+}
+
+/// The raw parts of a host snapshot from the agent's frames.
+///
+/// # Errors
+/// A step failed on the host (nvidia-smi, genv's lock, a state file), or
+/// the answer is malformed.
+pub fn raw_host(frames: &[Frame], source: &str) -> Result<RawHost, FrameError> {
+    if let Some(f) = frames.iter().find(|f| f.kind == "fail") {
+        return Err(FrameError::Failed {
+            what: f.arg.unwrap_or_default().to_string(),
+            message: String::from_utf8_lossy(f.body).trim().to_string(),
+        });
+    }
+    let find = |kind: &str| frames.iter().find(|f| f.kind == kind && f.arg.is_none());
+    let required = |kind: &str| {
+        find(kind).ok_or_else(|| ParseError::new(source, kind, "missing from the host's answer"))
+    };
+    let optional = |kind: &str| find(kind).map(|f| text(f, source)).transpose();
+    let mut raw = RawHost {
+        gpus: text(required("gpus")?, source)?,
+        apps: text(required("apps")?, source)?,
+        envs: optional("envs")?,
+        devices: optional("devices")?,
+        procs: BTreeMap::new(),
+        user_names: BTreeMap::new(),
+    };
+    for f in frames {
+        let number = |what: &str| {
+            f.arg
+                .and_then(|a| a.parse::<u32>().ok())
+                .ok_or_else(|| ParseError::new(source, f.kind, format!("bad {what} {:?}", f.arg)))
+        };
+        match f.kind {
+            "proc" => {
+                raw.procs.insert(number("pid")?, proc_body(f.body, source)?);
+            }
+            "user" => {
+                raw.user_names.insert(number("uid")?, text(f, source)?);
+            }
+            _ => {}
+        }
+    }
+    Ok(raw)
+}
+
+/// A `proc` frame's body: `seen <start> <uid|-> <environ>\n<value>` or
+/// `unsure\n<why>`.
+fn proc_body(body: &[u8], source: &str) -> Result<RawProc, ParseError> {
+    let bad = || {
+        ParseError::new(
+            source,
+            "proc",
+            format!("malformed: {:?}", String::from_utf8_lossy(body)),
+        )
+    };
+    let (head, rest) = match body.iter().position(|&b| b == b'\n') {
+        Some(nl) => (&body[..nl], &body[nl + 1..]),
+        None => (body, &b""[..]),
+    };
+    let head = std::str::from_utf8(head).map_err(|_| bad())?;
+    let why = || String::from_utf8_lossy(rest).into_owned();
+    match head.split(' ').collect::<Vec<_>>()[..] {
+        ["unsure"] => Ok(RawProc::Unsure(why())),
+        ["seen", start, uid, environ] => Ok(RawProc::Seen {
+            start_time: start.parse().map_err(|_| bad())?,
+            uid: match uid {
+                "-" => None,
+                n => Some(n.parse().map_err(|_| bad())?),
+            },
+            environ: match environ {
+                "var" => Environ::Var(rest.to_vec()),
+                "novar" => Environ::NoVar,
+                "notread" => Environ::NotRead,
+                "unreadable" => Environ::Unreadable(why()),
+                _ => return Err(bad()),
+            },
+        }),
+        _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: &str, arg: Option<&str>, body: &[u8]) -> Vec<u8> {
+        let mut f = match arg {
+            Some(a) => format!("@{kind} {a} {}\n", body.len()),
+            None => format!("@{kind} {}\n", body.len()),
+        }
+        .into_bytes();
+        f.extend_from_slice(body);
+        f
+    }
+
+    fn answer() -> Vec<u8> {
+        [
+            frame("gpus", None, b"GPU-a, 0, 81559\n"),
+            frame("apps", None, b"GPU-a, 100, 50\n"),
+            frame("envs", None, b"{\"envs\": []}"),
+            frame(
+                "proc",
+                Some("100"),
+                b"seen 4242 1001 var\ne\n\x01; rm -rf /\xff",
+            ),
+            frame("proc", Some("7"), b"seen 5 - notread\n"),
+            frame(
+                "proc",
+                Some("8"),
+                b"seen 6 0 unreadable\nnot enough permissions",
+            ),
+            frame(
+                "proc",
+                Some("9"),
+                b"unsure\nits pid was reused while it was read",
+            ),
+            frame("proc", Some("10"), b"seen 8 2 novar\n"),
+            frame("user", Some("1001"), b"alice"),
+        ]
+        .concat()
+    }
+
+    #[test]
+    fn frames_become_raw_parts_byte_for_byte() {
+        let raw = raw_host(&parse_frames(&answer(), "h").unwrap(), "h").unwrap();
+        assert_eq!(raw.devices, None);
+        assert_eq!(raw.envs.as_deref(), Some("{\"envs\": []}"));
+        assert_eq!(
+            raw.procs[&100],
+            RawProc::Seen {
+                start_time: 4242,
+                uid: Some(1001),
+                environ: Environ::Var(b"e\n\x01; rm -rf /\xff".to_vec())
+            }
+        );
+        assert_eq!(
+            raw.procs[&7],
+            RawProc::Seen {
+                start_time: 5,
+                uid: None,
+                environ: Environ::NotRead
+            }
+        );
+        assert!(
+            matches!(&raw.procs[&8], RawProc::Seen { environ: Environ::Unreadable(w), .. } if w == "not enough permissions")
+        );
+        assert!(matches!(&raw.procs[&9], RawProc::Unsure(w) if w.contains("reused")));
+        assert_eq!(
+            raw.procs[&10],
+            RawProc::Seen {
+                start_time: 8,
+                uid: Some(2),
+                environ: Environ::NoVar
+            }
+        );
+        assert_eq!(raw.user_names[&1001], "alice");
+    }
+
+    #[test]
+    fn failures_malformed_and_truncated_answers_are_errors() {
+        let failed = [
+            frame("gpus", None, b""),
+            frame(
+                "fail",
+                Some("nvidia-smi"),
+                b"--query-compute-apps exited with status 9: NVIDIA driver\n",
+            ),
+        ]
+        .concat();
+        let e = raw_host(&parse_frames(&failed, "h").unwrap(), "h").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "nvidia-smi: --query-compute-apps exited with status 9: NVIDIA driver"
+        );
+        let mut cut = answer();
+        cut.truncate(cut.len() - 3);
+        assert!(parse_frames(&cut, "h").is_err());
+        assert!(parse_frames(b"@gpus 100\nGPU-a, 0\n", "h")
+            .unwrap_err()
+            .message
+            .contains("truncated"));
+        assert!(parse_frames(b"garbage\n", "h").is_err());
+        assert!(parse_frames(b"@a b c d\n", "h").is_err());
+        let no_apps = frame("gpus", None, b"");
+        assert!(raw_host(&parse_frames(&no_apps, "h").unwrap(), "h").is_err());
+        for bad in [
+            &b"seen x 1 var\n"[..],
+            b"seen 1 x var\n",
+            b"seen 1 1 what\n",
+            b"",
+            b"gone",
+        ] {
+            let f = [
+                frame("gpus", None, b""),
+                frame("apps", None, b""),
+                frame("proc", Some("1"), bad),
+            ]
+            .concat();
+            assert!(
+                raw_host(&parse_frames(&f, "h").unwrap(), "h").is_err(),
+                "{bad:?}"
+            );
+        }
+        let f = [
+            frame("gpus", None, b""),
+            frame("apps", None, b""),
+            frame("proc", Some("x"), b"unsure\n"),
+        ]
+        .concat();
+        assert!(raw_host(&parse_frames(&f, "h").unwrap(), "h").is_err());
+    }
+}
