@@ -4,7 +4,6 @@
 use serde::Serialize;
 
 use crate::model::{Cluster, HostId, HostSnapshot, Mode};
-use crate::outcome::{self, Outcome};
 use crate::plan::{self, HostPlan, Plan};
 use crate::rules::{self, Notice, Policy, Violation};
 
@@ -114,25 +113,4 @@ pub fn remaining(plan: &Plan, done: &Plan) -> Plan {
             .filter(|(_, p)| !p.is_empty())
             .collect(),
     }
-}
-
-/// Outcomes for a plan that is not carried out.
-pub fn dry_run_outcomes(plan: &Plan) -> Vec<Outcome> {
-    plan.hosts
-        .iter()
-        .flat_map(|(host, p)| {
-            let t = p.terminate.iter().map(move |t| Outcome::Terminate {
-                host: host.clone(),
-                pid: t.pid,
-                outcome: outcome::TerminateResult::DryRun,
-            });
-            let d = p.detach.iter().map(move |d| Outcome::Detach {
-                host: host.clone(),
-                device: d.device,
-                eid: d.eid.clone(),
-                outcome: outcome::DetachResult::DryRun,
-            });
-            t.chain(d)
-        })
-        .collect()
 }

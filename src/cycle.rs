@@ -13,6 +13,7 @@ use crate::error;
 use crate::fleet::Fleet;
 use crate::host::Host;
 use crate::model::Mode;
+use crate::outcome;
 use crate::plan::{HostPlan, Plan};
 use crate::report::{self, CycleReport, Format, Timing};
 use crate::rules::Policy;
@@ -120,7 +121,7 @@ pub async fn cycle(fleet: &Fleet, settings: &Settings, n: u64) -> (CycleReport, 
     timing.assess_ms = millis(assessed.elapsed());
     let dispatched = Instant::now();
     if settings.dry_run {
-        outcomes = assess::dry_run_outcomes(&a.plan);
+        outcomes = outcome::dry_run(&a.plan);
     } else if !abort {
         let rest = assess::remaining(&a.plan, &done);
         outcomes.extend(

@@ -235,7 +235,7 @@ fn spec(id: &str, address: &str, s: &Settings) -> Result<HostSpec, String> {
         return Err(format!("bad address {address:?}"));
     }
     Ok(HostSpec {
-        id: HostId(id.to_string()),
+        id: HostId::new(id)?,
         address: address.to_string(),
         user: s.user.clone(),
         port: s.port,

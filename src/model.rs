@@ -13,6 +13,34 @@ use serde::Serialize;
 #[serde(transparent)]
 pub struct HostId(pub String);
 
+impl HostId {
+    /// A host name from the admin's input: one word of printable
+    /// characters, no `/` (it names files: `<dir>/<host>.json`, sockets),
+    /// not an option (`-...`), at most 255 bytes.
+    ///
+    /// # Errors
+    /// Says what is wrong with `name`.
+    pub fn new(name: &str) -> Result<HostId, String> {
+        let bad = |why: &str| Err(format!("bad host name {name:?}: {why}"));
+        if name.is_empty() {
+            return bad("empty");
+        }
+        if name.len() > 255 {
+            return bad("longer than 255 bytes");
+        }
+        if name.starts_with('-') {
+            return bad("starts with '-'");
+        }
+        if name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '/')
+        {
+            return bad("holds a space, a control character or '/'");
+        }
+        Ok(HostId(name.to_string()))
+    }
+}
+
 /// A process id on one host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
@@ -260,5 +288,34 @@ impl Cluster {
     /// The snapshot of one host.
     pub fn host(&self, host: &HostId) -> Option<&HostSnapshot> {
         self.hosts.iter().find(|(h, _)| h == host).map(|(_, s)| s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_names_are_one_printable_word_that_names_no_path() {
+        for good in [
+            "gpu1",
+            "alice@gpu1:2222",
+            "[::1]:22",
+            "h.example.org",
+            &"x".repeat(255),
+        ] {
+            assert_eq!(HostId::new(good), Ok(HostId(good.to_string())));
+        }
+        for bad in [
+            "",
+            "-oProxyCommand=x",
+            "a b",
+            "gpu\u{1}",
+            "gpu\n",
+            "../etc/x",
+            &"x".repeat(256),
+        ] {
+            assert!(HostId::new(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -98,6 +98,27 @@ pub fn in_plan_order(plan: &Plan, mut outcomes: Vec<Outcome>) -> Vec<Outcome> {
     ordered
 }
 
+/// Outcomes for a plan that is not carried out.
+pub fn dry_run(plan: &Plan) -> Vec<Outcome> {
+    plan.hosts
+        .iter()
+        .flat_map(|(host, p)| {
+            let t = p.terminate.iter().map(move |t| Outcome::Terminate {
+                host: host.clone(),
+                pid: t.pid,
+                outcome: TerminateResult::DryRun,
+            });
+            let d = p.detach.iter().map(move |d| Outcome::Detach {
+                host: host.clone(),
+                device: d.device,
+                eid: d.eid.clone(),
+                outcome: DetachResult::DryRun,
+            });
+            t.chain(d)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,8 +3,9 @@
 
 use std::process::Command;
 
-use genv_enforce::assess::{assess, dry_run_outcomes};
+use genv_enforce::assess::assess;
 use genv_enforce::model::{HostId, Mode};
+use genv_enforce::outcome::dry_run as dry_run_outcomes;
 use genv_enforce::report::render_text;
 use genv_enforce::report::CycleReport;
 use genv_enforce::rules::Policy;

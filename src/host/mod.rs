@@ -99,7 +99,7 @@ impl Host {
 
 /// Outcomes for actions that were not carried out, e.g. a dry run.
 pub fn not_carried_out(host: &HostId, plan: &HostPlan) -> Vec<Outcome> {
-    crate::assess::dry_run_outcomes(&crate::plan::Plan {
+    crate::outcome::dry_run(&crate::plan::Plan {
         hosts: vec![(host.clone(), plan.clone())],
     })
 }
