@@ -1,4 +1,4 @@
-"""Unit tests of the host agent (src/remote/agent.py), run by
+"""Unit tests of the host agent (src/host/agent.py), run by
 tests/agent.rs under every Python 3 it finds (genv 1.4.3 needs 3.7+).
 
 The agent is loaded from its source as genv-enforce sends it, without
@@ -14,7 +14,7 @@ import sys
 import tempfile
 import unittest
 
-SOURCE = os.path.join(os.path.dirname(__file__), "..", "..", "src", "remote", "agent.py")
+SOURCE = os.path.join(os.path.dirname(__file__), "..", "..", "src", "host", "agent.py")
 agent = {"__name__": "agent_under_test"}
 with open(SOURCE, "rb") as f:
     exec(compile(f.read(), "genv-enforce-agent", "exec"), agent)
