@@ -55,6 +55,20 @@ pub enum Ending {
     Errors,
     /// `-e`: a host failed and nothing was enforced.
     Aborted,
+    /// A dry run found violations (and nothing failed).
+    Violations,
+}
+
+impl Ending {
+    /// The exit status for cron: 0 clean, 1 a host or an action failed,
+    /// 3 a dry run found violations (2 is for usage errors).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Ending::Clean => 0,
+            Ending::Errors | Ending::Aborted => 1,
+            Ending::Violations => 3,
+        }
+    }
 }
 
 /// One cycle over `fleet`: every host's snapshot, the assessment, the plan
@@ -178,8 +192,15 @@ pub async fn run(fleets: &[Fleet], settings: &Settings) -> std::io::Result<Endin
         }
         if report.failed() {
             ending = Ending::Errors;
+        } else if report.dry_run && !report.violations.is_empty() && ending == Ending::Clean {
+            ending = Ending::Violations;
         }
         if !emit(&report, settings.format, !settings.failures.quiet) {
+            // The reader is gone (`| head`): an ending it asked for, not
+            // a finding to report.
+            if ending == Ending::Violations {
+                ending = Ending::Clean;
+            }
             break;
         }
         if each {
@@ -238,6 +259,9 @@ pub fn emit(report: &CycleReport, format: Format, host_errors: bool) -> bool {
                 let mut err = std::io::stderr().lock();
                 for l in &text.stderr {
                     let _ = writeln!(err, "{l}");
+                }
+                if host_errors {
+                    let _ = writeln!(err, "{}", report::summary_line(report));
                 }
             }
             text.stdout.iter().try_for_each(|l| writeln!(out, "{l}"))

@@ -8,7 +8,7 @@ use tracing_subscriber::EnvFilter;
 
 use genv_enforce::cli::{self, Cli};
 use genv_enforce::config::{self, Job};
-use genv_enforce::cycle::{self, Ending};
+use genv_enforce::cycle;
 use genv_enforce::error::chain;
 use genv_enforce::snapshot::genv;
 
@@ -31,7 +31,7 @@ fn main() -> ExitCode {
         Ok(job) => job,
         Err(e) => {
             complain(&chain(&e));
-            return ExitCode::FAILURE;
+            return ExitCode::from(USAGE);
         }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -44,15 +44,22 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let ok = runtime.block_on(async {
+    let code = runtime.block_on(async {
         match job {
             Job::Snapshot(host) => match host.snapshot().await {
-                Ok(s) => serde_json::to_string_pretty(&genv::to_json(&s))
-                    .map(|t| cycle::print_stdout(&[t]))
-                    .is_ok(),
+                Ok(s) => match serde_json::to_string_pretty(&genv::to_json(&s)) {
+                    Ok(t) => {
+                        cycle::print_stdout(&[t]);
+                        0
+                    }
+                    Err(e) => {
+                        complain(&e.to_string());
+                        1
+                    }
+                },
                 Err(e) => {
                     complain(&chain(&e));
-                    false
+                    1
                 }
             },
             Job::Enforce {
@@ -63,11 +70,10 @@ fn main() -> ExitCode {
                 let ending = cycle::run(&fleets, &settings).await;
                 drop(control_dir);
                 match ending {
-                    Ok(Ending::Clean) => true,
-                    Ok(Ending::Errors | Ending::Aborted) => false,
+                    Ok(ending) => ending.exit_code(),
                     Err(e) => {
                         complain(&chain(&e));
-                        false
+                        1
                     }
                 }
             }
@@ -76,12 +82,11 @@ fn main() -> ExitCode {
     // Work still blocked on a user's file or a hung tool must not hold the
     // exit (SIGTERM, Ctrl-C): every such step has its own deadline anyway.
     runtime.shutdown_background();
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    ExitCode::from(code)
 }
+
+/// The exit status of a command line that cannot run (as clap's).
+const USAGE: u8 = 2;
 
 /// A fleet costs a few file descriptors per host (the mux connection and
 /// the agent's pipes): take the whole hard limit rather than the usual soft

@@ -59,6 +59,33 @@ impl CycleReport {
     }
 }
 
+/// One line that sums a cycle up, for the text output's stderr.
+pub fn summary_line(r: &CycleReport) -> String {
+    let failed = r.hosts.iter().filter(|h| h.error.is_some()).count();
+    let sum = |f: fn(&HostStatus) -> usize| r.hosts.iter().map(f).sum::<usize>();
+    let acted = r.outcomes.len();
+    let action_errors = r.outcomes.iter().filter(|o| o.is_error()).count();
+    let actions = if r.dry_run {
+        format!("{acted} actions planned (dry run)")
+    } else if action_errors > 0 {
+        format!("{acted} actions ({action_errors} failed)")
+    } else {
+        format!("{acted} actions")
+    };
+    let took = r
+        .duration_ms
+        .map_or_else(String::new, |ms| format!(" in {ms} ms"));
+    format!(
+        "[SUMMARY] cycle {}: {} hosts ok, {failed} failed; {} GPUs, {} processes, {} environments; {} violations; {actions}{took}",
+        r.cycle,
+        r.hosts.len() - failed,
+        sum(|h| h.devices),
+        sum(|h| h.processes),
+        sum(|h| h.envs),
+        r.violations.len(),
+    )
+}
+
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {

@@ -111,7 +111,11 @@ fn dry_run_touches_nothing() {
         "--max-devices-per-user",
         "0",
     ]);
-    assert!(out.status.success());
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "a dry run that found violations"
+    );
     assert_eq!(lines(&out).len(), 6, "{:?}", lines(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("[DRY RUN]"));
     std::thread::sleep(Duration::from_millis(200));

@@ -115,7 +115,7 @@ fn replays_name_what_they_cannot_read() {
         )
     };
     let (code, _, err) = run(&["remote", "enforce", "--snapshot-dir", "/nonexistent/snaps"]);
-    assert_eq!(code, Some(1));
+    assert_eq!(code, Some(2));
     assert!(
         err.contains("--snapshot-dir /nonexistent/snaps: No such file or directory"),
         "{err}"
@@ -123,7 +123,7 @@ fn replays_name_what_they_cannot_read() {
     let empty = tempfile::tempdir().unwrap();
     let dir = empty.path().to_str().unwrap();
     let (code, _, err) = run(&["remote", "enforce", "--snapshot-dir", dir]);
-    assert_eq!(code, Some(1));
+    assert_eq!(code, Some(2));
     assert!(err.contains("no recorded snapshots"), "{err}");
     let fixtures = format!("{}/fixtures/snapshots", env!("CARGO_MANIFEST_DIR"));
     let (code, out, err) = run(&[
@@ -153,4 +153,57 @@ fn replays_name_what_they_cannot_read() {
         ),
         "{err}"
     );
+}
+
+#[test]
+fn exit_codes_for_cron() {
+    // 0 clean, 1 a host or action failed, 2 usage, 3 a dry run found violations.
+    let bin = env!("CARGO_BIN_EXE_genv-enforce");
+    let fixtures = format!("{}/fixtures/snapshots", env!("CARGO_MANIFEST_DIR"));
+    let gpu1 = format!("{fixtures}/gpu1.json");
+    let code = |args: &[&str]| {
+        let out = std::process::Command::new(bin).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (c, err) = code(&["enforce", "--snapshot", &gpu1, "--non-env-processes"]);
+    assert_eq!(c, Some(3), "{err}");
+    assert!(
+        err.lines()
+            .last()
+            .unwrap()
+            .starts_with("[SUMMARY] cycle 1: 1 hosts ok, 0 failed;")
+            && err.contains("actions planned (dry run)"),
+        "{err}"
+    );
+    let (c, err) = code(&[
+        "enforce",
+        "--snapshot",
+        &gpu1,
+        "--no-env-devices",
+        "--no-env-memory",
+    ]);
+    assert_eq!(c, Some(0), "{err}");
+    assert!(
+        err.contains("; 0 violations; 0 actions planned (dry run)"),
+        "{err}"
+    );
+    let (c, _) = code(&["enforce", "--snapshot", "/nonexistent.json"]);
+    assert_eq!(c, Some(1));
+    let (c, _) = code(&["remote", "--inventory", "/nonexistent.toml", "enforce"]);
+    assert_eq!(c, Some(2));
+    let (c, _) = code(&["enforce", "--interval", "x"]);
+    assert_eq!(c, Some(2));
+    let (c, err) = code(&[
+        "remote",
+        "-q",
+        "enforce",
+        "--snapshot-dir",
+        &fixtures,
+        "--non-env-processes",
+    ]);
+    assert_eq!(c, Some(3));
+    assert!(!err.contains("[SUMMARY]"), "-q: {err}");
 }
