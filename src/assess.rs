@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::confirm::Waiting;
 use crate::model::{Cluster, HostId, HostSnapshot, Mode};
 use crate::plan::{self, HostPlan, Plan};
 use crate::rules::{self, Notice, Policy, Violation};
@@ -33,6 +34,8 @@ pub struct Assessment {
     pub notices: Vec<Notice>,
     pub violations: Vec<Violation>,
     pub plan: Plan,
+    /// Actions held back until their violation is confirmed.
+    pub waiting: Vec<Waiting>,
 }
 
 /// Assesses the hosts' results (a failed host's error as text): rules and
@@ -90,6 +93,7 @@ pub fn statuses(
         notices: Vec::new(),
         violations: Vec::new(),
         plan: Plan::default(),
+        waiting: Vec::new(),
     }
 }
 

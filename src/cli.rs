@@ -186,6 +186,22 @@ pub struct CycleArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "text")]
     pub output: OutputFormat,
+
+    /// Append one JSON line per action to FILE, before the action, and one
+    /// with its outcome after (created 0600; a symlink, or a file others
+    /// may write, is refused).
+    #[arg(long, value_name = "FILE")]
+    pub audit_log: Option<PathBuf>,
+
+    /// SIGKILL a terminated process still running (same identity) this long
+    /// after its SIGTERM; the cycle waits that long [default: off, as genv].
+    #[arg(long, value_parser = parse_timeout, value_name = "DURATION")]
+    pub kill_after: Option<Duration>,
+
+    /// Act on a violation only once it is seen in N consecutive cycles
+    /// (same process and start time, or same environment and device).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub confirm_cycles: u32,
 }
 
 /// genv's rule flags.

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::audit::{AuditError, AuditLog};
 use crate::cli::{
     Cli, Command, CycleArgs, HostKeyCheck, OutputFormat, RemoteArgs, RemoteCommand, RuleArgs,
 };
@@ -66,6 +67,8 @@ pub enum ConfigError {
     ControlDir { dir: PathBuf, reason: String },
     #[error("cannot create a directory for SSH sockets")]
     TempDir(#[source] std::io::Error),
+    #[error(transparent)]
+    Audit(#[from] AuditError),
 }
 
 /// Resolves a parsed command line.
@@ -91,7 +94,7 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
                 )]
             };
             Ok(Job::Enforce {
-                fleets,
+                fleets: with_audit(fleets, &args.cycle)?,
                 settings: Settings {
                     failures: Failures::default(),
                     ..settings
@@ -161,7 +164,10 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
             })
             .collect();
         return Ok(Job::Enforce {
-            fleets: vec![Fleet::new(hosts, usize::from(args.concurrency))],
+            fleets: with_audit(
+                vec![Fleet::new(hosts, usize::from(args.concurrency))],
+                &enforce.cycle,
+            )?,
             settings,
             control_dir: None,
         });
@@ -211,7 +217,10 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
         })
         .collect();
     Ok(Job::Enforce {
-        fleets: vec![Fleet::new(hosts, usize::from(args.concurrency))],
+        fleets: with_audit(
+            vec![Fleet::new(hosts, usize::from(args.concurrency))],
+            &enforce.cycle,
+        )?,
         settings,
         control_dir: temp,
     })
@@ -255,7 +264,20 @@ fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings
             OutputFormat::Json => Format::Json,
         },
         failures: Failures::default(),
+        kill_after: c.kill_after,
+        confirm_cycles: c.confirm_cycles,
     }
+}
+
+/// Opens `--audit-log` and hands it to every fleet.
+fn with_audit(mut fleets: Vec<Fleet>, c: &CycleArgs) -> Result<Vec<Fleet>, ConfigError> {
+    if let Some(path) = &c.audit_log {
+        let log = Arc::new(AuditLog::open(path)?);
+        for f in &mut fleets {
+            f.audit = Some(Arc::clone(&log));
+        }
+    }
+    Ok(fleets)
 }
 
 /// The hosts named by -H, --hostfile or --inventory, if any.

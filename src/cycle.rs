@@ -9,12 +9,13 @@ use tokio::signal::unix::{signal, SignalKind};
 use tracing::Instrument;
 
 use crate::assess;
+use crate::confirm::Confirmations;
 use crate::error;
 use crate::fleet::Fleet;
 use crate::host::Host;
-use crate::model::Mode;
-use crate::outcome;
-use crate::plan::{HostPlan, Plan};
+use crate::model::{HostId, Mode};
+use crate::outcome::{self, Outcome, TerminateResult};
+use crate::plan::{HostPlan, Plan, Termination};
 use crate::report::{self, CycleReport, Format, Timing};
 use crate::rules::Policy;
 
@@ -44,6 +45,10 @@ pub struct Settings {
     pub dry_run: bool,
     pub format: Format,
     pub failures: Failures,
+    /// SIGKILL what still runs this long after its SIGTERM.
+    pub kill_after: Option<Duration>,
+    /// Consecutive cycles a violation must be seen in before it is acted on.
+    pub confirm_cycles: u32,
 }
 
 /// What ended a run.
@@ -75,20 +80,29 @@ impl Ending {
 /// carried out (unless a dry run, or `-e` and a host failed). What a
 /// host's own snapshot decides is carried out on it right after that
 /// snapshot; what needs every host (the per-user cap) once all answered.
-/// Returns the report and whether `-e` aborted the cycle.
-pub async fn cycle(fleet: &Fleet, settings: &Settings, n: u64) -> (CycleReport, bool) {
+/// Actions wait for confirmation in `confirm` (`--confirm-cycles`), and
+/// what still runs `--kill-after` its SIGTERM is killed before the cycle
+/// ends. Returns the report and whether `-e` aborted the cycle.
+pub async fn cycle(
+    fleet: &Fleet,
+    settings: &Settings,
+    n: u64,
+    confirm: &mut Confirmations,
+) -> (CycleReport, bool) {
     let start = Instant::now();
     // Not with -e: nothing is enforced before every host has answered.
     let early = !settings.dry_run && !settings.failures.exit_on_error;
+    let held: &Confirmations = confirm;
     let own = |host: &_, snap: &_| {
         if early {
-            assess::own_plan(host, snap, &settings.policy)
+            held.split_host(host, &assess::own_plan(host, snap, &settings.policy))
+                .0
         } else {
             HostPlan::default()
         }
     };
     let rounds = fleet
-        .snapshots_and(own)
+        .snapshots_and(n, own)
         .instrument(tracing::info_span!("snapshot", cycle = n))
         .await;
     let mut timing = Timing {
@@ -132,6 +146,9 @@ pub async fn cycle(fleet: &Fleet, settings: &Settings, n: u64) -> (CycleReport, 
     for (status, host) in a.hosts.iter_mut().zip(&fleet.hosts) {
         status.recorded = host.is_recorded();
     }
+    let whole = std::mem::take(&mut a.plan);
+    (a.plan, a.waiting) = confirm.split(&whole);
+    confirm.advance(&whole);
     timing.assess_ms = millis(assessed.elapsed());
     let dispatched = Instant::now();
     if settings.dry_run {
@@ -140,16 +157,50 @@ pub async fn cycle(fleet: &Fleet, settings: &Settings, n: u64) -> (CycleReport, 
         let rest = assess::remaining(&a.plan, &done);
         outcomes.extend(
             fleet
-                .dispatch(&rest)
+                .dispatch(n, &rest)
                 .instrument(tracing::info_span!("dispatch", cycle = n))
                 .await,
         );
+        if let Some(grace) = settings.kill_after {
+            let kills = signalled(&a.plan, &outcomes);
+            if !kills.is_empty() {
+                tokio::time::sleep(grace).await;
+                outcomes.extend(
+                    fleet
+                        .escalate(n, &kills)
+                        .instrument(tracing::info_span!("escalate", cycle = n))
+                        .await,
+                );
+            }
+        }
     }
     timing.dispatch_ms = millis(dispatched.elapsed());
     timing.total_ms = millis(start.elapsed());
     // A replay's report is the same every time: no clock in it.
     let timing = (!fleet.is_recorded()).then_some(timing);
     (CycleReport::new(a, outcomes, timing), abort)
+}
+
+/// The planned terminations whose SIGTERM was delivered, by host.
+fn signalled(plan: &Plan, outcomes: &[Outcome]) -> Vec<(HostId, Vec<Termination>)> {
+    plan.hosts
+        .iter()
+        .map(|(host, p)| {
+            let ts = p
+                .terminate
+                .iter()
+                .filter(|t| {
+                    outcomes.iter().any(|o| {
+                        matches!(o, Outcome::Terminate { host: h, pid, outcome: TerminateResult::Signalled }
+                            if h == host && *pid == t.pid)
+                    })
+                })
+                .cloned()
+                .collect::<Vec<_>>();
+            (host.clone(), ts)
+        })
+        .filter(|(_, ts)| !ts.is_empty())
+        .collect()
 }
 
 /// Runs cycles until done, then closes every host. One fleet: a cycle
@@ -164,6 +215,7 @@ pub async fn run(fleets: &[Fleet], settings: &Settings) -> std::io::Result<Endin
     let mut interrupt = signal(SignalKind::interrupt())?;
     let each = fleets.len() > 1;
     let mut ending = Ending::Clean;
+    let mut confirm = Confirmations::new(settings.confirm_cycles);
     for n in 1.. {
         let fleet = if each {
             match fleets.get(n as usize - 1) {
@@ -180,7 +232,7 @@ pub async fn run(fleets: &[Fleet], settings: &Settings) -> std::io::Result<Endin
             break;
         }
         let (report, abort) = tokio::select! {
-            r = cycle(fleet, settings, n) => r,
+            r = cycle(fleet, settings, n, &mut confirm) => r,
             _ = term.recv() => break,
             _ = interrupt.recv() => break,
         };

@@ -4,16 +4,18 @@
 //! cycle. Every host is handled on its own: a failure is that host's result
 //! and never holds back or changes what happens on the others.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
 use tracing::Instrument;
 
+use crate::audit::{self, AuditLog};
 use crate::error::HostError;
 use crate::host::Host;
 use crate::model::{HostId, HostSnapshot};
 use crate::outcome::Outcome;
-use crate::plan::{HostPlan, Plan};
+use crate::plan::{HostPlan, Plan, Termination};
 
 /// The hosts of a run.
 #[derive(Debug)]
@@ -21,6 +23,8 @@ pub struct Fleet {
     pub hosts: Vec<Host>,
     /// At most this many hosts are worked on at once (handshakes included).
     pub concurrency: usize,
+    /// Where every action is recorded before it is carried out.
+    pub audit: Option<Arc<AuditLog>>,
 }
 
 /// One host's part of a cycle's first phase.
@@ -61,7 +65,27 @@ impl Fleet {
         Fleet {
             hosts,
             concurrency: concurrency.max(1),
+            audit: None,
         }
+    }
+
+    /// Carries out `plan` on `h`, recorded in the audit log if there is
+    /// one: each action before (an action that cannot be recorded is not
+    /// carried out) and its outcome after.
+    async fn execute(&self, cycle: u64, h: &Host, plan: &HostPlan) -> Vec<Outcome> {
+        let Some(log) = &self.audit else {
+            return h.execute(plan).await;
+        };
+        let decided = audit::decided(cycle, h.id(), plan);
+        if let Err(e) = log.write(&decided) {
+            let error = format!("not recorded in the audit log, so not carried out: {e}");
+            return crate::outcome::failed(h.id(), plan, &error);
+        }
+        let outcomes = h.execute(plan).await;
+        if let Err(e) = log.write(&audit::done(&decided, &outcomes)) {
+            tracing::error!(host = %h.id(), error = %e, "cannot record outcomes in the audit log");
+        }
+        outcomes
     }
 
     /// Whether every host is a recording.
@@ -71,7 +95,7 @@ impl Fleet {
 
     /// Snapshots every host; results in host order.
     pub async fn snapshots(&self) -> Vec<(HostId, Result<HostSnapshot, HostError>)> {
-        self.snapshots_and(|_, _| HostPlan::default())
+        self.snapshots_and(0, |_, _| HostPlan::default())
             .await
             .into_iter()
             .map(|r| (r.host, r.snapshot))
@@ -82,7 +106,7 @@ impl Fleet {
     /// out the plan `now` makes from it, in the same slot: what one host's
     /// snapshot alone decides is enforced without waiting for the slowest
     /// host. Results in host order, with those early plans and outcomes.
-    pub async fn snapshots_and<F>(&self, now: F) -> Vec<Round>
+    pub async fn snapshots_and<F>(&self, cycle: u64, now: F) -> Vec<Round>
     where
         F: Fn(&HostId, &HostSnapshot) -> HostPlan + Sync,
     {
@@ -101,7 +125,7 @@ impl Fleet {
                     let outcomes = if plan.is_empty() {
                         Vec::new()
                     } else {
-                        h.execute(&plan).await
+                        self.execute(cycle, h, &plan).await
                     };
                     Round {
                         host: h.id().clone(),
@@ -119,17 +143,50 @@ impl Fleet {
     }
 
     /// Carries out each host's plan, hosts in parallel.
-    pub async fn dispatch(&self, plan: &Plan) -> Vec<Outcome> {
+    pub async fn dispatch(&self, cycle: u64, plan: &Plan) -> Vec<Outcome> {
         let work: Vec<_> = plan
             .hosts
             .iter()
             .filter_map(|(id, hp)| Some((self.hosts.iter().find(|h| h.id() == id)?, hp)))
             .collect();
-        fan_out(work, self.concurrency, |(h, hp)| Box::pin(h.execute(hp)))
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
+        fan_out(work, self.concurrency, |(h, hp)| {
+            Box::pin(self.execute(cycle, h, hp))
+        })
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    /// `--kill-after`: SIGKILLs, host by host, the processes still running
+    /// with the same identity, each recorded in the audit log first.
+    pub async fn escalate(&self, cycle: u64, kills: &[(HostId, Vec<Termination>)]) -> Vec<Outcome> {
+        let work: Vec<_> = kills
+            .iter()
+            .filter_map(|(id, ts)| Some((self.hosts.iter().find(|h| h.id() == id)?, ts)))
+            .collect();
+        fan_out(work, self.concurrency, |(h, ts)| {
+            Box::pin(async move {
+                if let Some(log) = &self.audit {
+                    let decided = audit::kills(cycle, h.id(), ts);
+                    if let Err(e) = log.write(&decided) {
+                        tracing::error!(host = %h.id(), error = %e, "cannot record kills in the audit log: not killed");
+                        return Vec::new();
+                    }
+                    let outcomes = h.escalate(ts).await;
+                    if let Err(e) = log.write(&audit::done(&decided, &outcomes)) {
+                        tracing::error!(host = %h.id(), error = %e, "cannot record outcomes in the audit log");
+                    }
+                    outcomes
+                } else {
+                    h.escalate(ts).await
+                }
+            })
+        })
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
     }
 
     /// Closes every host (in parallel, each bounded); the hosts that could

@@ -29,8 +29,10 @@
 //! - [`error`]: the shell's errors, each with its cause.
 
 pub mod assess;
+pub mod audit;
 pub mod cli;
 pub mod config;
+pub mod confirm;
 pub mod cycle;
 pub mod error;
 pub mod fleet;

@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::model::{EnvId, GpuIndex, HostId, Pid};
-use crate::plan::Plan;
+use crate::plan::{HostPlan, Plan};
 
 /// The result of one planned termination.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -54,6 +54,12 @@ pub enum Outcome {
         eid: EnvId,
         outcome: DetachResult,
     },
+    /// `--kill-after`: SIGKILL to a process still running after its SIGTERM.
+    Kill {
+        host: HostId,
+        pid: Pid,
+        outcome: TerminateResult,
+    },
 }
 
 impl Outcome {
@@ -62,6 +68,9 @@ impl Outcome {
         matches!(
             self,
             Outcome::Terminate {
+                outcome: TerminateResult::PermissionDenied | TerminateResult::Failed { .. },
+                ..
+            } | Outcome::Kill {
                 outcome: TerminateResult::PermissionDenied | TerminateResult::Failed { .. },
                 ..
             } | Outcome::Detach {
@@ -96,6 +105,26 @@ pub fn in_plan_order(plan: &Plan, mut outcomes: Vec<Outcome>) -> Vec<Outcome> {
         }
     }
     ordered
+}
+
+/// Every action of one host's plan failed with `error`.
+pub fn failed(host: &HostId, plan: &HostPlan, error: &str) -> Vec<Outcome> {
+    let t = plan.terminate.iter().map(|t| Outcome::Terminate {
+        host: host.clone(),
+        pid: t.pid,
+        outcome: TerminateResult::Failed {
+            error: error.to_string(),
+        },
+    });
+    let d = plan.detach.iter().map(|d| Outcome::Detach {
+        host: host.clone(),
+        device: d.device,
+        eid: d.eid.clone(),
+        outcome: DetachResult::Failed {
+            error: error.to_string(),
+        },
+    });
+    t.chain(d).collect()
 }
 
 /// Outcomes for a plan that is not carried out.

@@ -43,6 +43,15 @@ impl Termination {
     }
 }
 
+/// The signal of a termination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// genv's SIGTERM.
+    Term,
+    /// `--kill-after`'s SIGKILL.
+    Kill,
+}
+
 /// An environment to detach from a device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Detach {

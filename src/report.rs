@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::assess::Assessment;
 pub use crate::assess::HostStatus;
+use crate::confirm::Waiting;
 use crate::model::{GpuIndex, HostId, Mode};
 use crate::outcome::{self, Outcome};
 use crate::plan::{Detach, Plan, Termination};
@@ -28,6 +29,12 @@ pub struct CycleReport {
     #[serde(skip)]
     pub violations: Vec<Violation>,
     pub plan: Plan,
+    /// `--confirm-cycles`: actions whose violation is not yet confirmed.
+    #[serde(
+        rename = "awaiting_confirmation",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub waiting: Vec<Waiting>,
     pub outcomes: Vec<Outcome>,
     /// Wall time of the cycle (none for a replay).
     pub duration_ms: Option<u64>,
@@ -46,8 +53,17 @@ impl CycleReport {
             hosts: a.hosts,
             notices: a.notices,
             violations: a.violations,
-            outcomes: outcome::in_plan_order(&a.plan, outcomes),
+            outcomes: {
+                // Kills (`--kill-after`) follow every planned action.
+                let (kills, planned) = outcomes
+                    .into_iter()
+                    .partition(|o| matches!(o, Outcome::Kill { .. }));
+                let mut ordered = outcome::in_plan_order(&a.plan, planned);
+                ordered.extend::<Vec<Outcome>>(kills);
+                ordered
+            },
             plan: a.plan,
+            waiting: a.waiting,
             duration_ms: timing.as_ref().map(|t| t.total_ms),
             timing,
         }
@@ -255,6 +271,19 @@ fn outcome_line(mode: Mode, o: &Outcome) -> Option<String> {
                 T::Failed { error } => format!("{p}[ERROR] Failed terminating process {pid}: {error}"),
             }
         }
+        Outcome::Kill { host, pid, outcome } => {
+            let p = prefix(mode, host);
+            match outcome {
+                T::Signalled => format!(
+                    "{p}[WARNING] Process {pid} was still running after SIGTERM: killed (SIGKILL)"
+                ),
+                T::DryRun | T::AlreadyGone | T::NoIdentity | T::PidReused { .. } => return None,
+                T::PermissionDenied => {
+                    format!("{p}[ERROR] Not enough permissions to kill process {pid}")
+                }
+                T::Failed { error } => format!("{p}[ERROR] Failed killing process {pid}: {error}"),
+            }
+        }
         Outcome::Detach {
             host,
             device,
@@ -278,6 +307,31 @@ fn outcome_line(mode: Mode, o: &Outcome) -> Option<String> {
         }
     };
     Some(line)
+}
+
+fn waiting_line(mode: Mode, w: &Waiting) -> String {
+    match w {
+        Waiting::Terminate {
+            host,
+            pid,
+            seen,
+            needed,
+        } => format!(
+            "{}[INFO] Process {pid} is not terminated yet: its violation is confirmed after {needed} cycles in a row (seen in {seen})",
+            prefix(mode, host)
+        ),
+        Waiting::Detach {
+            host,
+            device,
+            eid,
+            seen,
+            needed,
+        } => format!(
+            "{}[INFO] Environment {} is not detached from device {device} yet: its violation is confirmed after {needed} cycles in a row (seen in {seen})",
+            prefix(mode, host),
+            clean(&eid.0)
+        ),
+    }
 }
 
 fn host_error_line(mode: Mode, h: &HostStatus, error: &str) -> String {
@@ -332,6 +386,8 @@ pub fn render_text_with(r: &CycleReport, host_errors: bool) -> Text {
     }
     text.stderr
         .extend(r.outcomes.iter().filter_map(|o| outcome_line(r.mode, o)));
+    text.stderr
+        .extend(r.waiting.iter().map(|w| waiting_line(r.mode, w)));
     if r.dry_run && !r.plan.hosts.is_empty() {
         text.stderr
             .push("[DRY RUN] nothing was terminated or detached".to_string());

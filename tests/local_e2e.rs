@@ -176,9 +176,12 @@ async fn process_of_unknown_ownership_is_reported_never_terminated() {
         dry_run: false,
         format: genv_enforce::report::Format::Text,
         failures: Default::default(),
+        kill_after: None,
+        confirm_cycles: 1,
     };
     let fleet = genv_enforce::fleet::Fleet::new(vec![genv_enforce::host::Host::Local(host)], 1);
-    let (report, _) = genv_enforce::cycle::cycle(&fleet, &settings, 1).await;
+    let (report, _) =
+        genv_enforce::cycle::cycle(&fleet, &settings, 1, &mut Default::default()).await;
     assert!(report.violations.is_empty());
     assert!(report.plan.hosts.is_empty());
     assert!(

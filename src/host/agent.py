@@ -315,6 +315,12 @@ def start_time(stat_bytes):
     return int(fields[19])
 
 
+def exited(stat_bytes):
+    """Whether the process has exited and only waits to be reaped (a signal does nothing)."""
+    rest = stat_bytes[stat_bytes.rfind(b")") + 1 :].split()
+    return bool(rest) and rest[0] in (b"Z", b"X")
+
+
 def real_uid(status):
     for line in status.split(b"\n"):
         if line.startswith(b"Uid:"):
@@ -439,6 +445,7 @@ def snapshot(req, out):
 
 
 def terminate(req, lines):
+    sig = signal.SIGKILL if req.get("signal") == "kill" else signal.SIGTERM
     for kill in req["kills"]:
         pid, want = (kill + [None, None])[:2]
         if not (type(pid) is int and type(want) is int and 0 < pid < 1 << 31):
@@ -455,8 +462,12 @@ def terminate(req, lines):
                 pidfd = None
         try:
             try:
-                found = start_time(proc_read(pid, "stat"))
+                stat = proc_read(pid, "stat")
+                found = start_time(stat)
             except OSError:
+                lines.append("%d gone" % pid)
+                continue
+            if exited(stat):
                 lines.append("%d gone" % pid)
                 continue
             if found != want:
@@ -464,9 +475,9 @@ def terminate(req, lines):
                 continue
             try:
                 if pidfd is not None:
-                    signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+                    signal.pidfd_send_signal(pidfd, sig)
                 else:
-                    os.kill(pid, signal.SIGTERM)
+                    os.kill(pid, sig)
                 lines.append("%d signalled" % pid)
             except ProcessLookupError:
                 lines.append("%d gone" % pid)

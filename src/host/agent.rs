@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::model::Pid;
 use crate::outcome;
-use crate::plan::{Detach, Termination};
+use crate::plan::{Detach, Signal, Termination};
 
 /// The host agent's source.
 pub const AGENT: &str = include_str!("agent.py");
@@ -110,14 +110,19 @@ pub fn snapshot_request(dir: &str, nvidia_smi: &[String], limits: Limits) -> ser
 /// (never signalled blind); [`read_terminations`] answers the rest.
 pub fn terminate_request(
     terminations: &[Termination],
+    signal: Signal,
     limits: Limits,
 ) -> Option<serde_json::Value> {
+    let signal = match signal {
+        Signal::Term => "term",
+        Signal::Kill => "kill",
+    };
     let kills: Vec<[u64; 2]> = terminations
         .iter()
         .filter_map(|t| t.start_time.map(|s| [u64::from(t.pid.0), s]))
         .collect();
     (!kills.is_empty())
-        .then(|| json!({"mode": "terminate", "kills": kills, "limit": limits.run.as_secs_f64()}))
+        .then(|| json!({"mode": "terminate", "kills": kills, "signal": signal, "limit": limits.run.as_secs_f64()}))
 }
 
 /// The detach request.
@@ -222,13 +227,18 @@ mod tests {
             step: Duration::from_secs(1),
             run: Duration::from_secs(2),
         };
-        let req = terminate_request(&ts, limits).unwrap();
+        let req = terminate_request(&ts, Signal::Term, limits).unwrap();
         assert_eq!(
             req["kills"],
             json!([[1, 10], [2, 20], [3, 30], [4, 40], [6, 60], [7, 70]])
         );
+        assert_eq!(req["signal"], "term");
         assert_eq!(
-            terminate_request(&ts[4..5], limits),
+            terminate_request(&ts, Signal::Kill, limits).unwrap()["signal"],
+            "kill"
+        );
+        assert_eq!(
+            terminate_request(&ts[4..5], Signal::Term, limits),
             None,
             "nothing is signalled blind"
         );

@@ -250,6 +250,40 @@ impl LocalHost {
     /// between is caught by the start time, and one reused after the check
     /// cannot be hit because the pidfd still names the old process.
     pub fn terminate(&self, t: &Termination) -> outcome::TerminateResult {
+        self.signal(t, Signal::TERM)
+    }
+
+    /// See [`Host::escalate`](super::Host::escalate).
+    pub async fn escalate(&self, terminations: &[Termination]) -> Vec<Outcome> {
+        let host = self.clone();
+        let work = terminations.to_vec();
+        let results = tokio::task::spawn_blocking(move || {
+            work.iter()
+                .map(|t| host.signal(t, Signal::KILL))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_else(|source| {
+            let error = error::chain(&HostError::Join {
+                what: "killing",
+                source,
+            });
+            vec![outcome::TerminateResult::Failed { error }; terminations.len()]
+        });
+        terminations
+            .iter()
+            .zip(results)
+            .map(|(t, outcome)| Outcome::Kill {
+                host: self.id.clone(),
+                pid: t.pid,
+                outcome,
+            })
+            .collect()
+    }
+
+    /// Sends `signal` to `t.pid` only if it is still the process the
+    /// snapshot saw (see [`LocalHost::terminate`]).
+    fn signal(&self, t: &Termination, signal: Signal) -> outcome::TerminateResult {
         use outcome::TerminateResult as T;
         let Some(expected) = t.start_time else {
             return T::NoIdentity;
@@ -273,6 +307,7 @@ impl LocalHost {
             }
         };
         let found = match std::fs::read(self.proc_root.join(t.pid.to_string()).join("stat")) {
+            Ok(stat) if proc::exited(&stat) => return T::AlreadyGone,
             Ok(stat) => proc::start_time(&stat),
             Err(e) if e.kind() == ErrorKind::NotFound => return T::AlreadyGone,
             Err(e) => {
@@ -291,8 +326,8 @@ impl LocalHost {
             }
         }
         let sent = match &pidfd {
-            Some(fd) => pidfd_send_signal(fd, Signal::TERM),
-            None => rustix::process::kill_process(pid, Signal::TERM),
+            Some(fd) => pidfd_send_signal(fd, signal),
+            None => rustix::process::kill_process(pid, signal),
         };
         match sent {
             Ok(()) => T::Signalled,

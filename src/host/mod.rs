@@ -76,6 +76,16 @@ impl Host {
         }
     }
 
+    /// SIGKILLs each process of `terminations` still running with the same
+    /// identity (`--kill-after`); one [`Outcome::Kill`] each.
+    pub async fn escalate(&self, terminations: &[crate::plan::Termination]) -> Vec<Outcome> {
+        match self {
+            Host::Local(h) => h.escalate(terminations).await,
+            Host::Ssh(h) => h.escalate(terminations).await,
+            Host::Recorded(_) => Vec::new(),
+        }
+    }
+
     /// How long a new connection took to come up this cycle, if one was
     /// opened.
     pub fn take_connect_time(&self) -> Option<Duration> {

@@ -10,7 +10,7 @@ use super::ssh::{Answer, Connection, PeerStart, SshOptions};
 use crate::error::{self, HostError};
 use crate::model::HostSnapshot;
 use crate::outcome::{self, Outcome};
-use crate::plan::HostPlan;
+use crate::plan::{HostPlan, Signal, Termination};
 use crate::snapshot::{assemble::assemble, frames};
 
 /// A host reached over SSH.
@@ -115,26 +115,50 @@ impl SshHost {
         Ok(assemble(&raw, &spec.id.0, &mut parsed)?)
     }
 
+    /// Sends `signal` to each process of `terminations` whose start time
+    /// still matches (re-checked on the host, by the agent, right before).
+    async fn signal(
+        &self,
+        terminations: &[Termination],
+        signal: Signal,
+    ) -> Vec<outcome::TerminateResult> {
+        let Some(request) = agent::terminate_request(terminations, signal, self.limits()) else {
+            return vec![outcome::TerminateResult::NoIdentity; terminations.len()];
+        };
+        match self.ask("terminate", &request).await {
+            // Kills that happened are answered even if a later one failed.
+            Ok(answer) => {
+                agent::read_terminations(&String::from_utf8_lossy(&answer.body), terminations)
+            }
+            Err(e) => vec![
+                outcome::TerminateResult::Failed {
+                    error: error::chain(&e)
+                };
+                terminations.len()
+            ],
+        }
+    }
+
+    /// See [`Host::escalate`](super::Host::escalate).
+    pub async fn escalate(&self, terminations: &[Termination]) -> Vec<Outcome> {
+        let host = &self.conn.spec.id;
+        let results = self.signal(terminations, Signal::Kill).await;
+        terminations
+            .iter()
+            .zip(results)
+            .map(|(t, outcome)| Outcome::Kill {
+                host: host.clone(),
+                pid: t.pid,
+                outcome,
+            })
+            .collect()
+    }
+
     /// See [`Host::execute`](super::Host::execute): the start times are
     /// re-checked on the host, by the agent, right before each signal.
     pub async fn execute(&self, plan: &HostPlan) -> Vec<Outcome> {
         let host = &self.conn.spec.id;
-        let mut terminations = vec![outcome::TerminateResult::NoIdentity; plan.terminate.len()];
-        if let Some(request) = agent::terminate_request(&plan.terminate, self.limits()) {
-            terminations = match self.ask("terminate", &request).await {
-                // Kills that happened are answered even if a later one failed.
-                Ok(answer) => agent::read_terminations(
-                    &String::from_utf8_lossy(&answer.body),
-                    &plan.terminate,
-                ),
-                Err(e) => vec![
-                    outcome::TerminateResult::Failed {
-                        error: error::chain(&e)
-                    };
-                    plan.terminate.len()
-                ],
-            };
-        }
+        let terminations = self.signal(&plan.terminate, Signal::Term).await;
         let mut outcomes: Vec<Outcome> = plan
             .terminate
             .iter()

@@ -19,6 +19,20 @@ pub fn start_time(stat: &[u8]) -> Option<u64> {
     rest.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
+/// Whether `/proc/<pid>/stat` shows a process that has exited and only
+/// waits for its parent (zombie `Z`, dead `X`): a signal to it does nothing.
+pub fn exited(stat: &[u8]) -> bool {
+    let Some(close) = stat.iter().rposition(|&b| b == b')') else {
+        return false;
+    };
+    matches!(
+        stat[close + 1..]
+            .split(u8::is_ascii_whitespace)
+            .find(|w| !w.is_empty()),
+        Some(b"Z" | b"X")
+    )
+}
+
 /// The value of `GENV_ENVIRONMENT_ID` in a NUL-separated environ, byte
 /// for byte, the last one winning as in genv; `None` when absent.
 pub fn environment_id(environ: &[u8]) -> Option<&[u8]> {
@@ -96,6 +110,15 @@ mod tests {
         assert_eq!(start_time(stat), Some(987654));
         assert_eq!(start_time(b"4242 (x) S 1"), None);
         assert_eq!(start_time(b""), None);
+    }
+
+    #[test]
+    fn exited_processes_are_told_by_their_state() {
+        assert!(exited(b"4242 (my) Z) Z 1 4242"));
+        assert!(exited(b"4242 (x) X 1"));
+        assert!(!exited(b"4242 (Z) S 1 4242"));
+        assert!(!exited(b"4242 (x"));
+        assert!(!exited(b""));
     }
 
     #[test]

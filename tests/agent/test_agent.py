@@ -68,6 +68,14 @@ class Identity(unittest.TestCase):
         self.assertIsNone(start_time(b"42 (x"))
         self.assertIsNone(start_time(b"42 (x) S 1"))
 
+    def test_exited_processes_are_told_by_their_state_after_the_last_paren(self):
+        exited = agent["exited"]
+        self.assertFalse(exited(stat_line(5, b"Z) S")))
+        self.assertTrue(exited(b"42 (a) Z) Z 1 1"))
+        self.assertTrue(exited(b"42 (x) X 1"))
+        self.assertFalse(exited(stat_line(5)))
+        self.assertFalse(exited(b""))
+
     def test_pids_from_answers_and_records(self):
         self.assertEqual(agent["gpu_pids"](b"GPU-a, 100, 5\nGPU-b, x, 1\nGPU-b, 200, [N/A]\n\n"), {100, 200})
         listed = agent["listed_pids"](b'{"envs": [{"pids": [1, -2, "3", true, 4294967296, 7]}, {"pids": null}]}')

@@ -1,0 +1,237 @@
+//! The audit log (`--audit-log FILE`): one JSON line per decided action,
+//! written and flushed to disk before the action, and one with its outcome
+//! after. The file is opened once, append-only, never truncated and never
+//! through a symlink; it must be ours and writable by no one else, so that
+//! no user can forge or erase what root did. The line format is in the
+//! README ("Audit log").
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use rustix::fs::{FileType, Mode, OFlags};
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::model::{EnvId, GpuIndex, HostId, Pid};
+use crate::outcome::Outcome;
+use crate::plan::{HostPlan, Termination};
+use crate::report;
+use crate::rules::Rule;
+
+/// An audit log that cannot be used.
+#[derive(Debug, Error)]
+pub enum AuditError {
+    #[error("--audit-log {}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--audit-log {}: {why}: refused", path.display())]
+    Unsafe { path: PathBuf, why: &'static str },
+}
+
+/// An open audit log.
+#[derive(Debug)]
+pub struct AuditLog {
+    file: Mutex<File>,
+}
+
+/// One line of the log.
+#[derive(Debug, Serialize)]
+pub struct Entry<'a> {
+    /// RFC 3339, UTC, milliseconds.
+    pub time: String,
+    pub cycle: u64,
+    pub host: &'a HostId,
+    /// `decided` (written before the action) or `done` (with its outcome).
+    pub phase: &'static str,
+    /// `terminate` or `detach`.
+    pub action: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<Pid>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<GpuIndex>,
+    pub eid: Option<&'a EnvId>,
+    pub user: Option<&'a str>,
+    pub rules: Vec<Rule>,
+    /// genv's line for the action (`Terminating process ...`).
+    pub message: String,
+    /// The outcome (`done` lines only), as in the JSON report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<serde_json::Value>,
+}
+
+impl AuditLog {
+    /// Opens (creating 0600 if missing) `path` for appending, refusing a
+    /// symlink, anything but a regular file, a file not ours, and one that
+    /// others may write or that is write-protected.
+    ///
+    /// # Errors
+    /// The file cannot be opened, or is refused.
+    pub fn open(path: &Path) -> Result<Self, AuditError> {
+        let io = |source: std::io::Error| AuditError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let unsafe_ = |why| AuditError::Unsafe {
+            path: path.to_path_buf(),
+            why,
+        };
+        let fd: OwnedFd = rustix::fs::open(
+            path,
+            OFlags::WRONLY
+                | OFlags::APPEND
+                | OFlags::CREATE
+                | OFlags::NOFOLLOW
+                | OFlags::NONBLOCK
+                | OFlags::NOCTTY
+                | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => unsafe_("a symbolic link"),
+            rustix::io::Errno::NXIO => unsafe_("a socket or FIFO"),
+            e => io(e.into()),
+        })?;
+        let stat = rustix::fs::fstat(&fd).map_err(|e| io(e.into()))?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+            return Err(unsafe_("not a regular file"));
+        }
+        if stat.st_uid != rustix::process::geteuid().as_raw() {
+            return Err(unsafe_("not owned by us"));
+        }
+        if stat.st_mode & 0o022 != 0 {
+            return Err(unsafe_("writable by others"));
+        }
+        if stat.st_mode & 0o200 == 0 {
+            return Err(unsafe_("write-protected"));
+        }
+        Ok(AuditLog {
+            file: Mutex::new(File::from(fd)),
+        })
+    }
+
+    /// Appends lines and flushes them to disk.
+    ///
+    /// # Errors
+    /// The write or the flush failed.
+    pub fn write(&self, entries: &[Entry]) -> std::io::Result<()> {
+        let mut text = String::new();
+        for e in entries {
+            text.push_str(&serde_json::to_string(e).map_err(std::io::Error::other)?);
+            text.push('\n');
+        }
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        file.write_all(text.as_bytes())?;
+        file.sync_data()
+    }
+}
+
+/// Now, for entries.
+pub fn now() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+/// The `decided` lines of a host's plan, one per action, in plan order.
+pub fn decided<'a>(cycle: u64, host: &'a HostId, plan: &'a HostPlan) -> Vec<Entry<'a>> {
+    let time = now();
+    let terminations = plan.terminate.iter().map(|t| Entry {
+        time: time.clone(),
+        cycle,
+        host,
+        phase: "decided",
+        action: "terminate",
+        pid: Some(t.pid),
+        start_time: t.start_time,
+        device: None,
+        eid: t.eid.as_ref(),
+        user: t.user.as_deref(),
+        rules: t.rules.iter().copied().collect(),
+        message: report::termination_line(t),
+        outcome: None,
+    });
+    let detaches = plan.detach.iter().map(|d| Entry {
+        time: time.clone(),
+        cycle,
+        host,
+        phase: "decided",
+        action: "detach",
+        pid: None,
+        start_time: None,
+        device: Some(d.device),
+        eid: Some(&d.eid),
+        user: d.username.as_deref(),
+        rules: vec![Rule::MaxDevicesPerUser],
+        message: report::detach_line(d),
+        outcome: None,
+    });
+    terminations.chain(detaches).collect()
+}
+
+/// The `decided` lines of `--kill-after`'s SIGKILLs.
+pub fn kills<'a>(cycle: u64, host: &'a HostId, terminations: &'a [Termination]) -> Vec<Entry<'a>> {
+    let time = now();
+    terminations
+        .iter()
+        .map(|t| Entry {
+            time: time.clone(),
+            cycle,
+            host,
+            phase: "decided",
+            action: "kill",
+            pid: Some(t.pid),
+            start_time: t.start_time,
+            device: None,
+            eid: t.eid.as_ref(),
+            user: t.user.as_deref(),
+            rules: t.rules.iter().copied().collect(),
+            message: format!("Killing process {} (still running after SIGTERM)", t.pid),
+            outcome: None,
+        })
+        .collect()
+}
+
+/// The `done` lines: each decided line with its outcome (matched by
+/// action and pid, or by device and eid).
+pub fn done<'a>(decided: &[Entry<'a>], outcomes: &[Outcome]) -> Vec<Entry<'a>> {
+    let time = now();
+    decided
+        .iter()
+        .map(|d| {
+            let outcome = outcomes.iter().find_map(|o| match o {
+                Outcome::Terminate { pid, outcome, .. }
+                    if d.action == "terminate" && Some(*pid) == d.pid =>
+                {
+                    serde_json::to_value(outcome).ok()
+                }
+                Outcome::Kill { pid, outcome, .. } if d.action == "kill" && Some(*pid) == d.pid => {
+                    serde_json::to_value(outcome).ok()
+                }
+                Outcome::Detach {
+                    device,
+                    eid,
+                    outcome,
+                    ..
+                } if Some(*device) == d.device && Some(eid) == d.eid => {
+                    serde_json::to_value(outcome).ok()
+                }
+                _ => None,
+            });
+            Entry {
+                time: time.clone(),
+                phase: "done",
+                outcome: Some(outcome.unwrap_or(serde_json::Value::Null)),
+                message: d.message.clone(),
+                rules: d.rules.clone(),
+                ..*d
+            }
+        })
+        .collect()
+}

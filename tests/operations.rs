@@ -1,0 +1,276 @@
+//! Operator features end to end on this machine (real processes really
+//! signalled, real files): the audit log, `--kill-after` escalation,
+//! `--confirm-cycles`.
+
+mod util;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use util::{env, lines, Host};
+
+const SIGTERM: i32 = 15;
+const SIGKILL: i32 = 9;
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn audit_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn the_audit_log_records_each_action_before_and_its_outcome_after() {
+    let mut h = Host::new(4);
+    let stray = h.spawn(None);
+    let roamer = h.spawn_as("bob", Some("b"));
+    let hog = h.spawn_as("carol", Some("c"));
+    h.set_apps(&[
+        (stray, 1, "100"),
+        (roamer, 2, "100"),
+        (roamer, 3, "100"),
+        (hog, 3, "100"),
+    ]);
+    h.write_envs(&[
+        env("b", Some("bob"), None, roamer),
+        env("c", Some("carol"), None, hog),
+    ]);
+    h.write_devices(4, &[(2, "b"), (2, "c"), (3, "c")]);
+    let log = h.dir.path().join("audit.log");
+    let l = log.to_str().unwrap();
+    let run = |h: &Host| {
+        h.ours(&[
+            "enforce",
+            "--interval",
+            "0",
+            "--non-env-processes",
+            "--max-devices-per-user",
+            "1",
+            "--audit-log",
+            l,
+        ])
+    };
+    let out = run(&h);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(h.wait_signal(stray, Duration::from_secs(5)), Some(SIGTERM));
+    assert_eq!(h.wait_signal(roamer, Duration::from_secs(5)), Some(SIGTERM));
+    let entries = audit_lines(&log);
+    // Two terminations and one detach, each decided then done.
+    assert_eq!(entries.len(), 6, "{entries:#?}");
+    assert_eq!(
+        std::fs::metadata(&log).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let find = |phase: &str, action: &str, key: &str, value: &Value| {
+        entries
+            .iter()
+            .position(|e| e["phase"] == phase && e["action"] == action && &e[key] == value)
+            .unwrap_or_else(|| panic!("no {phase} {action} {key}={value}: {entries:#?}"))
+    };
+    for pid in [stray, roamer] {
+        let d = find("decided", "terminate", "pid", &Value::from(pid));
+        let done = find("done", "terminate", "pid", &Value::from(pid));
+        assert!(d < done, "decided before done");
+        assert_eq!(entries[done]["outcome"]["result"], "signalled");
+        assert!(entries[d]["start_time"].is_u64());
+        assert!(entries[d]["cycle"] == 1 && entries[d]["time"].is_string());
+        assert!(entries[d]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("Terminating process {pid}")));
+    }
+    let d = find("decided", "detach", "eid", &Value::from("c"));
+    assert_eq!(entries[d]["device"], 2);
+    assert_eq!(entries[d]["user"], "carol");
+    assert_eq!(
+        entries[d]["rules"],
+        serde_json::json!(["max-devices-per-user"])
+    );
+    let done = find("done", "detach", "eid", &Value::from("c"));
+    assert_eq!(entries[done]["outcome"]["result"], "detached");
+    let roamer_entry = &entries[find("decided", "terminate", "pid", &Value::from(roamer))];
+    assert_eq!(roamer_entry["user"], "bob");
+    assert_eq!(roamer_entry["eid"], "b");
+    assert_eq!(roamer_entry["rules"], serde_json::json!(["env-devices"]));
+
+    // Appended, never truncated: a second run with nothing to do adds nothing.
+    let out = run(&h);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(audit_lines(&log).len(), 6);
+}
+
+#[test]
+fn an_unsafe_audit_log_path_is_refused_and_left_alone() {
+    let h = Host::new(1);
+    let secret = h.dir.path().join("secret");
+    std::fs::write(&secret, "root only\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let link = h.dir.path().join("link.log");
+    std::os::unix::fs::symlink(&secret, &link).unwrap();
+    let protected = h.dir.path().join("protected.log");
+    std::fs::write(&protected, "").unwrap();
+    std::fs::set_permissions(&protected, std::fs::Permissions::from_mode(0o400)).unwrap();
+    let shared = h.dir.path().join("shared.log");
+    std::fs::write(&shared, "").unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let fifo = h.dir.path().join("fifo.log");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    for (path, why) in [
+        (&link, "a symbolic link: refused"),
+        (&protected, "write-protected: refused"),
+        (&shared, "writable by others: refused"),
+        (&fifo, "a socket or FIFO: refused"),
+    ] {
+        let out = h.ours(&[
+            "enforce",
+            "--interval",
+            "0",
+            "--audit-log",
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{path:?}");
+        assert!(stderr(&out).contains(why), "{path:?}: {}", stderr(&out));
+    }
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root only\n");
+    assert_eq!(
+        std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+}
+
+#[test]
+fn a_process_that_ignores_sigterm_is_killed_after_the_grace_period() {
+    let mut h = Host::new(2);
+    let stubborn = h.start("root", None, &["sh", "-c", "trap '' TERM; exec sleep 1000"]);
+    let meek = h.spawn(None);
+    h.set_apps(&[(stubborn, 0, "100"), (meek, 1, "100")]);
+    let log = h.dir.path().join("audit.log");
+    let out = h.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+        "--kill-after",
+        "1s",
+        "--output",
+        "json",
+        "--audit-log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(h.wait_signal(meek, Duration::from_secs(5)), Some(SIGTERM));
+    assert_eq!(
+        h.wait_signal(stubborn, Duration::from_secs(5)),
+        Some(SIGKILL)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kills: Vec<&Value> = report["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["action"] == "kill" && o["outcome"]["result"] == "signalled")
+        .collect();
+    // Only the one still running after its SIGTERM (the other is gone).
+    assert_eq!(kills.len(), 1, "{report:#}");
+    assert_eq!(kills[0]["pid"], stubborn);
+    assert_eq!(kills[0]["outcome"]["result"], "signalled");
+    let entries = audit_lines(&log);
+    assert!(entries
+        .iter()
+        .any(|e| e["action"] == "kill" && e["phase"] == "decided" && e["pid"] == stubborn));
+
+    // Without --kill-after (genv's behaviour) it is left running.
+    let stubborn = h.start("root", None, &["sh", "-c", "trap '' TERM; exec sleep 1000"]);
+    h.set_apps(&[(stubborn, 0, "100")]);
+    let out = h.ours(&["enforce", "--interval", "0", "--non-env-processes"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("SIGKILL"));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(h.running(stubborn));
+}
+
+#[test]
+fn a_violation_waits_for_confirmation_over_two_cycles() {
+    let mut h = Host::new(2);
+    let stray = h.spawn(None);
+    let passing = h.spawn(None);
+    h.set_apps(&[(stray, 0, "100"), (passing, 1, "100")]);
+    let mut child = h
+        .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+        .args([
+            "enforce",
+            "--interval",
+            "1s",
+            "--non-env-processes",
+            "--confirm-cycles",
+            "2",
+            "--output",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reports = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first: Value = serde_json::from_str(&reports.next().unwrap().unwrap()).unwrap();
+    // Seen once: both wait, nothing is done.
+    assert!(
+        first["outcomes"].as_array().unwrap().is_empty(),
+        "{first:#}"
+    );
+    let waiting = first["awaiting_confirmation"].as_array().unwrap();
+    assert_eq!(waiting.len(), 2, "{first:#}");
+    assert!(waiting.iter().all(|w| w["seen"] == 1 && w["needed"] == 2));
+    assert!(h.running(stray) && h.running(passing));
+    // The passing one is gone from the GPU before the next cycle: a
+    // transient state, never punished.
+    h.set_apps(&[(stray, 0, "100")]);
+    let second: Value = serde_json::from_str(&reports.next().unwrap().unwrap()).unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let _ = child.wait();
+    let outcomes = second["outcomes"].as_array().unwrap();
+    assert_eq!(outcomes.len(), 1, "{second:#}");
+    assert_eq!(outcomes[0]["pid"], stray);
+    assert_eq!(h.wait_signal(stray, Duration::from_secs(5)), Some(SIGTERM));
+    assert!(h.running(passing));
+
+    // In text, what waits is said on stderr.
+    let other = h.spawn(None);
+    h.set_apps(&[(other, 0, "100")]);
+    let out = h.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+        "--confirm-cycles",
+        "2",
+    ]);
+    assert!(lines(&out).contains(&format!(
+        "Process {other} is not running in a GPU environment"
+    )));
+    assert!(
+        stderr(&out).contains(&format!("[INFO] Process {other} is not terminated yet")),
+        "{}",
+        stderr(&out)
+    );
+    assert!(h.running(other));
+}
