@@ -13,6 +13,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+
+    /// More logging on stderr: -v info, -vv debug, -vvv trace
+    /// (`GENV_ENFORCE_LOG` or `RUST_LOG` take a full filter instead).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
 }
 
 /// The subcommands.
@@ -202,6 +207,10 @@ pub struct CycleArgs {
     /// (same process and start time, or same environment and device).
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub confirm_cycles: u32,
+
+    /// Serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9400), path /metrics.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// genv's rule flags.

@@ -33,6 +33,8 @@ pub enum Job {
         settings: Settings,
         /// The temporary directory of the SSH sockets, removed when dropped.
         control_dir: Option<tempfile::TempDir>,
+        /// `--metrics-listen`.
+        metrics: Option<std::net::SocketAddr>,
     },
     /// This machine's snapshot as genv prints it.
     Snapshot(LocalHost),
@@ -94,6 +96,7 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
                 )]
             };
             Ok(Job::Enforce {
+                metrics: args.cycle.metrics_listen,
                 fleets: with_audit(fleets, &args.cycle)?,
                 settings: Settings {
                     failures: Failures::default(),
@@ -164,6 +167,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
             })
             .collect();
         return Ok(Job::Enforce {
+            metrics: enforce.cycle.metrics_listen,
             fleets: with_audit(
                 vec![Fleet::new(hosts, usize::from(args.concurrency))],
                 &enforce.cycle,
@@ -217,6 +221,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
         })
         .collect();
     Ok(Job::Enforce {
+        metrics: enforce.cycle.metrics_listen,
         fleets: with_audit(
             vec![Fleet::new(hosts, usize::from(args.concurrency))],
             &enforce.cycle,

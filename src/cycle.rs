@@ -3,6 +3,7 @@
 //! report; between cycles it sleeps, and SIGTERM or SIGINT end it.
 
 use std::io::Write;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{signal, SignalKind};
@@ -13,6 +14,7 @@ use crate::confirm::Confirmations;
 use crate::error;
 use crate::fleet::Fleet;
 use crate::host::Host;
+use crate::metrics::Metrics;
 use crate::model::{HostId, Mode};
 use crate::outcome::{self, Outcome, TerminateResult};
 use crate::plan::{HostPlan, Plan, Termination};
@@ -117,6 +119,9 @@ pub async fn cycle(
             timing.connects += 1;
             timing.connect_ms = timing.connect_ms.max(millis(c));
         }
+        timing
+            .hosts_ms
+            .push((round.host.clone(), millis(round.elapsed)));
         if timing.slowest_host.is_none() || millis(round.elapsed) > timing.slowest_ms {
             timing.slowest_ms = millis(round.elapsed);
             timing.slowest_host = Some(round.host.clone());
@@ -203,16 +208,54 @@ fn signalled(plan: &Plan, outcomes: &[Outcome]) -> Vec<(HostId, Vec<Termination>
         .collect()
 }
 
+/// What a long-running enforcer adds to the loop: metrics, re-reading
+/// its configuration on SIGHUP, and systemd's readiness and watchdog.
+#[derive(Default)]
+pub struct Service {
+    /// Fed each cycle's report.
+    pub metrics: Option<Arc<Metrics>>,
+    /// Re-reads the configuration (SIGHUP); an error keeps the old one.
+    pub reload: Option<Reload>,
+}
+
+/// Makes the run's fleets and settings anew from the configuration files.
+pub type Reload = Box<dyn FnMut() -> Result<Reloaded, String> + Send>;
+
+/// A configuration read again.
+pub struct Reloaded {
+    pub fleets: Vec<Fleet>,
+    pub settings: Settings,
+    /// What must live as long as the new hosts (their socket directory).
+    pub keep: Option<Box<dyn std::any::Any + Send>>,
+}
+
+/// Tells systemd (when it started us with `Type=notify`) how we are.
+fn notify(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(false, state) {
+        tracing::debug!(error = %e, "sd_notify failed");
+    }
+}
+
 /// Runs cycles until done, then closes every host. One fleet: a cycle
-/// every `interval` (once if zero) until a signal. Several fleets (a
-/// replay of several files): one cycle each, in turn, each under a header
-/// naming its file.
+/// every `interval` (once if zero) until SIGTERM or SIGINT; SIGHUP reloads
+/// the configuration between cycles (hosts that did not change keep their
+/// connections). Several fleets (a replay of several files): one cycle
+/// each, in turn, each under a header naming its file.
 ///
 /// # Errors
 /// Signal handlers cannot be installed.
-pub async fn run(fleets: &[Fleet], settings: &Settings) -> std::io::Result<Ending> {
+pub async fn run(
+    mut fleets: Vec<Fleet>,
+    mut settings: Settings,
+    mut service: Service,
+) -> std::io::Result<Ending> {
     let mut term = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    let mut watchdog_usec = 0;
+    let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec)
+        .then(|| Duration::from_micros(watchdog_usec / 2).max(Duration::from_millis(500)));
+    let mut kept = Vec::new();
     let each = fleets.len() > 1;
     let mut ending = Ending::Clean;
     let mut confirm = Confirmations::new(settings.confirm_cycles);
@@ -232,10 +275,17 @@ pub async fn run(fleets: &[Fleet], settings: &Settings) -> std::io::Result<Endin
             break;
         }
         let (report, abort) = tokio::select! {
-            r = cycle(fleet, settings, n, &mut confirm) => r,
+            r = cycle(fleet, &settings, n, &mut confirm) => r,
             _ = term.recv() => break,
             _ = interrupt.recv() => break,
         };
+        if let Some(m) = &service.metrics {
+            m.observe(&report);
+        }
+        if n == 1 {
+            notify(&[sd_notify::NotifyState::Ready]);
+        }
+        notify(&[sd_notify::NotifyState::Watchdog]);
         if abort {
             // genv raises on the first failure whatever -q says.
             let _ = emit(&report, settings.format, true);
@@ -261,18 +311,73 @@ pub async fn run(fleets: &[Fleet], settings: &Settings) -> std::io::Result<Endin
         if settings.interval.is_zero() {
             break;
         }
-        tokio::select! {
-            _ = tokio::time::sleep(settings.interval) => {}
-            _ = term.recv() => break,
-            _ = interrupt.recv() => break,
+        let wake = tokio::time::Instant::now() + settings.interval;
+        let stop = loop {
+            let tick = watchdog.map_or(wake, |w| wake.min(tokio::time::Instant::now() + w));
+            tokio::select! {
+                _ = tokio::time::sleep_until(tick) => {
+                    notify(&[sd_notify::NotifyState::Watchdog]);
+                    if tick >= wake {
+                        break false;
+                    }
+                }
+                _ = term.recv() => break true,
+                _ = interrupt.recv() => break true,
+                _ = hangup.recv() => {
+                    if let Some(reload) = service.reload.as_mut() {
+                        notify(&[sd_notify::NotifyState::Reloading]);
+                        match reload() {
+                            Ok(new) => {
+                                let old = std::mem::take(&mut fleets);
+                                fleets = merge(old, new.fleets).await;
+                                settings = Settings { ..new.settings };
+                                confirm = Confirmations::new(settings.confirm_cycles);
+                                kept.extend(new.keep);
+                                tracing::info!(hosts = fleets.first().map_or(0, |f| f.hosts.len()), "configuration reloaded");
+                                complain("configuration reloaded");
+                            }
+                            Err(e) => complain(&format!("configuration not reloaded, the old one is kept: {e}")),
+                        }
+                        notify(&[sd_notify::NotifyState::Ready]);
+                    }
+                }
+            }
+        };
+        if stop {
+            break;
         }
     }
-    for fleet in fleets {
+    notify(&[sd_notify::NotifyState::Stopping]);
+    for fleet in &fleets {
         for (host, e) in fleet.close().await {
             tracing::warn!(%host, error = %error::chain(&e), "closing the host's connection failed");
         }
     }
+    drop(kept);
     Ok(ending)
+}
+
+/// The new fleets, each host that did not change taken from the old ones
+/// with its connection; the old hosts left over are closed.
+async fn merge(mut old: Vec<Fleet>, mut new: Vec<Fleet>) -> Vec<Fleet> {
+    for (o, n) in old.iter_mut().zip(new.iter_mut()) {
+        for slot in &mut n.hosts {
+            if let Some(i) = o.hosts.iter().position(|h| h.same_as(slot)) {
+                *slot = o.hosts.swap_remove(i);
+            }
+        }
+    }
+    for fleet in &old {
+        for (host, e) in fleet.close().await {
+            tracing::warn!(%host, error = %error::chain(&e), "closing a removed host's connection failed");
+        }
+    }
+    new
+}
+
+/// A line on stderr, as our other messages.
+fn complain(message: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "genv-enforce: {message}");
 }
 
 /// `==> file <==` before each file's report, as `head` does.

@@ -38,6 +38,7 @@ pub mod error;
 pub mod fleet;
 pub mod host;
 pub mod inventory;
+pub mod metrics;
 pub mod model;
 pub mod outcome;
 pub mod plan;

@@ -8,8 +8,11 @@ use tracing_subscriber::EnvFilter;
 
 use genv_enforce::cli::{self, Cli};
 use genv_enforce::config::{self, Job};
-use genv_enforce::cycle;
+use std::sync::Arc;
+
+use genv_enforce::cycle::{self, Reload, Reloaded, Service};
 use genv_enforce::error::chain;
+use genv_enforce::metrics::Metrics;
 use genv_enforce::snapshot::genv;
 
 /// A cycle makes and drops many small values per host (ids, records):
@@ -19,11 +22,10 @@ use genv_enforce::snapshot::genv;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse_from(cli::normalize_args(std::env::args_os()));
+    let args = cli::normalize_args(std::env::args_os());
+    let cli = Cli::parse_from(&args);
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("GENV_ENFORCE_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
-        )
+        .with_env_filter(log_filter(cli.verbose))
         .with_writer(std::io::stderr)
         .init();
     raise_fd_limit();
@@ -66,8 +68,27 @@ fn main() -> ExitCode {
                 fleets,
                 settings,
                 control_dir,
+                metrics,
             } => {
-                let ending = cycle::run(&fleets, &settings).await;
+                let mut service = Service {
+                    reload: Some(reloader(args)),
+                    ..Service::default()
+                };
+                if let Some(addr) = metrics {
+                    let listener = match genv_enforce::metrics::bind(addr)
+                        .and_then(tokio::net::TcpListener::from_std)
+                    {
+                        Ok(l) => l,
+                        Err(e) => {
+                            complain(&format!("--metrics-listen {addr}: {e}"));
+                            return USAGE;
+                        }
+                    };
+                    let m = Arc::new(Metrics::new());
+                    tokio::spawn(genv_enforce::metrics::serve(listener, Arc::clone(&m)));
+                    service.metrics = Some(m);
+                }
+                let ending = cycle::run(fleets, settings, service).await;
                 drop(control_dir);
                 match ending {
                     Ok(ending) => ending.exit_code(),
@@ -87,6 +108,42 @@ fn main() -> ExitCode {
 
 /// The exit status of a command line that cannot run (as clap's).
 const USAGE: u8 = 2;
+
+/// `GENV_ENFORCE_LOG` or `RUST_LOG` (tracing's filter syntax), else `-v`:
+/// warnings, then info, debug, trace.
+fn log_filter(verbose: u8) -> EnvFilter {
+    EnvFilter::try_from_env("GENV_ENFORCE_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| {
+            EnvFilter::new(match verbose {
+                0 => "warn",
+                1 => "info",
+                2 => "debug",
+                _ => "trace",
+            })
+        })
+}
+
+/// SIGHUP: the same command line resolved again, so that the inventory
+/// (or hostfile) and the audit log are read and opened anew.
+fn reloader(args: Vec<std::ffi::OsString>) -> Reload {
+    Box::new(move || {
+        let cli = Cli::try_parse_from(&args).map_err(|e| e.to_string())?;
+        match config::resolve(cli).map_err(|e| chain(&e))? {
+            Job::Enforce {
+                fleets,
+                settings,
+                control_dir,
+                ..
+            } => Ok(Reloaded {
+                fleets,
+                settings,
+                keep: control_dir.map(|t| Box::new(t) as Box<dyn std::any::Any + Send>),
+            }),
+            Job::Snapshot(_) => Err("not an enforcing run".into()),
+        }
+    })
+}
 
 /// A fleet costs a few file descriptors per host (the mux connection and
 /// the agent's pipes): take the whole hard limit rather than the usual soft

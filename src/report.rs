@@ -128,6 +128,9 @@ pub struct Timing {
     /// What could only be done once every host had answered.
     pub dispatch_ms: u64,
     pub total_ms: u64,
+    /// Each host's snapshot time (for metrics; the JSON has the slowest).
+    #[serde(skip)]
+    pub hosts_ms: Vec<(HostId, u64)>,
 }
 
 /// Text for the two output streams.

@@ -274,3 +274,95 @@ fn a_violation_waits_for_confirmation_over_two_cycles() {
     );
     assert!(h.running(other));
 }
+
+/// `GET path` over plain HTTP: the status line and the body.
+fn http_get(port: u16, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// The value of the sample `name` (labels included, as printed).
+fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn metrics_are_scraped_over_http_after_a_cycle() {
+    let mut h = Host::new(2);
+    let stray = h.spawn(None);
+    let good = h.spawn(Some("a"));
+    h.set_apps(&[(stray, 0, "100"), (good, 1, "100")]);
+    h.write_envs(&[env("a", Some("alice"), None, good)]);
+    h.write_devices(2, &[(1, "a")]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = h
+        .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+        .args([
+            "enforce",
+            "--interval",
+            "1m",
+            "--non-env-processes",
+            "--output",
+            "json",
+            "--metrics-listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reports = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first: Value = serde_json::from_str(&reports.next().unwrap().unwrap()).unwrap();
+    let host = first["hosts"][0]["host"].as_str().unwrap().to_string();
+    let (status, metrics) = http_get(port, "/metrics");
+    let (missing, _) = http_get(port, "/");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let _ = child.wait();
+    assert!(status.contains("200"), "{status}");
+    assert!(missing.contains("404"), "{missing}");
+    let value = |name: &str| sample(&metrics, name).unwrap_or_else(|| panic!("{name}: {metrics}"));
+    assert_eq!(value("genv_enforce_cycles_total"), 1.0);
+    assert_eq!(value("genv_enforce_cycle_duration_seconds_count"), 1.0);
+    assert_eq!(
+        value(&format!("genv_enforce_host_up{{host=\"{host}\"}}")),
+        1.0
+    );
+    assert!(
+        value(&format!(
+            "genv_enforce_host_snapshot_seconds{{host=\"{host}\"}}"
+        )) > 0.0
+    );
+    assert_eq!(
+        value(&format!(
+            "genv_enforce_violations_total{{rule=\"non-env-processes\",host=\"{host}\"}}"
+        )),
+        1.0
+    );
+    assert_eq!(
+        value(&format!(
+            "genv_enforce_actions_total{{action=\"terminate\",host=\"{host}\",result=\"signalled\"}}"
+        )),
+        1.0
+    );
+    assert!(value("genv_enforce_last_success_timestamp_seconds") > 1.7e9);
+    assert!(sample(&metrics, "genv_enforce_errors_total{kind=\"snapshot\"}").is_none());
+    assert_eq!(h.wait_signal(stray, Duration::from_secs(5)), Some(SIGTERM));
+}

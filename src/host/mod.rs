@@ -47,6 +47,22 @@ impl Host {
         }
     }
 
+    /// Whether `other` is the same host reached the same way (a reloaded
+    /// configuration keeps such a host, and its connection).
+    pub fn same_as(&self, other: &Host) -> bool {
+        match (self, other) {
+            (Host::Local(a), Host::Local(b)) => a.id == b.id && a.state == b.state,
+            (Host::Ssh(a), Host::Ssh(b)) => {
+                a.conn.spec == b.conn.spec
+                    && a.command_timeout == b.command_timeout
+                    && a.once == b.once
+                    && a.ssh.same_connection(&b.ssh)
+            }
+            (Host::Recorded(a), Host::Recorded(b)) => a.id == b.id && a.path == b.path,
+            _ => false,
+        }
+    }
+
     /// Whether it is a recording (nothing can be carried out on it, and
     /// its cycles are not timed).
     pub fn is_recorded(&self) -> bool {

@@ -49,6 +49,18 @@ pub struct SshOptions {
     pub reuse: bool,
 }
 
+impl SshOptions {
+    /// Whether connections made with `other` would be the same as with
+    /// these (the socket directory aside).
+    pub fn same_connection(&self, other: &SshOptions) -> bool {
+        self.connect_timeout == other.connect_timeout
+            && self.persist == other.persist
+            && self.reuse == other.reuse
+            && host_key_option(&self.known_hosts) == host_key_option(&other.known_hosts)
+            && self.known_hosts_file == other.known_hosts_file
+    }
+}
+
 /// A running master: its socket, its log, the mux session over it, and
 /// the long-lived remote process we talk to over it, if started.
 #[derive(Debug)]

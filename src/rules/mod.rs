@@ -115,6 +115,19 @@ pub enum Finding {
     },
 }
 
+impl Finding {
+    /// The host it was found on; `None` for the cluster-wide per-user cap.
+    pub fn host(&self) -> Option<&HostId> {
+        match self {
+            Finding::NonEnvProcess { host, .. }
+            | Finding::UnknownEnvProcess { host, .. }
+            | Finding::NonAttachedDevices { host, .. }
+            | Finding::EnvMemory { host, .. } => Some(host),
+            Finding::MaxDevices { .. } => None,
+        }
+    }
+}
+
 /// A broken rule and what it calls for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {

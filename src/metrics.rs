@@ -1,0 +1,277 @@
+//! Prometheus metrics (`--metrics-listen ADDR`): what each cycle's report
+//! says, as counters and gauges, served in the OpenMetrics text format
+//! over HTTP (`GET /metrics`).
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::outcome::{DetachResult, Outcome, TerminateResult};
+use crate::report::CycleReport;
+use crate::rules::Rule;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HostLabel {
+    host: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ViolationLabels {
+    rule: String,
+    /// Empty for the cluster-wide per-user cap.
+    host: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: String,
+    host: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    kind: String,
+}
+
+/// Every metric we keep.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    cycles: Counter,
+    duration: Histogram,
+    up: Family<HostLabel, Gauge>,
+    snapshot_seconds: Family<HostLabel, Gauge<f64, AtomicU64>>,
+    violations: Family<ViolationLabels, Counter>,
+    actions: Family<ActionLabels, Counter>,
+    errors: Family<ErrorLabels, Counter>,
+    last_success: Gauge<f64, AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric, at zero.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("genv_enforce");
+        let m = Metrics {
+            cycles: Counter::default(),
+            duration: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            up: Family::default(),
+            snapshot_seconds: Family::default(),
+            violations: Family::default(),
+            actions: Family::default(),
+            errors: Family::default(),
+            last_success: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register("cycles", "Enforcement cycles run", m.cycles.clone());
+        registry.register(
+            "cycle_duration_seconds",
+            "Wall time of a cycle",
+            m.duration.clone(),
+        );
+        registry.register(
+            "host_up",
+            "Whether the host's last snapshot succeeded",
+            m.up.clone(),
+        );
+        registry.register(
+            "host_snapshot_seconds",
+            "How long the host's last snapshot took (connection included)",
+            m.snapshot_seconds.clone(),
+        );
+        registry.register(
+            "violations",
+            "Violations found, by rule and host",
+            m.violations.clone(),
+        );
+        registry.register(
+            "actions",
+            "Actions carried out (or planned in a dry run), by action, host and result",
+            m.actions.clone(),
+        );
+        registry.register("errors", "Failures, by kind", m.errors.clone());
+        registry.register(
+            "last_success_timestamp_seconds",
+            "When the last cycle without any failure ended (Unix time)",
+            m.last_success.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Counts what a cycle's report says.
+    pub fn observe(&self, r: &CycleReport) {
+        self.cycles.inc();
+        if let Some(ms) = r.duration_ms {
+            self.duration.observe(ms as f64 / 1000.0);
+        }
+        for h in &r.hosts {
+            let label = HostLabel {
+                host: h.host.0.clone(),
+            };
+            self.up
+                .get_or_create(&label)
+                .set(i64::from(h.error.is_none()));
+            if h.error.is_some() {
+                self.error("snapshot");
+            }
+        }
+        if let Some(t) = &r.timing {
+            for (host, ms) in &t.hosts_ms {
+                self.snapshot_seconds
+                    .get_or_create(&HostLabel {
+                        host: host.0.clone(),
+                    })
+                    .set(*ms as f64 / 1000.0);
+            }
+        }
+        for v in &r.violations {
+            let host = v.finding.host().map(|h| h.0.clone()).unwrap_or_default();
+            self.violations
+                .get_or_create(&ViolationLabels {
+                    rule: rule_name(v.rule).into(),
+                    host,
+                })
+                .inc();
+        }
+        for o in &r.outcomes {
+            let (action, host, result) = match o {
+                Outcome::Terminate { host, outcome, .. } => {
+                    ("terminate", host, term_result(outcome))
+                }
+                Outcome::Kill { host, outcome, .. } => ("kill", host, term_result(outcome)),
+                Outcome::Detach { host, outcome, .. } => ("detach", host, detach_result(outcome)),
+            };
+            if o.is_error() {
+                self.error(action);
+            }
+            self.actions
+                .get_or_create(&ActionLabels {
+                    action: action.into(),
+                    host: host.0.clone(),
+                    result: result.into(),
+                })
+                .inc();
+        }
+        if !r.failed() {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            self.last_success.set(now);
+        }
+    }
+
+    fn error(&self, kind: &str) {
+        self.errors
+            .get_or_create(&ErrorLabels { kind: kind.into() })
+            .inc();
+    }
+
+    /// The metrics in the OpenMetrics text format.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        if encode(&mut text, &self.registry).is_err() {
+            text.clear();
+        }
+        text
+    }
+}
+
+fn rule_name(r: Rule) -> &'static str {
+    match r {
+        Rule::NonEnvProcesses => "non-env-processes",
+        Rule::EnvDevices => "env-devices",
+        Rule::EnvMemory => "env-memory",
+        Rule::MaxDevicesPerUser => "max-devices-per-user",
+    }
+}
+
+fn term_result(t: &TerminateResult) -> &'static str {
+    match t {
+        TerminateResult::Signalled => "signalled",
+        TerminateResult::DryRun => "dry_run",
+        TerminateResult::AlreadyGone => "already_gone",
+        TerminateResult::PidReused { .. } => "pid_reused",
+        TerminateResult::NoIdentity => "no_identity",
+        TerminateResult::PermissionDenied => "permission_denied",
+        TerminateResult::Failed { .. } => "failed",
+    }
+}
+
+fn detach_result(d: &DetachResult) -> &'static str {
+    match d {
+        DetachResult::Detached => "detached",
+        DetachResult::DryRun => "dry_run",
+        DetachResult::NotAttached => "not_attached",
+        DetachResult::Failed { .. } => "failed",
+    }
+}
+
+/// Serves `metrics` on `listener` until the runtime ends: `GET /metrics`
+/// answers the text format, anything else 404.
+pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let metrics = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let metrics = Arc::clone(&metrics);
+                async move {
+                    let response = if req.uri().path() == "/metrics" {
+                        Response::builder()
+                            .header(
+                                hyper::header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )
+                            .body(Full::new(Bytes::from(metrics.render())))
+                    } else {
+                        Response::builder()
+                            .status(StatusCode::NOT_FOUND)
+                            .body(Full::new(Bytes::from_static(b"see /metrics\n")))
+                    };
+                    response
+                }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            // A client that stalls holds only its own connection.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(30), conn).await;
+        });
+    }
+}
+
+/// Binds `addr` now (a bad address is a usage error, before anything runs).
+///
+/// # Errors
+/// The address cannot be bound.
+pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let l = std::net::TcpListener::bind(addr)?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
