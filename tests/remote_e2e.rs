@@ -1043,3 +1043,121 @@ fn a_looping_runs_agent_holds_nothing_between_cycles() {
     terminate(&child);
     child.wait().unwrap();
 }
+
+#[test]
+fn sighup_reloads_the_hostfile_keeps_unchanged_connections_and_survives_a_broken_one() {
+    let Some(f) = Fleet::up(2) else { return };
+    let control = tempfile::tempdir().unwrap();
+    let hostfile = f.dir.path().join("hosts.txt");
+    std::fs::write(&hostfile, format!("{}\n", f.names[0])).unwrap();
+    let mut child = f
+        .command(&[
+            "--hostfile",
+            &hostfile.display().to_string(),
+            "--control-dir",
+            &control.path().display().to_string(),
+            "enforce",
+            "--interval",
+            "300ms",
+            "--output",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let hosts = |c: &serde_json::Value| {
+        c["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["host"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let hup = |child: &std::process::Child| {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(child),
+            rustix::process::Signal::HUP,
+        )
+        .unwrap()
+    };
+    assert_eq!(hosts(&next_cycle(&mut out)), vec![f.names[0].clone()]);
+    std::fs::write(&hostfile, format!("{}\n{}\n", f.names[0], f.names[1])).unwrap();
+    hup(&child);
+    let mut grown = None;
+    for _ in 0..20 {
+        let c = next_cycle(&mut out);
+        if hosts(&c).len() == 2 {
+            grown = Some(c);
+            break;
+        }
+    }
+    let grown = grown.expect("the reloaded hostfile's hosts are enforced");
+    assert_eq!(hosts(&grown), f.names);
+    assert_eq!(
+        grown["timing"]["connects"], 1,
+        "only the new host connects: {grown}"
+    );
+    assert_eq!(
+        f.connections(0),
+        1,
+        "the unchanged host kept its connection"
+    );
+    // A broken hostfile: reported, the old configuration goes on.
+    std::fs::write(&hostfile, "genv-fleet@:0\n").unwrap();
+    hup(&child);
+    for _ in 0..5 {
+        let c = next_cycle(&mut out);
+        assert_eq!(hosts(&c), f.names, "{c}");
+        assert!(c["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| h["error"].is_null()));
+    }
+    terminate(&child);
+    let rest = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&rest.stderr);
+    assert!(err.contains("configuration reloaded"), "{err}");
+    assert!(
+        err.contains("configuration not reloaded, the old one is kept")
+            && err.contains("hosts.txt"),
+        "{err}"
+    );
+    assert_eq!((f.connections(0), f.connections(1)), (1, 1));
+    assert_eq!(sockets_in(control.path()), Vec::<String>::new());
+}
+
+#[test]
+fn a_remote_process_that_ignores_sigterm_is_killed_after_the_grace_period() {
+    let Some(mut f) = Fleet::up(1) else { return };
+    let stubborn = f
+        .host(0)
+        .start("root", None, &["sh", "-c", "trap '' TERM; exec sleep 1000"]);
+    let meek = f.host(0).spawn(None);
+    f.host(0)
+        .set_apps(&[(stubborn, 0, "100"), (meek, 1, "100")]);
+    let out = f.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+        "--kill-after",
+        "1s",
+        "--output",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(f.host(0).wait_signal(meek, WAIT), Some(SIGTERM));
+    assert_eq!(f.host(0).wait_signal(stubborn, WAIT), Some(9));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let killed: Vec<_> = report["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["action"] == "kill" && o["outcome"]["result"] == "signalled")
+        .map(|o| o["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(killed, vec![u64::from(stubborn)], "{report:#}");
+}
