@@ -209,6 +209,37 @@ mod tests {
         assert!(mig.iter().any(|a| a.gpu_uuid.starts_with("MIG-")));
     }
 
+    /// Captured on a real H100 (driver 580.159.04) with two CUDA processes
+    /// running (`fixtures/nvidia-smi/h100/`).
+    #[test]
+    fn real_h100_captures() {
+        const GPUS: &str = include_str!("../../fixtures/nvidia-smi/h100/query-gpu.csv");
+        const GPUS_MEM: &str = include_str!("../../fixtures/nvidia-smi/h100/query-gpu-memory.csv");
+        const GPUS_HEADER: &str =
+            include_str!("../../fixtures/nvidia-smi/h100/query-gpu-header-units.csv");
+        const APPS: &str = include_str!("../../fixtures/nvidia-smi/h100/query-compute-apps.csv");
+        const APPS_HEADER: &str =
+            include_str!("../../fixtures/nvidia-smi/h100/query-compute-apps-header-units.csv");
+        const IDLE: &str = include_str!("../../fixtures/nvidia-smi/h100/query-compute-apps-idle.csv");
+        let uuid = "GPU-3f95f012-ea54-7e19-f150-6a675c4f82b5";
+        let plain = parse_gpus(GPUS, "h100").unwrap();
+        assert_eq!((plain[0].uuid.as_str(), plain[0].index), (uuid, GpuIndex(0)));
+        assert_eq!(parse_gpus(GPUS_MEM, "h100").unwrap()[0].total_mib, Some(81559));
+        assert_eq!(parse_gpus(GPUS_HEADER, "h100").unwrap()[0].total_mib, Some(81559));
+        let apps = parse_compute_apps(APPS, "h100").unwrap();
+        assert_eq!(apps, parse_compute_apps(APPS_HEADER, "h100").unwrap());
+        assert_eq!(
+            apps.iter().map(|a| (a.pid, a.usage)).collect::<Vec<_>>(),
+            vec![
+                (Pid(511), Usage::Known(1122 * MIB)),
+                (Pid(510), Usage::Known(2658 * MIB))
+            ]
+        );
+        assert!(parse_compute_apps(IDLE, "h100").unwrap().is_empty());
+        let procs = processes(&plain, &apps, "h100").unwrap();
+        assert_eq!(procs.len(), 2);
+    }
+
     #[test]
     fn empty_and_header_only() {
         assert!(parse_compute_apps("", "f").unwrap().is_empty());
