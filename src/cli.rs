@@ -27,6 +27,9 @@ pub enum Command {
     Enforce(EnforceArgs),
     /// Enforce GPU usage on remote hosts over SSH (as `genv remote ... enforce`).
     Remote(Box<RemoteArgs>),
+    /// Check this machine before enforcing: privileges, nvidia-smi, genv's
+    /// state and version, tools; exit status 1 if a check fails.
+    Doctor(DoctorArgs),
     /// Print this machine's GPU usage as JSON (as `genv usage snapshot`),
     /// with each process's start time and uid added.
     Snapshot(SnapshotArgs),
@@ -138,6 +141,18 @@ pub enum HostKeyCheck {
 pub enum RemoteCommand {
     /// Enforce GPU usage on the hosts.
     Enforce(RemoteEnforceArgs),
+    /// Check every host before enforcing: SSH, host key, sudo, Python,
+    /// nvidia-smi, genv's state and version, tools, clock; a fix for each
+    /// failure; exit status 1 if any host fails.
+    Doctor(DoctorOutput),
+}
+
+/// `doctor`'s output.
+#[derive(Debug, Args)]
+pub struct DoctorOutput {
+    /// Output format: a table, or one JSON object.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: OutputFormat,
 }
 
 /// `remote ... enforce` options.
@@ -166,6 +181,16 @@ pub fn normalize_args(
             _ => a,
         })
         .collect()
+}
+
+/// `doctor` (this machine) options.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    #[command(flatten)]
+    pub output: DoctorOutput,
+    /// Deadline for each step.
+    #[arg(long, default_value = "30s", value_parser = parse_timeout, value_name = "DURATION")]
+    pub command_timeout: Duration,
 }
 
 /// `snapshot` options.
@@ -391,7 +416,9 @@ mod tests {
             (Some("a,b"), Some("ops"), Some(5))
         );
         assert!(r.exit_on_error && r.quiet);
-        let RemoteCommand::Enforce(e) = r.command;
+        let RemoteCommand::Enforce(e) = r.command else {
+            panic!("not enforce")
+        };
         assert_eq!(
             crate::config::policy(&e.rules).max_devices_per_user,
             Some(2)

@@ -38,6 +38,12 @@ pub enum Job {
     },
     /// This machine's snapshot as genv prints it.
     Snapshot(LocalHost),
+    /// `doctor` over these hosts.
+    Doctor {
+        fleet: Fleet,
+        format: Format,
+        control_dir: Option<tempfile::TempDir>,
+    },
 }
 
 /// A command line that cannot run.
@@ -81,6 +87,14 @@ pub enum ConfigError {
 pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
     match cli.command {
         Command::Snapshot(args) => Ok(Job::Snapshot(LocalHost::from_env(args.command_timeout))),
+        Command::Doctor(args) => Ok(Job::Doctor {
+            fleet: Fleet::new(
+                vec![Host::Local(LocalHost::from_env(args.command_timeout))],
+                1,
+            ),
+            format: format(args.output.output),
+            control_dir: None,
+        }),
         Command::Enforce(args) => {
             let replay = !args.snapshot.is_empty();
             let settings = settings(&args.cycle, policy(&args.rules), Mode::Local, replay);
@@ -122,14 +136,18 @@ fn recorded(path: &Path) -> Recorded {
 }
 
 fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
-    let RemoteCommand::Enforce(enforce) = &args.command;
-    let mut inventory = load_hosts(&args)?;
-    for h in inventory.iter_mut().flat_map(|i| i.hosts.iter_mut()) {
-        h.identity_file = h
-            .identity_file
-            .take()
-            .or_else(|| args.identity_file.clone());
-    }
+    let enforce = match &args.command {
+        RemoteCommand::Enforce(enforce) => enforce,
+        RemoteCommand::Doctor(d) => {
+            let (fleet, control_dir) = ssh_fleet(&args, load_hosts(&args)?, true, Duration::ZERO)?;
+            return Ok(Job::Doctor {
+                fleet,
+                format: format(d.output),
+                control_dir,
+            });
+        }
+    };
+    let inventory = load_hosts(&args)?;
     let mut policy = policy(&enforce.rules);
     if let Some(inv) = &inventory {
         // Flags win over the inventory's caps.
@@ -176,7 +194,31 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
             control_dir: None,
         });
     }
-    let inventory = inventory.ok_or(ConfigError::NoHostsGiven)?;
+    let once = settings.interval.is_zero();
+    let (fleet, control_dir) = ssh_fleet(&args, inventory, once, settings.interval)?;
+    Ok(Job::Enforce {
+        metrics: enforce.cycle.metrics_listen,
+        fleets: with_audit(vec![fleet], &enforce.cycle)?,
+        settings,
+        control_dir,
+    })
+}
+
+/// The SSH hosts of `inventory` (one of -H, --hostfile, --inventory is
+/// required), and the temporary socket directory if we made one.
+fn ssh_fleet(
+    args: &RemoteArgs,
+    inventory: Option<Inventory>,
+    once: bool,
+    interval: Duration,
+) -> Result<(Fleet, Option<tempfile::TempDir>), ConfigError> {
+    let mut inventory = inventory.ok_or(ConfigError::NoHostsGiven)?;
+    for h in &mut inventory.hosts {
+        h.identity_file = h
+            .identity_file
+            .take()
+            .or_else(|| args.identity_file.clone());
+    }
     let (control_dir, temp) = match &args.control_dir {
         Some(d) => {
             private_dir(d).map_err(|reason| ConfigError::ControlDir {
@@ -199,7 +241,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
         // Masters left by a crash exit on their own once idle this long.
         persist: args
             .control_persist
-            .unwrap_or((settings.interval * 3).max(Duration::from_secs(60))),
+            .unwrap_or((interval * 3).max(Duration::from_secs(60))),
         reuse: args.control_persist.is_some(),
         known_hosts: match args.host_key_check {
             HostKeyCheck::Strict => openssh::KnownHosts::Strict,
@@ -207,7 +249,6 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
         },
         known_hosts_file: args.known_hosts_file.clone(),
     });
-    let once = settings.interval.is_zero();
     let hosts = inventory
         .hosts
         .into_iter()
@@ -220,15 +261,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
             }))
         })
         .collect();
-    Ok(Job::Enforce {
-        metrics: enforce.cycle.metrics_listen,
-        fleets: with_audit(
-            vec![Fleet::new(hosts, usize::from(args.concurrency))],
-            &enforce.cycle,
-        )?,
-        settings,
-        control_dir: temp,
-    })
+    Ok((Fleet::new(hosts, usize::from(args.concurrency)), temp))
 }
 
 /// The policy the rule flags ask for, genv's defaults elsewhere.
@@ -264,10 +297,7 @@ fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings
         policy,
         interval: if replay { Duration::ZERO } else { c.interval },
         dry_run: c.dry_run || replay,
-        format: match c.output {
-            OutputFormat::Text => Format::Text,
-            OutputFormat::Json => Format::Json,
-        },
+        format: format(c.output),
         failures: Failures::default(),
         kill_after: c.kill_after,
         confirm_cycles: c.confirm_cycles,
@@ -283,6 +313,13 @@ fn with_audit(mut fleets: Vec<Fleet>, c: &CycleArgs) -> Result<Vec<Fleet>, Confi
         }
     }
     Ok(fleets)
+}
+
+fn format(f: OutputFormat) -> Format {
+    match f {
+        OutputFormat::Text => Format::Text,
+        OutputFormat::Json => Format::Json,
+    }
 }
 
 /// The hosts named by -H, --hostfile or --inventory, if any.

@@ -189,6 +189,30 @@ impl Fleet {
         .collect()
     }
 
+    /// `doctor`'s facts of every host, `progress(done, total)` after each.
+    pub async fn doctor(
+        &self,
+        progress: &(dyn Fn(usize, usize) + Sync),
+    ) -> Vec<crate::doctor::Facts> {
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let total = self.hosts.len();
+        let done = &done;
+        fan_out(&self.hosts, self.concurrency, |h| {
+            Box::pin(async move {
+                let facts = h.doctor().await;
+                progress(
+                    done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
+                    total,
+                );
+                facts
+            })
+        })
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
     /// Closes every host (in parallel, each bounded); the hosts that could
     /// not be closed cleanly.
     pub async fn close(&self) -> Vec<(HostId, HostError)> {

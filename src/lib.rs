@@ -34,6 +34,7 @@ pub mod cli;
 pub mod config;
 pub mod confirm;
 pub mod cycle;
+pub mod doctor;
 pub mod error;
 pub mod fleet;
 pub mod host;

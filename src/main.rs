@@ -13,6 +13,7 @@ use std::sync::Arc;
 use genv_enforce::cycle::{self, Reload, Reloaded, Service};
 use genv_enforce::error::chain;
 use genv_enforce::metrics::Metrics;
+use genv_enforce::report::Format;
 use genv_enforce::snapshot::genv;
 
 /// A cycle makes and drops many small values per host (ids, records):
@@ -64,6 +65,18 @@ fn main() -> ExitCode {
                     1
                 }
             },
+            Job::Doctor {
+                fleet,
+                format,
+                control_dir,
+            } => {
+                let code = doctor(&fleet, format).await;
+                for (host, e) in fleet.close().await {
+                    tracing::warn!(%host, error = %chain(&e), "closing the host's connection failed");
+                }
+                drop(control_dir);
+                code
+            }
             Job::Enforce {
                 fleets,
                 settings,
@@ -106,6 +119,35 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
+/// Checks every host of `fleet`, a progress line on stderr if it is a
+/// terminal; the report on stdout; 1 if a host failed.
+async fn doctor(fleet: &genv_enforce::fleet::Fleet, format: Format) -> u8 {
+    use std::io::{IsTerminal, Write};
+    let tty = std::io::stderr().is_terminal();
+    let progress = |done: usize, total: usize| {
+        if tty {
+            let _ = write!(
+                std::io::stderr().lock(),
+                "\rdoctor: {done}/{total} hosts checked"
+            );
+        }
+    };
+    let facts = fleet.doctor(&progress).await;
+    if tty {
+        let _ = write!(std::io::stderr().lock(), "\r\x1b[K");
+    }
+    let hosts: Vec<_> = facts
+        .iter()
+        .map(|f| (f.host.clone(), genv_enforce::doctor::checks(f)))
+        .collect();
+    let lines = match format {
+        Format::Text => genv_enforce::doctor::render_text(&hosts),
+        Format::Json => vec![genv_enforce::doctor::render_json(&hosts)],
+    };
+    cycle::print_stdout(&lines);
+    u8::from(!hosts.iter().all(|(_, c)| genv_enforce::doctor::passed(c)))
+}
+
 /// The exit status of a command line that cannot run (as clap's).
 const USAGE: u8 = 2;
 
@@ -140,7 +182,7 @@ fn reloader(args: Vec<std::ffi::OsString>) -> Reload {
                 settings,
                 keep: control_dir.map(|t| Box::new(t) as Box<dyn std::any::Any + Send>),
             }),
-            Job::Snapshot(_) => Err("not an enforcing run".into()),
+            Job::Snapshot(_) | Job::Doctor { .. } => Err("not an enforcing run".into()),
         }
     })
 }

@@ -366,3 +366,40 @@ fn metrics_are_scraped_over_http_after_a_cycle() {
     assert!(sample(&metrics, "genv_enforce_errors_total{kind=\"snapshot\"}").is_none());
     assert_eq!(h.wait_signal(stray, Duration::from_secs(5)), Some(SIGTERM));
 }
+
+#[test]
+fn local_doctor_passes_a_healthy_machine_and_fails_a_broken_one() {
+    let mut h = Host::new(2);
+    let p = h.start("root", Some("a"), &["sleep", "1000"]);
+    h.set_apps(&[(p, 0, "100")]);
+    h.write_envs(&[env("a", Some("alice"), None, p)]);
+    h.write_devices(2, &[(0, "a")]);
+    let out = h.ours(&["doctor", "--output", "json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let checks = report["hosts"][0]["checks"].as_array().unwrap().clone();
+    let detail = |name: &str| {
+        let c = checks.iter().find(|c| c["check"] == name).unwrap();
+        assert_eq!(c["status"], "ok", "{c}");
+        c["detail"].as_str().unwrap().to_string()
+    };
+    assert_eq!(detail("privileges"), "running as root");
+    assert_eq!(detail("nvidia-smi"), "2 GPUs, driver 535.104.05");
+    assert!(detail("genv state").ends_with(": 1 environments, 1 attachments"));
+    assert!(detail("snapshot").contains("1 GPU processes"));
+    std::fs::write(h.gpu_dir().join("fail"), "").unwrap();
+    let out = h.ours(&["doctor"]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = lines(&out);
+    assert!(
+        text.iter()
+            .any(|l| l.contains("nvidia-smi") && l.contains("FAIL")),
+        "{text:#?}"
+    );
+    assert_eq!(text.last().unwrap(), "0 of 1 hosts ready");
+}

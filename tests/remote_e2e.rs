@@ -1161,3 +1161,106 @@ fn a_remote_process_that_ignores_sigterm_is_killed_after_the_grace_period() {
         .collect();
     assert_eq!(killed, vec![u64::from(stubborn)], "{report:#}");
 }
+
+#[test]
+fn doctor_finds_what_is_wrong_with_each_host_and_how_to_fix_it() {
+    // h1 refuses our key, h2's sudo wants a password, h3 has no working
+    // nvidia-smi, h4's envs.json is a symlink, h5 is fine; nowhere refuses.
+    let Some(mut f) = Fleet::up_with(5, |dir, i| {
+        if i == 2 {
+            let d = dir.join("sudoers.d");
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("genv-fleet"), "genv-fleet ALL=(ALL) ALL\n").unwrap();
+        }
+    }) else {
+        return;
+    };
+    std::fs::write(f.host(2).gpu_dir().join("fail"), "").unwrap();
+    std::os::unix::fs::symlink("/etc/shadow", f.host(3).state_dir().join("envs.json")).unwrap();
+    let inventory = f.inventory(
+        false,
+        &["identity_file = \"/nonexistent/key\""],
+        "\n[[host]]\nname = \"nowhere\"\naddress = \"127.0.0.1\"\nport = 1\n",
+    );
+    let inventory = inventory.display().to_string();
+    let out = f
+        .command(&["--inventory", &inventory, "doctor", "--output", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let host = |name: &str| {
+        report["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["host"] == name)
+            .unwrap_or_else(|| panic!("{name}: {report:#}"))
+            .clone()
+    };
+    let check = |name: &str, check: &str| {
+        host(name)["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == check)
+            .unwrap_or_else(|| panic!("{name} {check}: {report:#}"))
+            .clone()
+    };
+    let ok: Vec<bool> = ["h1", "h2", "h3", "h4", "h5", "nowhere"]
+        .iter()
+        .map(|h| host(h)["ok"].as_bool().unwrap())
+        .collect();
+    assert_eq!(ok, [false, false, false, false, true, false], "{report:#}");
+    let fails = |name: &str, c: &str, fix: &str| {
+        let c = check(name, c);
+        assert_eq!(c["status"], "fail", "{c}");
+        assert!(c["fix"].as_str().unwrap().contains(fix), "{c}");
+    };
+    fails("h1", "ssh", "authorized_keys");
+    assert_eq!(check("h1", "sudo")["status"], "skip");
+    fails("h2", "sudo", "genv-fleet ALL=(root) NOPASSWD: python3");
+    assert!(check("h2", "sudo")["detail"]
+        .as_str()
+        .unwrap()
+        .contains("password"));
+    fails("h3", "nvidia-smi", "NVIDIA driver");
+    assert_eq!(check("h3", "snapshot")["status"], "skip");
+    fails("h4", "genv state", "remove them");
+    assert!(check("h4", "genv state")["detail"]
+        .as_str()
+        .unwrap()
+        .contains("envs.json is a symbolic link"));
+    fails("nowhere", "ssh", "nothing listens on port 1");
+    for c in [
+        "ssh",
+        "host key",
+        "sudo",
+        "python",
+        "nvidia-smi",
+        "genv state",
+        "snapshot",
+        "clock",
+    ] {
+        assert_eq!(check("h5", c)["status"], "ok", "{c}: {report:#}");
+    }
+    assert!(check("h5", "nvidia-smi")["detail"]
+        .as_str()
+        .unwrap()
+        .contains("driver 535.104.05"));
+    // The table says the same, a fix under each failure.
+    let out = f
+        .command(&["--inventory", &inventory, "doctor"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = lines(&out);
+    assert_eq!(text.last().unwrap(), "1 of 6 hosts ready", "{text:#?}");
+    let fail = text.iter().position(|l| l.contains(" FAIL ")).unwrap();
+    assert!(
+        text[fail + 1].trim_start().starts_with("fix: "),
+        "{text:#?}"
+    );
+    // Nothing was left behind, and the symlink's target was not read.
+    assert!(f.host(3).state_dir().join("envs.json").is_symlink());
+}

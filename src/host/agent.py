@@ -573,6 +573,85 @@ def finish():
     release()
 
 
+# Doctor: facts about this host, as JSON, for `genv-enforce doctor`.
+
+
+def file_kind(path):
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return "unreadable: %s" % e.strerror
+    if stat.S_ISREG(mode):
+        return "regular"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return kind_of(mode)
+
+
+def state_facts(d):
+    facts = {"dir": d, "kind": file_kind(d)}
+    if facts["kind"] == "a directory":
+        st = os.lstat(d)
+        facts["mode"] = stat.S_IMODE(st.st_mode)
+        facts["uid"] = st.st_uid
+        facts["files"] = dict((n, file_kind(os.path.join(d, n))) for n in ("envs.json", "devices.json", "genv.lock"))
+    return facts
+
+
+def genv_version():
+    """genv's version as installed for this Python (its dist-info), or None."""
+    import site
+    import sysconfig
+
+    dirs = [sysconfig.get_paths().get(k) for k in ("purelib", "platlib")]
+    try:
+        dirs += site.getsitepackages()
+    except AttributeError:
+        pass
+    for d in dirs:
+        try:
+            names = os.listdir(d)
+        except (OSError, TypeError):
+            continue
+        for name in sorted(names):
+            low = name.lower()
+            if low.startswith("genv-") and low.endswith((".dist-info", ".egg-info")):
+                return name[len("genv-") :].rsplit(".", 1)[0]
+    return None
+
+
+def which(name):
+    for d in os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin").split(os.pathsep):
+        p = os.path.join(d, name)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return None
+
+
+def doctor(req):
+    facts = {"python": "%d.%d.%d" % tuple(sys.version_info[:3]), "euid": os.geteuid(), "time": time.time()}
+    argv = req["nvidia_smi"] + ["--query-gpu=index,driver_version", "--format=csv,noheader"]
+    try:
+        [(status, out, err)] = collect([spawn(argv)], time.monotonic() + req["step"], 1 << 20)
+        if status is None:
+            gpus = {"error": "%s did not finish within %gs" % (argv[0], req["step"])}
+        elif status != 0:
+            said = (err or out).decode("utf-8", "replace").strip()
+            gpus = {"error": "%s exited with status %d: %s" % (argv[0], status, said)}
+        else:
+            rows = [line.split(", ") for line in out.decode("utf-8", "replace").splitlines() if line.strip()]
+            gpus = {"gpus": len(rows), "driver": rows[0][-1].strip() if rows else None}
+    except OSError as e:
+        gpus = {"error": "cannot run %s: %s" % (argv[0], e.strerror)}
+    facts["nvidia_smi"] = gpus
+    facts["state"] = state_facts(req["dir"])
+    facts["genv"] = genv_version()
+    facts["tools"] = dict((t, which(t)) for t in ("timeout", "flock", "sudo"))
+    return json.dumps(facts).encode()
+
+
 def handle(req):
     """One request: (status, answer body); nothing of it outlives it."""
     try:
@@ -588,6 +667,8 @@ def answer(req):
         if mode == "snapshot":
             snapshot(req, out)
             return 0, b"".join(out)
+        if mode == "doctor":
+            return 0, doctor(req)
         lines = []
         try:
             (terminate if mode == "terminate" else detach)(req, lines)

@@ -125,6 +125,17 @@ pub fn terminate_request(
         .then(|| json!({"mode": "terminate", "kills": kills, "signal": signal, "limit": limits.run.as_secs_f64()}))
 }
 
+/// The doctor request: facts about the host (see `agent.py`'s `doctor`).
+pub fn doctor_request(dir: &str, nvidia_smi: &[String], limits: Limits) -> serde_json::Value {
+    json!({
+        "mode": "doctor",
+        "dir": dir,
+        "nvidia_smi": nvidia_smi,
+        "step": limits.step.as_secs_f64(),
+        "limit": limits.run.as_secs_f64(),
+    })
+}
+
 /// The detach request.
 pub fn detach_request(dir: &str, detaches: &[Detach], limits: Limits) -> serde_json::Value {
     let pairs: Vec<(u32, &str)> = detaches

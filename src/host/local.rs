@@ -12,7 +12,11 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
 use super::genv_state::StateDir;
+use crate::doctor::{self, AgentFacts, Facts};
 use crate::error::{self, HostError};
+
+/// The Python that runs our agent here for `doctor`.
+const PYTHON: &str = "python3";
 use crate::model::{HostId, HostSnapshot};
 use crate::outcome::{self, Outcome};
 use crate::plan::{HostPlan, Termination};
@@ -182,6 +186,85 @@ impl LocalHost {
             devices: files.devices,
             procs,
             user_names,
+        })
+    }
+
+    /// Facts for `doctor`: privileges, our agent's account of this machine
+    /// (run with the local `python3`, as on a remote host), a snapshot.
+    pub async fn doctor(&self) -> Facts {
+        let request = super::agent::doctor_request(
+            &self.state.path.display().to_string(),
+            std::slice::from_ref(&self.nvidia_smi),
+            super::agent::Limits {
+                run: self.timeout,
+                step: self.timeout.saturating_sub(Duration::from_millis(500)),
+            },
+        );
+        let agent = self.run_agent(&request).await.and_then(|body| {
+            serde_json::from_slice::<AgentFacts>(&body)
+                .map_err(|e| format!("the agent's answer is not what we expect: {e}"))
+        });
+        Facts {
+            host: self.id.clone(),
+            ssh: None,
+            sudo: None,
+            login: None,
+            python_command: PYTHON.into(),
+            agent: Some(agent),
+            snapshot: Some(
+                self.snapshot()
+                    .await
+                    .map(|s| doctor::counts(&s))
+                    .map_err(|e| error::chain(&e)),
+            ),
+            skew: None,
+            root: Some(rustix::process::geteuid().is_root()),
+        }
+    }
+
+    /// Runs our host agent here for one request; its answer's body.
+    async fn run_agent(&self, request: &serde_json::Value) -> Result<Vec<u8>, String> {
+        use tokio::io::AsyncWriteExt;
+        let mut child = Command::new(PYTHON)
+            .args(super::agent::bootstrap())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot run {PYTHON}: {e}"))?;
+        let mut input = super::agent::AGENT.as_bytes().to_vec();
+        input.extend(super::agent::encode(request));
+        let mut stdin = child.stdin.take().ok_or("no stdin")?;
+        let run = async {
+            stdin.write_all(&input).await?;
+            drop(stdin);
+            child.wait_with_output().await
+        };
+        let out = tokio::time::timeout(self.timeout, run)
+            .await
+            .map_err(|_| {
+                format!(
+                    "the agent did not answer within {}",
+                    humantime::format_duration(self.timeout)
+                )
+            })?
+            .map_err(|e| format!("the agent failed: {e}"))?;
+        let text = &out.stdout;
+        let nl = text.iter().position(|&b| b == b'\n');
+        let parsed = nl.and_then(|nl| {
+            let header = std::str::from_utf8(&text[..nl]).ok()?;
+            let (status, len) = super::agent::answer_header(header).ok()?;
+            let body = text.get(nl + 1..nl + 1 + usize::try_from(len).ok()?)?;
+            (status == 0).then(|| body.to_vec())
+        });
+        parsed.ok_or_else(|| {
+            let said = String::from_utf8_lossy(&out.stderr);
+            format!(
+                "{PYTHON} could not run the agent ({}): {}",
+                out.status,
+                said.lines().last().unwrap_or("").trim()
+            )
         })
     }
 

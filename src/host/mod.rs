@@ -102,6 +102,15 @@ impl Host {
         }
     }
 
+    /// Facts for `doctor` (none for a recording).
+    pub async fn doctor(&self) -> Option<crate::doctor::Facts> {
+        match self {
+            Host::Local(h) => Some(h.doctor().await),
+            Host::Ssh(h) => Some(h.doctor().await),
+            Host::Recorded(_) => None,
+        }
+    }
+
     /// How long a new connection took to come up this cycle, if one was
     /// opened.
     pub fn take_connect_time(&self) -> Option<Duration> {

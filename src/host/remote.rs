@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::agent::{self, Limits};
 use super::ssh::{Answer, Connection, PeerStart, SshOptions};
-use crate::error::{self, HostError};
+use crate::doctor::{self, AgentFacts, Connected, Facts, NotConnected};
+use crate::error::{self, ConnectFailure, HostError};
 use crate::model::HostSnapshot;
 use crate::outcome::{self, Outcome};
 use crate::plan::{HostPlan, Signal, Termination};
@@ -45,20 +46,181 @@ impl SshHost {
         }
     }
 
+    /// `rest` under [`agent::BOUNDED`] on the host, at the host-side limit.
+    fn bounded(&self, rest: Vec<String>) -> Vec<String> {
+        ["sh", "-c", agent::BOUNDED, "genv-enforce"]
+            .into_iter()
+            .map(String::from)
+            .chain([self.host_limit().to_string()])
+            .chain(rest)
+            .collect()
+    }
+
+    /// Facts for `doctor`: the connection, sudo, the agent's account of
+    /// the host and a real snapshot, each step only if the one before
+    /// went through.
+    pub async fn doctor(&self) -> Facts {
+        let spec = &self.conn.spec;
+        let mut f = Facts {
+            host: spec.id.clone(),
+            ssh: None,
+            sudo: None,
+            login: spec.user.clone(),
+            python_command: spec.python.join(" "),
+            agent: None,
+            snapshot: None,
+            skew: None,
+            root: None,
+        };
+        let port = spec.port.unwrap_or(22);
+        let start = std::time::Instant::now();
+        let truth = ["true".to_string()];
+        f.ssh = Some(
+            match self
+                .conn
+                .run(&truth, None, self.command_timeout, &self.ssh)
+                .await
+            {
+                Ok(out) if out.status.success() => {
+                    let took = self.conn.take_connect_time().unwrap_or(start.elapsed());
+                    Ok(Connected {
+                        ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+                        host_key: match self.ssh.known_hosts {
+                            openssh::KnownHosts::Strict => "verified against known_hosts",
+                            openssh::KnownHosts::Add => {
+                                "verified against known_hosts (a new host's key is added)"
+                            }
+                            openssh::KnownHosts::Accept => "not checked",
+                        },
+                    })
+                }
+                Ok(out) => Err(NotConnected {
+                    failure: ConnectFailure::Other,
+                    said: format!(
+                        "a command failed on the host: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ),
+                    port,
+                }),
+                Err(HostError::Connect { failure, said }) => Err(NotConnected {
+                    failure,
+                    said,
+                    port,
+                }),
+                Err(e) => {
+                    let said = error::chain(&e);
+                    let failure = match e {
+                        HostError::Timeout { .. } => ConnectFailure::Unreachable,
+                        _ => ConnectFailure::of(&said),
+                    };
+                    Err(NotConnected {
+                        failure,
+                        said,
+                        port,
+                    })
+                }
+            },
+        );
+        if !matches!(f.ssh, Some(Ok(_))) {
+            return f;
+        }
+        let sudo: Vec<String> = spec.sudo.clone();
+        let probe = self.bounded(
+            sudo.iter()
+                .chain(&spec.python)
+                .cloned()
+                .chain(["-I", "-S", "-c", "pass"].map(String::from))
+                .collect(),
+        );
+        let ran = self
+            .conn
+            .run(&probe, None, self.command_timeout, &self.ssh)
+            .await;
+        f.sudo = Some(match ran {
+            Ok(out) if out.status.success() => {
+                let mut allowed = format!(
+                    "`{}` runs `{}` as root",
+                    sudo.join(" "),
+                    spec.python.join(" ")
+                );
+                if sudo.first().is_some_and(|s| s.ends_with("sudo")) {
+                    let list = self.bounded(sudo.iter().cloned().chain(["-l".into()]).collect());
+                    if let Ok(out) = self
+                        .conn
+                        .run(&list, None, self.command_timeout, &self.ssh)
+                        .await
+                    {
+                        let text = String::from_utf8_lossy(&out.stdout);
+                        let rules: Vec<&str> = text
+                            .lines()
+                            .skip_while(|l| !l.contains("may run the following commands"))
+                            .skip(1)
+                            .map(str::trim)
+                            .filter(|l| !l.is_empty())
+                            .collect();
+                        if !rules.is_empty() {
+                            allowed.push_str(&format!("; sudo -l: {}", rules.join("; ")));
+                        }
+                    }
+                }
+                Ok(allowed)
+            }
+            Ok(out) => {
+                let said = String::from_utf8_lossy(if out.stderr.is_empty() {
+                    &out.stdout
+                } else {
+                    &out.stderr
+                })
+                .trim()
+                .replace('\n', " ");
+                Err(
+                    if agent::TIMED_OUT.contains(&out.status.code().unwrap_or(0)) {
+                        format!("sudo did not answer within {} s", self.host_limit())
+                    } else if said.is_empty() {
+                        format!("sudo exited with {}", out.status)
+                    } else {
+                        said
+                    },
+                )
+            }
+            Err(e) => Err(error::chain(&e)),
+        });
+        if !matches!(f.sudo, Some(Ok(_))) {
+            return f;
+        }
+        let request = agent::doctor_request(&spec.genv_dir, &spec.nvidia_smi, self.limits());
+        let asked = std::time::SystemTime::now();
+        let answer = self.ask("doctor", &request).await;
+        let answered = std::time::SystemTime::now();
+        f.agent = Some(match answer {
+            Ok(a) if a.status == 0 => serde_json::from_slice::<AgentFacts>(&a.body)
+                .map_err(|e| format!("the agent's answer is not what we expect: {e}")),
+            Ok(a) => Err(String::from_utf8_lossy(&a.body).trim().to_string()),
+            Err(e) => Err(error::chain(&e)),
+        });
+        if let Some(Ok(a)) = &f.agent {
+            let secs = |t: std::time::SystemTime| {
+                t.duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64())
+            };
+            f.skew = Some(a.time - (secs(asked) + secs(answered)) / 2.0);
+        }
+        f.snapshot = Some(
+            self.snapshot()
+                .await
+                .map(|s| doctor::counts(&s))
+                .map_err(|e| error::chain(&e)),
+        );
+        f
+    }
+
     /// How our agent is started, as root through the host's sudo. A run of
     /// one cycle starts it under [`agent::BOUNDED`] (a sudo that hangs is
     /// killed on the host, and so is the agent past the limit); a looping
     /// run, whose agent stays, tries sudo first under that bound.
     fn agent_start(&self) -> PeerStart {
         let spec = &self.conn.spec;
-        let bounded = |rest: Vec<String>| -> Vec<String> {
-            ["sh", "-c", agent::BOUNDED, "genv-enforce"]
-                .into_iter()
-                .map(String::from)
-                .chain([self.host_limit().to_string()])
-                .chain(rest)
-                .collect()
-        };
+        let bounded = |rest| self.bounded(rest);
         let sudo = spec.sudo.iter().cloned();
         let agent: Vec<String> = sudo
             .clone()

@@ -220,12 +220,22 @@ mod tests {
         const APPS: &str = include_str!("../../fixtures/nvidia-smi/h100/query-compute-apps.csv");
         const APPS_HEADER: &str =
             include_str!("../../fixtures/nvidia-smi/h100/query-compute-apps-header-units.csv");
-        const IDLE: &str = include_str!("../../fixtures/nvidia-smi/h100/query-compute-apps-idle.csv");
+        const IDLE: &str =
+            include_str!("../../fixtures/nvidia-smi/h100/query-compute-apps-idle.csv");
         let uuid = "GPU-3f95f012-ea54-7e19-f150-6a675c4f82b5";
         let plain = parse_gpus(GPUS, "h100").unwrap();
-        assert_eq!((plain[0].uuid.as_str(), plain[0].index), (uuid, GpuIndex(0)));
-        assert_eq!(parse_gpus(GPUS_MEM, "h100").unwrap()[0].total_mib, Some(81559));
-        assert_eq!(parse_gpus(GPUS_HEADER, "h100").unwrap()[0].total_mib, Some(81559));
+        assert_eq!(
+            (plain[0].uuid.as_str(), plain[0].index),
+            (uuid, GpuIndex(0))
+        );
+        assert_eq!(
+            parse_gpus(GPUS_MEM, "h100").unwrap()[0].total_mib,
+            Some(81559)
+        );
+        assert_eq!(
+            parse_gpus(GPUS_HEADER, "h100").unwrap()[0].total_mib,
+            Some(81559)
+        );
         let apps = parse_compute_apps(APPS, "h100").unwrap();
         assert_eq!(apps, parse_compute_apps(APPS_HEADER, "h100").unwrap());
         assert_eq!(

@@ -206,6 +206,36 @@ class Tools(unittest.TestCase):
         self.assertEqual((status, out), (0, b"1\n"))
 
 
+class Doctor(unittest.TestCase):
+    def test_facts_about_the_state_dir_tools_and_gpus(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        d = os.path.join(tmp.name, "genv")
+        os.mkdir(d, 0o755)
+        with open(os.path.join(d, "envs.json"), "w") as f:
+            f.write("{}")
+        os.symlink("/etc/shadow", os.path.join(d, "devices.json"))
+        fake = os.path.join(tmp.name, "nvidia-smi")
+        with open(fake, "w") as f:
+            f.write("#!/bin/sh\necho '0, 535.1'\necho '1, 535.1'\n")
+        os.chmod(fake, 0o755)
+        facts = json.loads(agent["doctor"]({"nvidia_smi": [fake], "dir": d, "step": 5}).decode())
+        self.assertEqual(facts["nvidia_smi"], {"gpus": 2, "driver": "535.1"})
+        self.assertEqual(facts["state"]["kind"], "a directory")
+        self.assertEqual(facts["state"]["mode"], 0o755)
+        self.assertEqual(
+            facts["state"]["files"],
+            {"envs.json": "regular", "devices.json": "a symbolic link", "genv.lock": "missing"},
+        )
+        self.assertEqual(facts["python"].split(".")[:2], [str(v) for v in sys.version_info[:2]])
+        self.assertLess(abs(facts["time"] - agent["time"].time()), 5)
+        self.assertIn("timeout", facts["tools"])
+        missing = json.loads(agent["doctor"]({"nvidia_smi": ["/nonexistent/nvidia-smi"], "dir": os.path.join(d, "x"), "step": 5}).decode())
+        self.assertIn("cannot run /nonexistent/nvidia-smi", missing["nvidia_smi"]["error"])
+        self.assertEqual(missing["state"], {"dir": os.path.join(d, "x"), "kind": "missing"})
+        self.assertEqual(agent["children"], [])
+
+
 class Serve(unittest.TestCase):
     def test_requests_and_answers_over_one_process_as_genv_enforce_starts_it(self):
         import subprocess

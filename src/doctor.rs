@@ -1,0 +1,664 @@
+//! `doctor`: what is wrong with a host before enforcing on it. Each host's
+//! facts (gathered by [`crate::host`]: the connection, sudo, our agent's
+//! account of the host, a real snapshot) become checks, each with a status
+//! and, when not ok, how to fix it. Pure: facts in, table out.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConnectFailure;
+use crate::model::HostId;
+
+/// What was learned about one host.
+#[derive(Debug, Clone)]
+pub struct Facts {
+    pub host: HostId,
+    /// SSH only: how the connection went.
+    pub ssh: Option<Result<Connected, NotConnected>>,
+    /// SSH only: whether `sudo -n` runs our agent's Python as root, and
+    /// what `sudo -l` says we may run.
+    pub sudo: Option<Result<String, String>>,
+    /// The login user and Python the agent runs as (for hints).
+    pub login: Option<String>,
+    pub python_command: String,
+    /// Our agent's account of the host.
+    pub agent: Option<Result<AgentFacts, String>>,
+    /// A real snapshot, parsed as a cycle parses it.
+    pub snapshot: Option<Result<Counts, String>>,
+    /// Host clock minus ours, in seconds.
+    pub skew: Option<f64>,
+    /// Local only: whether we run as root.
+    pub root: Option<bool>,
+}
+
+/// A connection that came up.
+#[derive(Debug, Clone)]
+pub struct Connected {
+    pub ms: u64,
+    /// Host-key policy, for the report.
+    pub host_key: &'static str,
+}
+
+/// A connection that did not.
+#[derive(Debug, Clone)]
+pub struct NotConnected {
+    pub failure: ConnectFailure,
+    pub said: String,
+    pub port: u16,
+}
+
+/// What a snapshot held.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub gpus: usize,
+    pub processes: usize,
+    pub envs: usize,
+    pub attachments: usize,
+}
+
+/// The agent's answer to a doctor request.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct AgentFacts {
+    pub python: String,
+    pub euid: u32,
+    pub time: f64,
+    pub nvidia_smi: GpuFacts,
+    pub state: StateFacts,
+    pub genv: Option<String>,
+    pub tools: BTreeMap<String, Option<String>>,
+}
+
+/// nvidia-smi's answer to `--query-gpu=index,driver_version`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct GpuFacts {
+    pub gpus: Option<usize>,
+    pub driver: Option<String>,
+    pub error: Option<String>,
+}
+
+/// genv's state directory as found (never followed through a link).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StateFacts {
+    pub dir: String,
+    pub kind: String,
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+}
+
+/// How a check went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+    /// Not checked: an earlier check failed.
+    Skip,
+}
+
+/// One row of the report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub check: &'static str,
+    pub status: Status,
+    pub detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+fn check(
+    name: &'static str,
+    status: Status,
+    detail: impl Into<String>,
+    fix: Option<String>,
+) -> Check {
+    Check {
+        check: name,
+        status,
+        detail: detail.into(),
+        fix,
+    }
+}
+
+/// The oldest Python our agent runs on.
+const MIN_PYTHON: (u32, u32) = (3, 7);
+
+/// The checks of one host, in the order they depend on each other.
+pub fn checks(f: &Facts) -> Vec<Check> {
+    let mut out = Vec::new();
+    let mut reachable = true;
+    if let Some(ssh) = &f.ssh {
+        match ssh {
+            Ok(c) => {
+                out.push(check(
+                    "ssh",
+                    Status::Ok,
+                    format!("connected in {} ms", c.ms),
+                    None,
+                ));
+                out.push(check("host key", Status::Ok, c.host_key, None));
+            }
+            Err(e) => {
+                reachable = false;
+                let host_key = e.failure == ConnectFailure::HostKey;
+                out.push(check(
+                    "ssh",
+                    if host_key { Status::Skip } else { Status::Fail },
+                    if host_key {
+                        "needs a trusted host key".to_string()
+                    } else {
+                        e.said.clone()
+                    },
+                    (!host_key).then(|| connect_fix(e)),
+                ));
+                out.push(if host_key {
+                    check(
+                        "host key",
+                        Status::Fail,
+                        e.said.clone(),
+                        Some(connect_fix(e)),
+                    )
+                } else {
+                    check("host key", Status::Skip, "needs ssh", None)
+                });
+            }
+        }
+    }
+    if let Some(root) = f.root {
+        out.push(if root {
+            check("privileges", Status::Ok, "running as root", None)
+        } else {
+            check(
+                "privileges",
+                Status::Warn,
+                "not root: other users' processes cannot be signalled nor their environments read",
+                Some("run genv-enforce as root (e.g. the systemd service)".into()),
+            )
+        });
+    }
+    let mut agent_ok = reachable;
+    if f.ssh.is_some() {
+        match (reachable, &f.sudo) {
+            (false, _) | (true, None) => out.push(check("sudo", Status::Skip, "needs ssh", None)),
+            (true, Some(Ok(allowed))) => out.push(check("sudo", Status::Ok, allowed.clone(), None)),
+            (true, Some(Err(why))) => {
+                agent_ok = false;
+                let user = f.login.as_deref().unwrap_or("USER");
+                out.push(check(
+                    "sudo",
+                    Status::Fail,
+                    why.clone(),
+                    Some(format!(
+                        "let the login user run the agent's Python as root without a password: in /etc/sudoers.d/genv-enforce, `{user} ALL=(root) NOPASSWD: {}` (its full path: `command -v {}` on the host)",
+                        f.python_command, f.python_command
+                    )),
+                ));
+            }
+        }
+    }
+    match (&f.agent, agent_ok) {
+        (Some(Ok(a)), true) => agent_checks(f, a, &mut out),
+        (Some(Err(e)), true) => out.push(check(
+            "python",
+            Status::Fail,
+            e.clone(),
+            Some(format!(
+                "genv's hosts have Python {}.{}+: install it, or name it with `python = \"...\"` in the inventory",
+                MIN_PYTHON.0, MIN_PYTHON.1
+            )),
+        )),
+        _ => {
+            for name in ["python", "nvidia-smi", "genv state", "snapshot", "genv"] {
+                out.push(check(name, Status::Skip, if reachable { "needs sudo" } else { "needs ssh" }, None));
+            }
+        }
+    }
+    out
+}
+
+fn connect_fix(e: &NotConnected) -> String {
+    match e.failure {
+        ConnectFailure::Refused => format!("nothing listens on port {}: is sshd running there, and is the port right (`port` in the inventory, `host:port` with -H)?", e.port),
+        ConnectFailure::Unreachable => "the host does not answer: is it up, and does a firewall let port 22 (or its port) through?".into(),
+        ConnectFailure::UnknownHost => "the name does not resolve: check DNS or /etc/hosts, or give the address".into(),
+        ConnectFailure::Auth => "the host refused our key: add the enforcer's public key to the login user's ~/.ssh/authorized_keys there (ssh-copy-id), or name the right key with --identity-file or `identity_file`".into(),
+        ConnectFailure::HostKey => "the host key is unknown or changed: check it, then add it (`ssh-keyscan -p PORT HOST >> ~/.ssh/known_hosts`), or use --host-key-check accept-new for a first contact".into(),
+        ConnectFailure::Other => "see what ssh said; try `ssh -v` to the host as the enforcer's user".into(),
+    }
+}
+
+fn agent_checks(f: &Facts, a: &AgentFacts, out: &mut Vec<Check>) {
+    let version: Vec<u32> = a.python.split('.').filter_map(|p| p.parse().ok()).collect();
+    let old = version.len() < 2 || (version[0], version[1]) < MIN_PYTHON;
+    out.push(if old {
+        check(
+            "python",
+            Status::Fail,
+            format!(
+                "Python {} is older than {}.{}",
+                a.python, MIN_PYTHON.0, MIN_PYTHON.1
+            ),
+            Some("name a newer Python with `python = \"...\"` in the inventory".into()),
+        )
+    } else if a.euid != 0 && f.root.is_none() {
+        check(
+            "python",
+            Status::Fail,
+            format!("Python {} runs as uid {}, not root", a.python, a.euid),
+            Some("the `sudo` command must run it as root".into()),
+        )
+    } else {
+        check(
+            "python",
+            Status::Ok,
+            format!("Python {} as root", a.python),
+            None,
+        )
+    });
+    out.push(match (&a.nvidia_smi.error, a.nvidia_smi.gpus) {
+        (Some(e), _) => check(
+            "nvidia-smi",
+            Status::Fail,
+            e.clone(),
+            Some("install the NVIDIA driver (and nvidia-smi) on the host, or name nvidia-smi with `nvidia_smi = \"...\"` in the inventory".into()),
+        ),
+        (None, Some(n)) => check(
+            "nvidia-smi",
+            Status::Ok,
+            format!(
+                "{n} GPUs, driver {}",
+                a.nvidia_smi.driver.as_deref().unwrap_or("unknown")
+            ),
+            None,
+        ),
+        (None, None) => check("nvidia-smi", Status::Warn, "no GPU listed", None),
+    });
+    out.push(state_check(a, f.snapshot.as_ref()));
+    out.push(match (&f.snapshot, &a.nvidia_smi.error) {
+        (Some(Ok(c)), _) => check(
+            "snapshot",
+            Status::Ok,
+            format!(
+                "a cycle reads this host: {} GPUs, {} GPU processes",
+                c.gpus, c.processes
+            ),
+            None,
+        ),
+        (Some(Err(_)), Some(_)) => check("snapshot", Status::Skip, "needs nvidia-smi", None),
+        (Some(Err(e)), None) => check(
+            "snapshot",
+            Status::Fail,
+            e.clone(),
+            Some("a cycle would fail on this host: fix what the error names".into()),
+        ),
+        (None, _) => check("snapshot", Status::Skip, "not taken", None),
+    });
+    out.push(match &a.genv {
+        Some(v) if v.starts_with("1.") => check("genv", Status::Ok, format!("genv {v}"), None),
+        Some(v) => check(
+            "genv",
+            Status::Warn,
+            format!("genv {v}: only genv 1.x state is known to us"),
+            None,
+        ),
+        None => check(
+            "genv",
+            Status::Warn,
+            format!(
+                "not installed for Python {} (it may run from another Python or a virtualenv)",
+                a.python
+            ),
+            None,
+        ),
+    });
+    for (tool, why) in [
+        (
+            "timeout",
+            "without it a sudo that hangs is not killed on the host (coreutils)",
+        ),
+        ("flock", "genv's own scripts use it (util-linux)"),
+    ] {
+        out.push(match a.tools.get(tool) {
+            Some(Some(path)) => check(tool, Status::Ok, path.clone(), None),
+            _ => check(
+                tool,
+                Status::Warn,
+                format!("not found: {why}"),
+                Some(format!("install {tool}")),
+            ),
+        });
+    }
+    if let Some(skew) = f.skew {
+        out.push(if skew.abs() > 2.0 {
+            check(
+                "clock",
+                Status::Warn,
+                format!("{skew:+.1} s from ours"),
+                Some("run NTP (chrony, systemd-timesyncd) on both machines: logs and audit times disagree".into()),
+            )
+        } else {
+            check("clock", Status::Ok, format!("{skew:+.2} s from ours"), None)
+        });
+    }
+}
+
+fn state_check(a: &AgentFacts, snapshot: Option<&Result<Counts, String>>) -> Check {
+    let s = &a.state;
+    let unsafe_files: Vec<String> = s
+        .files
+        .iter()
+        .filter(|(_, kind)| *kind != "regular" && *kind != "missing")
+        .map(|(name, kind)| format!("{name} is {kind}"))
+        .collect();
+    if s.kind == "missing" {
+        return check(
+            "genv state",
+            Status::Warn,
+            format!(
+                "{} does not exist yet (no environment was ever activated)",
+                s.dir
+            ),
+            None,
+        );
+    }
+    if s.kind != "a directory" {
+        return check(
+            "genv state",
+            Status::Fail,
+            format!("{} is {}: refused", s.dir, s.kind),
+            Some(format!("remove it; genv creates {} as a directory", s.dir)),
+        );
+    }
+    if !unsafe_files.is_empty() {
+        return check(
+            "genv state",
+            Status::Fail,
+            format!("{}: {}: refused", s.dir, unsafe_files.join(", ")),
+            Some(
+                "a user replaced genv's files: remove them (genv recreates them) and find out who"
+                    .into(),
+            ),
+        );
+    }
+    match snapshot {
+        Some(Ok(c)) => check(
+            "genv state",
+            Status::Ok,
+            format!(
+                "{}: {} environments, {} attachments",
+                s.dir, c.envs, c.attachments
+            ),
+            None,
+        ),
+        Some(Err(e)) if e.contains(&s.dir) => check(
+            "genv state",
+            Status::Fail,
+            e.clone(),
+            Some("fix or remove the file named (genv recreates missing state)".into()),
+        ),
+        _ => check("genv state", Status::Ok, format!("{}: safe", s.dir), None),
+    }
+}
+
+/// What a snapshot holds, for the report.
+pub fn counts(s: &crate::model::HostSnapshot) -> Counts {
+    Counts {
+        gpus: s.devices.len(),
+        processes: s.processes.len(),
+        envs: s.envs.len(),
+        attachments: s.devices.iter().map(|d| d.attachments.len()).sum(),
+    }
+}
+
+/// Whether a host passed: no check failed.
+pub fn passed(checks: &[Check]) -> bool {
+    checks.iter().all(|c| c.status != Status::Fail)
+}
+
+/// The report as a table (with a fix under each failure) and a last line.
+pub fn render_text(hosts: &[(HostId, Vec<Check>)]) -> Vec<String> {
+    let width = |f: &dyn Fn(&(HostId, Vec<Check>)) -> usize| hosts.iter().map(f).max().unwrap_or(0);
+    let hw = width(&|(h, _)| h.0.len()).max(4);
+    let cw = width(&|(_, cs)| cs.iter().map(|c| c.check.len()).max().unwrap_or(0)).max(5);
+    let mut lines = vec![format!(
+        "{:hw$}  {:cw$}  {:6}  DETAIL",
+        "HOST", "CHECK", "STATUS"
+    )];
+    for (host, checks) in hosts {
+        for c in checks {
+            let status = match c.status {
+                Status::Ok => "ok",
+                Status::Warn => "warn",
+                Status::Fail => "FAIL",
+                Status::Skip => "-",
+            };
+            lines.push(format!(
+                "{:hw$}  {:cw$}  {status:6}  {}",
+                crate::report::clean(&host.0),
+                c.check,
+                crate::report::clean(&c.detail)
+            ));
+            if let Some(fix) = &c.fix {
+                lines.push(format!("{:hw$}  {:cw$}  {:6}  fix: {fix}", "", "", ""));
+            }
+        }
+    }
+    let ok = hosts.iter().filter(|(_, c)| passed(c)).count();
+    lines.push(format!("{ok} of {} hosts ready", hosts.len()));
+    lines
+}
+
+/// The report as one JSON object.
+pub fn render_json(hosts: &[(HostId, Vec<Check>)]) -> String {
+    let hosts: Vec<serde_json::Value> = hosts
+        .iter()
+        .map(|(h, checks)| serde_json::json!({"host": h, "ok": passed(checks), "checks": checks}))
+        .collect();
+    serde_json::json!({ "hosts": hosts }).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent() -> AgentFacts {
+        AgentFacts {
+            python: "3.11.2".into(),
+            euid: 0,
+            time: 0.0,
+            nvidia_smi: GpuFacts {
+                gpus: Some(8),
+                driver: Some("580.159.04".into()),
+                error: None,
+            },
+            state: StateFacts {
+                dir: "/var/tmp/genv".into(),
+                kind: "a directory".into(),
+                mode: Some(0o777),
+                uid: Some(0),
+                files: [("envs.json", "regular"), ("devices.json", "regular")]
+                    .into_iter()
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .collect(),
+            },
+            genv: Some("1.4.3".into()),
+            tools: [("timeout", Some("/usr/bin/timeout")), ("flock", None)]
+                .into_iter()
+                .map(|(a, b)| (a.to_string(), b.map(String::from)))
+                .collect(),
+        }
+    }
+
+    fn healthy() -> Facts {
+        Facts {
+            host: HostId("gpu1".into()),
+            ssh: Some(Ok(Connected {
+                ms: 80,
+                host_key: "verified",
+            })),
+            sudo: Some(Ok("(root) NOPASSWD: /usr/bin/python3".into())),
+            login: Some("ops".into()),
+            python_command: "python3".into(),
+            agent: Some(Ok(agent())),
+            snapshot: Some(Ok(Counts {
+                gpus: 8,
+                processes: 3,
+                envs: 2,
+                attachments: 4,
+            })),
+            skew: Some(0.03),
+            root: None,
+        }
+    }
+
+    fn status(checks: &[Check], name: &str) -> Status {
+        checks.iter().find(|c| c.check == name).unwrap().status
+    }
+
+    #[test]
+    fn a_healthy_host_passes_with_warnings_for_what_is_optional() {
+        let c = checks(&healthy());
+        assert!(passed(&c), "{c:#?}");
+        let names: Vec<_> = c.iter().map(|c| c.check).collect();
+        assert_eq!(
+            names,
+            [
+                "ssh",
+                "host key",
+                "sudo",
+                "python",
+                "nvidia-smi",
+                "genv state",
+                "snapshot",
+                "genv",
+                "timeout",
+                "flock",
+                "clock"
+            ]
+        );
+        assert_eq!(status(&c, "flock"), Status::Warn);
+        assert!(c
+            .iter()
+            .find(|c| c.check == "genv state")
+            .unwrap()
+            .detail
+            .contains("2 environments, 4 attachments"));
+        assert!(c
+            .iter()
+            .find(|c| c.check == "nvidia-smi")
+            .unwrap()
+            .detail
+            .contains("8 GPUs, driver 580.159.04"));
+    }
+
+    #[test]
+    fn each_failure_says_how_to_fix_it_and_skips_what_depends_on_it() {
+        let mut f = healthy();
+        f.ssh = Some(Err(NotConnected {
+            failure: ConnectFailure::Auth,
+            said: "ops@gpu1: Permission denied (publickey).".into(),
+            port: 22,
+        }));
+        let c = checks(&f);
+        assert!(!passed(&c));
+        assert!(c[0].fix.as_deref().unwrap().contains("authorized_keys"));
+        assert_eq!(status(&c, "sudo"), Status::Skip);
+        assert_eq!(status(&c, "nvidia-smi"), Status::Skip);
+
+        let mut f = healthy();
+        f.ssh = Some(Err(NotConnected {
+            failure: ConnectFailure::HostKey,
+            said: "Host key verification failed.".into(),
+            port: 22,
+        }));
+        let c = checks(&f);
+        assert_eq!(
+            (status(&c, "ssh"), status(&c, "host key")),
+            (Status::Skip, Status::Fail)
+        );
+        assert!(c[1].fix.as_deref().unwrap().contains("ssh-keyscan"));
+
+        let mut f = healthy();
+        f.sudo = Some(Err("sudo: a password is required".into()));
+        let c = checks(&f);
+        let sudo = c.iter().find(|c| c.check == "sudo").unwrap();
+        assert!(sudo
+            .fix
+            .as_deref()
+            .unwrap()
+            .contains("ops ALL=(root) NOPASSWD: python3"));
+        assert_eq!(status(&c, "python"), Status::Skip);
+
+        let mut f = healthy();
+        let mut a = agent();
+        a.nvidia_smi = GpuFacts {
+            error: Some("nvidia-smi exited with status 9: NVIDIA-SMI has failed".into()),
+            ..GpuFacts::default()
+        };
+        a.state
+            .files
+            .insert("envs.json".into(), "a symbolic link".into());
+        a.python = "3.6.15".into();
+        f.agent = Some(Ok(a));
+        f.skew = Some(-75.0);
+        let c = checks(&f);
+        for name in ["nvidia-smi", "genv state", "python"] {
+            assert_eq!(status(&c, name), Status::Fail, "{name}: {c:#?}");
+        }
+        f.snapshot = Some(Err("nvidia-smi exited with status 9".into()));
+        assert_eq!(status(&checks(&f), "snapshot"), Status::Skip);
+        assert_eq!(status(&c, "clock"), Status::Warn);
+        assert!(c
+            .iter()
+            .all(|c| c.status != Status::Fail || c.fix.is_some()));
+
+        let mut f = healthy();
+        f.snapshot = Some(Err(
+            "/var/tmp/genv/envs.json: envs[0].eid: invalid type".into()
+        ));
+        assert_eq!(status(&checks(&f), "genv state"), Status::Fail);
+        let mut a = agent();
+        a.state.kind = "missing".into();
+        f.agent = Some(Ok(a));
+        assert_eq!(status(&checks(&f), "genv state"), Status::Warn);
+    }
+
+    #[test]
+    fn local_hosts_report_privileges_instead_of_ssh_and_sudo() {
+        let mut f = healthy();
+        f.ssh = None;
+        f.sudo = None;
+        f.skew = None;
+        f.root = Some(false);
+        let c = checks(&f);
+        assert_eq!(c[0].check, "privileges");
+        assert_eq!(c[0].status, Status::Warn);
+        assert!(passed(&c));
+        assert!(!c
+            .iter()
+            .any(|c| c.check == "ssh" || c.check == "sudo" || c.check == "clock"));
+    }
+
+    #[test]
+    fn the_table_has_a_fix_under_each_failure_and_json_says_which_hosts_pass() {
+        let mut bad = healthy();
+        bad.host = HostId("gpu2".into());
+        bad.sudo = Some(Err("sudo: a password is required".into()));
+        let hosts = vec![
+            (HostId("gpu1".into()), checks(&healthy())),
+            (HostId("gpu2".into()), checks(&bad)),
+        ];
+        let text = render_text(&hosts);
+        assert!(text[0].starts_with("HOST"));
+        let fail = text.iter().position(|l| l.contains("FAIL")).unwrap();
+        assert!(text[fail + 1].contains("fix: "));
+        assert_eq!(text.last().unwrap(), "1 of 2 hosts ready");
+        let json: serde_json::Value = serde_json::from_str(&render_json(&hosts)).unwrap();
+        assert_eq!(json["hosts"][0]["ok"], true);
+        assert_eq!(json["hosts"][1]["ok"], false);
+        assert_eq!(json["hosts"][1]["checks"][2]["status"], "fail");
+    }
+}
