@@ -420,9 +420,13 @@ pub fn passed(checks: &[Check]) -> bool {
 
 /// The report as a table (with a fix under each failure) and a last line.
 pub fn render_text(hosts: &[(HostId, Vec<Check>)]) -> Vec<String> {
-    let width = |f: &dyn Fn(&(HostId, Vec<Check>)) -> usize| hosts.iter().map(f).max().unwrap_or(0);
-    let hw = width(&|(h, _)| h.0.len()).max(4);
-    let cw = width(&|(_, cs)| cs.iter().map(|c| c.check.len()).max().unwrap_or(0)).max(5);
+    let hw = hosts.iter().map(|(h, _)| h.0.len()).max().unwrap_or(0).max(4);
+    let cw = hosts
+        .iter()
+        .flat_map(|(_, cs)| cs.iter().map(|c| c.check.len()))
+        .max()
+        .unwrap_or(0)
+        .max(5);
     let mut lines = vec![format!(
         "{:hw$}  {:cw$}  {:6}  DETAIL",
         "HOST", "CHECK", "STATUS"
