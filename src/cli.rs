@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Enforce genv GPU environments: drop-in for `genv enforce`, faster and safer.
 #[derive(Debug, Parser)]
-#[command(name = "genv-enforce", version, about, max_term_width = 100)]
+#[command(name = "genv-enforce", version, about, max_term_width = 100, after_help = EXAMPLES)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -19,6 +19,42 @@ pub struct Cli {
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 }
+
+/// Common cases, shown under `--help`.
+const EXAMPLES: &str = "\
+Examples:
+  This machine, every 10 s (as `genv enforce`):
+    genv-enforce enforce --non-env-processes --max-devices-per-user 2
+  A fleet over SSH:
+    genv-enforce remote -H gpu1,gpu2,gpu3 enforce --max-devices-per-user 2
+  Once, from cron (exit 1: a failure, 3: a dry run found violations):
+    genv-enforce remote --hostfile /etc/genv-enforce/hosts enforce --interval 0
+  A dry run: report, touch nothing:
+    genv-enforce remote --inventory hosts.toml enforce --dry-run --interval 0
+  Replay recorded snapshots (`genv usage snapshot` files):
+    genv-enforce remote enforce --snapshot-dir fixtures/snapshots --non-env-processes
+  Check this machine, or every host, first:
+    genv-enforce doctor
+    genv-enforce remote --inventory hosts.toml doctor
+  As a service, with an audit log and metrics (see contrib/):
+    genv-enforce remote --inventory hosts.toml enforce \\
+      --audit-log /var/log/genv-enforce/audit.log --metrics-listen 127.0.0.1:9400";
+
+/// `enforce`'s common cases.
+const ENFORCE_EXAMPLES: &str = "\
+Examples:
+  genv-enforce enforce --non-env-processes --max-devices-per-user 2
+  genv-enforce enforce --interval 0 --dry-run          # once, report only
+  genv-enforce enforce --snapshot gpu1.json gpu2.json  # replay recordings
+  genv-enforce enforce --kill-after 30s --confirm-cycles 2 --audit-log audit.log";
+
+/// `remote`'s common cases.
+const REMOTE_EXAMPLES: &str = "\
+Examples:
+  genv-enforce remote -H gpu1,ops@gpu2:2222 enforce --max-devices-per-user 2
+  genv-enforce remote --inventory hosts.toml doctor
+  genv-enforce remote --hostfile hosts enforce --interval 0 --output json
+  genv-enforce remote enforce --snapshot-dir fixtures/snapshots --dry-run";
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
@@ -46,6 +82,7 @@ pub enum OutputFormat {
 
 /// `enforce` options.
 #[derive(Debug, Args)]
+#[command(after_help = ENFORCE_EXAMPLES)]
 pub struct EnforceArgs {
     #[command(flatten)]
     pub rules: RuleArgs,
@@ -65,6 +102,7 @@ pub struct EnforceArgs {
 
 /// `remote` options: which hosts and how to reach them.
 #[derive(Debug, Args)]
+#[command(after_help = REMOTE_EXAMPLES)]
 pub struct RemoteArgs {
     /// Comma-separated hosts, `[user@]host[:port]` (also `-host`)
     #[arg(short = 'H', long = "host", value_name = "HOSTS", group = "hosts")]

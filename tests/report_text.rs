@@ -89,6 +89,23 @@ fn help_texts() {
         "remote_enforce_help",
         help(&["remote", "enforce", "--help"])
     );
+    insta::assert_snapshot!("doctor_help", help(&["doctor", "--help"]));
+    // An example for each common case.
+    let top = help(&["--help"]);
+    for case in [
+        "enforce --non-env-processes",
+        "remote -H gpu1,gpu2,gpu3 enforce",
+        "--interval 0",
+        "--dry-run",
+        "--snapshot-dir",
+        "genv-enforce doctor",
+        "remote --inventory hosts.toml doctor",
+    ] {
+        assert!(top.contains(case), "{case}: {top}");
+    }
+    for sub in [&["enforce", "--help"][..], &["remote", "--help"]] {
+        assert!(help(sub).contains("Examples:"), "{sub:?}");
+    }
 }
 
 #[test]
