@@ -420,7 +420,12 @@ pub fn passed(checks: &[Check]) -> bool {
 
 /// The report as a table (with a fix under each failure) and a last line.
 pub fn render_text(hosts: &[(HostId, Vec<Check>)]) -> Vec<String> {
-    let hw = hosts.iter().map(|(h, _)| h.0.len()).max().unwrap_or(0).max(4);
+    let hw = hosts
+        .iter()
+        .map(|(h, _)| h.0.len())
+        .max()
+        .unwrap_or(0)
+        .max(4);
     let cw = hosts
         .iter()
         .flat_map(|(_, cs)| cs.iter().map(|c| c.check.len()))

@@ -170,8 +170,17 @@ impl Fleet {
                 if let Some(log) = &self.audit {
                     let decided = audit::kills(cycle, h.id(), ts);
                     if let Err(e) = log.write(&decided) {
-                        tracing::error!(host = %h.id(), error = %e, "cannot record kills in the audit log: not killed");
-                        return Vec::new();
+                        let error = format!("not recorded in the audit log, so not carried out: {e}");
+                        return ts
+                            .iter()
+                            .map(|t| Outcome::Kill {
+                                host: h.id().clone(),
+                                pid: t.pid,
+                                outcome: crate::outcome::TerminateResult::Failed {
+                                    error: error.clone(),
+                                },
+                            })
+                            .collect();
                     }
                     let outcomes = h.escalate(ts).await;
                     if let Err(e) = log.write(&audit::done(&decided, &outcomes)) {

@@ -14,7 +14,10 @@ use util::Host;
 
 #[test]
 fn the_unit_passes_systemd_analyze_verify() {
-    let found = Command::new("systemd-analyze").arg("--version").output().is_ok();
+    let found = Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_ok();
     if !util::prerequisite(found, "systemd-analyze (package systemd) is not installed") {
         return;
     }
@@ -22,7 +25,10 @@ fn the_unit_passes_systemd_analyze_verify() {
     let unit = std::fs::read_to_string(repo.join("contrib/genv-enforce.service")).unwrap();
     // The paths an install would have, pointed at this checkout.
     let unit = unit
-        .replace("/usr/local/bin/genv-enforce", env!("CARGO_BIN_EXE_genv-enforce"))
+        .replace(
+            "/usr/local/bin/genv-enforce",
+            env!("CARGO_BIN_EXE_genv-enforce"),
+        )
         .replace(
             "/etc/genv-enforce/genv-enforce.env",
             &repo.join("contrib/genv-enforce.env").display().to_string(),
@@ -101,7 +107,8 @@ fn the_binary_tells_systemd_it_is_ready_alive_reloading_and_stopping() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("notify");
     let sock = UnixDatagram::bind(&path).unwrap();
-    sock.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     // As systemd starts it: WATCHDOG_PID names the service's own pid.
     let child = h
         .command(Path::new("sh"))
