@@ -139,23 +139,44 @@ pub fn now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
 
-/// The `decided` lines of a host's plan, one per action, in plan order.
-pub fn decided<'a>(cycle: u64, host: &'a HostId, plan: &'a HostPlan) -> Vec<Entry<'a>> {
-    let time = now();
-    let terminations = plan.terminate.iter().map(|t| Entry {
-        time: time.clone(),
+/// The `decided` line of a signal to `t`.
+fn termination<'a>(
+    time: &str,
+    cycle: u64,
+    host: &'a HostId,
+    action: &'static str,
+    t: &'a Termination,
+    message: String,
+) -> Entry<'a> {
+    Entry {
+        time: time.to_string(),
         cycle,
         host,
         phase: "decided",
-        action: "terminate",
+        action,
         pid: Some(t.pid),
         start_time: t.start_time,
         device: None,
         eid: t.eid.as_ref(),
         user: t.user.as_deref(),
         rules: t.rules.iter().copied().collect(),
-        message: report::termination_line(t),
+        message,
         outcome: None,
+    }
+}
+
+/// The `decided` lines of a host's plan, one per action, in plan order.
+pub fn decided<'a>(cycle: u64, host: &'a HostId, plan: &'a HostPlan) -> Vec<Entry<'a>> {
+    let time = now();
+    let terminations = plan.terminate.iter().map(|t| {
+        termination(
+            &time,
+            cycle,
+            host,
+            "terminate",
+            t,
+            report::termination_line(t),
+        )
     });
     let detaches = plan.detach.iter().map(|d| Entry {
         time: time.clone(),
@@ -180,20 +201,9 @@ pub fn kills<'a>(cycle: u64, host: &'a HostId, terminations: &'a [Termination]) 
     let time = now();
     terminations
         .iter()
-        .map(|t| Entry {
-            time: time.clone(),
-            cycle,
-            host,
-            phase: "decided",
-            action: "kill",
-            pid: Some(t.pid),
-            start_time: t.start_time,
-            device: None,
-            eid: t.eid.as_ref(),
-            user: t.user.as_deref(),
-            rules: t.rules.iter().copied().collect(),
-            message: format!("Killing process {} (still running after SIGTERM)", t.pid),
-            outcome: None,
+        .map(|t| {
+            let message = format!("Killing process {} (still running after SIGTERM)", t.pid);
+            termination(&time, cycle, host, "kill", t, message)
         })
         .collect()
 }

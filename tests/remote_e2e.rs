@@ -112,13 +112,7 @@ fn dry_run_through_ssh_touches_nothing() {
 #[test]
 fn broken_hosts_are_reported_and_the_rest_enforced() {
     // h1 down, h2 sudo wants a password, h3 nvidia-smi hangs, h4 malformed state, h5 fine.
-    let Some(mut f) = Fleet::up_with(5, |dir, i| {
-        if i == 2 {
-            let d = dir.join("sudoers.d");
-            std::fs::create_dir_all(&d).unwrap();
-            std::fs::write(d.join("genv-fleet"), "genv-fleet ALL=(ALL) ALL\n").unwrap();
-        }
-    }) else {
+    let Some(mut f) = Fleet::up_with_password_sudo(5, 2) else {
         return;
     };
     f.stop(0);
@@ -1167,13 +1161,7 @@ fn a_remote_process_that_ignores_sigterm_is_killed_after_the_grace_period() {
 fn doctor_finds_what_is_wrong_with_each_host_and_how_to_fix_it() {
     // h1 refuses our key, h2's sudo wants a password, h3 has no working
     // nvidia-smi, h4's envs.json is a symlink, h5 is fine; nowhere refuses.
-    let Some(mut f) = Fleet::up_with(5, |dir, i| {
-        if i == 2 {
-            let d = dir.join("sudoers.d");
-            std::fs::create_dir_all(&d).unwrap();
-            std::fs::write(d.join("genv-fleet"), "genv-fleet ALL=(ALL) ALL\n").unwrap();
-        }
-    }) else {
+    let Some(mut f) = Fleet::up_with_password_sudo(5, 2) else {
         return;
     };
     std::fs::write(f.host(2).gpu_dir().join("fail"), "").unwrap();

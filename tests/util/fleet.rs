@@ -19,6 +19,18 @@ pub struct Fleet {
 }
 
 impl Fleet {
+    /// Brings up `k` hosts, host `i` (1-based) with a sudo that wants a
+    /// password (as on a host where nobody set NOPASSWD for us).
+    pub fn up_with_password_sudo(k: u32, i: u32) -> Option<Fleet> {
+        Fleet::up_with(k, |dir, n| {
+            if n == i {
+                let d = dir.join("sudoers.d");
+                std::fs::create_dir_all(&d).unwrap();
+                std::fs::write(d.join("genv-fleet"), "genv-fleet ALL=(ALL) ALL\n").unwrap();
+            }
+        })
+    }
+
     /// Brings up `k` hosts; `prepare(dir_of_host_i, i)` runs before each
     /// sshd starts (to put a `sudoers.d` or an `sshd_extra` there).
     pub fn up_with(k: u32, prepare: impl Fn(&std::path::Path, u32)) -> Option<Fleet> {
