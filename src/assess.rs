@@ -118,3 +118,85 @@ pub fn remaining(plan: &Plan, done: &Plan) -> Plan {
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::genv;
+
+    fn gpu1() -> (HostId, HostSnapshot) {
+        let text = include_str!("../fixtures/snapshots/gpu1.json");
+        (
+            HostId("gpu1".into()),
+            genv::parse_snapshot(text, "gpu1").unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_hosts_own_plan_is_the_whole_plan_less_the_cluster_wide_cap() {
+        let (host, snap) = gpu1();
+        let policy = Policy {
+            non_env_processes: true,
+            max_devices_per_user: Some(0),
+            ..Policy::default()
+        };
+        let own = own_plan(&host, &snap, &policy);
+        let whole = assess(
+            1,
+            Mode::Remote,
+            false,
+            &policy,
+            vec![(host.clone(), Ok(snap))],
+        );
+        let all = &whole.plan.hosts[0].1;
+        assert!(!own.terminate.is_empty(), "{own:?}");
+        assert!(own.detach.is_empty(), "detaches come from the per-user cap");
+        assert!(!all.detach.is_empty());
+        let pids = |p: &HostPlan| p.terminate.iter().map(|t| t.pid).collect::<Vec<_>>();
+        assert!(pids(&own).iter().all(|p| pids(all).contains(p)));
+        let done = Plan {
+            hosts: vec![(host.clone(), own.clone())],
+        };
+        let rest = remaining(&whole.plan, &done);
+        let rest = &rest.hosts[0].1;
+        let mut both = pids(rest);
+        both.extend(pids(&own));
+        both.sort();
+        let mut expected = pids(all);
+        expected.sort();
+        assert_eq!(both, expected, "the rest is what the host's own plan left");
+        assert!(pids(rest).iter().all(|p| !pids(&own).contains(p)));
+        assert_eq!(rest.detach, all.detach);
+        // Nothing left: the host drops out.
+        let kills = Plan {
+            hosts: vec![(
+                host,
+                HostPlan {
+                    terminate: all.terminate.clone(),
+                    detach: Vec::new(),
+                },
+            )],
+        };
+        assert!(remaining(&kills, &kills).hosts.is_empty());
+    }
+
+    #[test]
+    fn a_failed_host_is_a_status_and_statuses_run_no_rule() {
+        let (host, snap) = gpu1();
+        let policy = Policy {
+            non_env_processes: true,
+            ..Policy::default()
+        };
+        let results = vec![
+            (host, Ok(snap)),
+            (HostId("gpu9".into()), Err("down".to_string())),
+        ];
+        let a = statuses(1, Mode::Remote, false, results.clone());
+        assert!(a.violations.is_empty() && a.plan.hosts.is_empty() && a.notices.is_empty());
+        assert_eq!(a.hosts[1].error.as_deref(), Some("down"));
+        assert!(a.hosts[0].processes > 0 && a.hosts[0].devices > 0);
+        let full = assess(1, Mode::Remote, false, &policy, results);
+        assert!(!full.violations.is_empty());
+        assert_eq!(full.hosts, a.hosts);
+    }
+}

@@ -245,3 +245,93 @@ pub fn done<'a>(decided: &[Entry<'a>], outcomes: &[Outcome]) -> Vec<Entry<'a>> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_is_ours_alone_and_not_inherited_by_the_tools_we_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let log = AuditLog::open(&path).unwrap();
+        let file = log.file.lock().unwrap();
+        let fd_flags = rustix::io::fcntl_getfd(&*file).unwrap();
+        assert!(fd_flags.contains(rustix::io::FdFlags::CLOEXEC));
+        let fl = rustix::fs::fcntl_getfl(&*file).unwrap();
+        assert!(fl.contains(OFlags::APPEND) && fl.contains(OFlags::WRONLY));
+        let mode = std::fs::metadata(&path).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o600
+        );
+    }
+
+    #[test]
+    fn done_lines_carry_each_actions_own_outcome() {
+        use crate::outcome::{DetachResult, TerminateResult};
+        use crate::plan::Detach;
+        let host = HostId("h".into());
+        let plan = HostPlan {
+            terminate: vec![
+                Termination::of(Pid(1), Some(10)),
+                Termination::of(Pid(2), Some(20)),
+            ],
+            detach: vec![Detach {
+                device: GpuIndex(3),
+                eid: EnvId("e".into()),
+                username: Some("u".into()),
+            }],
+        };
+        let decided = decided(7, &host, &plan);
+        assert_eq!(decided.len(), 3);
+        assert!(decided
+            .iter()
+            .all(|e| e.phase == "decided" && e.cycle == 7 && e.outcome.is_none()));
+        let outcomes = vec![
+            Outcome::Kill {
+                host: host.clone(),
+                pid: Pid(1),
+                outcome: TerminateResult::Signalled,
+            },
+            Outcome::Terminate {
+                host: host.clone(),
+                pid: Pid(2),
+                outcome: TerminateResult::AlreadyGone,
+            },
+            Outcome::Terminate {
+                host: host.clone(),
+                pid: Pid(1),
+                outcome: TerminateResult::PidReused {
+                    expected: 10,
+                    found: 11,
+                },
+            },
+            Outcome::Detach {
+                host: host.clone(),
+                device: GpuIndex(3),
+                eid: EnvId("e".into()),
+                outcome: DetachResult::NotAttached,
+            },
+        ];
+        let done = done(&decided, &outcomes);
+        let result = |i: usize| done[i].outcome.as_ref().unwrap()["result"].clone();
+        assert_eq!(
+            result(0),
+            "pid_reused",
+            "a terminate line takes the terminate outcome, not the kill"
+        );
+        assert_eq!(result(1), "already_gone");
+        assert_eq!(result(2), "not_attached");
+        assert!(done.iter().all(|e| e.phase == "done"));
+        let kills = kills(7, &host, &plan.terminate[..1]);
+        assert_eq!((kills[0].action, kills[0].pid), ("kill", Some(Pid(1))));
+        let killed = super::done(&kills, &outcomes);
+        assert_eq!(killed[0].outcome.as_ref().unwrap()["result"], "signalled");
+        // An action without an outcome says so.
+        assert_eq!(
+            super::done(&kills, &[])[0].outcome,
+            Some(serde_json::Value::Null)
+        );
+    }
+}
