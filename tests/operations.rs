@@ -402,4 +402,17 @@ fn local_doctor_passes_a_healthy_machine_and_fails_a_broken_one() {
         "{text:#?}"
     );
     assert_eq!(text.last().unwrap(), "0 of 1 hosts ready");
+    // On a terminal, a progress line (on a pty made by util-linux's script).
+    let out = h
+        .command(Path::new("script"))
+        .args([
+            "-qec",
+            &format!("{} doctor", env!("CARGO_BIN_EXE_genv-enforce")),
+            "/dev/null",
+        ])
+        .output()
+        .unwrap();
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(tty.contains("doctor: 1/1 hosts checked"), "{tty}");
+    assert!(tty.contains("0 of 1 hosts ready"), "{tty}");
 }
