@@ -288,6 +288,13 @@ mod tests {
         assert!(decided
             .iter()
             .all(|e| e.phase == "decided" && e.cycle == 7 && e.outcome.is_none()));
+        let when = humantime::parse_rfc3339(&decided[0].time).unwrap();
+        let age = std::time::SystemTime::now().duration_since(when).unwrap();
+        assert!(
+            age < std::time::Duration::from_secs(60),
+            "{}",
+            decided[0].time
+        );
         let outcomes = vec![
             Outcome::Kill {
                 host: host.clone(),
