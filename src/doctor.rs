@@ -636,6 +636,71 @@ mod tests {
     }
 
     #[test]
+    fn boundaries_versions_tools_and_what_names_the_state() {
+        let with = |change: &dyn Fn(&mut AgentFacts)| {
+            let mut f = healthy();
+            let mut a = agent();
+            change(&mut a);
+            f.agent = Some(Ok(a));
+            checks(&f)
+        };
+        assert_eq!(
+            status(&with(&|a| a.python = "3.7.0".into()), "python"),
+            Status::Ok
+        );
+        assert_eq!(
+            status(&with(&|a| a.python = "3.7".into()), "python"),
+            Status::Ok
+        );
+        assert_eq!(
+            status(&with(&|a| a.python = "3".into()), "python"),
+            Status::Fail
+        );
+        assert_eq!(
+            status(&with(&|a| a.python = "2.7.18".into()), "python"),
+            Status::Fail
+        );
+        assert_eq!(status(&with(&|a| a.euid = 1000), "python"), Status::Fail);
+        assert_eq!(
+            status(&with(&|a| a.genv = Some("2.0.0".into())), "genv"),
+            Status::Warn
+        );
+        assert_eq!(status(&with(&|a| a.genv = None), "genv"), Status::Warn);
+        let c = with(&|_| ());
+        assert_eq!(status(&c, "genv"), Status::Ok);
+        assert_eq!(status(&c, "timeout"), Status::Ok);
+        assert_eq!(
+            c.iter().find(|c| c.check == "timeout").unwrap().detail,
+            "/usr/bin/timeout"
+        );
+        // The agent itself failing (no Python 3 there) is Python's failure.
+        let mut f = healthy();
+        f.agent = Some(Err("python3: command not found".into()));
+        let c = checks(&f);
+        assert_eq!(status(&c, "python"), Status::Fail);
+        assert!(c
+            .iter()
+            .find(|c| c.check == "python")
+            .unwrap()
+            .fix
+            .is_some());
+        // Skew: 2 s is within bounds, more is a warning.
+        let mut f = healthy();
+        f.skew = Some(2.0);
+        assert_eq!(status(&checks(&f), "clock"), Status::Ok);
+        f.skew = Some(-2.5);
+        assert_eq!(status(&checks(&f), "clock"), Status::Warn);
+        // A snapshot that failed for another reason leaves the state dir ok.
+        let mut f = healthy();
+        f.snapshot = Some(Err(
+            "gpu1: nvidia-smi --query-compute-apps: line 3: bad pid".into(),
+        ));
+        let c = checks(&f);
+        assert_eq!(status(&c, "genv state"), Status::Ok);
+        assert_eq!(status(&c, "snapshot"), Status::Fail);
+    }
+
+    #[test]
     fn local_hosts_report_privileges_instead_of_ssh_and_sudo() {
         let mut f = healthy();
         f.ssh = None;

@@ -192,6 +192,37 @@ mod tests {
     }
 
     #[test]
+    fn every_action_of_a_failed_or_dry_plan_has_its_outcome() {
+        let h = HostId("h".into());
+        let plan = HostPlan {
+            terminate: vec![Planned::of(Pid(1), Some(1)), Planned::of(Pid(2), None)],
+            detach: vec![PlannedDetach {
+                device: GpuIndex(0),
+                eid: EnvId("e".into()),
+                username: None,
+            }],
+        };
+        let out = failed(&h, &plan, "no audit");
+        assert_eq!(out.len(), 3);
+        assert!(out.iter().all(Outcome::is_error));
+        assert!(
+            matches!(&out[1], Outcome::Terminate { pid: Pid(2), outcome: TerminateResult::Failed { error }, .. } if error == "no audit")
+        );
+        assert!(matches!(
+            &out[2],
+            Outcome::Detach {
+                outcome: DetachResult::Failed { .. },
+                ..
+            }
+        ));
+        let dry = dry_run(&Plan {
+            hosts: vec![(h, plan)],
+        });
+        assert_eq!(dry.len(), 3);
+        assert!(dry.iter().all(|o| !o.is_error()));
+    }
+
+    #[test]
     fn outcomes_follow_the_plan_whatever_order_they_came_in() {
         let h = HostId("h".into());
         let t = |pid| Planned::of(Pid(pid), Some(1));
