@@ -277,14 +277,26 @@ mod tests {
                 Termination::of(Pid(1), Some(10)),
                 Termination::of(Pid(2), Some(20)),
             ],
-            detach: vec![Detach {
-                device: GpuIndex(3),
-                eid: EnvId("e".into()),
-                username: Some("u".into()),
-            }],
+            detach: vec![
+                Detach {
+                    device: GpuIndex(3),
+                    eid: EnvId("e".into()),
+                    username: Some("u".into()),
+                },
+                Detach {
+                    device: GpuIndex(3),
+                    eid: EnvId("f".into()),
+                    username: Some("u".into()),
+                },
+                Detach {
+                    device: GpuIndex(4),
+                    eid: EnvId("e".into()),
+                    username: Some("u".into()),
+                },
+            ],
         };
         let decided = decided(7, &host, &plan);
-        assert_eq!(decided.len(), 3);
+        assert_eq!(decided.len(), 5);
         assert!(decided
             .iter()
             .all(|e| e.phase == "decided" && e.cycle == 7 && e.outcome.is_none()));
@@ -296,6 +308,18 @@ mod tests {
             decided[0].time
         );
         let outcomes = vec![
+            Outcome::Detach {
+                host: host.clone(),
+                device: GpuIndex(4),
+                eid: EnvId("e".into()),
+                outcome: DetachResult::Detached,
+            },
+            Outcome::Detach {
+                host: host.clone(),
+                device: GpuIndex(3),
+                eid: EnvId("f".into()),
+                outcome: DetachResult::Failed { error: "x".into() },
+            },
             Outcome::Kill {
                 host: host.clone(),
                 pid: Pid(1),
@@ -329,7 +353,9 @@ mod tests {
             "a terminate line takes the terminate outcome, not the kill"
         );
         assert_eq!(result(1), "already_gone");
-        assert_eq!(result(2), "not_attached");
+        assert_eq!(result(2), "not_attached", "device and eid both match");
+        assert_eq!(result(3), "failed");
+        assert_eq!(result(4), "detached");
         assert!(done.iter().all(|e| e.phase == "done"));
         let kills = kills(7, &host, &plan.terminate[..1]);
         assert_eq!((kills[0].action, kills[0].pid), ("kill", Some(Pid(1))));
