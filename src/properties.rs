@@ -80,9 +80,9 @@ proptest! {
         pids in proptest::collection::btree_map(0u32..400, (any::<u64>(), proptest::option::of(any::<u32>()), proptest::collection::vec(any::<u8>(), 0..8)), 0..6),
     ) {
         let raw = RawHost {
-            gpus,
-            apps: apps.clone(),
-            envs: envs.clone(),
+            gpus: gpus.into(),
+            apps: apps.clone().into(),
+            envs: envs.clone().map(Into::into),
             devices: None,
             procs: pids
                 .into_iter()

@@ -154,7 +154,7 @@ impl LocalHost {
     }
 
     /// The raw parts of a snapshot, given nvidia-smi's answers.
-    fn gather(&self, gpus: String, apps: String) -> Result<RawHost, HostError> {
+    fn gather(&self, gpus: String, apps: String) -> Result<RawHost<'static>, HostError> {
         let files = self.state.read(self.timeout)?;
         let live = |pid: u32| self.proc_root.join(pid.to_string()).exists();
         let gpu_pids: Vec<u32> = pids_to_read(&apps, None, |_| false);
@@ -180,10 +180,10 @@ impl LocalHost {
             })
             .collect();
         Ok(RawHost {
-            gpus,
-            apps,
-            envs: files.envs,
-            devices: files.devices,
+            gpus: gpus.into(),
+            apps: apps.into(),
+            envs: files.envs.map(Into::into),
+            devices: files.devices.map(Into::into),
             procs,
             user_names,
         })

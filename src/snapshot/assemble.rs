@@ -3,21 +3,23 @@
 //! `/proc` said about the pids involved (the GPU processes and the live
 //! pids that environments list). Pure: gathering the parts is the host's.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use super::{genv, nvidia_smi, ParseError};
 use crate::model::{Device, Env, EnvId, HostSnapshot, HostTruth, Owner, Pid, Process};
 
-/// What a host gave for one snapshot.
+/// What a host gave for one snapshot; its texts borrowed from the host's
+/// answer where they can be (a remote agent's), owned otherwise.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RawHost {
+pub struct RawHost<'a> {
     /// `nvidia-smi --query-gpu=uuid,index,memory.total --format=csv,noheader,nounits`.
-    pub gpus: String,
+    pub gpus: Cow<'a, str>,
     /// `nvidia-smi --query-compute-apps=gpu_uuid,pid,used_gpu_memory --format=csv,noheader,nounits`.
-    pub apps: String,
+    pub apps: Cow<'a, str>,
     /// `envs.json`, `devices.json`; `None` where absent.
-    pub envs: Option<String>,
-    pub devices: Option<String>,
+    pub envs: Option<Cow<'a, str>>,
+    pub devices: Option<Cow<'a, str>>,
     /// What `/proc` said about each pid asked about: the GPU processes and
     /// the live pids that environments list. A pid missing here was not alive.
     pub procs: BTreeMap<u32, RawProc>,
@@ -203,7 +205,7 @@ mod tests {
         }
     }
 
-    fn raw() -> RawHost {
+    fn raw() -> RawHost<'static> {
         RawHost {
             gpus: "GPU-a, 0, 81559\nGPU-b, 1, 81559\n".into(),
             apps: "GPU-a, 100, 50\nGPU-b, 200, [N/A]\nGPU-a, 300, 10\nGPU-a, 400, 1\nGPU-b, 500, 1\n"
@@ -311,7 +313,7 @@ mod tests {
         // What is cached is the parse before clean-up: the dead env is there.
         assert_eq!(cached.len(), 2);
         let mut r = raw();
-        r.envs = Some(r.envs.unwrap().replace("\"alice\"", "\"bob\""));
+        r.envs = Some(r.envs.unwrap().replace("\"alice\"", "\"bob\"").into());
         let changed = assemble(&r, "h", &mut parsed).unwrap();
         assert_eq!(changed.envs[0].username.as_deref(), Some("bob"));
         r.envs = Some("{".into());

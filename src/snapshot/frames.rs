@@ -3,6 +3,7 @@
 //! parts. Pure: what the host sent is untrusted bytes, and every malformed
 //! or truncated answer is an error naming the host.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use thiserror::Error;
@@ -43,14 +44,13 @@ pub fn parse_frames<'a>(mut bytes: &'a [u8], source: &str) -> Result<Vec<Frame<'
             .ok_or_else(|| bad("header without newline".into()))?;
         let header =
             std::str::from_utf8(&bytes[..nl]).map_err(|_| bad("header is not UTF-8".into()))?;
-        let words: Vec<&str> = header
+        let mut words = header
             .strip_prefix('@')
             .ok_or_else(|| bad(format!("not a frame header: {header:?}")))?
-            .split(' ')
-            .collect();
-        let (kind, arg, len) = match words[..] {
-            [kind, len] => (kind, None, len),
-            [kind, arg, len] => (kind, Some(arg), len),
+            .split(' ');
+        let (kind, arg, len) = match (words.next(), words.next(), words.next(), words.next()) {
+            (Some(kind), Some(len), None, None) => (kind, None, len),
+            (Some(kind), Some(arg), Some(len), None) => (kind, Some(arg), len),
             _ => return Err(bad(format!("not a frame header: {header:?}"))),
         };
         let len: usize = len
@@ -73,10 +73,8 @@ pub fn parse_frames<'a>(mut bytes: &'a [u8], source: &str) -> Result<Vec<Frame<'
     Ok(frames)
 }
 
-fn text(frame: &Frame, source: &str) -> Result<String, ParseError> {
-    std::str::from_utf8(frame.body)
-        .map(str::to_string)
-        .map_err(|_| ParseError::new(source, frame.kind, "not UTF-8"))
+fn text<'a>(frame: &Frame<'a>, source: &str) -> Result<&'a str, ParseError> {
+    std::str::from_utf8(frame.body).map_err(|_| ParseError::new(source, frame.kind, "not UTF-8"))
 }
 
 /// The raw parts of a host snapshot from the agent's frames.
@@ -84,7 +82,7 @@ fn text(frame: &Frame, source: &str) -> Result<String, ParseError> {
 /// # Errors
 /// A step failed on the host (nvidia-smi, genv's lock, a state file), or
 /// the answer is malformed.
-pub fn raw_host(frames: &[Frame], source: &str) -> Result<RawHost, FrameError> {
+pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, FrameError> {
     if let Some(f) = frames.iter().find(|f| f.kind == "fail") {
         return Err(FrameError::Failed {
             what: f.arg.unwrap_or_default().to_string(),
@@ -95,10 +93,14 @@ pub fn raw_host(frames: &[Frame], source: &str) -> Result<RawHost, FrameError> {
     let required = |kind: &str| {
         find(kind).ok_or_else(|| ParseError::new(source, kind, "missing from the host's answer"))
     };
-    let optional = |kind: &str| find(kind).map(|f| text(f, source)).transpose();
+    let optional = |kind: &str| {
+        find(kind)
+            .map(|f| text(f, source).map(Cow::Borrowed))
+            .transpose()
+    };
     let mut raw = RawHost {
-        gpus: text(required("gpus")?, source)?,
-        apps: text(required("apps")?, source)?,
+        gpus: Cow::Borrowed(text(required("gpus")?, source)?),
+        apps: Cow::Borrowed(text(required("apps")?, source)?),
         envs: optional("envs")?,
         devices: optional("devices")?,
         procs: BTreeMap::new(),
@@ -115,7 +117,8 @@ pub fn raw_host(frames: &[Frame], source: &str) -> Result<RawHost, FrameError> {
                 raw.procs.insert(number("pid")?, proc_body(f.body, source)?);
             }
             "user" => {
-                raw.user_names.insert(number("uid")?, text(f, source)?);
+                raw.user_names
+                    .insert(number("uid")?, text(f, source)?.to_string());
             }
             _ => {}
         }
@@ -202,7 +205,8 @@ mod tests {
 
     #[test]
     fn frames_become_raw_parts_byte_for_byte() {
-        let raw = raw_host(&parse_frames(&answer(), "h").unwrap(), "h").unwrap();
+        let answer = answer();
+        let raw = raw_host(&parse_frames(&answer, "h").unwrap(), "h").unwrap();
         assert_eq!(raw.devices, None);
         assert_eq!(raw.envs.as_deref(), Some("{\"envs\": []}"));
         assert_eq!(

@@ -1,8 +1,7 @@
 //! nvidia-smi CSV: `--query-gpu=uuid,index[,memory.total]` and
 //! `--query-compute-apps=gpu_uuid,pid,used_gpu_memory`, with or without
 //! header and units, fields separated by `", "` as real drivers print them.
-
-use std::collections::HashMap;
+//! Parsed values borrow from the text (a cycle parses thousands of lines).
 
 use super::{pyset, ParseError};
 use crate::model::{Device, DeviceUsage, GpuIndex, Pid, Usage};
@@ -11,8 +10,8 @@ const MIB: u64 = 1024 * 1024;
 
 /// One GPU from `--query-gpu`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Gpu {
-    pub uuid: String,
+pub struct Gpu<'a> {
+    pub uuid: &'a str,
     pub index: GpuIndex,
     /// `memory.total` in MiB, when queried and known.
     pub total_mib: Option<u64>,
@@ -20,15 +19,25 @@ pub struct Gpu {
 
 /// One line of `--query-compute-apps`: one process on one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ComputeApp {
-    pub gpu_uuid: String,
+pub struct ComputeApp<'a> {
+    pub gpu_uuid: &'a str,
     pub pid: Pid,
     pub usage: Usage,
 }
 
-/// The data lines of a CSV answer with their 1-based line numbers, the
-/// header (recognised by its first column name) left out.
-fn rows<'a>(text: &'a str, first_column: &'a str) -> impl Iterator<Item = (usize, Vec<&'a str>)> {
+/// The first fields of a line (as many as a query asks for), trimmed,
+/// and how many of them the line has.
+struct Fields<'a> {
+    f: [&'a str; 3],
+    n: usize,
+}
+
+/// The data lines of a CSV answer with their 1-based line numbers and
+/// first fields, the header (recognised by its first column name) left out.
+fn rows<'a>(
+    text: &'a str,
+    first_column: &'a str,
+) -> impl Iterator<Item = (usize, &'a str, Fields<'a>)> {
     text.lines()
         .enumerate()
         .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
@@ -36,7 +45,14 @@ fn rows<'a>(text: &'a str, first_column: &'a str) -> impl Iterator<Item = (usize
         .filter(move |(n, l)| {
             !(*n == 1 && column_name(l.split(", ").next().unwrap_or("")) == first_column)
         })
-        .map(|(n, l)| (n, l.split(", ").map(str::trim).collect()))
+        .map(|(n, l)| {
+            let mut fields = Fields { f: [""; 3], n: 0 };
+            for (slot, v) in fields.f.iter_mut().zip(l.split(", ")) {
+                *slot = v.trim();
+                fields.n += 1;
+            }
+            (n, l, fields)
+        })
 }
 
 /// A header field without its unit: `used_gpu_memory [MiB]` -> `used_gpu_memory`.
@@ -64,25 +80,26 @@ fn bad(source: &str, line: usize, message: impl Into<String>) -> ParseError {
 ///
 /// # Errors
 /// A line with too few fields or a non-integer index, naming the line.
-pub fn parse_gpus(text: &str, source: &str) -> Result<Vec<Gpu>, ParseError> {
+pub fn parse_gpus<'a>(text: &'a str, source: &str) -> Result<Vec<Gpu<'a>>, ParseError> {
     rows(text, "uuid")
-        .map(|(n, f)| {
-            if f.len() < 2 {
+        .map(|(n, line, Fields { f, n: count })| {
+            if count < 2 {
                 return Err(bad(
                     source,
                     n,
-                    format!("expected `uuid, index`, got {:?}", f.join(", ")),
+                    format!("expected `uuid, index`, got {line:?}"),
                 ));
             }
             let index = f[1]
                 .parse()
                 .map_err(|_| bad(source, n, format!("not a GPU index: {:?}", f[1])))?;
-            let total_mib = match f.get(2) {
-                Some(m) => mib(m).map_err(|e| bad(source, n, e))?,
-                None => None,
+            let total_mib = if count > 2 {
+                mib(f[2]).map_err(|e| bad(source, n, e))?
+            } else {
+                None
             };
             Ok(Gpu {
-                uuid: f[0].to_string(),
+                uuid: f[0],
                 index: GpuIndex(index),
                 total_mib,
             })
@@ -95,17 +112,17 @@ pub fn parse_gpus(text: &str, source: &str) -> Result<Vec<Gpu>, ParseError> {
 ///
 /// # Errors
 /// A line with too few fields, a bad pid or a bad memory value, naming the line.
-pub fn parse_compute_apps(text: &str, source: &str) -> Result<Vec<ComputeApp>, ParseError> {
+pub fn parse_compute_apps<'a>(
+    text: &'a str,
+    source: &str,
+) -> Result<Vec<ComputeApp<'a>>, ParseError> {
     rows(text, "gpu_uuid")
-        .map(|(n, f)| {
-            if f.len() < 3 {
+        .map(|(n, line, Fields { f, n: count })| {
+            if count < 3 {
                 return Err(bad(
                     source,
                     n,
-                    format!(
-                        "expected `gpu_uuid, pid, used_gpu_memory`, got {:?}",
-                        f.join(", ")
-                    ),
+                    format!("expected `gpu_uuid, pid, used_gpu_memory`, got {line:?}"),
                 ));
             }
             let pid = f[1]
@@ -119,7 +136,7 @@ pub fn parse_compute_apps(text: &str, source: &str) -> Result<Vec<ComputeApp>, P
                 None => Usage::Unknown,
             };
             Ok(ComputeApp {
-                gpu_uuid: f[0].to_string(),
+                gpu_uuid: f[0],
                 pid: Pid(pid),
                 usage,
             })
@@ -135,12 +152,13 @@ pub fn parse_compute_apps(text: &str, source: &str) -> Result<Vec<ComputeApp>, P
 /// # Errors
 /// An app on a GPU uuid that `--query-gpu` did not list.
 pub fn processes(
-    gpus: &[Gpu],
-    apps: &[ComputeApp],
+    gpus: &[Gpu<'_>],
+    apps: &[ComputeApp<'_>],
     source: &str,
 ) -> Result<Vec<(Pid, Vec<DeviceUsage>)>, ParseError> {
-    let mut by_pid: HashMap<Pid, Vec<DeviceUsage>> = HashMap::new();
-    let mut pids = Vec::new();
+    // A host runs a few dozen GPU processes: a scan beats hashing here.
+    let mut by_pid: Vec<(Pid, Vec<DeviceUsage>)> = Vec::new();
+    let mut pids = Vec::with_capacity(apps.len());
     for app in apps {
         let gpu = gpus
             .iter()
@@ -153,19 +171,26 @@ pub fn processes(
                 )
             })?;
         pids.push(app.pid.0);
-        by_pid.entry(app.pid).or_default().push(DeviceUsage {
+        let usage = DeviceUsage {
             index: gpu.index,
             usage: app.usage,
-        });
+        };
+        match by_pid.iter_mut().find(|(p, _)| *p == app.pid) {
+            Some((_, usages)) => usages.push(usage),
+            None => by_pid.push((app.pid, vec![usage])),
+        }
     }
     Ok(pyset::set_order(&pids)
         .into_iter()
-        .filter_map(|pid| by_pid.remove_entry(&Pid(pid)))
+        .filter_map(|pid| {
+            let i = by_pid.iter().position(|(p, _)| p.0 == pid)?;
+            Some(by_pid.swap_remove(i))
+        })
         .collect())
 }
 
 /// Devices as genv creates `devices.json` on first use: every GPU, none attached.
-pub fn devices(gpus: &[Gpu]) -> Vec<Device> {
+pub fn devices(gpus: &[Gpu<'_>]) -> Vec<Device> {
     gpus.iter()
         .map(|g| Device {
             index: g.index,
@@ -224,10 +249,7 @@ mod tests {
             include_str!("../../fixtures/nvidia-smi/h100/query-compute-apps-idle.csv");
         let uuid = "GPU-3f95f012-ea54-7e19-f150-6a675c4f82b5";
         let plain = parse_gpus(GPUS, "h100").unwrap();
-        assert_eq!(
-            (plain[0].uuid.as_str(), plain[0].index),
-            (uuid, GpuIndex(0))
-        );
+        assert_eq!((plain[0].uuid, plain[0].index), (uuid, GpuIndex(0)));
         assert_eq!(
             parse_gpus(GPUS_MEM, "h100").unwrap()[0].total_mib,
             Some(81559)
