@@ -316,7 +316,7 @@ mod tests {
             .expect("fixture has a multi-GPU process");
         assert!(multi.1.windows(2).all(|w| w[0].index != w[1].index));
         let unknown = [ComputeApp {
-            gpu_uuid: "GPU-x".into(),
+            gpu_uuid: "GPU-x",
             pid: Pid(1),
             usage: Usage::Unknown,
         }];
