@@ -263,8 +263,8 @@ mod tests {
         assert_eq!(
             apps.iter().map(|a| (a.pid, a.usage)).collect::<Vec<_>>(),
             vec![
-                (Pid(511), Usage::Known(1122 * MIB)),
-                (Pid(510), Usage::Known(2658 * MIB))
+                (Pid(511), Usage::Known(1122 << 20)),
+                (Pid(510), Usage::Known(2658 << 20))
             ]
         );
         assert!(parse_compute_apps(IDLE, "h100").unwrap().is_empty());
@@ -295,7 +295,18 @@ mod tests {
             (e.source_name.as_str(), e.location.as_str()),
             ("gpu7", "line 2")
         );
-        assert!(parse_compute_apps("GPU-1, 12\n", "f").is_err());
+        let short = parse_compute_apps("GPU-1, 12\n", "f").unwrap_err();
+        assert!(
+            short
+                .message
+                .contains("expected `gpu_uuid, pid, used_gpu_memory`"),
+            "{short}"
+        );
+        let short = parse_gpus("GPU-1\n", "f").unwrap_err();
+        assert!(short.message.contains("expected `uuid, index`"), "{short}");
+        assert_eq!(mib("[N/A]"), Ok(None));
+        assert!(mib("[N/A").is_err() && mib("N/A]").is_err());
+        assert_eq!(mib("81559 MiB"), Ok(Some(81559)));
         assert!(parse_compute_apps("GPU-1, 12, 1.5 GiB\n", "f").is_err());
         assert!(parse_gpus("GPU-1, x\n", "f").is_err());
         assert!(parse_gpus(
