@@ -69,19 +69,37 @@ impl Fleet {
         }
     }
 
-    /// Carries out `plan` on `h`, recorded in the audit log if there is
-    /// one: each action before (an action that cannot be recorded is not
-    /// carried out) and its outcome after.
+    /// Carries out `plan` on `h` (see [`Fleet::audited`]).
     async fn execute(&self, cycle: u64, h: &Host, plan: &HostPlan) -> Vec<Outcome> {
+        self.audited(
+            h,
+            || audit::decided(cycle, h.id(), plan),
+            |error| crate::outcome::failed(h.id(), plan, error),
+            h.execute(plan),
+        )
+        .await
+    }
+
+    /// Runs `act` on `h`, recorded in the audit log if there is one: the
+    /// `decided` lines before (if they cannot be written, nothing is done
+    /// and every action fails as `failed` says) and the outcomes after.
+    async fn audited<'a>(
+        &self,
+        h: &Host,
+        decided: impl FnOnce() -> Vec<audit::Entry<'a>>,
+        failed: impl FnOnce(&str) -> Vec<Outcome>,
+        act: impl std::future::Future<Output = Vec<Outcome>>,
+    ) -> Vec<Outcome> {
         let Some(log) = &self.audit else {
-            return h.execute(plan).await;
+            return act.await;
         };
-        let decided = audit::decided(cycle, h.id(), plan);
+        let decided = decided();
         if let Err(e) = log.write(&decided) {
-            let error = format!("not recorded in the audit log, so not carried out: {e}");
-            return crate::outcome::failed(h.id(), plan, &error);
+            return failed(&format!(
+                "not recorded in the audit log, so not carried out: {e}"
+            ));
         }
-        let outcomes = h.execute(plan).await;
+        let outcomes = act.await;
         if let Err(e) = log.write(&audit::done(&decided, &outcomes)) {
             tracing::error!(host = %h.id(), error = %e, "cannot record outcomes in the audit log");
         }
@@ -166,31 +184,22 @@ impl Fleet {
             .filter_map(|(id, ts)| Some((self.hosts.iter().find(|h| h.id() == id)?, ts)))
             .collect();
         fan_out(work, self.concurrency, |(h, ts)| {
-            Box::pin(async move {
-                if let Some(log) = &self.audit {
-                    let decided = audit::kills(cycle, h.id(), ts);
-                    if let Err(e) = log.write(&decided) {
-                        let error = format!("not recorded in the audit log, so not carried out: {e}");
-                        return ts
-                            .iter()
-                            .map(|t| Outcome::Kill {
-                                host: h.id().clone(),
-                                pid: t.pid,
-                                outcome: crate::outcome::TerminateResult::Failed {
-                                    error: error.clone(),
-                                },
-                            })
-                            .collect();
-                    }
-                    let outcomes = h.escalate(ts).await;
-                    if let Err(e) = log.write(&audit::done(&decided, &outcomes)) {
-                        tracing::error!(host = %h.id(), error = %e, "cannot record outcomes in the audit log");
-                    }
-                    outcomes
-                } else {
-                    h.escalate(ts).await
-                }
-            })
+            Box::pin(self.audited(
+                h,
+                move || audit::kills(cycle, h.id(), ts),
+                move |error| {
+                    ts.iter()
+                        .map(|t| Outcome::Kill {
+                            host: h.id().clone(),
+                            pid: t.pid,
+                            outcome: crate::outcome::TerminateResult::Failed {
+                                error: error.to_string(),
+                            },
+                        })
+                        .collect()
+                },
+                h.escalate(ts),
+            ))
         })
         .await
         .into_iter()
