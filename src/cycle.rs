@@ -375,8 +375,9 @@ async fn merge(mut old: Vec<Fleet>, mut new: Vec<Fleet>) -> Vec<Fleet> {
     new
 }
 
-/// A line on stderr, as our other messages.
-fn complain(message: &str) {
+/// A line on stderr, as all our messages; a closed stderr is not worth a
+/// panic.
+pub fn complain(message: &str) {
     let _ = writeln!(std::io::stderr().lock(), "genv-enforce: {message}");
 }
 

@@ -10,7 +10,7 @@ use genv_enforce::cli::{self, Cli};
 use genv_enforce::config::{self, Job};
 use std::sync::Arc;
 
-use genv_enforce::cycle::{self, Reload, Reloaded, Service};
+use genv_enforce::cycle::{self, complain, Reload, Reloaded, Service};
 use genv_enforce::error::chain;
 use genv_enforce::metrics::Metrics;
 use genv_enforce::report::Format;
@@ -201,8 +201,3 @@ fn raise_fd_limit() {
     }
 }
 
-/// Prints an error on stderr; a closed stderr is not worth a panic.
-fn complain(message: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "genv-enforce: {message}");
-}
