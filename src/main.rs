@@ -200,4 +200,3 @@ fn raise_fd_limit() {
         }
     }
 }
-
