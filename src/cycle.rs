@@ -330,7 +330,7 @@ pub async fn run(
                             Ok(new) => {
                                 let old = std::mem::take(&mut fleets);
                                 fleets = merge(old, new.fleets).await;
-                                settings = Settings { ..new.settings };
+                                settings = new.settings;
                                 confirm = Confirmations::new(settings.confirm_cycles);
                                 kept.extend(new.keep);
                                 tracing::info!(hosts = fleets.first().map_or(0, |f| f.hosts.len()), "configuration reloaded");

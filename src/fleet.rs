@@ -187,17 +187,7 @@ impl Fleet {
             Box::pin(self.audited(
                 h,
                 move || audit::kills(cycle, h.id(), ts),
-                move |error| {
-                    ts.iter()
-                        .map(|t| Outcome::Kill {
-                            host: h.id().clone(),
-                            pid: t.pid,
-                            outcome: crate::outcome::TerminateResult::Failed {
-                                error: error.to_string(),
-                            },
-                        })
-                        .collect()
-                },
+                move |error| crate::outcome::failed_kills(h.id(), ts, error),
                 h.escalate(ts),
             ))
         })

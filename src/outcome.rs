@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::model::{EnvId, GpuIndex, HostId, Pid};
-use crate::plan::{HostPlan, Plan};
+use crate::plan::{HostPlan, Plan, Termination};
 
 /// The result of one planned termination.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -125,6 +125,20 @@ pub fn failed(host: &HostId, plan: &HostPlan, error: &str) -> Vec<Outcome> {
         },
     });
     t.chain(d).collect()
+}
+
+/// Every kill of `terminations` (`--kill-after`) failed with `error`.
+pub fn failed_kills(host: &HostId, terminations: &[Termination], error: &str) -> Vec<Outcome> {
+    terminations
+        .iter()
+        .map(|t| Outcome::Kill {
+            host: host.clone(),
+            pid: t.pid,
+            outcome: TerminateResult::Failed {
+                error: error.to_string(),
+            },
+        })
+        .collect()
 }
 
 /// Outcomes for a plan that is not carried out.

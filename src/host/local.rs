@@ -289,21 +289,16 @@ impl LocalHost {
             (terminations, detaches)
         })
         .await;
-        let (terminations, detaches) = done.unwrap_or_else(|source| {
-            let error = error::chain(&HostError::Join {
-                what: "carrying out the plan",
-                source,
-            });
-            (
-                vec![
-                    outcome::TerminateResult::Failed {
-                        error: error.clone()
-                    };
-                    plan.terminate.len()
-                ],
-                vec![outcome::DetachResult::Failed { error }; plan.detach.len()],
-            )
-        });
+        let (terminations, detaches) = match done {
+            Ok(done) => done,
+            Err(source) => {
+                let error = error::chain(&HostError::Join {
+                    what: "carrying out the plan",
+                    source,
+                });
+                return outcome::failed(&self.id, plan, &error);
+            }
+        };
         let terminated =
             plan.terminate
                 .iter()
@@ -345,14 +340,17 @@ impl LocalHost {
                 .map(|t| host.signal(t, Signal::KILL))
                 .collect::<Vec<_>>()
         })
-        .await
-        .unwrap_or_else(|source| {
-            let error = error::chain(&HostError::Join {
-                what: "killing",
-                source,
-            });
-            vec![outcome::TerminateResult::Failed { error }; terminations.len()]
-        });
+        .await;
+        let results = match results {
+            Ok(results) => results,
+            Err(source) => {
+                let error = error::chain(&HostError::Join {
+                    what: "killing",
+                    source,
+                });
+                return outcome::failed_kills(&self.id, terminations, &error);
+            }
+        };
         terminations
             .iter()
             .zip(results)
