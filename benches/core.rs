@@ -169,7 +169,10 @@ fn pure_path(answers: &[(HostId, Vec<u8>)], parsed: &mut [ParsedState], policy: 
             let snap = frames::parse_frames(bytes, &host.0)
                 .map_err(|e| e.to_string())
                 .and_then(|f| frames::raw_host(&f, &host.0).map_err(|e| e.to_string()))
-                .and_then(|raw| assemble(&raw, &host.0, parsed).map_err(|e| e.to_string()));
+                .and_then(|raw| {
+                    assemble(&raw, &host.0, parsed, genv::DEFAULT_MAX_RECORDS)
+                        .map_err(|e| e.to_string())
+                });
             (host.clone(), snap)
         })
         .collect();
@@ -249,7 +252,13 @@ fn fleet_benches(c: &mut Criterion) {
                 .zip(steady.iter_mut())
                 .map(|((h, bytes), p)| {
                     let f = frames::parse_frames(black_box(bytes), &h.0).unwrap();
-                    assemble(&frames::raw_host(&f, &h.0).unwrap(), &h.0, p).unwrap()
+                    assemble(
+                        &frames::raw_host(&f, &h.0).unwrap(),
+                        &h.0,
+                        p,
+                        genv::DEFAULT_MAX_RECORDS,
+                    )
+                    .unwrap()
                 })
                 .count()
         })

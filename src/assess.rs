@@ -1,12 +1,15 @@
-//! Assessment, pure: the hosts' snapshots (or failures) -> the merged
-//! cluster, its violations and notices, and the plan that answers them.
+//! Assessment, pure: the hosts' snapshots and findings (or failures) ->
+//! the merged cluster, its violations and notices, and the plan that
+//! answers them. Each host's own findings are worked out once, beside its
+//! snapshot ([`rules::assess_host`]); here only the device caps, which need
+//! every host, are added.
 
 use serde::Serialize;
 
 use crate::confirm::Waiting;
 use crate::model::{Cluster, HostId, HostSnapshot, Mode};
 use crate::plan::{self, HostPlan, Plan};
-use crate::rules::{self, Notice, Policy, Violation};
+use crate::rules::{self, HostFindings, Notice, Policy, Violation};
 
 /// How one host fared this cycle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -38,8 +41,24 @@ pub struct Assessment {
     pub waiting: Vec<Waiting>,
 }
 
-/// Assesses the hosts' results (a failed host's error as text): rules and
-/// plan over the merged snapshots.
+/// One host's result: its snapshot and what it shows on its own, or why
+/// it failed (as text).
+pub type HostResult = Result<(HostSnapshot, HostFindings), String>;
+
+/// A host's findings worked out beside its snapshot.
+pub fn with_findings(
+    host: &HostId,
+    snapshot: Result<HostSnapshot, String>,
+    policy: &Policy,
+) -> HostResult {
+    snapshot.map(|s| {
+        let f = rules::assess_host(host, &s, policy);
+        (s, f)
+    })
+}
+
+/// Assesses the hosts' snapshots (a failed host's error as text): rules
+/// and plan over the merged snapshots.
 pub fn assess(
     cycle: u64,
     mode: Mode,
@@ -47,11 +66,48 @@ pub fn assess(
     policy: &Policy,
     results: Vec<(HostId, Result<HostSnapshot, String>)>,
 ) -> Assessment {
+    let results = results
+        .into_iter()
+        .map(|(h, r)| {
+            let r = with_findings(&h, r, policy);
+            (h, r)
+        })
+        .collect();
+    assess_found(cycle, mode, dry_run, policy, results)
+}
+
+/// Assesses the hosts' results, each host's own findings already made:
+/// the device caps over all of them, then the plan.
+pub fn assess_found(
+    cycle: u64,
+    mode: Mode,
+    dry_run: bool,
+    policy: &Policy,
+    results: Vec<(HostId, HostResult)>,
+) -> Assessment {
+    let mut findings = Vec::new();
+    let results: Vec<(HostId, Result<HostSnapshot, String>)> = results
+        .into_iter()
+        .map(|(h, r)| {
+            let r = r.map(|(s, f)| {
+                findings.push(f);
+                s
+            });
+            (h, r)
+        })
+        .collect();
     let mut a = statuses(cycle, mode, dry_run, results);
-    let charges = rules::Charges::of(&a.cluster, policy);
-    a.violations = rules::evaluate_with(&a.cluster, policy, &charges);
-    a.plan = plan::build(&a.cluster, &a.violations);
-    a.notices = rules::notices_with(&a.cluster, &charges);
+    let hosts: Vec<(&HostId, &HostFindings)> = a
+        .cluster
+        .hosts
+        .iter()
+        .map(|(h, _)| h)
+        .zip(&findings)
+        .collect();
+    let (violations, notices) = rules::merge(&hosts, policy);
+    a.plan = plan::build(&a.cluster, &violations);
+    a.violations = violations;
+    a.notices = notices;
     a
 }
 
@@ -97,21 +153,23 @@ pub fn statuses(
     }
 }
 
-/// What one host's snapshot decides on its own (every rule but the
+/// What one host's findings decide on their own (every rule but the
 /// cluster-wide per-user cap): it can be carried out before the other
 /// hosts have answered.
-pub fn own_plan(host: &HostId, snap: &HostSnapshot, policy: &Policy) -> HostPlan {
-    plan::for_host(host, snap, &rules::evaluate_host(host, snap, policy))
+pub fn own_plan(host: &HostId, snap: &HostSnapshot, findings: &HostFindings) -> HostPlan {
+    plan::for_host(host, snap, &findings.violations)
 }
 
 /// `plan` less what `done` already carried out, host by host.
 pub fn remaining(plan: &Plan, done: &Plan) -> Plan {
+    let done: std::collections::HashMap<&HostId, &HostPlan> =
+        done.hosts.iter().map(|(h, p)| (h, p)).collect();
     Plan {
         hosts: plan
             .hosts
             .iter()
-            .map(|(h, p)| match done.hosts.iter().find(|(d, _)| d == h) {
-                Some((_, d)) => (h.clone(), p.without(d)),
+            .map(|(h, p)| match done.get(h) {
+                Some(d) => (h.clone(), p.without(d)),
                 None => (h.clone(), p.clone()),
             })
             .filter(|(_, p)| !p.is_empty())
@@ -140,7 +198,7 @@ mod tests {
             max_devices_per_user: Some(0),
             ..Policy::default()
         };
-        let own = own_plan(&host, &snap, &policy);
+        let own = own_plan(&host, &snap, &rules::assess_host(&host, &snap, &policy));
         let whole = assess(
             1,
             Mode::Remote,

@@ -274,6 +274,23 @@ pub struct CycleArgs {
     /// Serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9400), path /metrics.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+
+    /// Refuse a host's genv state file holding more than N records
+    /// (environments, their pids and kernel ids; devices and attachments):
+    /// that host fails the cycle, the others are enforced. Real state holds
+    /// dozens.
+    #[arg(long, default_value_t = crate::snapshot::genv::DEFAULT_MAX_RECORDS, value_name = "N",
+          value_parser = parse_max_records)]
+    pub max_records: usize,
+}
+
+/// `--max-records`: at least 1, at most 10 million (work on a host's
+/// state is linear, but unbounded work on what users write is not).
+fn parse_max_records(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=10_000_000).contains(&n) => Ok(n),
+        _ => Err("a number of records from 1 to 10000000".into()),
+    }
 }
 
 /// genv's rule flags.

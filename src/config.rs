@@ -104,10 +104,11 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
                     .map(|path| Fleet::new(vec![Host::Recorded(recorded(path))], 1))
                     .collect()
             } else {
-                vec![Fleet::new(
-                    vec![Host::Local(LocalHost::from_env(args.command_timeout))],
-                    1,
-                )]
+                let host = LocalHost {
+                    max_records: args.cycle.max_records,
+                    ..LocalHost::from_env(args.command_timeout)
+                };
+                vec![Fleet::new(vec![Host::Local(host)], 1)]
             };
             Ok(Job::Enforce {
                 metrics: args.cycle.metrics_listen,
@@ -139,7 +140,13 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
     let enforce = match &args.command {
         RemoteCommand::Enforce(enforce) => enforce,
         RemoteCommand::Doctor(d) => {
-            let (fleet, control_dir) = ssh_fleet(&args, load_hosts(&args)?, true, Duration::ZERO)?;
+            let (fleet, control_dir) = ssh_fleet(
+                &args,
+                load_hosts(&args)?,
+                true,
+                Duration::ZERO,
+                crate::snapshot::genv::DEFAULT_MAX_RECORDS,
+            )?;
             return Ok(Job::Doctor {
                 fleet,
                 format: format(d.output),
@@ -195,7 +202,13 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
         });
     }
     let once = settings.interval.is_zero();
-    let (fleet, control_dir) = ssh_fleet(&args, inventory, once, settings.interval)?;
+    let (fleet, control_dir) = ssh_fleet(
+        &args,
+        inventory,
+        once,
+        settings.interval,
+        enforce.cycle.max_records,
+    )?;
     Ok(Job::Enforce {
         metrics: enforce.cycle.metrics_listen,
         fleets: with_audit(vec![fleet], &enforce.cycle)?,
@@ -211,6 +224,7 @@ fn ssh_fleet(
     inventory: Option<Inventory>,
     once: bool,
     interval: Duration,
+    max_records: usize,
 ) -> Result<(Fleet, Option<tempfile::TempDir>), ConfigError> {
     let mut inventory = inventory.ok_or(ConfigError::NoHostsGiven)?;
     for h in &mut inventory.hosts {
@@ -258,6 +272,7 @@ fn ssh_fleet(
                 ssh: Arc::clone(&ssh),
                 command_timeout: args.command_timeout,
                 once,
+                max_records,
             }))
         })
         .collect();

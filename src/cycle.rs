@@ -95,16 +95,17 @@ pub async fn cycle(
     // Not with -e: nothing is enforced before every host has answered.
     let early = !settings.dry_run && !settings.failures.exit_on_error;
     let held: &Confirmations = confirm;
-    let own = |host: &_, snap: &_| {
+    let own = |host: &_, snap: &_, findings: &_| {
         if early {
-            held.split_host(host, &assess::own_plan(host, snap, &settings.policy))
+            held.split_host(host, &assess::own_plan(host, snap, findings))
                 .0
         } else {
             HostPlan::default()
         }
     };
+    let policy = Arc::new(settings.policy.clone());
     let rounds = fleet
-        .snapshots_and(n, own)
+        .snapshots_and(n, &policy, own)
         .instrument(tracing::info_span!("snapshot", cycle = n))
         .await;
     let mut timing = Timing {
@@ -130,24 +131,39 @@ pub async fn cycle(
             done.hosts.push((round.host.clone(), round.plan));
         }
         outcomes.extend(round.outcomes);
-        results.push((round.host, round.snapshot.map_err(|e| error::chain(&e))));
+        results.push((round.host, round.result.map_err(|e| error::chain(&e))));
     }
     let abort = settings.failures.exit_on_error && results.iter().any(|(_, r)| r.is_err());
     let assessed = Instant::now();
-    let mut a = tracing::info_span!("assess", cycle = n).in_scope(|| {
-        if abort {
-            // genv raises on the first failed host, before any rule runs.
-            assess::statuses(n, settings.mode, settings.dry_run, results)
-        } else {
-            assess::assess(
-                n,
-                settings.mode,
-                settings.dry_run,
-                &settings.policy,
-                results,
-            )
-        }
+    let (mode, dry_run) = (settings.mode, settings.dry_run);
+    // The caps and the plan over every host: off the async workers too.
+    let assessing = crate::host::off_workers("assessing the cycle", move || {
+        tracing::info_span!("assess", cycle = n).in_scope(|| {
+            if abort {
+                // genv raises on the first failed host, before any rule runs.
+                let results = results
+                    .into_iter()
+                    .map(|(h, r)| (h, r.map(|(s, _)| s)))
+                    .collect();
+                assess::statuses(n, mode, dry_run, results)
+            } else {
+                assess::assess_found(n, mode, dry_run, &policy, results)
+            }
+        })
     });
+    let mut a = match assessing.await {
+        Ok(a) => a,
+        Err(e) => {
+            // Only a panic gets here: report it as every host's failure.
+            let why = error::chain(&e);
+            let results = fleet
+                .hosts
+                .iter()
+                .map(|h| (h.id().clone(), Err(why.clone())))
+                .collect();
+            assess::statuses(n, mode, dry_run, results)
+        }
+    };
     for (status, host) in a.hosts.iter_mut().zip(&fleet.hosts) {
         status.recorded = host.is_recorded();
     }

@@ -16,6 +16,7 @@ use crate::host::Host;
 use crate::model::{HostId, HostSnapshot};
 use crate::outcome::Outcome;
 use crate::plan::{HostPlan, Plan, Termination};
+use crate::rules::{self, HostFindings, Policy};
 
 /// The hosts of a run.
 #[derive(Debug)]
@@ -31,8 +32,9 @@ pub struct Fleet {
 #[derive(Debug)]
 pub struct Round {
     pub host: HostId,
-    pub snapshot: Result<HostSnapshot, HostError>,
-    /// How long the snapshot took (handshake included).
+    /// Its snapshot and what it shows on its own, or why it failed.
+    pub result: Result<(HostSnapshot, HostFindings), HostError>,
+    /// How long the snapshot took (handshake and parsing included).
     pub elapsed: Duration,
     /// How long a new connection took to come up, if one was opened.
     pub connect: Option<Duration>,
@@ -111,33 +113,40 @@ impl Fleet {
         self.hosts.iter().all(Host::is_recorded)
     }
 
-    /// Snapshots every host; results in host order.
-    pub async fn snapshots(&self) -> Vec<(HostId, Result<HostSnapshot, HostError>)> {
-        self.snapshots_and(0, |_, _| HostPlan::default())
-            .await
-            .into_iter()
-            .map(|r| (r.host, r.snapshot))
-            .collect()
-    }
-
-    /// Snapshots every host and right after each host's snapshot carries
-    /// out the plan `now` makes from it, in the same slot: what one host's
-    /// snapshot alone decides is enforced without waiting for the slowest
-    /// host. Results in host order, with those early plans and outcomes.
-    pub async fn snapshots_and<F>(&self, cycle: u64, now: F) -> Vec<Round>
+    /// Snapshots every host and assesses each on its own (parsing and
+    /// rules in the blocking pool: a host whose users wrote a huge state
+    /// delays only itself), then right after carries out the plan `now`
+    /// makes from it, in the same slot: what one host's snapshot alone
+    /// decides is enforced without waiting for the slowest host. Results in
+    /// host order, with those early plans and outcomes.
+    pub async fn snapshots_and<F>(&self, cycle: u64, policy: &Arc<Policy>, now: F) -> Vec<Round>
     where
-        F: Fn(&HostId, &HostSnapshot) -> HostPlan + Sync,
+        F: Fn(&HostId, &HostSnapshot, &HostFindings) -> HostPlan + Sync,
     {
         let now = &now;
         fan_out(&self.hosts, self.concurrency, |h| {
             let span = tracing::debug_span!("host", host = %h.id());
+            let policy = Arc::clone(policy);
             Box::pin(
                 async move {
                     let start = tokio::time::Instant::now();
-                    let snapshot = h.snapshot().await;
+                    let result = match h.fetch().await {
+                        Ok(fetched) => {
+                            let parser = h.parser();
+                            let id = h.id().clone();
+                            crate::host::off_workers("assessing the host", move || {
+                                let snap = parser.parse(fetched)?;
+                                let findings = rules::assess_host(&id, &snap, &policy);
+                                Ok((snap, findings))
+                            })
+                            .await
+                            .and_then(|r| r)
+                        }
+                        Err(e) => Err(e),
+                    };
                     let elapsed = start.elapsed();
-                    let plan = match &snapshot {
-                        Ok(snap) => now(h.id(), snap),
+                    let plan = match &result {
+                        Ok((snap, findings)) => now(h.id(), snap, findings),
                         Err(_) => HostPlan::default(),
                     };
                     let outcomes = if plan.is_empty() {
@@ -147,7 +156,7 @@ impl Fleet {
                     };
                     Round {
                         host: h.id().clone(),
-                        snapshot,
+                        result,
                         elapsed,
                         connect: h.take_connect_time(),
                         plan,

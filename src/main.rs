@@ -49,7 +49,7 @@ fn main() -> ExitCode {
     };
     let code = runtime.block_on(async {
         match job {
-            Job::Snapshot(host) => match host.snapshot().await {
+            Job::Snapshot(host) => match genv_enforce::host::Host::Local(host).snapshot().await {
                 Ok(s) => match serde_json::to_string_pretty(&genv::to_json(&s)) {
                     Ok(t) => {
                         cycle::print_stdout(&[t]);

@@ -199,11 +199,10 @@ impl Device {
 }
 
 /// What the host itself says about who runs what, beside genv's records
-/// (which any user can write).
+/// (which any user can write): each GPU process's uid is in
+/// [`Process::uid`]; here, the host's names for them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct HostTruth {
-    /// The real uid of every live pid that an environment lists.
-    pub pid_uids: BTreeMap<i64, u32>,
     /// The host's names for the uids seen (listed pids and GPU processes).
     pub user_names: BTreeMap<u32, String>,
 }

@@ -84,27 +84,46 @@ impl Outcome {
 /// `outcomes` in the order of the actions of `plan` (hosts in order, each
 /// host's terminations then detaches), whatever order they were carried
 /// out in; actions without an outcome are left out.
-pub fn in_plan_order(plan: &Plan, mut outcomes: Vec<Outcome>) -> Vec<Outcome> {
-    let mut ordered = Vec::with_capacity(outcomes.len());
-    for (host, hp) in &plan.hosts {
-        let mut take = |matches: &dyn Fn(&Outcome) -> bool| {
-            if let Some(i) = outcomes.iter().position(matches) {
-                ordered.push(outcomes.remove(i));
-            }
+pub fn in_plan_order(plan: &Plan, outcomes: Vec<Outcome>) -> Vec<Outcome> {
+    /// What an outcome is about.
+    #[derive(PartialEq, Eq, Hash)]
+    enum Key<'a> {
+        Terminate(&'a HostId, Pid),
+        Detach(&'a HostId, GpuIndex, &'a EnvId),
+    }
+    // Each action's outcomes, first carried out first (linear, whatever the plan's size).
+    let mut by_key: std::collections::HashMap<Key, std::collections::VecDeque<usize>> =
+        std::collections::HashMap::new();
+    for (i, o) in outcomes.iter().enumerate() {
+        let key = match o {
+            Outcome::Terminate { host, pid, .. } => Key::Terminate(host, *pid),
+            Outcome::Detach {
+                host, device, eid, ..
+            } => Key::Detach(host, *device, eid),
+            Outcome::Kill { .. } => continue,
         };
+        by_key.entry(key).or_default().push_back(i);
+    }
+    let mut order = Vec::with_capacity(outcomes.len());
+    for (host, hp) in &plan.hosts {
         for t in &hp.terminate {
-            take(
-                &|o| matches!(o, Outcome::Terminate { host: h, pid, .. } if h == host && *pid == t.pid),
+            order.extend(
+                by_key
+                    .get_mut(&Key::Terminate(host, t.pid))
+                    .and_then(|q| q.pop_front()),
             );
         }
         for d in &hp.detach {
-            take(&|o| {
-                matches!(o, Outcome::Detach { host: h, device, eid, .. }
-                    if h == host && *device == d.device && *eid == d.eid)
-            });
+            order.extend(
+                by_key
+                    .get_mut(&Key::Detach(host, d.device, &d.eid))
+                    .and_then(|q| q.pop_front()),
+            );
         }
     }
-    ordered
+    drop(by_key);
+    let mut slots: Vec<Option<Outcome>> = outcomes.into_iter().map(Some).collect();
+    order.into_iter().filter_map(|i| slots[i].take()).collect()
 }
 
 /// Every action of one host's plan failed with `error`.

@@ -9,8 +9,7 @@ use crate::assess::assess;
 use crate::host::agent;
 use crate::model::*;
 use crate::plan::{self, Plan};
-use crate::rules::attribution::{self, Charge};
-use crate::rules::{evaluate, Policy};
+use crate::rules::{self, evaluate, Notice, Policy};
 use crate::snapshot::assemble::{assemble, pids_to_read, Environ, ParsedState, RawHost, RawProc};
 use crate::snapshot::frames;
 use crate::snapshot::{genv, memory, nvidia_smi, proc};
@@ -67,7 +66,7 @@ proptest! {
         bytes.extend_from_slice(&trailer);
         if let Ok(frames) = frames::parse_frames(&bytes, "p") {
             if let Ok(raw) = frames::raw_host(&frames, "p") {
-                let _ = assemble(&raw, "p", &mut ParsedState::default());
+                let _ = assemble(&raw, "p", &mut ParsedState::default(), 1000);
             }
         }
     }
@@ -90,8 +89,8 @@ proptest! {
                 .collect(),
             user_names: BTreeMap::new(),
         };
-        let _ = assemble(&raw, "p", &mut ParsedState::default());
-        let _ = pids_to_read(&apps, envs.as_deref(), |_| true);
+        let _ = assemble(&raw, "p", &mut ParsedState::default(), 1000);
+        let _ = pids_to_read(&apps, envs.as_deref(), |_| true, 1000);
     }
 
     #[test]
@@ -156,12 +155,29 @@ proptest! {
                 prop_assert!(snap.devices.iter().any(|dev| dev.index == d.device && dev.has(&d.eid)));
             }
         }
-        // After the detaches, nobody is over their cap.
-        for (user, count) in attached_per_user(&c, &plan) {
-            if let Some(cap) = policy.cap_for(&user) {
-                prop_assert!(count <= cap as usize, "{} still has {} > {}", user, count, cap);
+        // After the detaches, nobody is over their cap, unless all that is
+        // left of their excess is held by strays (nothing to detach).
+        let after = without_detached(&c, &plan);
+        let (_, notices) = rules::assess_cluster(&after, &policy);
+        let mut held: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        for (h, snap) in &after.hosts {
+            let f = rules::assess_host(h, snap, &policy);
+            for (user, u) in f.usage.users {
+                let e = held.entry(user).or_default();
+                e.0 += u.devices.len();
+                e.1 += u.devices.iter().filter(|d| !d.eids.is_empty()).count();
             }
         }
+        for (user, (count, detachable)) in held {
+            if let Some(cap) = policy.cap_for(&user) {
+                prop_assert!(
+                    count <= cap as usize || detachable == 0,
+                    "{} still has {} > {} with {} detachable", user, count, cap, detachable
+                );
+            }
+        }
+        let kept = notices.iter().any(|n| matches!(n, Notice::ExcessKept { .. }));
+        prop_assert!(!kept || policy.has_caps(), "excess kept without a cap");
     }
 
     #[test]
@@ -175,19 +191,28 @@ proptest! {
     }
 
     #[test]
-    fn where_the_host_speaks_records_cannot_redirect_a_charge(
+    fn where_processes_run_records_cannot_redirect_a_charge(
         c in cluster(),
         policy in policy(),
         names in proptest::collection::vec(proptest::option::of("u[0-3]"), 16),
     ) {
-        // Any user may rewrite every username in envs.json: with the host's
-        // truth at hand, nobody's processes or devices fare any differently.
+        // Any user may rewrite every username in envs.json: on a live host,
+        // the environments processes run in fare no differently.
         prop_assume!(c.hosts.iter().all(|(_, s)| s.truth.is_some()));
         let mut forged = c.clone();
         let mut names = names.into_iter().cycle();
         for (_, s) in &mut forged.hosts {
+            let carried: BTreeSet<EnvId> = s
+                .processes
+                .iter()
+                .filter(|p| p.uid.is_some())
+                .filter_map(|p| p.owner.eid().cloned())
+                .collect();
             for e in &mut s.envs {
-                e.username = names.next().flatten();
+                let name = names.next().flatten();
+                if carried.contains(&e.eid) {
+                    e.username = name;
+                }
             }
         }
         let actions = |c: &Cluster| {
@@ -214,37 +239,21 @@ proptest! {
     }
 }
 
-/// (user, devices still attached) after carrying out the plan's detaches,
-/// each environment counted for the user it is charged to.
-fn attached_per_user(c: &Cluster, plan: &Plan) -> BTreeMap<String, usize> {
-    let mut count = BTreeMap::new();
-    for (host, snap) in &c.hosts {
-        let detached: Vec<_> = plan
-            .hosts
-            .iter()
-            .filter(|(h, _)| h == host)
-            .flat_map(|(_, p)| p.detach.iter().map(|d| (d.device, d.eid.clone())))
-            .collect();
-        let mut users: BTreeMap<String, Vec<&EnvId>> = BTreeMap::new();
-        for e in &snap.envs {
-            if let Charge::User(u) = attribution::charge(snap, e) {
-                users.entry(u).or_default().push(&e.eid);
+/// `c` with the plan's detaches carried out.
+fn without_detached(c: &Cluster, plan: &Plan) -> Cluster {
+    let mut after = c.clone();
+    for (host, snap) in &mut after.hosts {
+        if let Some((_, p)) = plan.hosts.iter().find(|(h, _)| h == host) {
+            for d in &mut snap.devices {
+                d.attachments.retain(|a| {
+                    !p.detach
+                        .iter()
+                        .any(|x| x.device == d.index && x.eid == a.eid)
+                });
             }
         }
-        for (user, eids) in users {
-            let n = snap
-                .devices
-                .iter()
-                .filter(|d| {
-                    d.attachments.iter().any(|a| {
-                        eids.contains(&&a.eid) && !detached.contains(&(d.index, a.eid.clone()))
-                    })
-                })
-                .count();
-            *count.entry(user).or_insert(0) += n;
-        }
     }
-    count
+    after
 }
 
 fn policy() -> impl Strategy<Value = Policy> {
@@ -267,9 +276,9 @@ fn policy() -> impl Strategy<Value = Policy> {
 /// Hosts with up to 4 GPUs, 4 environments (some nameless) and 6 processes
 /// whose owners may be an env, a missing env, none, or unknown.
 ///
-/// With host truth (most of the time), environment `i` lists pid `1000 + i`,
-/// owned by a uid of 0..3 or dead; uids 0..2 have names (`u0`..`u2`), so a
-/// record naming `u1` may or may not agree with the host.
+/// With host truth (most of the time), processes run as uids 0..3, of
+/// which 0..2 have names (`u0`..`u2`), so a record naming `u1` may or may
+/// not agree with the host.
 fn host() -> impl Strategy<Value = HostSnapshot> {
     let envs = proptest::collection::vec(
         (
@@ -292,13 +301,7 @@ fn host() -> impl Strategy<Value = HostSnapshot> {
     let uids = proptest::collection::vec(0u32..4, 6);
     (1u32..5, envs, attach, procs, truth, uids).prop_map(
         |(ngpu, envs, attach, procs, truth, uids)| {
-            let owners: BTreeMap<i64, u32> = envs
-                .iter()
-                .enumerate()
-                .filter_map(|(i, (_, _, owner))| Some((1000 + i as i64, (*owner)?)))
-                .collect();
             let truth = truth.then(|| HostTruth {
-                pid_uids: owners,
                 user_names: (0..3).map(|u| (u, format!("u{u}"))).collect(),
             });
             let envs: Vec<Env> = envs

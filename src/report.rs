@@ -13,7 +13,7 @@ use crate::confirm::Waiting;
 use crate::model::{GpuIndex, HostId, Mode};
 use crate::outcome::{self, Outcome};
 use crate::plan::{Detach, Plan, Termination};
-use crate::rules::attribution::Unconfirmed;
+use crate::rules::attribution::{Stray, Unconfirmed};
 use crate::rules::{Finding, Notice, Violation};
 use crate::snapshot::memory::megabytes;
 
@@ -170,11 +170,6 @@ pub fn violation_line(mode: Mode, v: &Violation) -> String {
         Finding::NonEnvProcess { host, pid } => {
             format!("{}Process {pid} is not running in a GPU environment", prefix(mode, host))
         }
-        Finding::UnknownEnvProcess { host, pid, eid } => format!(
-            "{}Process {pid} is running in environment {} which does not exist",
-            prefix(mode, host),
-            clean(&eid.0)
-        ),
         Finding::NonAttachedDevices { host, pid, eid, devices } => format!(
             "{}Process {pid} from environment {} is using non-attached GPU(s) {}",
             prefix(mode, host),
@@ -224,9 +219,24 @@ pub fn detach_line(d: &Detach) -> String {
 fn notice_line(mode: Mode, n: &Notice) -> String {
     match n {
         Notice::UnknownOwner { host, pid, gpus, reason } => format!(
-            "{}[WARNING] Process {pid} on GPU(s) {} has unknown ownership ({reason}); it is not terminated",
+            "{}[WARNING] Process {pid} on GPU(s) {} has unknown ownership ({}); it is not terminated",
             prefix(mode, host),
-            indices(gpus)
+            indices(gpus),
+            clean(reason)
+        ),
+        Notice::Stray { host, pid, eid, user, gpus, why } => format!(
+            "{}[WARNING] Process {pid}{} on GPU(s) {} carries environment {}, {}: it is left alone",
+            prefix(mode, host),
+            user.as_deref().map_or(String::new(), |u| format!(" (user {})", clean(u))),
+            indices(gpus),
+            clean(&eid.0),
+            match why {
+                Stray::Orphaned => "which does not exist (its record is gone)".to_string(),
+                Stray::Contested { users } => format!(
+                    "which processes of several users carry ({}): it is nobody's",
+                    list(users)
+                ),
+            }
         ),
         Notice::UnmeasuredUsage { host, pid, eid, device } => format!(
             "{}[WARNING] Memory usage of process {pid} from environment {} on device {device} is unknown to nvidia-smi; it is not counted against the capacity",
@@ -248,14 +258,27 @@ fn notice_line(mode: Mode, n: &Notice) -> String {
             clean(recorded.as_deref().unwrap_or("N/A")),
             match why {
                 Unconfirmed::Nameless => "it names no user".to_string(),
-                Unconfirmed::NoLiveProcess => "no live process of its own says whose it is".to_string(),
-                Unconfirmed::SeveralUsers { users } => format!(
-                    "its processes belong to several users ({})",
-                    users.iter().map(|u| clean(u)).collect::<Vec<_>>().join(", ")
+                Unconfirmed::Duplicate => "another record has its id".to_string(),
+                Unconfirmed::Contested { users } => format!(
+                    "processes of several users carry it ({})",
+                    list(users)
                 ),
             }
         ),
+        Notice::ExcessKept { user, left } => format!(
+            "[WARNING] User {} stays {left} over the device cap: the rest is held by jobs outside their environments (orphaned or contested), which are never terminated for a cap",
+            clean(user)
+        ),
     }
+}
+
+/// Names, escaped, comma-separated.
+fn list(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|u| clean(u))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn outcome_line(mode: Mode, o: &Outcome) -> Option<String> {
@@ -271,7 +294,7 @@ fn outcome_line(mode: Mode, o: &Outcome) -> Option<String> {
                     "{p}[WARNING] Process {pid} was not terminated: the pid now belongs to another process (start time {found}, expected {expected})"
                 ),
                 T::NoIdentity => format!("{p}[WARNING] Process {pid} was not terminated: its start time is unknown"),
-                T::Failed { error } => format!("{p}[ERROR] Failed terminating process {pid}: {error}"),
+                T::Failed { error } => format!("{p}[ERROR] Failed terminating process {pid}: {}", clean(error)),
             }
         }
         Outcome::Kill { host, pid, outcome } => {
@@ -284,7 +307,9 @@ fn outcome_line(mode: Mode, o: &Outcome) -> Option<String> {
                 T::PermissionDenied => {
                     format!("{p}[ERROR] Not enough permissions to kill process {pid}")
                 }
-                T::Failed { error } => format!("{p}[ERROR] Failed killing process {pid}: {error}"),
+                T::Failed { error } => {
+                    format!("{p}[ERROR] Failed killing process {pid}: {}", clean(error))
+                }
             }
         }
         Outcome::Detach {
@@ -297,7 +322,8 @@ fn outcome_line(mode: Mode, o: &Outcome) -> Option<String> {
             match outcome {
                 D::Detached | D::DryRun => return None,
                 D::NotAttached => format!(
-                    "{p}[DEBUG] Environment {eid} was already detached from device {device}"
+                    "{p}[DEBUG] Environment {} was already detached from device {device}",
+                    clean(&eid.0)
                 ),
                 D::Failed { error } => {
                     format!(

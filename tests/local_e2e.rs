@@ -32,6 +32,7 @@ fn local(h: &Host) -> LocalHost {
         proc_root: "/proc".into(),
         timeout: Duration::from_secs(10),
         parsed: Default::default(),
+        max_records: genv_enforce::snapshot::genv::DEFAULT_MAX_RECORDS,
     }
 }
 

@@ -518,8 +518,12 @@ fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
             ssh,
             command_timeout: Duration::from_secs(20),
             once: true,
+            max_records: genv_enforce::snapshot::genv::DEFAULT_MAX_RECORDS,
         };
-        let ours = host.snapshot().await;
+        let ours = match host.fetch().await {
+            Ok(fetched) => host.parser().parse(fetched),
+            Err(e) => Err(e),
+        };
         let argv: Vec<String> = ["sudo", "-n", "genv", "usage", "snapshot"]
             .map(String::from)
             .to_vec();

@@ -95,7 +95,12 @@ pub struct Limits {
 }
 
 /// The snapshot request.
-pub fn snapshot_request(dir: &str, nvidia_smi: &[String], limits: Limits) -> serde_json::Value {
+pub fn snapshot_request(
+    dir: &str,
+    nvidia_smi: &[String],
+    limits: Limits,
+    max_records: usize,
+) -> serde_json::Value {
     json!({
         "mode": "snapshot",
         "dir": dir,
@@ -103,6 +108,7 @@ pub fn snapshot_request(dir: &str, nvidia_smi: &[String], limits: Limits) -> ser
         "step": limits.step.as_secs_f64(),
         "limit": limits.run.as_secs_f64(),
         "max_bytes": MAX_STATE_BYTES,
+        "max_records": max_records,
     })
 }
 
@@ -277,11 +283,16 @@ mod tests {
             step: Duration::from_millis(2500),
             run: Duration::from_secs(3),
         };
-        let req = snapshot_request("/var/tmp/genv", &["nvidia-smi".into(), "-x".into()], limits);
+        let req = snapshot_request(
+            "/var/tmp/genv",
+            &["nvidia-smi".into(), "-x".into()],
+            limits,
+            7,
+        );
         assert_eq!(
             req,
             json!({"mode": "snapshot", "dir": "/var/tmp/genv", "nvidia_smi": ["nvidia-smi", "-x"],
-                   "step": 2.5, "limit": 3.0, "max_bytes": MAX_STATE_BYTES})
+                   "step": 2.5, "limit": 3.0, "max_bytes": MAX_STATE_BYTES, "max_records": 7})
         );
     }
 

@@ -17,10 +17,10 @@ use crate::error::{self, HostError};
 
 /// The Python that runs our agent here for `doctor`.
 const PYTHON: &str = "python3";
-use crate::model::{HostId, HostSnapshot};
+use crate::model::HostId;
 use crate::outcome::{self, Outcome};
 use crate::plan::{HostPlan, Termination};
-use crate::snapshot::assemble::{assemble, pids_to_read, ParsedState, RawHost, RawProc};
+use crate::snapshot::assemble::{pids_to_read, ParsedState, RawHost, RawProc};
 use crate::snapshot::proc;
 
 /// The most we read of a tool's output: far above any real nvidia-smi answer.
@@ -52,6 +52,8 @@ pub struct LocalHost {
     pub timeout: Duration,
     /// The state files as parsed last cycle.
     pub parsed: Arc<Mutex<ParsedState>>,
+    /// `--max-records`.
+    pub max_records: usize,
 }
 
 impl LocalHost {
@@ -64,6 +66,7 @@ impl LocalHost {
             proc_root: PathBuf::from("/proc"),
             timeout,
             parsed: Arc::default(),
+            max_records: crate::snapshot::genv::DEFAULT_MAX_RECORDS,
         }
     }
 
@@ -122,44 +125,41 @@ impl LocalHost {
         String::from_utf8(out).map_err(|_| HostError::NotUtf8 { command })
     }
 
-    /// Takes a snapshot as `genv usage snapshot` would, plus each process's
-    /// identity (start time, owner) and who runs the environments; a
-    /// process whose environ cannot be read gets [`Owner::Unknown`] instead
-    /// of genv's "no environment".
+    /// What this machine says of itself: nvidia-smi's two answers,
+    /// genv's state files and what `/proc` says of the pids involved
+    /// (see [`crate::snapshot::assemble`]); a process whose environ
+    /// cannot be read is later of unknown ownership, not "no environment"
+    /// as in genv.
     ///
     /// # Errors
-    /// nvidia-smi fails, hangs or prints what cannot be parsed; genv's
-    /// state cannot be locked, read or parsed.
-    ///
-    /// [`Owner::Unknown`]: crate::model::Owner::Unknown
-    pub async fn snapshot(&self) -> Result<HostSnapshot, HostError> {
+    /// nvidia-smi fails or hangs; genv's state cannot be locked or read.
+    pub async fn fetch(&self) -> Result<super::Fetched, HostError> {
         let (gpus, apps) = tokio::try_join!(
             self.nvidia_smi("--query-gpu=uuid,index,memory.total"),
             self.nvidia_smi("--query-compute-apps=gpu_uuid,pid,used_gpu_memory"),
         )?;
         let host = self.clone();
         // File and NSS reads block: off the async workers.
-        let raw = tokio::task::spawn_blocking(move || host.gather(gpus, apps))
-            .await
-            .map_err(|source| HostError::Join {
-                what: "the state reader",
-                source,
-            })??;
-        let mut parsed = self.parsed.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(assemble(
-            &raw,
-            &self.state.path.display().to_string(),
-            &mut parsed,
-        )?)
+        let raw = super::off_workers("the state reader", move || host.gather(gpus, apps)).await??;
+        Ok(super::Fetched::Local(raw))
+    }
+
+    /// What turns [`LocalHost::fetch`] into a snapshot.
+    pub fn parser(&self) -> super::Parser {
+        super::Parser::new(
+            self.state.path.display().to_string(),
+            Arc::clone(&self.parsed),
+            self.max_records,
+        )
     }
 
     /// The raw parts of a snapshot, given nvidia-smi's answers.
     fn gather(&self, gpus: String, apps: String) -> Result<RawHost<'static>, HostError> {
         let files = self.state.read(self.timeout)?;
         let live = |pid: u32| self.proc_root.join(pid.to_string()).exists();
-        let gpu_pids: Vec<u32> = pids_to_read(&apps, None, |_| false);
+        let gpu_pids: Vec<u32> = pids_to_read(&apps, None, |_| false, 0);
         let mut procs = BTreeMap::new();
-        for pid in pids_to_read(&apps, files.envs.as_deref(), live) {
+        for pid in pids_to_read(&apps, files.envs.as_deref(), live, self.max_records) {
             let dir = self.proc_root.join(pid.to_string());
             let environ = gpu_pids.binary_search(&pid).is_ok();
             if let Some(p) = proc::identity(|f| std::fs::read(dir.join(f)), environ) {
@@ -212,7 +212,7 @@ impl LocalHost {
             python_command: PYTHON.into(),
             agent: Some(agent),
             snapshot: Some(
-                self.snapshot()
+                async { super::parsed(self.fetch().await?, self.parser()).await }
                     .await
                     .map(|s| doctor::counts(&s))
                     .map_err(|e| error::chain(&e)),

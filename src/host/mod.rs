@@ -17,6 +17,7 @@ pub mod recorded;
 pub mod remote;
 pub mod ssh;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The most we read of a genv state file, here or on a remote host: real
@@ -28,6 +29,82 @@ use crate::error::HostError;
 use crate::model::{HostId, HostSnapshot};
 use crate::outcome::Outcome;
 use crate::plan::HostPlan;
+use crate::snapshot::assemble::{assemble, ParsedState, RawHost};
+use crate::snapshot::{frames, genv};
+
+/// What a host sent for one snapshot, not yet parsed: parsing is work on
+/// what users wrote, done off the async workers ([`Parser`]).
+#[derive(Debug)]
+pub enum Fetched {
+    /// Our agent's frames.
+    Agent(Vec<u8>),
+    /// This machine's parts.
+    Local(RawHost<'static>),
+    /// A recorded `genv usage snapshot`.
+    Recorded(String),
+}
+
+/// Turns what one host sent into its snapshot. Owned and cheap to clone,
+/// so that parsing runs in the blocking pool, never on the task that
+/// polls signals or other hosts' I/O.
+#[derive(Debug, Clone)]
+pub struct Parser {
+    /// Names the host (or file) in errors.
+    source: String,
+    /// The host's state files as parsed last time.
+    cache: Arc<Mutex<ParsedState>>,
+    /// `--max-records`.
+    max_records: usize,
+}
+
+impl Parser {
+    /// A parser for `source`, keeping its state files' parse in `cache`.
+    pub fn new(source: String, cache: Arc<Mutex<ParsedState>>, max_records: usize) -> Self {
+        Parser {
+            source,
+            cache,
+            max_records,
+        }
+    }
+
+    /// The snapshot `fetched` describes.
+    ///
+    /// # Errors
+    /// What was sent does not parse, or holds too many records.
+    pub fn parse(&self, fetched: Fetched) -> Result<HostSnapshot, HostError> {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(match fetched {
+            Fetched::Agent(body) => {
+                let frames = frames::parse_frames(&body, &self.source)?;
+                let raw = frames::raw_host(&frames, &self.source)?;
+                assemble(&raw, &self.source, &mut cache, self.max_records)?
+            }
+            Fetched::Local(raw) => assemble(&raw, &self.source, &mut cache, self.max_records)?,
+            Fetched::Recorded(text) => genv::parse_snapshot(&text, &self.source)?,
+        })
+    }
+}
+
+/// `fetched` parsed by `parser` in the blocking pool.
+///
+/// # Errors
+/// As [`Parser::parse`].
+pub async fn parsed(fetched: Fetched, parser: Parser) -> Result<HostSnapshot, HostError> {
+    off_workers("parsing the snapshot", move || parser.parse(fetched)).await?
+}
+
+/// Runs `work` in the blocking pool.
+///
+/// # Errors
+/// The work panicked.
+pub async fn off_workers<T: Send + 'static>(
+    what: &'static str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, HostError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|source| HostError::Join { what, source })
+}
 
 /// A host of any kind.
 #[derive(Debug)]
@@ -69,17 +146,34 @@ impl Host {
         matches!(self, Host::Recorded(_))
     }
 
+    /// What it says of itself now, to be parsed by its [`Host::parser`].
+    ///
+    /// # Errors
+    /// Whatever kept it from being taken, naming the step.
+    pub async fn fetch(&self) -> Result<Fetched, HostError> {
+        match self {
+            Host::Local(h) => h.fetch().await,
+            Host::Ssh(h) => h.fetch().await,
+            Host::Recorded(h) => h.fetch().await,
+        }
+    }
+
+    /// What turns its [`Host::fetch`] into a snapshot.
+    pub fn parser(&self) -> Parser {
+        match self {
+            Host::Local(h) => h.parser(),
+            Host::Ssh(h) => h.parser(),
+            Host::Recorded(h) => h.parser(),
+        }
+    }
+
     /// Its snapshot now: GPU processes with their identity, genv's state,
-    /// and who runs what.
+    /// and who runs what (parsed off the async workers).
     ///
     /// # Errors
     /// Whatever kept it from being taken, naming the step.
     pub async fn snapshot(&self) -> Result<HostSnapshot, HostError> {
-        match self {
-            Host::Local(h) => h.snapshot().await,
-            Host::Ssh(h) => h.snapshot().await,
-            Host::Recorded(h) => h.snapshot().await,
-        }
+        parsed(self.fetch().await?, self.parser()).await
     }
 
     /// Carries out its plan: terminations (each pid's identity re-checked

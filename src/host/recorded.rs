@@ -4,10 +4,9 @@
 use std::path::PathBuf;
 
 use crate::error::HostError;
-use crate::model::{HostId, HostSnapshot};
+use crate::model::HostId;
 use crate::outcome::Outcome;
 use crate::plan::HostPlan;
-use crate::snapshot::genv;
 
 /// A snapshot file and the host name it stands for.
 #[derive(Debug, Clone)]
@@ -17,21 +16,27 @@ pub struct Recorded {
 }
 
 impl Recorded {
-    /// Reads and parses the file; errors name it.
+    /// Reads the file.
     ///
     /// # Errors
-    /// The file cannot be read or is not a genv snapshot.
-    pub async fn snapshot(&self) -> Result<HostSnapshot, HostError> {
+    /// The file cannot be read.
+    pub async fn fetch(&self) -> Result<super::Fetched, HostError> {
         let text = tokio::fs::read_to_string(&self.path)
             .await
             .map_err(|source| HostError::Read {
                 path: self.path.clone(),
                 source,
             })?;
-        Ok(genv::parse_snapshot(
-            &text,
-            &self.path.display().to_string(),
-        )?)
+        Ok(super::Fetched::Recorded(text))
+    }
+
+    /// Parses the file's text; errors name it.
+    pub fn parser(&self) -> super::Parser {
+        super::Parser::new(
+            self.path.display().to_string(),
+            Default::default(),
+            usize::MAX,
+        )
     }
 
     /// Nothing can be done to a recording: every action is a dry run.

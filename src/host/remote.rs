@@ -9,10 +9,8 @@ use super::agent::{self, Limits};
 use super::ssh::{Answer, Connection, PeerStart, SshOptions};
 use crate::doctor::{self, AgentFacts, Connected, Facts, NotConnected};
 use crate::error::{self, ConnectFailure, HostError};
-use crate::model::HostSnapshot;
 use crate::outcome::{self, Outcome};
 use crate::plan::{HostPlan, Signal, Termination};
-use crate::snapshot::{assemble::assemble, frames};
 
 /// A host reached over SSH.
 #[derive(Debug)]
@@ -23,6 +21,8 @@ pub struct SshHost {
     pub command_timeout: Duration,
     /// One cycle only (`--interval 0`): the agent need not outlive it.
     pub once: bool,
+    /// `--max-records`.
+    pub max_records: usize,
 }
 
 impl SshHost {
@@ -206,7 +206,7 @@ impl SshHost {
             f.skew = Some(a.time - (secs(asked) + secs(answered)) / 2.0);
         }
         f.snapshot = Some(
-            self.snapshot()
+            async { super::parsed(self.fetch().await?, self.parser()).await }
                 .await
                 .map(|s| doctor::counts(&s))
                 .map_err(|e| error::chain(&e)),
@@ -256,14 +256,19 @@ impl SshHost {
             .await
     }
 
-    /// See [`Host::snapshot`](super::Host::snapshot).
+    /// See [`Host::fetch`](super::Host::fetch): the agent's frames.
     ///
     /// # Errors
-    /// The connection, sudo or the agent failed, a step failed on the
-    /// host, or the answer is malformed.
-    pub async fn snapshot(&self) -> Result<HostSnapshot, HostError> {
+    /// The connection, sudo or the agent failed, or a step failed on the
+    /// host.
+    pub async fn fetch(&self) -> Result<super::Fetched, HostError> {
         let spec = &self.conn.spec;
-        let request = agent::snapshot_request(&spec.genv_dir, &spec.nvidia_smi, self.limits());
+        let request = agent::snapshot_request(
+            &spec.genv_dir,
+            &spec.nvidia_smi,
+            self.limits(),
+            self.max_records,
+        );
         let answer = self.ask("snapshot", &request).await?;
         if answer.status != 0 {
             return Err(HostError::Remote {
@@ -271,10 +276,16 @@ impl SshHost {
                 message: String::from_utf8_lossy(&answer.body).trim().to_string(),
             });
         }
-        let frames = frames::parse_frames(&answer.body, &spec.id.0)?;
-        let raw = frames::raw_host(&frames, &spec.id.0)?;
-        let mut parsed = self.conn.parsed.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(assemble(&raw, &spec.id.0, &mut parsed)?)
+        Ok(super::Fetched::Agent(answer.body))
+    }
+
+    /// What turns [`SshHost::fetch`] into a snapshot.
+    pub fn parser(&self) -> super::Parser {
+        super::Parser::new(
+            self.conn.spec.id.0.clone(),
+            Arc::clone(&self.conn.parsed),
+            self.max_records,
+        )
     }
 
     /// Sends `signal` to each process of `terminations` whose start time

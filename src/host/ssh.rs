@@ -106,7 +106,7 @@ pub struct Connection {
     /// How long the last master took to come up, until asked for.
     connected_in: std::sync::Mutex<Option<Duration>>,
     /// The host's state files as parsed last cycle.
-    pub parsed: std::sync::Mutex<crate::snapshot::assemble::ParsedState>,
+    pub parsed: Arc<std::sync::Mutex<crate::snapshot::assemble::ParsedState>>,
 }
 
 fn expand_home(path: &Path) -> PathBuf {
@@ -132,7 +132,7 @@ impl Connection {
             spec,
             master: Mutex::new(None),
             connected_in: std::sync::Mutex::new(None),
-            parsed: std::sync::Mutex::default(),
+            parsed: Arc::default(),
         }
     }
 

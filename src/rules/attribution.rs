@@ -1,34 +1,49 @@
-//! Whose cap an environment's devices count toward.
+//! Who runs what on one host: which environment each GPU process is a
+//! member of, and whose device cap each environment counts toward.
 //!
-//! genv charges an environment to the `username` recorded in `envs.json`,
-//! a file every user can write: bob could name alice in his own record (and
-//! get away with his devices), or forge an environment in alice's name
-//! (and get alice's real jobs killed by her cap). So where the host can say
-//! who runs an environment, it decides, not the record:
+//! genv's records are written by anyone: `envs.json` names any user and
+//! lists any pid, and a process may carry any `GENV_ENVIRONMENT_ID` its
+//! owner chose. What no user can fake about another is the uid of a
+//! process and the environment that process was started with. So, where
+//! the host says who runs each process (a live host):
 //!
-//! - the owners (real uid) of the environment's live listed `pids`, and of
-//!   the GPU processes that carry its `GENV_ENVIRONMENT_ID`, are its users;
-//! - a pid listed by several environments on the host is evidence for none
-//!   of them (genv lists an activating shell in one environment only);
-//! - one user: the environment is charged to that user, under the host's
-//!   name for the uid (whatever the record says);
-//! - no live process, or several users: it is charged to nobody and
-//!   reported, so a forged record can never charge someone else.
+//! - An environment's **owner** is the user whose GPU processes carry its
+//!   id. When none does (an idle environment), its record says whose it
+//!   is, as in genv: that costs nobody a job, since no process runs in it.
+//!   When processes of several users carry it, nothing the host shows
+//!   tells whose it is (any user can start a job with any id, and rewrite
+//!   any record): it is *contested*, nobody's.
+//! - A GPU process is a **member** of the environment its id names only if
+//!   its user is that environment's owner. Any other process carrying an
+//!   id is a **stray**: its environment is gone (*orphaned*, such as a
+//!   `nohup` job whose shell ended) or contested. A stray is judged as its
+//!   own user's process outside any environment: reported, never
+//!   terminated by a rule, and its GPUs count toward its user's device cap
+//!   (letting a record die, or sharing an id, frees no room under a cap).
+//!   So a job of bob's carrying alice's id never makes her jobs the ones
+//!   terminated: it only makes the environment nobody's, which gains bob
+//!   nothing a made-up id would not.
+//! - The pids an environment lists only keep it alive (genv's clean-up);
+//!   they never say whose it is.
 //!
-//! A recorded genv snapshot carries no host truth; there the record is all
-//! there is and genv's rule applies (environments without a username
-//! count for nobody).
+//! A recorded genv snapshot says nothing of uids: there, as in genv,
+//! membership is by id and an environment is its recorded user's.
+//!
+//! Every pass here is linear in the host's state: records and processes are
+//! indexed once.
+
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::model::{Env, HostSnapshot};
+use crate::model::{EnvId, GpuIndex, HostSnapshot, Owner, Pid};
 
 /// To whom an environment's attached devices count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Charge {
     /// This user's cap.
     User(String),
-    /// No one's: the host cannot confirm a single user.
+    /// No one's.
     Nobody(Unconfirmed),
 }
 
@@ -36,98 +51,284 @@ pub enum Charge {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "why", rename_all = "snake_case")]
 pub enum Unconfirmed {
-    /// A recorded snapshot's environment without a username (as genv).
+    /// No process runs in it and its record names no user (as genv).
     Nameless,
-    /// No live process of the environment says whose it is.
-    NoLiveProcess,
-    /// Its processes belong to several users.
-    SeveralUsers { users: Vec<String> },
+    /// Processes of several users carry its id.
+    Contested { users: Vec<String> },
+    /// A later record with the id of an earlier one: the first is the
+    /// environment, this one is ignored.
+    Duplicate,
 }
 
-/// The charge of `env`, one of `snap`'s environments.
-pub fn charge(snap: &HostSnapshot, env: &Env) -> Charge {
-    let i = snap
-        .envs
-        .iter()
-        .position(|e| std::ptr::eq(e, env))
-        .expect("env is one of snap's environments");
-    charges(snap).swap_remove(i)
+/// Where a GPU process stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// A member of this environment (an index into the host's `envs`).
+    Member(usize),
+    /// Outside any environment (no `GENV_ENVIRONMENT_ID`).
+    NoEnv,
+    /// Its environment or its user could not be read: never acted on.
+    Unknown,
+    /// It carries an environment id but is no member of it.
+    Stray(Stray),
 }
 
-/// The charge of each of `snap`'s environments, in order, in one pass.
-pub fn charges(snap: &HostSnapshot) -> Vec<Charge> {
-    let Some(truth) = &snap.truth else {
-        return snap
-            .envs
-            .iter()
-            .map(
-                |env| match env.username.as_deref().filter(|u| !u.is_empty()) {
-                    Some(u) => Charge::User(u.to_string()),
-                    None => Charge::Nobody(Unconfirmed::Nameless),
-                },
-            )
-            .collect();
-    };
-    // Hosts hold a handful of environments and a few dozen processes:
-    // plain scans beat hashing here.
-    let name = |uid: &u32| {
-        truth
-            .user_names
-            .get(uid)
-            .cloned()
-            .unwrap_or_else(|| format!("uid {uid}"))
-    };
-    snap.envs
-        .iter()
-        .map(|env| {
-            let listed_alone = |pid: &&i64| {
-                !snap
-                    .envs
-                    .iter()
-                    .any(|other| !std::ptr::eq(other, env) && other.pids.contains(pid))
-            };
-            let mut uids: Vec<u32> = env
-                .pids
-                .iter()
-                .filter(listed_alone)
-                .filter_map(|pid| truth.pid_uids.get(pid).copied())
-                .chain(snap.processes_of(&env.eid).filter_map(|p| p.uid))
-                .collect();
+/// Why a process that carries an environment id is no member of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "why", rename_all = "snake_case")]
+pub enum Stray {
+    /// No environment with its id exists on the host.
+    Orphaned,
+    /// Processes of several users carry the id.
+    Contested { users: Vec<String> },
+}
+
+/// Who runs what on one host, worked out once from its snapshot.
+#[derive(Debug, Clone)]
+pub struct Attribution<'a> {
+    snap: &'a HostSnapshot,
+    /// The first record of each id (index into `snap.envs`).
+    index: HashMap<&'a EnvId, usize>,
+    /// Per record: whose cap it counts toward.
+    charges: Vec<Charge>,
+    /// Per record: its owner's uid (live hosts, environments with processes).
+    owners: Vec<Option<u32>>,
+    /// Per process of the snapshot: where it stands.
+    standing: Vec<Standing>,
+    /// Per record: its member processes (indices), in snapshot order.
+    members: Vec<Vec<usize>>,
+}
+
+impl<'a> Attribution<'a> {
+    /// Works out memberships and charges of `snap`.
+    pub fn of(snap: &'a HostSnapshot) -> Self {
+        let mut index = HashMap::with_capacity(snap.envs.len());
+        for (i, e) in snap.envs.iter().enumerate() {
+            index.entry(&e.eid).or_insert(i);
+        }
+        let first = |i: usize, e: &EnvId| index.get(e) == Some(&i);
+        // The uids of the processes carrying each record's id.
+        let mut carriers: Vec<Vec<u32>> = vec![Vec::new(); snap.envs.len()];
+        if snap.truth.is_some() {
+            for p in &snap.processes {
+                if let (Some(eid), Some(uid)) = (p.owner.eid(), p.uid) {
+                    if let Some(&i) = index.get(eid) {
+                        carriers[i].push(uid);
+                    }
+                }
+            }
+        }
+        let name = |uid: u32| user_name(snap, uid);
+        let recorded = |i: usize| {
+            snap.envs[i]
+                .username
+                .as_deref()
+                .filter(|u| !u.is_empty())
+                .map(str::to_string)
+        };
+        let mut charges = Vec::with_capacity(snap.envs.len());
+        let mut owners = Vec::with_capacity(snap.envs.len());
+        for (i, (e, uids)) in snap.envs.iter().zip(&mut carriers).enumerate() {
             uids.sort_unstable();
             uids.dedup();
-            match uids.len() {
-                0 => Charge::Nobody(Unconfirmed::NoLiveProcess),
-                1 => Charge::User(name(&uids[0])),
-                _ => Charge::Nobody(Unconfirmed::SeveralUsers {
-                    users: uids.iter().map(name).collect(),
-                }),
+            let (owner, charge) = if !first(i, &e.eid) {
+                (None, Charge::Nobody(Unconfirmed::Duplicate))
+            } else {
+                match uids.as_slice() {
+                    [] => (
+                        None,
+                        recorded(i).map_or(Charge::Nobody(Unconfirmed::Nameless), Charge::User),
+                    ),
+                    [uid] => (Some(*uid), Charge::User(name(*uid))),
+                    several => (
+                        None,
+                        Charge::Nobody(Unconfirmed::Contested {
+                            users: several.iter().map(|u| name(*u)).collect(),
+                        }),
+                    ),
+                }
+            };
+            owners.push(owner);
+            charges.push(charge);
+        }
+        let mut members = vec![Vec::new(); snap.envs.len()];
+        let standing = snap
+            .processes
+            .iter()
+            .enumerate()
+            .map(|(pi, p)| {
+                let s = match &p.owner {
+                    Owner::Unknown(_) => Standing::Unknown,
+                    Owner::NoEnv => Standing::NoEnv,
+                    Owner::Env(eid) => match (index.get(eid), snap.truth.is_some(), p.uid) {
+                        (None, true, None) => Standing::Unknown,
+                        (None, _, _) => Standing::Stray(Stray::Orphaned),
+                        (Some(&i), false, _) => Standing::Member(i),
+                        (Some(_), true, None) => Standing::Unknown,
+                        (Some(&i), true, Some(uid)) => match (owners[i], &charges[i]) {
+                            (Some(o), _) if o == uid => Standing::Member(i),
+                            (None, Charge::Nobody(Unconfirmed::Contested { users })) => {
+                                Standing::Stray(Stray::Contested {
+                                    users: users.clone(),
+                                })
+                            }
+                            // Not reached: every carrier's uid made the owner.
+                            _ => Standing::Unknown,
+                        },
+                    },
+                };
+                if let Standing::Member(i) = s {
+                    members[i].push(pi);
+                }
+                s
+            })
+            .collect();
+        Attribution {
+            snap,
+            index,
+            charges,
+            owners,
+            standing,
+            members,
+        }
+    }
+
+    /// The snapshot it is about.
+    pub fn snapshot(&self) -> &'a HostSnapshot {
+        self.snap
+    }
+
+    /// The index of the environment with id `eid` (its first record).
+    pub fn env(&self, eid: &EnvId) -> Option<usize> {
+        self.index.get(eid).copied()
+    }
+
+    /// Whether record `i` is the environment of its id (not a later duplicate).
+    pub fn is_env(&self, i: usize) -> bool {
+        self.env(&self.snap.envs[i].eid) == Some(i)
+    }
+
+    /// Whose cap record `i` counts toward.
+    pub fn charge(&self, i: usize) -> &Charge {
+        &self.charges[i]
+    }
+
+    /// The owner's uid of record `i`, where processes say it.
+    pub fn owner_uid(&self, i: usize) -> Option<u32> {
+        self.owners[i]
+    }
+
+    /// Where process `pi` (an index into the snapshot's processes) stands.
+    pub fn standing(&self, pi: usize) -> &Standing {
+        &self.standing[pi]
+    }
+
+    /// The member processes of record `i`, in snapshot order.
+    pub fn members(&self, i: usize) -> impl Iterator<Item = &'a crate::model::Process> + '_ {
+        self.members[i].iter().map(|&pi| &self.snap.processes[pi])
+    }
+
+    /// The user a process belongs to, as the caps count users: the host's
+    /// name for its uid on a live host; on a recording, its environment's.
+    pub fn user_of(&self, pi: usize) -> Option<String> {
+        match (&self.snap.truth, self.snap.processes[pi].uid) {
+            (Some(_), Some(uid)) => Some(user_name(self.snap, uid)),
+            (Some(_), None) => None,
+            (None, _) => match &self.standing[pi] {
+                Standing::Member(i) => match &self.charges[*i] {
+                    Charge::User(u) => Some(u.clone()),
+                    Charge::Nobody(_) => None,
+                },
+                _ => None,
+            },
+        }
+    }
+
+    /// The devices record `i` is attached to, in device order.
+    pub fn attached(&self, i: usize) -> Vec<GpuIndex> {
+        let eid = &self.snap.envs[i].eid;
+        self.snap
+            .devices
+            .iter()
+            .filter(|d| d.has(eid))
+            .map(|d| d.index)
+            .collect()
+    }
+
+    /// Per record, the devices it is attached to, in device order, in one
+    /// pass over the attachments.
+    pub fn attachments(&self) -> Vec<Vec<GpuIndex>> {
+        let mut out = vec![Vec::new(); self.snap.envs.len()];
+        for d in &self.snap.devices {
+            for a in &d.attachments {
+                if let Some(i) = self.env(&a.eid) {
+                    if out[i].last() != Some(&d.index) {
+                        out[i].push(d.index);
+                    }
+                }
             }
-        })
-        .collect()
+        }
+        out
+    }
+
+    /// The member pids of record `i` that run on `device`.
+    pub fn members_on(&self, i: usize, device: GpuIndex) -> Vec<Pid> {
+        self.members(i)
+            .filter(|p| p.usage_on(device).is_some())
+            .map(|p| p.pid)
+            .collect()
+    }
+}
+
+/// The host's name for `uid` (`uid N` when it has none).
+pub fn user_name(snap: &HostSnapshot, uid: u32) -> String {
+    snap.truth
+        .as_ref()
+        .and_then(|t| t.user_names.get(&uid).cloned())
+        .unwrap_or_else(|| format!("uid {uid}"))
+}
+
+/// The charge of each of `snap`'s records, in order.
+pub fn charges(snap: &HostSnapshot) -> Vec<Charge> {
+    Attribution::of(snap).charges
+}
+
+/// Each user's processes, by name (for tests and reports).
+pub fn users(snap: &HostSnapshot) -> BTreeMap<String, Vec<Pid>> {
+    let a = Attribution::of(snap);
+    let mut out: BTreeMap<String, Vec<Pid>> = BTreeMap::new();
+    for (pi, p) in snap.processes.iter().enumerate() {
+        if let Some(u) = a.user_of(pi) {
+            out.entry(u).or_default().push(p.pid);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::test_support::*;
     use super::*;
-    use crate::model::HostTruth;
+    use crate::model::{Env, HostTruth, Process};
 
-    /// A host where uid 1001 is alice and 1002 bob; pid 10 is alice's
-    /// shell, 20 bob's; GPU process 30 is bob's, in env `b`.
-    fn host(envs: Vec<Env>) -> HostSnapshot {
-        let mut p = proc_(30, Some("b"), &[(0, mib(1))]);
-        p.uid = Some(1002);
+    /// A live host where uid 1001 is alice and 1002 bob.
+    fn host(envs: Vec<Env>, processes: Vec<Process>) -> HostSnapshot {
         HostSnapshot {
-            processes: vec![p],
+            processes,
             envs,
             devices: devices(2, &[]),
             truth: Some(HostTruth {
-                pid_uids: [(10, 1001), (20, 1002)].into_iter().collect(),
                 user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
                     .into_iter()
                     .collect(),
             }),
         }
+    }
+
+    fn job(pid: u32, eid: Option<&str>, uid: u32) -> Process {
+        let mut p = proc_(pid, eid, &[(0, mib(1))]);
+        p.uid = Some(uid);
+        p
     }
 
     fn listing(eid: &str, user: Option<&str>, pids: &[i64]) -> Env {
@@ -138,76 +339,136 @@ mod tests {
     }
 
     fn charge_of(snap: &HostSnapshot, eid: &str) -> Charge {
-        charge(snap, snap.envs.iter().find(|e| e.eid.0 == eid).unwrap())
+        let a = Attribution::of(snap);
+        a.charge(a.env(&EnvId(eid.into())).unwrap()).clone()
+    }
+
+    fn standing_of(snap: &HostSnapshot, pid: u32) -> Standing {
+        let a = Attribution::of(snap);
+        let pi = snap.processes.iter().position(|p| p.pid.0 == pid).unwrap();
+        a.standing(pi).clone()
     }
 
     #[test]
-    fn consistent_records_are_charged_as_genv_does() {
-        let s = host(vec![listing("a", Some("alice"), &[10])]);
+    fn an_environment_is_its_processes_users_whatever_its_record_says() {
+        let s = host(
+            vec![listing("a", Some("bob"), &[1])],
+            vec![job(30, Some("a"), 1001)],
+        );
         assert_eq!(charge_of(&s, "a"), Charge::User("alice".into()));
+        assert_eq!(standing_of(&s, 30), Standing::Member(0));
     }
 
     #[test]
-    fn a_relabelled_env_stays_its_owners() {
-        // bob names alice in his own record: his shell and his GPU process say bob.
-        let s = host(vec![listing("b", Some("alice"), &[20])]);
-        assert_eq!(charge_of(&s, "b"), Charge::User("bob".into()));
-        let s = host(vec![listing("b", None, &[])]);
-        assert_eq!(
-            charge_of(&s, "b"),
-            Charge::User("bob".into()),
-            "its GPU process is bob's"
-        );
-    }
-
-    #[test]
-    fn a_forged_env_never_charges_its_victim() {
-        // Listing alice's shell, which her real env lists too: evidence for neither.
-        let s = host(vec![
-            listing("real", Some("alice"), &[10]),
-            listing("forged", Some("alice"), &[10]),
-        ]);
-        assert!(matches!(
-            charge_of(&s, "forged"),
-            Charge::Nobody(Unconfirmed::NoLiveProcess)
-        ));
-        // Listing alice's shell beside bob's own pid: several users, nobody.
-        let s = host(vec![listing("forged", Some("alice"), &[10, 20])]);
-        assert_eq!(
-            charge_of(&s, "forged"),
-            Charge::Nobody(Unconfirmed::SeveralUsers {
-                users: vec!["alice".into(), "bob".into()]
-            })
-        );
-        // Listing a dead or unknown pid: no evidence at all.
-        let s = host(vec![listing("forged", Some("alice"), &[99])]);
-        assert_eq!(
-            charge_of(&s, "forged"),
-            Charge::Nobody(Unconfirmed::NoLiveProcess)
-        );
-        // bob's GPU process in an env listing only alice's pid: several users.
-        let s = host(vec![listing("b", Some("alice"), &[10])]);
-        assert!(matches!(
-            charge_of(&s, "b"),
-            Charge::Nobody(Unconfirmed::SeveralUsers { .. })
-        ));
-    }
-
-    #[test]
-    fn uids_without_a_name_and_recorded_snapshots() {
-        let mut s = host(vec![listing("a", Some("alice"), &[10])]);
-        s.truth.as_mut().unwrap().user_names.clear();
-        assert_eq!(charge_of(&s, "a"), Charge::User("uid 1001".into()));
-        s.truth = None;
+    fn an_idle_environment_is_its_records_user_as_in_genv() {
+        let s = host(vec![listing("a", Some("alice"), &[1])], vec![]);
         assert_eq!(charge_of(&s, "a"), Charge::User("alice".into()));
-        let s = HostSnapshot {
-            truth: None,
-            ..host(vec![
-                listing("n", None, &[10]),
-                listing("e", Some(""), &[10]),
-            ])
-        };
+        let s = host(
+            vec![listing("n", None, &[1]), listing("e", Some(""), &[1])],
+            vec![],
+        );
         assert_eq!(charge_of(&s, "n"), Charge::Nobody(Unconfirmed::Nameless));
         assert_eq!(charge_of(&s, "e"), Charge::Nobody(Unconfirmed::Nameless));
+    }
+
+    #[test]
+    fn listed_pids_say_nothing_of_whose_an_environment_is() {
+        // bob's env lists alice's GPU job and pid 1: still bob's (his record,
+        // no process of its own), and alice's job stays in her own env.
+        let s = host(
+            vec![
+                listing("a", Some("alice"), &[10]),
+                listing("b", Some("bob"), &[30, 1]),
+            ],
+            vec![job(30, Some("a"), 1001)],
+        );
+        assert_eq!(charge_of(&s, "b"), Charge::User("bob".into()));
+        assert_eq!(standing_of(&s, 30), Standing::Member(0));
+    }
+
+    #[test]
+    fn an_id_carried_by_several_users_is_contested_and_nobodys() {
+        // bob runs a job with alice's id: whatever the record says, neither
+        // job is a member, and the env counts toward nobody's cap.
+        for recorded in [Some("alice"), Some("bob"), Some("carol"), None] {
+            let s = host(
+                vec![listing("a", recorded, &[10])],
+                vec![job(30, Some("a"), 1001), job(31, Some("a"), 1002)],
+            );
+            let users = vec!["alice".to_string(), "bob".to_string()];
+            assert_eq!(
+                charge_of(&s, "a"),
+                Charge::Nobody(Unconfirmed::Contested {
+                    users: users.clone()
+                })
+            );
+            for pid in [30, 31] {
+                assert_eq!(
+                    standing_of(&s, pid),
+                    Standing::Stray(Stray::Contested {
+                        users: users.clone()
+                    })
+                );
+            }
+            let a = Attribution::of(&s);
+            assert_eq!(a.members(0).count(), 0);
+            assert_eq!(a.user_of(1).as_deref(), Some("bob"));
+        }
+    }
+
+    #[test]
+    fn orphans_unknowns_and_duplicates() {
+        let mut unknown_uid = job(32, Some("a"), 1);
+        unknown_uid.uid = None;
+        let mut hidden = job(33, None, 1001);
+        hidden.owner = Owner::Unknown("permission denied".into());
+        let s = host(
+            vec![
+                listing("a", Some("alice"), &[10]),
+                listing("a", Some("bob"), &[20]),
+            ],
+            vec![
+                job(30, Some("gone"), 1001),
+                job(31, None, 1002),
+                unknown_uid,
+                hidden,
+            ],
+        );
+        assert_eq!(standing_of(&s, 30), Standing::Stray(Stray::Orphaned));
+        assert_eq!(standing_of(&s, 31), Standing::NoEnv);
+        assert_eq!(standing_of(&s, 32), Standing::Unknown);
+        assert_eq!(standing_of(&s, 33), Standing::Unknown);
+        let a = Attribution::of(&s);
+        assert_eq!(a.charge(0), &Charge::User("alice".into()));
+        assert_eq!(a.charge(1), &Charge::Nobody(Unconfirmed::Duplicate));
+        assert!(a.is_env(0) && !a.is_env(1));
+    }
+
+    #[test]
+    fn recordings_go_by_id_and_record_as_genv() {
+        let mut s = host(
+            vec![listing("a", Some("alice"), &[10])],
+            vec![job(30, Some("a"), 1002), job(31, Some("x"), 1002)],
+        );
+        s.truth = None;
+        assert_eq!(charge_of(&s, "a"), Charge::User("alice".into()));
+        assert_eq!(standing_of(&s, 30), Standing::Member(0));
+        assert_eq!(standing_of(&s, 31), Standing::Stray(Stray::Orphaned));
+        let a = Attribution::of(&s);
+        assert_eq!(a.user_of(0).as_deref(), Some("alice"));
+        assert_eq!(a.user_of(1), None);
+    }
+
+    #[test]
+    fn uids_without_a_name() {
+        let mut s = host(
+            vec![listing("a", None, &[10])],
+            vec![job(30, Some("a"), 1003)],
+        );
+        assert_eq!(charge_of(&s, "a"), Charge::User("uid 1003".into()));
+        s.processes[0].uid = Some(1001);
+        assert_eq!(charge_of(&s, "a"), Charge::User("alice".into()));
+        s.truth.as_mut().unwrap().user_names.clear();
+        assert_eq!(charge_of(&s, "a"), Charge::User("uid 1001".into()));
     }
 }

@@ -1,23 +1,28 @@
 //! env-memory: environments over their `gpu_memory` on a device.
 //!
-//! genv's greedy choice: the environment's processes on that device in
-//! snapshot order until the freed usage covers the excess. A process whose
-//! usage nvidia-smi could not measure counts for nothing and is never
-//! chosen (genv 1.4.3 crashes on it instead).
+//! genv's greedy choice: the environment's member processes on that
+//! device in snapshot order until the freed usage covers the excess. Only
+//! members count and are chosen: another user's process carrying the
+//! environment's id neither uses up its memory nor gets its owner's jobs
+//! picked. A process whose usage nvidia-smi could not measure counts for
+//! nothing and is never chosen (genv 1.4.3 crashes on it instead).
 
+use super::attribution::Attribution;
 use super::{Action, Finding, Rule, Violation};
-use crate::model::{HostId, HostSnapshot};
+use crate::model::HostId;
 
-pub(super) fn evaluate(host: &HostId, snap: &HostSnapshot) -> Vec<Violation> {
+pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
+    let snap = a.snapshot();
+    let attached = a.attachments();
     let mut out = Vec::new();
-    for env in &snap.envs {
+    for (i, env) in snap.envs.iter().enumerate() {
         let Some(capacity) = &env.gpu_memory else {
             continue;
         };
-        for device in snap.devices.iter().filter(|d| d.has(&env.eid)) {
-            let procs: Vec<_> = snap
-                .processes_of(&env.eid)
-                .filter_map(|p| p.usage_on(device.index).map(|u| (p.pid, u.bytes())))
+        for &device in &attached[i] {
+            let procs: Vec<_> = a
+                .members(i)
+                .filter_map(|p| p.usage_on(device).map(|u| (p.pid, u.bytes())))
                 .collect();
             // Saturating: absurd usages must still read as over, never wrap to under.
             let used = procs
@@ -45,7 +50,7 @@ pub(super) fn evaluate(host: &HostId, snap: &HostSnapshot) -> Vec<Violation> {
                 finding: Finding::EnvMemory {
                     host: host.clone(),
                     eid: env.eid.clone(),
-                    device: device.index,
+                    device,
                     used,
                     over,
                     capacity: capacity.text.clone(),
@@ -61,7 +66,7 @@ pub(super) fn evaluate(host: &HostId, snap: &HostSnapshot) -> Vec<Violation> {
 mod tests {
     use super::super::test_support::*;
     use super::*;
-    use crate::model::{Pid, Usage};
+    use crate::model::{HostSnapshot, Pid, Usage};
 
     fn terminated(v: &Violation) -> Vec<u32> {
         v.actions
@@ -93,7 +98,7 @@ mod tests {
                 proc_(3, Some("a"), &[(0, mib(1000))]),
             ],
         );
-        let v = evaluate(&HostId("h".into()), &s);
+        let v = evaluate(&HostId("h".into()), &Attribution::of(&s));
         assert_eq!(v.len(), 1);
         assert_eq!(terminated(&v[0]), vec![1, 2]);
         assert_eq!(
@@ -115,7 +120,7 @@ mod tests {
             "2000mi",
             vec![proc_(1, Some("a"), &[(0, mib(2000)), (1, mib(5000))])],
         );
-        assert!(evaluate(&HostId("h".into()), &s).is_empty());
+        assert!(evaluate(&HostId("h".into()), &Attribution::of(&s)).is_empty());
     }
 
     #[test]
@@ -127,7 +132,7 @@ mod tests {
                 proc_(2, Some("a"), &[(0, mib(1))]),
             ],
         );
-        let v = evaluate(&HostId("h".into()), &s);
+        let v = evaluate(&HostId("h".into()), &Attribution::of(&s));
         assert_eq!(terminated(&v[0]), vec![1, 2]);
     }
 
@@ -141,10 +146,10 @@ mod tests {
                 proc_(3, Some("a"), &[(0, mib(800))]),
             ],
         );
-        let v = evaluate(&HostId("h".into()), &s);
+        let v = evaluate(&HostId("h".into()), &Attribution::of(&s));
         assert_eq!(terminated(&v[0]), vec![2]);
         let only_unknown = snap("1mi", vec![proc_(1, Some("a"), &[(0, Usage::Unknown)])]);
-        assert!(evaluate(&HostId("h".into()), &only_unknown).is_empty());
+        assert!(evaluate(&HostId("h".into()), &Attribution::of(&only_unknown)).is_empty());
     }
 
     #[test]
@@ -158,7 +163,7 @@ mod tests {
                 proc_(2, Some("a"), &[(0, huge)]),
             ],
         );
-        let v = evaluate(&HostId("h".into()), &s);
+        let v = evaluate(&HostId("h".into()), &Attribution::of(&s));
         assert_eq!(v.len(), 1);
         assert!(matches!(
             v[0].finding,
@@ -175,6 +180,6 @@ mod tests {
             devices: devices(1, &[(0, "a")]),
             truth: None,
         };
-        assert!(evaluate(&HostId("h".into()), &s).is_empty());
+        assert!(evaluate(&HostId("h".into()), &Attribution::of(&s)).is_empty());
     }
 }

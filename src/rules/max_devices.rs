@@ -1,94 +1,190 @@
-//! max-devices-per-user: caps on the devices a user's environments are
-//! attached to, counted over every host seen this cycle.
+//! max-devices-per-user: caps on the devices a user holds, counted over
+//! every host seen this cycle.
 //!
-//! A user's count is the number of (host, device) pairs any of the
-//! environments charged to them is attached to (see [`super::attribution`]:
-//! the host's truth, not the record, says whose an environment is). The
-//! excess is detached in genv's order: hosts as given, devices by index,
-//! each chosen device detached from all of that user's environments on it.
+//! Each host is summed up on its own ([`HostUsage::of`], beside the
+//! host's other rules); the caps then need only those summaries.
+//!
+//! A user's count is the number of (host, device) pairs on which an
+//! environment charged to them is attached ([`super::attribution`]: its
+//! processes' user, else its record's) or one of their stray processes
+//! runs (a job whose environment is gone or contested still holds the
+//! GPU). The excess is detached device by device, each from all of that
+//! user's environments on it, in this order: first the devices where none
+//! of the user's processes runs, then the others, each group in genv's
+//! order (hosts as given, devices by index). genv takes devices in index
+//! order only, so that attaching someone's environment to spare devices
+//! would get their working device detached. A device held only by strays
+//! has nothing to detach: it stays counted, and is reported.
 //! Users are visited in name order (genv: Python set order).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use super::attribution::Charge;
-use super::{Action, Finding, Policy, Rule, Violation};
-use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot};
+use super::attribution::{Attribution, Charge, Standing};
+use super::{Action, Finding, Notice, Policy, Rule, Violation};
+use crate::model::{EnvId, GpuIndex, HostId, Pid};
 
-/// One host where a user has environments, and those environments.
-type UserOnHost<'a> = (&'a HostId, &'a HostSnapshot, Vec<&'a EnvId>);
+/// One host's part of the device caps: what each user holds there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostUsage {
+    pub users: BTreeMap<String, Held>,
+}
 
-/// `charges`: whose cap each environment of each host counts toward
-/// ([`super::Charges`]).
-pub(super) fn evaluate(
-    cluster: &Cluster,
-    policy: &Policy,
-    charges: &[Vec<Charge>],
-) -> Vec<Violation> {
-    // user -> hosts in order, each with the user's environments there.
-    let mut users: BTreeMap<&str, Vec<UserOnHost>> = BTreeMap::new();
-    for ((host, snap), charges) in cluster.hosts.iter().zip(charges) {
-        for (env, charge) in snap.envs.iter().zip(charges) {
-            let Charge::User(user) = charge else {
-                continue;
-            };
-            let hosts = users.entry(user).or_default();
-            match hosts.last_mut() {
-                Some((h, _, eids)) if *h == host => eids.push(&env.eid),
-                _ => hosts.push((host, snap, vec![&env.eid])),
-            }
+/// What one user holds on one host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    /// An environment of theirs is on the host (genv's host count).
+    pub envs: bool,
+    /// The devices counted toward their cap, in device order.
+    pub devices: Vec<HeldDevice>,
+}
+
+/// A device counted toward a user's cap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldDevice {
+    pub index: GpuIndex,
+    /// The user's environments attached here, detached together.
+    pub eids: Vec<EnvId>,
+    /// Their member processes here, terminated with the detach.
+    pub pids: Vec<Pid>,
+    /// A process of the user runs here.
+    pub working: bool,
+}
+
+impl HeldDevice {
+    fn new(index: GpuIndex) -> Self {
+        HeldDevice {
+            index,
+            eids: Vec::new(),
+            pids: Vec::new(),
+            working: false,
         }
     }
-    let mut out = Vec::new();
-    for (user, hosts) in users {
-        let Some(cap) = policy.cap_for(user) else {
-            continue;
+}
+
+impl HostUsage {
+    /// What each user holds on the host `a` is about.
+    pub fn of(a: &Attribution) -> Self {
+        let snap = a.snapshot();
+        let mut usage = HostUsage::default();
+        // (user, device) -> its place in that user's list.
+        let mut slots: HashMap<(String, GpuIndex), usize> = HashMap::new();
+        let charged = |i: usize| match a.charge(i) {
+            Charge::User(u) => Some(u.as_str()),
+            Charge::Nobody(_) => None,
         };
-        // (host, device, the user's eids attached there), in genv's order.
-        let mut attached: Vec<(&HostId, GpuIndex, Vec<EnvId>)> = Vec::new();
-        for (host, snap, eids) in &hosts {
-            for device in &snap.devices {
-                let mine: Vec<EnvId> = device
-                    .attachments
-                    .iter()
-                    .filter(|a| eids.contains(&&a.eid))
-                    .map(|a| a.eid.clone())
-                    .collect();
-                if !mine.is_empty() {
-                    attached.push((host, device.index, mine));
+        for i in 0..snap.envs.len() {
+            if let Some(u) = charged(i) {
+                usage.users.entry(u.to_string()).or_default().envs = true;
+            }
+        }
+        for d in &snap.devices {
+            for att in &d.attachments {
+                let Some(i) = a.env(&att.eid) else { continue };
+                let Some(u) = charged(i) else { continue };
+                let held = usage.device(&mut slots, u, d.index);
+                if !held.eids.contains(&att.eid) {
+                    held.eids.push(att.eid.clone());
+                    held.pids.extend(a.members_on(i, d.index));
                 }
             }
         }
-        let over = attached.len().saturating_sub(cap as usize);
+        for (pi, p) in snap.processes.iter().enumerate() {
+            let Some(user) = a.user_of(pi) else { continue };
+            let stray = matches!(a.standing(pi), Standing::Stray(_));
+            for index in p.indices() {
+                if stray {
+                    usage.device(&mut slots, &user, index).working = true;
+                } else if let Some(&s) = slots.get(&(user.clone(), index)) {
+                    usage.users.get_mut(&user).expect("a slot's user").devices[s].working = true;
+                }
+            }
+        }
+        usage
+    }
+
+    /// `user`'s entry for device `index`, made if missing.
+    fn device(
+        &mut self,
+        slots: &mut HashMap<(String, GpuIndex), usize>,
+        user: &str,
+        index: GpuIndex,
+    ) -> &mut HeldDevice {
+        let held = self.users.entry(user.to_string()).or_default();
+        let s = *slots.entry((user.to_string(), index)).or_insert_with(|| {
+            held.devices.push(HeldDevice::new(index));
+            held.devices.len() - 1
+        });
+        &mut held.devices[s]
+    }
+}
+
+/// The caps over every host's usage (`hosts` in the order given): a
+/// violation per user over their cap, with the detaches that bring them
+/// down, and a notice for each user whose excess cannot all be detached.
+pub fn evaluate(hosts: &[(&HostId, &HostUsage)], policy: &Policy) -> (Vec<Violation>, Vec<Notice>) {
+    let mut users: BTreeMap<&str, Vec<(&HostId, &Held)>> = BTreeMap::new();
+    for (host, usage) in hosts {
+        for (user, held) in &usage.users {
+            users.entry(user).or_default().push((host, held));
+        }
+    }
+    let mut violations = Vec::new();
+    let mut notices = Vec::new();
+    for (user, held) in users {
+        let Some(cap) = policy.cap_for(user) else {
+            continue;
+        };
+        let count: usize = held.iter().map(|(_, h)| h.devices.len()).sum();
+        let over = count.saturating_sub(cap as usize);
         if over == 0 {
             continue;
         }
-        out.push(Violation {
+        let detachable = |working: bool| {
+            held.iter().flat_map(move |(host, h)| {
+                h.devices
+                    .iter()
+                    .filter(move |d| !d.eids.is_empty() && d.working == working)
+                    .map(move |d| (*host, d))
+            })
+        };
+        let actions: Vec<Action> = detachable(false)
+            .chain(detachable(true))
+            .take(over)
+            .map(|(host, d)| Action::Detach {
+                host: host.clone(),
+                device: d.index,
+                eids: d.eids.clone(),
+                pids: d.pids.clone(),
+            })
+            .collect();
+        if actions.len() < over {
+            notices.push(Notice::ExcessKept {
+                user: user.to_string(),
+                left: over - actions.len(),
+            });
+        }
+        violations.push(Violation {
             rule: Rule::MaxDevicesPerUser,
             finding: Finding::MaxDevices {
                 user: user.to_string(),
-                devices: attached.len(),
-                hosts: hosts.len(),
+                devices: count,
+                hosts: held
+                    .iter()
+                    .filter(|(_, h)| h.envs || !h.devices.is_empty())
+                    .count(),
                 over,
             },
-            actions: attached
-                .into_iter()
-                .take(over)
-                .map(|(host, device, eids)| Action::Detach {
-                    host: host.clone(),
-                    device,
-                    eids,
-                })
-                .collect(),
+            actions,
         });
     }
-    out
+    (violations, notices)
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::test_support::*;
     use super::*;
-    use crate::model::{GpuIndex, HostId, HostSnapshot, Mode};
+    use crate::model::{Cluster, HostSnapshot, HostTruth, Mode, Process};
 
     fn policy(global: Option<u32>, per_user: &[(&str, u32)]) -> Policy {
         Policy {
@@ -107,11 +203,29 @@ mod tests {
         }
     }
 
+    fn live(mut s: HostSnapshot, processes: Vec<Process>) -> HostSnapshot {
+        s.processes = processes;
+        s.truth = Some(HostTruth {
+            user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
+                .into_iter()
+                .collect(),
+        });
+        s
+    }
+
+    fn job(pid: u32, eid: Option<&str>, uid: u32, gpu: u32) -> Process {
+        let mut p = proc_(pid, eid, &[(gpu, mib(1))]);
+        p.uid = Some(uid);
+        p
+    }
+
     fn detached(v: &Violation) -> Vec<(String, u32, usize)> {
         v.actions
             .iter()
             .map(|a| match a {
-                Action::Detach { host, device, eids } => (host.0.clone(), device.0, eids.len()),
+                Action::Detach {
+                    host, device, eids, ..
+                } => (host.0.clone(), device.0, eids.len()),
                 other => panic!("{other:?}"),
             })
             .collect()
@@ -163,13 +277,6 @@ mod tests {
             }
         );
         assert_eq!(detached(&v[0]), vec![("h2".into(), 0, 1)]);
-        assert!(matches!(
-            &v[0].actions[0],
-            Action::Detach {
-                device: GpuIndex(0),
-                ..
-            }
-        ));
     }
 
     #[test]
@@ -195,5 +302,105 @@ mod tests {
         assert!(
             crate::rules::evaluate(&c, &policy(Some(0), &[("alice", 5), ("bob", 5)])).is_empty()
         );
+    }
+
+    #[test]
+    fn spare_devices_go_before_the_one_a_job_runs_on() {
+        // alice works on device 0; bob attached her env to 1..3 as well.
+        let s = live(
+            host(
+                vec![env("a", Some("alice"), None)],
+                &[(0, "a"), (1, "a"), (2, "a"), (3, "a")],
+            ),
+            vec![job(10, Some("a"), 1001, 0)],
+        );
+        let v = crate::rules::evaluate(&local(s), &policy(Some(2), &[]));
+        assert_eq!(
+            detached(&v[0]),
+            vec![("localhost".into(), 1, 1), ("localhost".into(), 2, 1)]
+        );
+        assert!(v[0]
+            .actions
+            .iter()
+            .all(|a| matches!(a, Action::Detach { pids, .. } if pids.is_empty())));
+        // Over by all her devices: the working one goes last, with its job.
+        let s = live(
+            host(vec![env("a", Some("alice"), None)], &[(0, "a"), (1, "a")]),
+            vec![job(10, Some("a"), 1001, 0)],
+        );
+        let v = crate::rules::evaluate(&local(s), &policy(Some(0), &[]));
+        assert_eq!(
+            v[0].actions[1],
+            Action::Detach {
+                host: HostId("localhost".into()),
+                device: GpuIndex(0),
+                eids: vec![EnvId("a".into())],
+                pids: vec![Pid(10)],
+            }
+        );
+    }
+
+    #[test]
+    fn strays_count_toward_their_users_cap_and_are_never_detached() {
+        // alice's nohup job on device 2 outlived its env; her new env holds 0 and 1.
+        let s = live(
+            host(vec![env("a", Some("alice"), None)], &[(0, "a"), (1, "a")]),
+            vec![job(10, Some("gone"), 1001, 2), job(11, Some("a"), 1001, 0)],
+        );
+        let c = local(s);
+        let (v, n) = {
+            let v = crate::rules::evaluate(&c, &policy(Some(2), &[]));
+            (v, crate::rules::assess_cluster(&c, &policy(Some(2), &[])).1)
+        };
+        assert!(
+            matches!(
+                &v[0].finding,
+                Finding::MaxDevices {
+                    devices: 3,
+                    over: 1,
+                    ..
+                }
+            ),
+            "{v:?}"
+        );
+        assert_eq!(
+            detached(&v[0]),
+            vec![("localhost".into(), 1, 1)],
+            "the idle one"
+        );
+        assert!(!n.iter().any(|n| matches!(n, Notice::ExcessKept { .. })));
+        // A cap of 0: both attachments go, the stray's device stays, said so.
+        let (v, n) = crate::rules::assess_cluster(&c, &policy(Some(0), &[]));
+        assert_eq!(detached(&v[0]).len(), 2);
+        assert!(n.contains(&Notice::ExcessKept {
+            user: "alice".into(),
+            left: 1
+        }));
+    }
+
+    #[test]
+    fn a_contested_env_counts_for_nobody_and_its_jobs_for_their_users() {
+        // bob runs a job with alice's id on her device 0 and attaches her env
+        // to 1..3: the env is nobody's, nothing of it is detached; each job
+        // counts toward its own user's cap.
+        let s = live(
+            host(
+                vec![env("a", Some("alice"), None)],
+                &[(0, "a"), (1, "a"), (2, "a"), (3, "a")],
+            ),
+            vec![job(10, Some("a"), 1001, 0), job(11, Some("a"), 1002, 0)],
+        );
+        let (v, n) = crate::rules::assess_cluster(&local(s), &policy(Some(0), &[]));
+        for user in ["alice", "bob"] {
+            let v = v
+                .iter()
+                .find(|v| matches!(&v.finding, Finding::MaxDevices { user: u, devices: 1, .. } if u == user))
+                .unwrap_or_else(|| panic!("{user}: {v:?}"));
+            assert!(v.actions.is_empty());
+            assert!(n.contains(&Notice::ExcessKept {
+                user: user.into(),
+                left: 1
+            }));
+        }
     }
 }

@@ -1,21 +1,26 @@
-//! The enforcement rules, pure functions over a [`Cluster`].
+//! The enforcement rules, pure functions over host snapshots.
 //!
-//! Each rule returns [`Violation`]s in genv's order, each carrying the
-//! actions it calls for. Merging those actions into per-host plans is
+//! Each host is assessed on its own ([`assess_host`]): who runs what
+//! ([`attribution`]), the rules that need only that host (non-env-processes,
+//! env-devices, env-memory), the notices, and the host's part of the device
+//! caps. The caps then need only those parts ([`evaluate_caps`]). Each rule
+//! returns [`Violation`]s in genv's order, each carrying the actions it
+//! calls for. Merging those actions into per-host plans is
 //! [`crate::plan`]'s job, and wording them is [`crate::report`]'s.
 
 pub mod attribution;
 mod env_devices;
 mod env_memory;
-mod max_devices;
+pub mod max_devices;
 mod non_env_processes;
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot, Owner, Pid, Process};
-use attribution::{Charge, Unconfirmed};
+use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot, Owner, Pid};
+use attribution::{Attribution, Charge, Standing, Stray, Unconfirmed};
+use max_devices::HostUsage;
 
 /// Which rules run, and the device caps.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -74,11 +79,14 @@ pub enum Rule {
 pub enum Action {
     /// SIGTERM a process.
     Terminate { host: HostId, pid: Pid },
-    /// Detach environments from a device (and terminate their processes there).
+    /// Detach environments from a device, and terminate their member
+    /// processes there (`pids`).
     Detach {
         host: HostId,
         device: GpuIndex,
         eids: Vec<EnvId>,
+        #[serde(skip)]
+        pids: Vec<Pid>,
     },
 }
 
@@ -88,8 +96,6 @@ pub enum Action {
 pub enum Finding {
     /// A GPU process outside any environment.
     NonEnvProcess { host: HostId, pid: Pid },
-    /// A process whose `GENV_ENVIRONMENT_ID` names no environment on its host.
-    UnknownEnvProcess { host: HostId, pid: Pid, eid: EnvId },
     /// A process on devices its environment is not attached to.
     NonAttachedDevices {
         host: HostId,
@@ -120,7 +126,6 @@ impl Finding {
     pub fn host(&self) -> Option<&HostId> {
         match self {
             Finding::NonEnvProcess { host, .. }
-            | Finding::UnknownEnvProcess { host, .. }
             | Finding::NonAttachedDevices { host, .. }
             | Finding::EnvMemory { host, .. } => Some(host),
             Finding::MaxDevices { .. } => None,
@@ -140,12 +145,25 @@ pub struct Violation {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Notice {
-    /// A GPU process whose environment could not be read: never terminated.
+    /// A GPU process whose environment or user could not be read: never
+    /// terminated.
     UnknownOwner {
         host: HostId,
         pid: Pid,
         gpus: Vec<GpuIndex>,
         reason: String,
+    },
+    /// A GPU process that carries an environment id but is no member of
+    /// that environment: left alone (see [`attribution`]).
+    Stray {
+        host: HostId,
+        pid: Pid,
+        eid: EnvId,
+        /// Its user, where the host says.
+        user: Option<String>,
+        gpus: Vec<GpuIndex>,
+        #[serde(flatten)]
+        why: Stray,
     },
     /// A process whose usage nvidia-smi could not measure, in an
     /// environment with a memory cap: it is left out of the sums.
@@ -155,16 +173,16 @@ pub enum Notice {
         eid: EnvId,
         device: GpuIndex,
     },
-    /// Under a device cap: an environment with devices that the host shows
-    /// to be another user's than its record says; it counts as theirs.
+    /// Under a device cap: an environment with devices whose processes are
+    /// another user's than its record says; it counts as theirs.
     Recharged {
         host: HostId,
         eid: EnvId,
         recorded: Option<String>,
         charged: String,
     },
-    /// Under a device cap: an environment with devices whose user the host
-    /// cannot confirm; it counts toward no one's cap.
+    /// Under a device cap: an environment with devices that counts toward
+    /// no user's cap.
     Uncharged {
         host: HostId,
         eid: EnvId,
@@ -172,143 +190,170 @@ pub enum Notice {
         #[serde(flatten)]
         why: Unconfirmed,
     },
+    /// A user over their cap by devices that cannot be detached (held only
+    /// by strays): they stay over by `left`.
+    ExcessKept { user: String, left: usize },
 }
 
-/// The rules that need only one host's snapshot (all but the device
-/// caps), on `host` alone, in genv's order: what can be enforced on a host
-/// as soon as its snapshot is in, without waiting for the other hosts.
-pub fn evaluate_host(host: &HostId, snap: &HostSnapshot, policy: &Policy) -> Vec<Violation> {
-    let mut out = Vec::new();
+/// What one host's snapshot shows on its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostFindings {
+    /// The per-host rules' violations, in genv's order.
+    pub violations: Vec<Violation>,
+    pub notices: Vec<Notice>,
+    /// The host's part of the device caps (empty when no cap applies).
+    pub usage: HostUsage,
+}
+
+/// Assesses one host: who runs what, the rules that need only this host
+/// (all but the device caps), its notices and its part of the caps. What
+/// it decides can be enforced as soon as the host's snapshot is in.
+pub fn assess_host(host: &HostId, snap: &HostSnapshot, policy: &Policy) -> HostFindings {
+    let a = Attribution::of(snap);
+    let mut violations = Vec::new();
     if policy.non_env_processes {
-        out.extend(non_env_processes::evaluate(host, snap));
+        violations.extend(non_env_processes::evaluate(host, &a));
     }
     if policy.env_devices {
-        out.extend(env_devices::evaluate(host, snap));
+        violations.extend(env_devices::evaluate(host, &a));
     }
     if policy.env_memory {
-        out.extend(env_memory::evaluate(host, snap));
+        violations.extend(env_memory::evaluate(host, &a));
     }
-    out
+    HostFindings {
+        violations,
+        notices: notices(host, &a, policy),
+        usage: if policy.has_caps() {
+            HostUsage::of(&a)
+        } else {
+            HostUsage::default()
+        },
+    }
 }
 
-/// Runs the rules `policy` turns on, in genv's order (rule by rule, each
-/// over all hosts).
+/// The device caps over the hosts' parts, in host order: violations and
+/// the notices of users whose excess cannot all be detached.
+pub fn evaluate_caps(
+    hosts: &[(&HostId, &HostUsage)],
+    policy: &Policy,
+) -> (Vec<Violation>, Vec<Notice>) {
+    if !policy.has_caps() {
+        return (Vec::new(), Vec::new());
+    }
+    max_devices::evaluate(hosts, policy)
+}
+
+/// Every host's findings and the caps, merged in genv's order (rule by
+/// rule, each over the hosts in order): violations and notices.
+pub fn merge(hosts: &[(&HostId, &HostFindings)], policy: &Policy) -> (Vec<Violation>, Vec<Notice>) {
+    let mut violations = Vec::new();
+    for rule in [Rule::NonEnvProcesses, Rule::EnvDevices, Rule::EnvMemory] {
+        for (_, f) in hosts {
+            violations.extend(f.violations.iter().filter(|v| v.rule == rule).cloned());
+        }
+    }
+    let mut notices: Vec<Notice> = hosts.iter().flat_map(|(_, f)| f.notices.clone()).collect();
+    let usage: Vec<(&HostId, &HostUsage)> = hosts.iter().map(|(h, f)| (*h, &f.usage)).collect();
+    let (caps, kept) = evaluate_caps(&usage, policy);
+    violations.extend(caps);
+    notices.extend(kept);
+    (violations, notices)
+}
+
+/// Every rule over `cluster`: violations and notices in genv's order.
+pub fn assess_cluster(cluster: &Cluster, policy: &Policy) -> (Vec<Violation>, Vec<Notice>) {
+    let findings: Vec<HostFindings> = cluster
+        .hosts
+        .iter()
+        .map(|(h, s)| assess_host(h, s, policy))
+        .collect();
+    let hosts: Vec<(&HostId, &HostFindings)> = cluster
+        .hosts
+        .iter()
+        .map(|(h, _)| h)
+        .zip(&findings)
+        .collect();
+    merge(&hosts, policy)
+}
+
+/// Runs the rules `policy` turns on, in genv's order.
 pub fn evaluate(cluster: &Cluster, policy: &Policy) -> Vec<Violation> {
-    evaluate_with(cluster, policy, &Charges::of(cluster, policy))
+    assess_cluster(cluster, policy).0
 }
 
-/// Whose cap each environment of each host counts toward, worked out once
-/// for the rules and the notices (empty when no cap applies).
-#[derive(Debug, Clone, Default)]
-pub struct Charges(Vec<Vec<Charge>>);
-
-impl Charges {
-    /// The charges of every environment of `cluster`, if `policy` caps devices.
-    pub fn of(cluster: &Cluster, policy: &Policy) -> Self {
-        if !policy.has_caps() {
-            return Charges::default();
-        }
-        Charges(
-            cluster
-                .hosts
-                .iter()
-                .map(|(_, snap)| attribution::charges(snap))
-                .collect(),
-        )
-    }
-}
-
-/// [`evaluate`] with the charges already worked out.
-pub fn evaluate_with(cluster: &Cluster, policy: &Policy, charges: &Charges) -> Vec<Violation> {
+/// What the rules leave alone on one host but an admin should know about.
+fn notices(host: &HostId, a: &Attribution, policy: &Policy) -> Vec<Notice> {
+    let snap = a.snapshot();
     let mut out = Vec::new();
-    for (host, snap) in &cluster.hosts {
-        if policy.non_env_processes {
-            out.extend(non_env_processes::evaluate(host, snap));
-        }
+    if policy.has_caps() {
+        out.extend(charge_notices(host, a));
     }
-    for (host, snap) in &cluster.hosts {
-        if policy.env_devices {
-            out.extend(env_devices::evaluate(host, snap));
-        }
-    }
-    for (host, snap) in &cluster.hosts {
-        if policy.env_memory {
-            out.extend(env_memory::evaluate(host, snap));
-        }
-    }
-    out.extend(max_devices::evaluate(cluster, policy, &charges.0));
-    out
-}
-
-/// What the rules leave alone but an admin should know about.
-pub fn notices(cluster: &Cluster, policy: &Policy) -> Vec<Notice> {
-    notices_with(cluster, &Charges::of(cluster, policy))
-}
-
-/// [`notices`] with the charges already worked out.
-pub fn notices_with(cluster: &Cluster, charges: &Charges) -> Vec<Notice> {
-    let mut out = Vec::new();
-    for (i, (host, snap)) in cluster.hosts.iter().enumerate() {
-        if let Some(charges) = charges.0.get(i) {
-            out.extend(charge_notices(host, snap, charges));
-        }
-        for p in &snap.processes {
-            if let Owner::Unknown(reason) = &p.owner {
-                out.push(Notice::UnknownOwner {
-                    host: host.clone(),
-                    pid: p.pid,
-                    gpus: p.indices().collect(),
-                    reason: reason.clone(),
-                });
-            }
-            if let Some(eid) = p.owner.eid() {
-                if snap.env(eid).is_some_and(|e| e.gpu_memory.is_some()) {
-                    for g in p.gpus.iter().filter(|g| g.usage.bytes().is_none()) {
-                        out.push(Notice::UnmeasuredUsage {
-                            host: host.clone(),
-                            pid: p.pid,
-                            eid: eid.clone(),
-                            device: g.index,
-                        });
-                    }
+    for (pi, p) in snap.processes.iter().enumerate() {
+        match (a.standing(pi), &p.owner) {
+            (Standing::Unknown, Owner::Unknown(reason)) => out.push(Notice::UnknownOwner {
+                host: host.clone(),
+                pid: p.pid,
+                gpus: p.indices().collect(),
+                reason: reason.clone(),
+            }),
+            (Standing::Unknown, _) => out.push(Notice::UnknownOwner {
+                host: host.clone(),
+                pid: p.pid,
+                gpus: p.indices().collect(),
+                reason: "its user could not be read".into(),
+            }),
+            (Standing::Stray(why), Owner::Env(eid)) => out.push(Notice::Stray {
+                host: host.clone(),
+                pid: p.pid,
+                eid: eid.clone(),
+                user: a.user_of(pi),
+                gpus: p.indices().collect(),
+                why: why.clone(),
+            }),
+            (Standing::Member(i), Owner::Env(eid)) if snap.envs[*i].gpu_memory.is_some() => {
+                for g in p.gpus.iter().filter(|g| g.usage.bytes().is_none()) {
+                    out.push(Notice::UnmeasuredUsage {
+                        host: host.clone(),
+                        pid: p.pid,
+                        eid: eid.clone(),
+                        device: g.index,
+                    });
                 }
             }
+            _ => {}
         }
     }
     out
 }
 
 /// Environments with devices whose charge is not what their record says.
-fn charge_notices(host: &HostId, snap: &HostSnapshot, charges: &[Charge]) -> Vec<Notice> {
+fn charge_notices(host: &HostId, a: &Attribution) -> Vec<Notice> {
+    let snap = a.snapshot();
+    let attached = a.attachments();
     snap.envs
         .iter()
-        .zip(charges.iter().cloned())
-        .filter(|(e, _)| !snap.attached(&e.eid).is_empty())
-        .filter_map(|(e, charge)| {
+        .enumerate()
+        .filter(|(i, _)| !attached[*i].is_empty())
+        .filter_map(|(i, e)| {
             let recorded = e.username.clone().filter(|u| !u.is_empty());
-            match charge {
-                Charge::User(user) if recorded.as_ref() == Some(&user) => None,
+            match a.charge(i) {
+                Charge::User(user) if recorded.as_ref() == Some(user) => None,
                 Charge::User(charged) => Some(Notice::Recharged {
                     host: host.clone(),
                     eid: e.eid.clone(),
                     recorded,
-                    charged,
+                    charged: charged.clone(),
                 }),
-                Charge::Nobody(Unconfirmed::Nameless) => None,
+                Charge::Nobody(Unconfirmed::Nameless | Unconfirmed::Duplicate) => None,
                 Charge::Nobody(why) => Some(Notice::Uncharged {
                     host: host.clone(),
                     eid: e.eid.clone(),
                     recorded,
-                    why,
+                    why: why.clone(),
                 }),
             }
         })
         .collect()
-}
-
-/// Whether `p` claims an environment that does not exist on its host.
-fn in_unknown_env<'a>(snap: &HostSnapshot, p: &'a Process) -> Option<&'a EnvId> {
-    p.owner.eid().filter(|eid| snap.env(eid).is_none())
 }
 
 #[cfg(test)]

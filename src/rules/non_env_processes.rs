@@ -1,36 +1,30 @@
-//! non-env-processes: GPU processes outside any environment.
-//!
-//! Differs from genv in one way: a process whose `GENV_ENVIRONMENT_ID`
-//! names no environment on its host counts as outside one (genv lets it
-//! through). A process whose environ could not be read is never named.
+//! non-env-processes: GPU processes outside any environment, as genv
+//! has it: those without a `GENV_ENVIRONMENT_ID`. A process that carries
+//! an id naming no environment of its user (a stray) is not named, as
+//! genv does not: any user can empty `envs.json`, and a `nohup` job
+//! outlives its environment's record. A process whose environ could not
+//! be read is never named.
 
-use super::{in_unknown_env, Action, Finding, Rule, Violation};
-use crate::model::{HostId, HostSnapshot, Owner};
+use super::attribution::{Attribution, Standing};
+use super::{Action, Finding, Rule, Violation};
+use crate::model::HostId;
 
-pub(super) fn evaluate(host: &HostId, snap: &HostSnapshot) -> Vec<Violation> {
-    snap.processes
+pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
+    a.snapshot()
+        .processes
         .iter()
-        .filter_map(|p| {
-            let finding = match (&p.owner, in_unknown_env(snap, p)) {
-                (Owner::NoEnv, _) => Finding::NonEnvProcess {
-                    host: host.clone(),
-                    pid: p.pid,
-                },
-                (_, Some(eid)) => Finding::UnknownEnvProcess {
-                    host: host.clone(),
-                    pid: p.pid,
-                    eid: eid.clone(),
-                },
-                _ => return None,
-            };
-            Some(Violation {
-                rule: Rule::NonEnvProcesses,
-                finding,
-                actions: vec![Action::Terminate {
-                    host: host.clone(),
-                    pid: p.pid,
-                }],
-            })
+        .enumerate()
+        .filter(|(pi, _)| *a.standing(*pi) == Standing::NoEnv)
+        .map(|(_, p)| Violation {
+            rule: Rule::NonEnvProcesses,
+            finding: Finding::NonEnvProcess {
+                host: host.clone(),
+                pid: p.pid,
+            },
+            actions: vec![Action::Terminate {
+                host: host.clone(),
+                pid: p.pid,
+            }],
         })
         .collect()
 }
@@ -39,10 +33,10 @@ pub(super) fn evaluate(host: &HostId, snap: &HostSnapshot) -> Vec<Violation> {
 mod tests {
     use super::super::test_support::*;
     use super::*;
-    use crate::model::{Pid, Process};
+    use crate::model::{HostSnapshot, Owner, Pid, Process};
 
     #[test]
-    fn names_env_less_and_unknown_env_processes_only() {
+    fn names_env_less_processes_only() {
         let mut unreadable: Process = proc_(4, None, &[(0, mib(1))]);
         unreadable.owner = Owner::Unknown("permission denied".into());
         let snap = HostSnapshot {
@@ -57,7 +51,7 @@ mod tests {
             truth: None,
         };
         let host = HostId("h".into());
-        let v = evaluate(&host, &snap);
+        let v = evaluate(&host, &Attribution::of(&snap));
         let pids: Vec<Pid> = v
             .iter()
             .flat_map(|v| &v.actions)
@@ -66,8 +60,11 @@ mod tests {
                 other => panic!("{other:?}"),
             })
             .collect();
-        assert_eq!(pids, vec![Pid(1), Pid(3)]);
-        assert!(matches!(v[1].finding, Finding::UnknownEnvProcess { .. }));
+        assert_eq!(
+            pids,
+            vec![Pid(1)],
+            "the orphan 3 is left alone, as genv does"
+        );
     }
 
     #[test]
@@ -78,6 +75,6 @@ mod tests {
             devices: devices(1, &[(0, "e")]),
             truth: None,
         };
-        assert!(evaluate(&HostId("h".into()), &snap).is_empty());
+        assert!(evaluate(&HostId("h".into()), &Attribution::of(&snap)).is_empty());
     }
 }

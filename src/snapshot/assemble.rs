@@ -57,12 +57,21 @@ pub enum Environ {
 
 /// The pids to ask `/proc` about: the GPU processes of `apps`, then the
 /// pids that environments of `envs` list and that are among `live`. Either
-/// part is empty when its text does not parse (assembly reports that).
-pub fn pids_to_read(apps: &str, envs: Option<&str>, live: impl Fn(u32) -> bool) -> Vec<u32> {
+/// part is empty when its text does not parse or holds more than
+/// `max_records` records (assembly reports that).
+pub fn pids_to_read(
+    apps: &str,
+    envs: Option<&str>,
+    live: impl Fn(u32) -> bool,
+    max_records: usize,
+) -> Vec<u32> {
     let mut pids: Vec<u32> = nvidia_smi::parse_compute_apps(apps, "")
         .map(|a| a.iter().map(|a| a.pid.0).collect())
         .unwrap_or_default();
-    if let Some(envs) = envs.and_then(|t| genv::parse_envs(t, "").ok()) {
+    let envs = envs
+        .and_then(|t| genv::parse_envs(t, "").ok())
+        .filter(|e| genv::env_records(e) <= max_records);
+    if let Some(envs) = envs {
         pids.extend(
             envs.iter()
                 .flat_map(|e| &e.pids)
@@ -100,16 +109,18 @@ fn cached<T: Clone>(
 }
 
 /// Builds a host snapshot as `genv usage snapshot` would (with genv's
-/// load-time clean-up), plus each process's identity and the host's truth
-/// about who runs the environments. `source` names the host in errors;
-/// `parsed` is the host's state as parsed last time.
+/// load-time clean-up), [`genv::normalize`]d, plus each process's identity
+/// and the host's names for their users. `source` names the host in
+/// errors; `parsed` is the host's state as parsed last time.
 ///
 /// # Errors
-/// nvidia-smi's answers or a state file do not parse.
+/// nvidia-smi's answers or a state file do not parse, or a state file
+/// holds more than `max_records` records.
 pub fn assemble(
     raw: &RawHost,
     source: &str,
     parsed: &mut ParsedState,
+    max_records: usize,
 ) -> Result<HostSnapshot, ParseError> {
     // Errors name the host and the part; the names are made only then.
     let named = |what: &'static str| move |e: ParseError| e.from(&format!("{source}: {what}"));
@@ -127,32 +138,33 @@ pub fn assemble(
             .map_err(named("devices.json"))?,
         None => nvidia_smi::devices(&gpus),
     };
+    genv::within(
+        genv::env_records(&envs),
+        max_records,
+        &format!("{source}: envs.json"),
+        "environments, their pids and kernel ids",
+    )?;
+    genv::within(
+        genv::device_records(&devices),
+        max_records,
+        &format!("{source}: devices.json"),
+        "devices and attachments",
+    )?;
     let alive = |pid: i64| u32::try_from(pid).is_ok_and(|p| raw.procs.contains_key(&p));
     // Kernels are taken as alive: genv asks `jupyter` for them, and
     // dropping a live kernel's environment would expose its processes.
     genv::clean_up(&mut envs, &mut devices, alive, |_| true);
+    genv::normalize(&mut envs, &mut devices);
 
     let processes = by_pid
         .into_iter()
         .map(|(pid, gpus)| process(raw, pid, gpus))
-        .collect();
-    let pid_uids = envs
-        .iter()
-        .flat_map(|e| &e.pids)
-        .filter_map(|p| {
-            let uid = match raw.procs.get(&u32::try_from(*p).ok()?)? {
-                RawProc::Seen { uid, .. } => (*uid)?,
-                RawProc::Unsure(_) => return None,
-            };
-            Some((*p, uid))
-        })
         .collect();
     Ok(HostSnapshot {
         processes,
         envs,
         devices,
         truth: Some(HostTruth {
-            pid_uids,
             user_names: raw.user_names.clone(),
         }),
     })
@@ -197,6 +209,8 @@ mod tests {
     use super::*;
     use crate::model::Usage;
 
+    const MAX: usize = genv::DEFAULT_MAX_RECORDS;
+
     fn seen(start_time: u64, uid: u32, environ: Environ) -> RawProc {
         RawProc::Seen {
             start_time,
@@ -237,7 +251,7 @@ mod tests {
 
     #[test]
     fn identity_owners_clean_up_and_truth() {
-        let s = assemble(&raw(), "gpu1", &mut ParsedState::default()).unwrap();
+        let s = assemble(&raw(), "gpu1", &mut ParsedState::default(), MAX).unwrap();
         assert_eq!(s.envs.len(), 1, "the env without live pids is dropped");
         assert_eq!(s.envs[0].pids, [7, 100]);
         assert_eq!(s.devices[0].attachments.len(), 1);
@@ -256,10 +270,6 @@ mod tests {
         assert_eq!((p(500).start_time, p(500).uid), (None, None));
         let truth = s.truth.unwrap();
         assert_eq!(
-            truth.pid_uids,
-            [(7, 1001), (100, 1001)].into_iter().collect()
-        );
-        assert_eq!(
             truth.user_names.get(&1001).map(String::as_str),
             Some("alice")
         );
@@ -276,7 +286,7 @@ mod tests {
                 Environ::Var(b"$(touch /tmp/x)\n\x01; rm -rf /\r".to_vec()),
             ),
         );
-        let s = assemble(&r, "h", &mut ParsedState::default()).unwrap();
+        let s = assemble(&r, "h", &mut ParsedState::default(), MAX).unwrap();
         assert_eq!(
             s.process(Pid(300)).unwrap().owner,
             Owner::Env(EnvId("$(touch /tmp/x)\n\u{1}; rm -rf /\r".into()))
@@ -287,11 +297,11 @@ mod tests {
     fn unparseable_parts_are_errors_naming_the_host_and_part() {
         let mut r = raw();
         r.envs = Some("{\"envs\": [{\"eid\": 7}]}".into());
-        let e = assemble(&r, "gpu1", &mut ParsedState::default()).unwrap_err();
+        let e = assemble(&r, "gpu1", &mut ParsedState::default(), MAX).unwrap_err();
         assert!(e.to_string().starts_with("gpu1: envs.json"), "{e}");
         let mut r = raw();
         r.apps = "GPU-z, 1, 1\n".into();
-        assert!(assemble(&r, "gpu1", &mut ParsedState::default())
+        assert!(assemble(&r, "gpu1", &mut ParsedState::default(), MAX)
             .unwrap_err()
             .to_string()
             .contains("unknown GPU uuid"));
@@ -300,24 +310,24 @@ mod tests {
             devices: None,
             ..raw()
         };
-        let s = assemble(&r, "h", &mut ParsedState::default()).unwrap();
+        let s = assemble(&r, "h", &mut ParsedState::default(), MAX).unwrap();
         assert_eq!(s.devices.len(), 2, "devices as genv creates them");
     }
 
     #[test]
     fn unchanged_state_is_not_parsed_again_and_changed_state_is() {
         let mut parsed = ParsedState::default();
-        let first = assemble(&raw(), "h", &mut parsed).unwrap();
+        let first = assemble(&raw(), "h", &mut parsed, MAX).unwrap();
         let cached = parsed.envs.as_ref().unwrap().1.clone();
-        assert_eq!(assemble(&raw(), "h", &mut parsed).unwrap(), first);
+        assert_eq!(assemble(&raw(), "h", &mut parsed, MAX).unwrap(), first);
         // What is cached is the parse before clean-up: the dead env is there.
         assert_eq!(cached.len(), 2);
         let mut r = raw();
         r.envs = Some(r.envs.unwrap().replace("\"alice\"", "\"bob\"").into());
-        let changed = assemble(&r, "h", &mut parsed).unwrap();
+        let changed = assemble(&r, "h", &mut parsed, MAX).unwrap();
         assert_eq!(changed.envs[0].username.as_deref(), Some("bob"));
         r.envs = Some("{".into());
-        assert!(assemble(&r, "h", &mut parsed).is_err());
+        assert!(assemble(&r, "h", &mut parsed, MAX).is_err());
         assert_eq!(
             parsed.envs.as_ref().unwrap().1[0].username.as_deref(),
             Some("bob")
@@ -327,11 +337,14 @@ mod tests {
     #[test]
     fn pids_to_read_are_gpu_pids_and_live_listed_pids() {
         let r = raw();
-        let pids = pids_to_read(&r.apps, r.envs.as_deref(), |p| p != 999);
+        let pids = pids_to_read(&r.apps, r.envs.as_deref(), |p| p != 999, MAX);
         assert_eq!(pids, [7, 100, 200, 300, 400, 500]);
         assert_eq!(
-            pids_to_read("garbage", Some("{"), |_| true),
+            pids_to_read("garbage", Some("{"), |_| true, MAX),
             Vec::<u32>::new()
         );
+        // Over the record limit (2 environments, 3 pids): GPU pids only.
+        let pids = pids_to_read(&r.apps, r.envs.as_deref(), |_| true, 4);
+        assert_eq!(pids, [100, 200, 300, 400, 500]);
     }
 }

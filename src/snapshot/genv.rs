@@ -4,6 +4,8 @@
 //! Unknown fields are ignored; `null`s are accepted where genv writes them.
 //! genv's pre-1.0 state layouts (objects keyed by eid/index) are not read.
 
+use std::collections::{HashMap, HashSet};
+
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -123,17 +125,20 @@ fn deserialize<T: DeserializeOwned>(text: &str, source: &str) -> Result<T, Parse
     })
 }
 
-/// Parses `genv usage snapshot` output.
+/// Parses `genv usage snapshot` output, [`normalize`]d.
 ///
 /// # Errors
 /// Invalid JSON, a missing or mistyped field, or a memory string that is
 /// neither a genv amount nor nvidia-smi's `[N/A]`; the error names the JSON path.
 pub fn parse_snapshot(text: &str, source: &str) -> Result<HostSnapshot, ParseError> {
     let json: SnapshotJson = deserialize(text, source)?;
+    let mut envs = envs_from_json(&json.envs.envs, source, "envs.envs")?;
+    let mut devices = devices_from_json(&json.devices.devices);
+    normalize(&mut envs, &mut devices);
     Ok(HostSnapshot {
         processes: processes_from_json(&json.processes.processes, source)?,
-        envs: envs_from_json(&json.envs.envs, source, "envs.envs")?,
-        devices: devices_from_json(&json.devices.devices),
+        envs,
+        devices,
         truth: None,
     })
 }
@@ -245,7 +250,7 @@ fn devices_from_json(json: &[DeviceJson]) -> Vec<Device> {
 
 /// genv's load-time clean-up: keep only live pids (and kernels), drop
 /// environments left with neither, and detach devices from environments
-/// that no longer exist.
+/// that no longer exist. Linear in the state's size.
 pub fn clean_up(
     envs: &mut Vec<Env>,
     devices: &mut [Device],
@@ -257,11 +262,72 @@ pub fn clean_up(
         env.kernel_ids.retain(|k| kernel_alive(k));
     }
     envs.retain(|e| !e.pids.is_empty() || !e.kernel_ids.is_empty());
+    let alive: HashSet<&EnvId> = envs.iter().map(|e| &e.eid).collect();
     for device in devices.iter_mut() {
-        device
-            .attachments
-            .retain(|a| envs.iter().any(|e| e.eid == a.eid));
+        device.attachments.retain(|a| alive.contains(&a.eid));
     }
+}
+
+/// Makes genv's state read the same way in every rule and action, whatever
+/// a user wrote into it: one record per environment id (the first, as
+/// genv looks environments up by id), one entry per device index (holding
+/// the attachments of every entry with that index: genv's rules read them
+/// all, and a detach removes the environment from all of them), and each
+/// environment attached at most once per device. Order is kept. Linear.
+pub fn normalize(envs: &mut Vec<Env>, devices: &mut Vec<Device>) {
+    let mut seen = HashSet::with_capacity(envs.len());
+    envs.retain(|e| seen.insert(e.eid.clone()));
+    let mut first: HashMap<GpuIndex, usize> = HashMap::with_capacity(devices.len());
+    let mut merged: Vec<Device> = Vec::with_capacity(devices.len());
+    for d in devices.drain(..) {
+        match first.get(&d.index) {
+            Some(&i) => merged[i].attachments.extend(d.attachments),
+            None => {
+                first.insert(d.index, merged.len());
+                merged.push(d);
+            }
+        }
+    }
+    for d in &mut merged {
+        let mut seen = HashSet::with_capacity(d.attachments.len());
+        d.attachments.retain(|a| seen.insert(a.eid.clone()));
+    }
+    *devices = merged;
+}
+
+/// The most records a host's state may hold by default, per file
+/// (`--max-records`): real state holds dozens; more is a user's doing and
+/// is refused rather than worked on.
+pub const DEFAULT_MAX_RECORDS: usize = 250_000;
+
+/// The records of `envs.json`: environments, their pids and kernel ids.
+pub fn env_records(envs: &[Env]) -> usize {
+    envs.iter()
+        .map(|e| 1 + e.pids.len() + e.kernel_ids.len())
+        .fold(0, usize::saturating_add)
+}
+
+/// The records of `devices.json`: devices and their attachments.
+pub fn device_records(devices: &[Device]) -> usize {
+    devices
+        .iter()
+        .map(|d| 1 + d.attachments.len())
+        .fold(0, usize::saturating_add)
+}
+
+/// An error unless `count` records are within `max`.
+///
+/// # Errors
+/// There are more: the error names the file and both figures.
+pub fn within(count: usize, max: usize, file: &str, what: &str) -> Result<(), ParseError> {
+    if count <= max {
+        return Ok(());
+    }
+    Err(ParseError::new(
+        file,
+        "top level",
+        format!("{count} records ({what}), more than the limit of {max} (--max-records): refused"),
+    ))
 }
 
 /// Renders a snapshot as `genv usage snapshot` would (plus our optional
