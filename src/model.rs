@@ -200,9 +200,14 @@ impl Device {
 
 /// What the host itself says about who runs what, beside genv's records
 /// (which any user can write): each GPU process's uid is in
-/// [`Process::uid`]; here, the host's names for them.
+/// [`Process::uid`]; here, the owners of the pids records list, and the
+/// host's names for the uids seen.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct HostTruth {
+    /// The real uid of every live pid that an environment lists. Any user
+    /// can list any pid: this never says whose an environment is, it only
+    /// orders what a device cap detaches.
+    pub pid_uids: BTreeMap<i64, u32>,
     /// The host's names for the uids seen (listed pids and GPU processes).
     pub user_names: BTreeMap<u32, String>,
 }

@@ -278,7 +278,8 @@ fn policy() -> impl Strategy<Value = Policy> {
 ///
 /// With host truth (most of the time), processes run as uids 0..3, of
 /// which 0..2 have names (`u0`..`u2`), so a record naming `u1` may or may
-/// not agree with the host.
+/// not agree with the host; environment `i` lists pid `1000 + i`, owned by
+/// a uid of 0..3 or dead.
 fn host() -> impl Strategy<Value = HostSnapshot> {
     let envs = proptest::collection::vec(
         (
@@ -301,7 +302,13 @@ fn host() -> impl Strategy<Value = HostSnapshot> {
     let uids = proptest::collection::vec(0u32..4, 6);
     (1u32..5, envs, attach, procs, truth, uids).prop_map(
         |(ngpu, envs, attach, procs, truth, uids)| {
+            let owners: BTreeMap<i64, u32> = envs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, (_, _, owner))| Some((1000 + i as i64, (*owner)?)))
+                .collect();
             let truth = truth.then(|| HostTruth {
+                pid_uids: owners,
                 user_names: (0..3).map(|u| (u, format!("u{u}"))).collect(),
             });
             let envs: Vec<Env> = envs

@@ -290,24 +290,30 @@ fn all_rules_on_a_compliant_host_do_nothing() {
 // Documented differences (README, "Differences from genv").
 
 #[test]
-fn difference_unknown_environment_is_not_a_way_out() {
+fn an_orphaned_job_is_left_alone_as_genv_does() {
+    // A job whose environment's record is gone (a nohup job that outlived
+    // its shell, or an emptied envs.json): genv lets it through, and so do
+    // we, whatever the flags; we say so on stderr.
     let mut h = Host::new(2);
-    let ghost = h.spawn(Some("no-such-env"));
+    let ghost = h.spawn_as("alice", Some("no-such-env"));
     h.set_apps(&[(ghost, 1, "100")]);
     h.write_envs(&[]);
     h.write_devices(2, &[]);
-    let r = run(&h, &["--non-env-processes"]);
-    assert!(r.genv.status.success());
-    assert!(lines(&r.genv).is_empty(), "genv lets it through");
-    let expected = vec![
-        format!("Process {ghost} is running in environment no-such-env which does not exist"),
-        format!("Process {ghost} from environment no-such-env is using non-attached GPU(s) 1"),
-        format!(
-            "Terminating process {ghost} from environment no-such-env that is running on GPU(s) 1"
-        ),
-    ];
-    assert_eq!(r.replay, expected);
-    assert_eq!(r.ours, expected);
+    assert!(assert_agree(&h, &["--non-env-processes"]).is_empty());
+    let out = h.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--dry-run",
+        "--non-env-processes",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "[WARNING] Process {ghost} (user alice) on GPU(s) 1 carries environment no-such-env, which does not exist (its record is gone): it is left alone"
+        )),
+        "{err}"
+    );
 }
 
 #[test]
@@ -323,11 +329,43 @@ fn difference_per_user_caps_apply_on_their_own() {
         lines(&r.genv).is_empty(),
         "genv ignores it without --max-devices-per-user"
     );
+    let expected = vec![
+        "User dave is using 2 devices which is 1 more than the maximum allowed".to_string(),
+        // The device his job does not run on (genv: device 0, and his job).
+        "Detaching environment d of user dave from device 1".to_string(),
+    ];
+    assert_eq!(r.replay, expected);
+    assert_eq!(r.ours, expected);
+}
+
+#[test]
+fn difference_the_cap_takes_idle_devices_first() {
+    // bob attached alice's env to two spare devices: genv detaches in index
+    // order, her working device 0 first, and kills her job; we take the
+    // spare ones.
+    let mut h = Host::new(3);
+    let p = h.spawn_as("alice", Some("a"));
+    h.set_apps(&[(p, 0, "100")]);
+    h.write_envs(&[env("a", Some("alice"), None, p)]);
+    h.write_devices(3, &[(0, "a"), (1, "a"), (2, "a")]);
+    let r = run(&h, &["--max-devices-per-user", "1"]);
+    assert!(r.genv.status.success());
     assert_eq!(
-        r.replay[0],
-        "User dave is using 2 devices which is 1 more than the maximum allowed"
+        lines(&r.genv),
+        vec![
+            "User alice is using 3 devices which is 2 more than the maximum allowed".to_string(),
+            format!("Terminating process {p} from environment a that is running on GPU(s) 0"),
+            "Detaching environment a of user alice from device 0".to_string(),
+            "Detaching environment a of user alice from device 1".to_string(),
+        ]
     );
-    assert_eq!(r.ours.len(), 3);
+    let expected = vec![
+        "User alice is using 3 devices which is 2 more than the maximum allowed".to_string(),
+        "Detaching environment a of user alice from device 1".to_string(),
+        "Detaching environment a of user alice from device 2".to_string(),
+    ];
+    assert_eq!(r.replay, expected);
+    assert_eq!(r.ours, expected);
 }
 
 #[test]

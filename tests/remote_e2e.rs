@@ -62,12 +62,13 @@ fn each_rule_across_hosts_with_cluster_wide_device_caps() {
         format!("[{n2}] Process {roamer} from environment b is using non-attached GPU(s) 2"),
         format!("[{n3}] Environment c is using 3156m on device 0 which is 1008m over its capacity of 2gi"),
         "User alice is using 3 devices on 2 hosts which is 1 more than the maximum allowed".to_string(),
-        format!("[{n1}] Terminating process {a1} from environment a1 that is running on GPU(s) 0"),
-        format!("[{n1}] Detaching environment a1 of user alice from device 0"),
+        // The device none of her jobs runs on (genv: device 0, and her job).
+        format!("[{n1}] Detaching environment a1 of user alice from device 1"),
     ] {
         assert!(l.contains(&expected), "missing {expected:?} in {l:#?}");
     }
-    for (h, pid) in [(0, stray), (0, a1), (1, roamer), (2, hog)] {
+    assert_eq!(l.len(), 8, "{l:#?}");
+    for (h, pid) in [(0, stray), (1, roamer), (2, hog)] {
         assert_eq!(
             f.host(h).wait_signal(pid, WAIT),
             Some(SIGTERM),
@@ -76,8 +77,9 @@ fn each_rule_across_hosts_with_cluster_wide_device_caps() {
     }
     assert!(f.host(2).running(fine));
     assert!(f.host(1).running(a2));
-    assert_eq!(f.host(0).attached(0), Vec::<String>::new());
-    assert_eq!(f.host(0).attached(1), vec!["a1"]);
+    assert!(f.host(0).running(a1));
+    assert_eq!(f.host(0).attached(0), vec!["a1"]);
+    assert_eq!(f.host(0).attached(1), Vec::<String>::new());
     assert_eq!(f.host(1).attached(3), vec!["a2"]);
 }
 
@@ -463,7 +465,8 @@ fn hostile_eid_and_username_reach_no_shell() {
     let user = format!("u$(touch {m}); touch {m}");
     let p = f.host(0).spawn_as("mallory", Some(&eid));
     let q = f.host(0).spawn_as("mallory", Some(&eid));
-    f.host(0).set_apps(&[(p, 0, "100"), (q, 3, "100")]);
+    f.host(0)
+        .set_apps(&[(p, 0, "100"), (p, 1, "100"), (q, 3, "100")]);
     f.host(0).write_envs(&[env(&eid, Some(&user), None, p)]);
     f.host(0).write_devices(4, &[(0, &eid), (1, &eid)]);
     let out = f.ours(&["enforce", "--interval", "0", "--max-devices-per-user", "1"]);
@@ -555,7 +558,8 @@ fn inventory_fleet_with_a_host_failing_during_dispatch() {
     let mut pids = Vec::new();
     for h in 0..2 {
         let p = f.host(h).spawn_as(&format!("user{h}"), Some("e"));
-        f.host(h).set_apps(&[(p, 0, "100")]);
+        // Working on both devices: the cap takes device 0, as genv.
+        f.host(h).set_apps(&[(p, 0, "100"), (p, 1, "100")]);
         f.host(h)
             .write_envs(&[env("e", Some(&format!("user{h}")), None, p)]);
         f.host(h).write_devices(4, &[(0, "e"), (1, "e")]);
@@ -698,7 +702,9 @@ fn remote_output_matches_genv_remote_enforce() {
 
     let stray = f.host(0).spawn(None);
     let a1 = f.host(0).spawn_as("alice", Some("a1"));
-    f.host(0).set_apps(&[(stray, 3, "100"), (a1, 0, "100")]);
+    // a1 works on both its devices: the cap then takes device 0, as genv.
+    f.host(0)
+        .set_apps(&[(stray, 3, "100"), (a1, 0, "100"), (a1, 1, "100")]);
     f.host(0).write_envs(&[env("a1", Some("alice"), None, a1)]);
     f.host(0).write_devices(4, &[(0, "a1"), (1, "a1")]);
     let b = f.host(1).spawn_as("bob", Some("b"));
@@ -760,7 +766,8 @@ fn detach_uses_the_hosts_genv_dir_and_never_waits_on_a_held_lock() {
     let mut pids = Vec::new();
     for h in 0..2 {
         let p = f.host(h).spawn_as(&format!("user{h}"), Some("e"));
-        f.host(h).set_apps(&[(p, 0, "100")]);
+        // Working on both devices: the cap takes device 0, as genv.
+        f.host(h).set_apps(&[(p, 0, "100"), (p, 1, "100")]);
         f.host(h)
             .write_envs(&[env("e", Some(&format!("user{h}")), None, p)]);
         f.host(h).write_devices(4, &[(0, "e"), (1, "e")]);
@@ -1001,7 +1008,7 @@ fn a_looping_runs_agent_holds_nothing_between_cycles() {
     // genv's lock free for the next, and for genv itself.
     let Some(mut f) = Fleet::up(1) else { return };
     let p = f.host(0).spawn_as("alice", Some("a"));
-    f.host(0).set_apps(&[(p, 0, "100")]);
+    f.host(0).set_apps(&[(p, 0, "100"), (p, 1, "100")]);
     f.host(0).write_envs(&[env("a", Some("alice"), None, p)]);
     f.host(0).write_devices(4, &[(0, "a"), (1, "a")]);
     let hosts = f.names.join(",");

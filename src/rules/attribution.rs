@@ -271,6 +271,21 @@ impl<'a> Attribution<'a> {
         out
     }
 
+    /// Whether record `i` lists a live pid of the user it is charged to.
+    /// Any user can list any pid, so this never says whose it is; a device
+    /// cap takes environments that lack it first (a record forged in
+    /// someone's name, listing none of their processes, goes before theirs).
+    pub fn vouched(&self, i: usize) -> bool {
+        let (Some(truth), Charge::User(user)) = (&self.snap.truth, &self.charges[i]) else {
+            return false;
+        };
+        self.snap.envs[i]
+            .pids
+            .iter()
+            .filter_map(|p| truth.pid_uids.get(p))
+            .any(|uid| user_name(self.snap, *uid) == *user)
+    }
+
     /// The member pids of record `i` that run on `device`.
     pub fn members_on(&self, i: usize, device: GpuIndex) -> Vec<Pid> {
         self.members(i)
@@ -318,6 +333,7 @@ mod tests {
             envs,
             devices: devices(2, &[]),
             truth: Some(HostTruth {
+                pid_uids: [(10, 1001), (20, 1002)].into_iter().collect(),
                 user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
                     .into_iter()
                     .collect(),
@@ -457,6 +473,25 @@ mod tests {
         let a = Attribution::of(&s);
         assert_eq!(a.user_of(0).as_deref(), Some("alice"));
         assert_eq!(a.user_of(1), None);
+    }
+
+    #[test]
+    fn a_record_is_vouched_for_by_a_live_pid_of_its_charged_user() {
+        let s = host(
+            vec![
+                listing("a", Some("alice"), &[10]),
+                listing("f", Some("alice"), &[20, 99]),
+                listing("b", Some("bob"), &[10]),
+            ],
+            vec![],
+        );
+        let a = Attribution::of(&s);
+        assert!(a.vouched(0));
+        assert!(!a.vouched(1), "bob's shell and a dead pid");
+        assert!(!a.vouched(2), "alice's shell");
+        let mut r = s.clone();
+        r.truth = None;
+        assert!(!Attribution::of(&r).vouched(0), "a recording says nothing");
     }
 
     #[test]

@@ -10,10 +10,12 @@
 //! runs (a job whose environment is gone or contested still holds the
 //! GPU). The excess is detached device by device, each from all of that
 //! user's environments on it, in this order: first the devices where none
-//! of the user's processes runs, then the others, each group in genv's
-//! order (hosts as given, devices by index). genv takes devices in index
-//! order only, so that attaching someone's environment to spare devices
-//! would get their working device detached. A device held only by strays
+//! of the user's processes runs, then the others; within each, first those
+//! whose environments list no live process of the user (a record forged in
+//! their name), and each group in genv's order (hosts as given, devices by
+//! index). genv takes devices in index order only, so that attaching
+//! someone's environment to spare devices would get their working device
+//! detached. A device held only by strays
 //! has nothing to detach: it stays counted, and is reported.
 //! Users are visited in name order (genv: Python set order).
 
@@ -48,6 +50,9 @@ pub struct HeldDevice {
     pub pids: Vec<Pid>,
     /// A process of the user runs here.
     pub working: bool,
+    /// One of the environments lists a live pid of the user
+    /// ([`Attribution::vouched`]).
+    pub vouched: bool,
 }
 
 impl HeldDevice {
@@ -57,6 +62,7 @@ impl HeldDevice {
             eids: Vec::new(),
             pids: Vec::new(),
             working: false,
+            vouched: false,
         }
     }
 }
@@ -85,6 +91,7 @@ impl HostUsage {
                 if !held.eids.contains(&att.eid) {
                     held.eids.push(att.eid.clone());
                     held.pids.extend(a.members_on(i, d.index));
+                    held.vouched |= a.vouched(i);
                 }
             }
         }
@@ -139,16 +146,20 @@ pub fn evaluate(hosts: &[(&HostId, &HostUsage)], policy: &Policy) -> (Vec<Violat
         if over == 0 {
             continue;
         }
-        let detachable = |working: bool| {
+        let detachable = |working: bool, vouched: bool| {
             held.iter().flat_map(move |(host, h)| {
                 h.devices
                     .iter()
-                    .filter(move |d| !d.eids.is_empty() && d.working == working)
+                    .filter(move |d| {
+                        !d.eids.is_empty() && d.working == working && d.vouched == vouched
+                    })
                     .map(move |d| (*host, d))
             })
         };
-        let actions: Vec<Action> = detachable(false)
-            .chain(detachable(true))
+        let actions: Vec<Action> = detachable(false, false)
+            .chain(detachable(false, true))
+            .chain(detachable(true, false))
+            .chain(detachable(true, true))
             .take(over)
             .map(|(host, d)| Action::Detach {
                 host: host.clone(),
@@ -206,6 +217,7 @@ mod tests {
     fn live(mut s: HostSnapshot, processes: Vec<Process>) -> HostSnapshot {
         s.processes = processes;
         s.truth = Some(HostTruth {
+            pid_uids: [(1, 1001)].into_iter().collect(),
             user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
                 .into_iter()
                 .collect(),
@@ -338,6 +350,23 @@ mod tests {
                 pids: vec![Pid(10)],
             }
         );
+    }
+
+    #[test]
+    fn a_record_forged_in_someones_name_goes_before_their_own() {
+        // alice's env lists her shell (pid 1); bob forged "f" in her name,
+        // listing his own pid 2: both idle, the forged one goes first.
+        let mut forged = env("f", Some("alice"), None);
+        forged.pids = vec![2];
+        let s = live(
+            host(
+                vec![env("a", Some("alice"), None), forged],
+                &[(0, "a"), (1, "a"), (2, "f")],
+            ),
+            vec![job(10, Some("a"), 1001, 0)],
+        );
+        let v = crate::rules::evaluate(&local(s), &policy(Some(2), &[]));
+        assert_eq!(detached(&v[0]), vec![("localhost".into(), 2, 1)]);
     }
 
     #[test]

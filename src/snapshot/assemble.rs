@@ -160,11 +160,23 @@ pub fn assemble(
         .into_iter()
         .map(|(pid, gpus)| process(raw, pid, gpus))
         .collect();
+    let pid_uids = envs
+        .iter()
+        .flat_map(|e| &e.pids)
+        .filter_map(|p| {
+            let uid = match raw.procs.get(&u32::try_from(*p).ok()?)? {
+                RawProc::Seen { uid, .. } => (*uid)?,
+                RawProc::Unsure(_) => return None,
+            };
+            Some((*p, uid))
+        })
+        .collect();
     Ok(HostSnapshot {
         processes,
         envs,
         devices,
         truth: Some(HostTruth {
+            pid_uids,
             user_names: raw.user_names.clone(),
         }),
     })
@@ -269,6 +281,10 @@ mod tests {
         assert!(matches!(&p(500).owner, Owner::Unknown(w) if w.contains("reused")));
         assert_eq!((p(500).start_time, p(500).uid), (None, None));
         let truth = s.truth.unwrap();
+        assert_eq!(
+            truth.pid_uids,
+            [(7, 1001), (100, 1001)].into_iter().collect()
+        );
         assert_eq!(
             truth.user_names.get(&1001).map(String::as_str),
             Some("alice")
