@@ -41,6 +41,8 @@ pub mod host;
 pub mod inventory;
 pub mod metrics;
 pub mod model;
+#[cfg(test)]
+mod noninterference;
 pub mod outcome;
 pub mod plan;
 #[cfg(test)]
