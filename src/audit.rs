@@ -125,7 +125,9 @@ impl AuditLog {
     pub fn write(&self, entries: &[Entry]) -> std::io::Result<()> {
         let mut text = String::new();
         for e in entries {
-            text.push_str(&serde_json::to_string(e).map_err(std::io::Error::other)?);
+            text.push_str(&report::json_safe(
+                serde_json::to_string(e).map_err(std::io::Error::other)?,
+            ));
             text.push('\n');
         }
         let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());

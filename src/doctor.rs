@@ -451,7 +451,13 @@ pub fn render_text(hosts: &[(HostId, Vec<Check>)]) -> Vec<String> {
                 crate::report::clean(&c.detail)
             ));
             if let Some(fix) = &c.fix {
-                lines.push(format!("{:hw$}  {:cw$}  {:6}  fix: {fix}", "", "", ""));
+                lines.push(format!(
+                    "{:hw$}  {:cw$}  {:6}  fix: {}",
+                    "",
+                    "",
+                    "",
+                    crate::report::clean(fix)
+                ));
             }
         }
     }
@@ -466,7 +472,7 @@ pub fn render_json(hosts: &[(HostId, Vec<Check>)]) -> String {
         .iter()
         .map(|(h, checks)| serde_json::json!({"host": h, "ok": passed(checks), "checks": checks}))
         .collect();
-    serde_json::json!({ "hosts": hosts }).to_string()
+    crate::report::json_safe(serde_json::json!({ "hosts": hosts }).to_string())
 }
 
 #[cfg(test)]

@@ -226,9 +226,22 @@ fn detach_result(d: &DetachResult) -> &'static str {
     }
 }
 
+/// At most this many connections are served at once; more are closed as
+/// soon as accepted. Enough for a crowd of stalled clients and a scraper.
+pub const MAX_CONNECTIONS: usize = 2048;
+/// A request's head may take this long to arrive, and this many bytes.
+pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub const MAX_HEADER_BYTES: usize = 16 << 10;
+/// No connection lives longer than this.
+const CONNECTION_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Serves `metrics` on `listener` until the runtime ends: `GET /metrics`
-/// answers the text format, anything else 404.
+/// answers the text format, another path 404, another method 405. Any
+/// local user can connect, so each connection is bounded: at most
+/// [`MAX_CONNECTIONS`] at once, a head of at most [`MAX_HEADER_BYTES`]
+/// within [`HEADER_TIMEOUT`], and 30 s in all.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -238,32 +251,54 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
                 continue;
             }
         };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            // Full: closed at once rather than left in the backlog.
+            drop(stream);
+            continue;
+        };
         let metrics = Arc::clone(&metrics);
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
                 let metrics = Arc::clone(&metrics);
-                async move {
-                    let response = if req.uri().path() == "/metrics" {
-                        Response::builder()
-                            .header(
-                                hyper::header::CONTENT_TYPE,
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            )
-                            .body(Full::new(Bytes::from(metrics.render())))
-                    } else {
-                        Response::builder()
-                            .status(StatusCode::NOT_FOUND)
-                            .body(Full::new(Bytes::from_static(b"see /metrics\n")))
-                    };
-                    response
-                }
+                async move { Ok::<_, std::convert::Infallible>(respond(&req, &metrics)) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(MAX_HEADER_BYTES)
                 .serve_connection(TokioIo::new(stream), service);
-            // A client that stalls holds only its own connection.
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(30), conn).await;
+            let _ = tokio::time::timeout(CONNECTION_LIMIT, conn).await;
+            drop(slot);
         });
     }
+}
+
+/// The answer to one request.
+fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+    let plain = |status: StatusCode, text: &'static str| {
+        let mut r = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+        *r.status_mut() = status;
+        r
+    };
+    if req.uri().path() != "/metrics" {
+        return plain(StatusCode::NOT_FOUND, "see /metrics\n");
+    }
+    if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
+        let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "GET /metrics\n");
+        r.headers_mut().insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static("GET, HEAD"),
+        );
+        return r;
+    }
+    let mut r = Response::new(Full::new(Bytes::from(metrics.render())));
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+    );
+    r
 }
 
 /// Binds `addr` now (a bad address is a usage error, before anything runs).

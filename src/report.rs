@@ -140,14 +140,45 @@ pub struct Text {
     pub stderr: Vec<String>,
 }
 
-/// Host-supplied text with control characters escaped, so that a hostile
-/// eid or username cannot forge or break output lines.
+/// Whether a terminal could take `c` for something else than a glyph:
+/// control characters (ESC, CR, LF, C1 controls such as CSI), bidi
+/// overrides, zero-width and unassigned characters.
+fn unprintable(c: char) -> bool {
+    !matches!(c, '\\' | '"' | '\'') && c.escape_debug().next() == Some('\\')
+}
+
+/// Text a user or a host chose (eids, usernames, reasons) made safe to
+/// print: if it holds anything [`unprintable`], all of it is escaped as
+/// Rust's `escape_debug` does, so that it cannot forge or break output
+/// lines nor drive the terminal. Bytes that were not UTF-8 arrive here as
+/// U+FFFD.
 pub fn clean(text: &str) -> std::borrow::Cow<'_, str> {
-    if text.chars().any(char::is_control) {
+    if text.chars().any(unprintable) {
         text.escape_debug().to_string().into()
     } else {
         text.into()
     }
+}
+
+/// JSON text made safe for a terminal too: serde escapes C0 controls in
+/// strings but not DEL, C1 controls or bidi overrides; they become `\uXXXX`
+/// here (outside strings JSON is ASCII, so this changes strings only).
+pub fn json_safe(json: String) -> String {
+    if !json.chars().any(unprintable) {
+        return json;
+    }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        if unprintable(c) {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn indices(list: &[GpuIndex]) -> String {
@@ -449,13 +480,34 @@ pub fn render_json(r: &CycleReport) -> String {
             })
             .collect(),
     };
-    serde_json::to_string(&json)
-        .unwrap_or_else(|e| format!("{{\"error\":\"cannot render report: {e}\"}}"))
+    json_safe(
+        serde_json::to_string(&json)
+            .unwrap_or_else(|e| format!("{{\"error\":\"cannot render report: {e}\"}}")),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn terminal_controls_bidi_and_bad_bytes_are_escaped_everywhere() {
+        let hostile = String::from_utf8_lossy(b"a\x1b]0;pwned\x07\rb\nc\xff\xfe").into_owned()
+            + "\u{9b}2J\u{202e}gpj.exe";
+        let c = clean(&hostile);
+        assert!(c.chars().all(|c| !unprintable(c)), "{c:?}");
+        assert_eq!(
+            c,
+            "a\\u{1b}]0;pwned\\u{7}\\rb\\nc\u{fffd}\u{fffd}\\u{9b}2J\\u{202e}gpj.exe"
+        );
+        assert_eq!(clean("alice"), "alice");
+        assert_eq!(clean("Zoë 中"), "Zoë 中");
+        let json = json_safe(serde_json::to_string(&serde_json::json!({"eid": hostile})).unwrap());
+        assert!(json.chars().all(|c| !unprintable(c)), "{json:?}");
+        let back: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(back["eid"], hostile, "the same string, escaped");
+        assert_eq!(json_safe("{\"a\":\"b\\\"c\"}".into()), "{\"a\":\"b\\\"c\"}");
+    }
 
     #[test]
     fn control_characters_cannot_forge_lines() {

@@ -367,6 +367,123 @@ fn metrics_are_scraped_over_http_after_a_cycle() {
     assert_eq!(h.wait_signal(stray, Duration::from_secs(5)), Some(SIGTERM));
 }
 
+/// The resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("VmRSS:")?
+                .trim()
+                .strip_suffix(" kB")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap()
+}
+
+/// A local user's flood: `n` connections to `port`, half of them sending
+/// a 300 KB header that never ends, half a few bytes of one and then
+/// nothing; held open until stdin closes. Prints `ready` once all is sent.
+const FLOOD: &str = r#"
+import os, resource, socket, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+port, n = int(sys.argv[1]), int(sys.argv[2])
+socks = []
+for i in range(n):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setblocking(False)
+    head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Flood: "
+    body = b"a" * (300 * 1024 if i % 2 == 0 else 16)
+    try:
+        s.send(head + body)
+    except OSError:
+        pass
+    socks.append(s)
+print("ready", flush=True)
+sys.stdin.read()
+"#;
+
+#[test]
+fn the_metrics_endpoint_holds_under_a_local_users_flood() {
+    let h = Host::new(1);
+    h.write_devices(1, &[]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = h
+        .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+        .args([
+            "enforce",
+            "--interval",
+            "1m",
+            "--output",
+            "json",
+            "--metrics-listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reports = BufReader::new(child.stdout.take().unwrap()).lines();
+    reports.next().unwrap().unwrap();
+    let (status, _) = http_get(port, "/metrics");
+    assert!(status.contains("200"), "{status}");
+    let before = rss_kib(child.id());
+    // As a user of the machine, not root.
+    let (uid, gid) = util::ensure_user("mallory");
+    // The system's Python, as any user of the machine has it.
+    let mut flood = std::process::Command::new("/usr/bin/python3");
+    flood.args(["-c", FLOOD, &port.to_string(), "1500"]);
+    std::os::unix::process::CommandExt::uid(&mut flood, uid);
+    std::os::unix::process::CommandExt::gid(&mut flood, gid);
+    let mut flood = flood
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    BufReader::new(flood.stdout.take().unwrap())
+        .read_line(&mut said)
+        .unwrap();
+    assert_eq!(said.trim(), "ready", "the flood did not start");
+    std::thread::sleep(Duration::from_millis(500));
+    let during = rss_kib(child.id());
+    // A scrape while the stalled connections are held.
+    let (status, metrics) = http_get(port, "/metrics");
+    let (post, _) = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            s,
+            "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        (text.lines().next().unwrap_or("").to_string(), ())
+    };
+    drop(flood.stdin.take());
+    let _ = flood.kill();
+    let _ = flood.wait();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let _ = child.wait();
+    assert!(status.contains("200"), "{status}");
+    assert!(metrics.contains("genv_enforce_cycles_total 1"), "{metrics}");
+    assert!(post.contains("405"), "{post}");
+    let grown = during.saturating_sub(before);
+    eprintln!("RSS {before} KiB before the flood, {during} KiB during (+{grown} KiB)");
+    assert!(grown < 64 << 10, "RSS grew by {grown} KiB under the flood");
+}
+
 #[test]
 fn local_doctor_passes_a_healthy_machine_and_fails_a_broken_one() {
     let mut h = Host::new(2);

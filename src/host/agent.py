@@ -8,7 +8,7 @@
 # command line is a constant bootstrap that reads this text from stdin,
 #   python3 -I -S -c 'import sys;exec(compile(sys.stdin.buffer.read(N),...))'
 # after which stdin carries requests, each "<length>\n" + a JSON object:
-#   {"mode": "snapshot", "dir": D, "nvidia_smi": [argv], "step": S, "limit": L, "max_bytes": B}
+#   {"mode": "snapshot", "dir": D, "nvidia_smi": [argv], "step": S, "limit": L, "max_bytes": B, "max_records": R}
 #   {"mode": "terminate", "kills": [[pid, start_time], ...], "limit": L}
 #   {"mode": "detach", "dir": D, "detach": [[index, eid], ...], "step": S, "limit": L, "max_bytes": B}
 # and stdout one answer per request, "@<status> <length>\n" + <length> bytes:
@@ -369,12 +369,34 @@ def identity(pid, want_environ):
     return ("seen %d %s %s\n" % (before, uid_text, env)).encode() + value
 
 
-def listed_pids(envs_text):
+def listed_pids(envs_text, path="envs.json", max_records=None):
+    """The pids envs.json lists. What is not genv's layout lists none (the
+    snapshot's parser then says what is wrong, and where); what cannot be
+    parsed at all (nested too deeply) or holds more than max_records
+    records fails the snapshot, naming the file."""
     try:
         envs = json.loads(envs_text.decode("utf-8")).get("envs") or []
-        return set(p for e in envs for p in (e.get("pids") or []) if type(p) is int and 0 < p < 1 << 31)
+    except RecursionError:
+        raise Failure("state", "%s: cannot parse: nested too deeply" % path)
     except (ValueError, AttributeError, TypeError):
         return set()
+    if not isinstance(envs, list):
+        return set()
+    records = 0
+    pids = set()
+    for e in envs:
+        listed = e.get("pids") if isinstance(e, dict) else None
+        listed = listed if isinstance(listed, list) else []
+        kernels = e.get("kernel_ids") if isinstance(e, dict) else None
+        records += 1 + len(listed) + (len(kernels) if isinstance(kernels, list) else 0)
+        pids.update(p for p in listed if type(p) is int and 0 < p < 1 << 31)
+    if max_records is not None and records > max_records:
+        raise Failure(
+            "state",
+            "%s: %d records (environments, their pids and kernel ids), more than the limit of %d (--max-records): refused"
+            % (path, records, max_records),
+        )
+    return pids
 
 
 def gpu_pids(apps):
@@ -425,7 +447,8 @@ def snapshot(req, out):
     live = set(int(n) for n in os.listdir("/proc") if n.isdigit())
     on_gpus = gpu_pids(answers[1][1])
     uids = set()
-    for pid in sorted(on_gpus | (listed_pids(state.get("envs") or b"{}") & live)):
+    listed = listed_pids(state.get("envs") or b"{}", os.path.join(d, "envs.json"), req.get("max_records"))
+    for pid in sorted(on_gpus | (listed & live)):
         body = identity(pid, pid in on_gpus)
         if body is not None:
             frame(out, "proc", pid, body)
@@ -507,23 +530,36 @@ def detach(req, lines):
     try:
         state = json.loads(text.decode("utf-8"))
         devices = state["devices"]
+    except RecursionError:
+        raise Failure("state", "%s: cannot parse: nested too deeply" % path)
     except (ValueError, KeyError, TypeError) as e:
         raise Failure("state", "%s: cannot parse: %s" % (path, e))
-    changed = False
-    for n, pair in enumerate(pairs):
-        index, eid = pair
-        removed = False
-        for device in devices:
-            if isinstance(device, dict) and device.get("index") == index:
-                attachments = device.get("attachments")
-                if isinstance(attachments, list):
-                    kept = [a for a in attachments if not (isinstance(a, dict) and a.get("eid") == eid)]
-                    removed = len(kept) != len(attachments)
-                    device["attachments"] = kept
-                break
-        changed = changed or removed
-        lines.append("%d %s" % (n, "detached" if removed else "absent"))
-    if changed:
+    if not isinstance(devices, list):
+        raise Failure("state", "%s: cannot parse: devices is not a list" % path)
+    # Every entry with a pair's index loses that environment (a user may
+    # list an index twice; the snapshot reads them all): one pass.
+    wanted = {}
+    for index, eid in pairs:
+        wanted.setdefault(index, set()).add(eid)
+    removed = set()
+    for device in devices:
+        index = device.get("index") if isinstance(device, dict) else None
+        attachments = device.get("attachments") if isinstance(device, dict) else None
+        if type(index) is not int or index not in wanted or not isinstance(attachments, list):
+            continue
+        eids = wanted[index]
+        kept = []
+        for a in attachments:
+            eid = a.get("eid") if isinstance(a, dict) else None
+            if isinstance(eid, str) and eid in eids:
+                removed.add((index, eid))
+            else:
+                kept.append(a)
+        if len(kept) != len(attachments):
+            device["attachments"] = kept
+    for n, (index, eid) in enumerate(pairs):
+        lines.append("%d %s" % (n, "detached" if (index, eid) in removed else "absent"))
+    if removed:
         replace(dfd, d, "devices.json", json.dumps(state, indent=2).encode())
 
 
@@ -682,6 +718,15 @@ def answer(req):
         out = []
         frame(out, "fail", f.what, f.message.encode())
         return 0, b"".join(out)
+    except (RecursionError, MemoryError, ValueError, TypeError, KeyError, OSError) as e:
+        # What a host's state or tools did that nothing above foresaw: an
+        # answer naming it, never a traceback and a dead agent.
+        why = "%s: %s" % (type(e).__name__, e)
+        if mode == "snapshot":
+            out = []
+            frame(out, "fail", "agent", why.encode())
+            return 0, b"".join(out)
+        return 1, why.encode()
 
 
 def main():

@@ -15,6 +15,7 @@
 //! every genv command takes, so a concurrent `genv attach` is serialised
 //! with us and loses nothing.
 
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
@@ -157,10 +158,11 @@ impl StateDir {
             Ok(v) => v,
             Err(e) => return failed(format!("{}: {e}", dir.path.join("devices.json").display())),
         };
+        let removed = remove_attachments(&mut json, pairs);
         let outcomes: Vec<outcome::DetachResult> = pairs
             .iter()
             .map(|(device, eid)| {
-                if remove_attachment(&mut json, *device, eid) {
+                if removed.contains(&(*device, eid)) {
                     outcome::DetachResult::Detached
                 } else {
                     outcome::DetachResult::NotAttached
@@ -347,22 +349,49 @@ fn regular(fd: &OwnedFd, path: &Path) -> Result<(), StateError> {
 }
 
 /// Removes `eid`'s attachment from device `index`; whether one was there.
-fn remove_attachment(json: &mut Value, index: GpuIndex, eid: &EnvId) -> bool {
+/// Removes `pairs` from `devices.json`'s JSON, from every entry with the
+/// pair's index (a user may list an index twice; the snapshot reads them
+/// all), in one pass; the pairs that were there.
+fn remove_attachments<'a>(
+    json: &mut Value,
+    pairs: &'a [(GpuIndex, EnvId)],
+) -> HashSet<(GpuIndex, &'a EnvId)> {
+    let mut wanted: HashMap<u64, HashMap<&str, &'a EnvId>> = HashMap::new();
+    for (index, eid) in pairs {
+        wanted
+            .entry(u64::from(index.0))
+            .or_default()
+            .insert(eid.0.as_str(), eid);
+    }
+    let mut removed = HashSet::new();
     let Some(devices) = json.get_mut("devices").and_then(Value::as_array_mut) else {
-        return false;
+        return removed;
     };
-    let Some(device) = devices
-        .iter_mut()
-        .find(|d| d.get("index").and_then(Value::as_u64) == Some(u64::from(index.0)))
-    else {
-        return false;
-    };
-    let Some(attachments) = device.get_mut("attachments").and_then(Value::as_array_mut) else {
-        return false;
-    };
-    let before = attachments.len();
-    attachments.retain(|a| a.get("eid").and_then(Value::as_str) != Some(eid.0.as_str()));
-    attachments.len() != before
+    for device in devices {
+        let Some(index) = device.get("index").and_then(Value::as_u64) else {
+            continue;
+        };
+        let (Some(eids), Ok(gpu)) = (wanted.get(&index), u32::try_from(index)) else {
+            continue;
+        };
+        let Some(attachments) = device.get_mut("attachments").and_then(Value::as_array_mut) else {
+            continue;
+        };
+        attachments.retain(|a| {
+            match a
+                .get("eid")
+                .and_then(Value::as_str)
+                .and_then(|e| eids.get(e))
+            {
+                Some(eid) => {
+                    removed.insert((GpuIndex(gpu), *eid));
+                    false
+                }
+                None => true,
+            }
+        });
+    }
+    removed
 }
 
 #[cfg(test)]
@@ -439,6 +468,39 @@ mod tests {
             ["devices.json", "genv.lock"],
             "no temp file left"
         );
+    }
+
+    #[test]
+    fn detach_removes_the_pair_from_every_entry_of_an_index_listed_twice() {
+        let (t, state) = dir_with(
+            r#"{"devices": [
+                {"index": 0, "attachments": [{"eid": "x"}]},
+                {"index": 1, "attachments": [{"eid": "a"}]},
+                {"index": 0, "attachments": [{"eid": "a"}, {"eid": "b"}]},
+                {"index": -1, "attachments": [{"eid": "a"}]},
+                "junk"]}"#,
+        );
+        let pairs = [
+            (GpuIndex(0), EnvId("a".into())),
+            (GpuIndex(0), EnvId("x".into())),
+            (GpuIndex(2), EnvId("a".into())),
+        ];
+        use outcome::DetachResult::{Detached, NotAttached};
+        assert_eq!(
+            state.detach(&pairs, Duration::from_secs(1)),
+            vec![Detached, Detached, NotAttached]
+        );
+        let after: Value =
+            serde_json::from_str(&std::fs::read_to_string(t.path().join("devices.json")).unwrap())
+                .unwrap();
+        assert_eq!(after["devices"][0]["attachments"], serde_json::json!([]));
+        assert_eq!(after["devices"][1]["attachments"][0]["eid"], "a");
+        assert_eq!(
+            after["devices"][2]["attachments"],
+            serde_json::json!([{"eid": "b"}])
+        );
+        assert_eq!(after["devices"][3]["attachments"][0]["eid"], "a");
+        assert_eq!(after["devices"][4], "junk");
     }
 
     #[test]

@@ -604,8 +604,19 @@ impl Peer {
         }
         let (status, len) = super::agent::answer_header(&header)
             .map_err(|m| std::io::Error::new(std::io::ErrorKind::InvalidData, m))?;
-        let mut body = vec![0; len as usize];
-        self.stdout.read_exact(&mut body).await?;
+        // Grown as the bytes come, never allocated from what the host
+        // announces (at most MAX_OUTPUT_BYTES, checked by answer_header).
+        let mut body = Vec::new();
+        (&mut self.stdout).take(len).read_to_end(&mut body).await?;
+        if (body.len() as u64) < len {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "the agent ended after {} of the {len} bytes it announced",
+                    body.len()
+                ),
+            ));
+        }
         Ok(Answer { status, body })
     }
 

@@ -82,6 +82,19 @@ class Identity(unittest.TestCase):
         self.assertEqual(listed, {1, 7})
         self.assertEqual(agent["listed_pids"](b"{"), set())
         self.assertEqual(agent["listed_pids"](b"[]"), set())
+        self.assertEqual(agent["listed_pids"](b'{"envs": {"pids": [1]}}'), set())
+        self.assertEqual(agent["listed_pids"](b'{"envs": [7, {"pids": 3}]}'), set())
+
+    def test_state_nested_too_deeply_or_too_large_fails_naming_the_file(self):
+        deep = b'{"envs": [' + b"[" * 200000 + b"]" * 200000 + b"]}"
+        with self.assertRaises(agent["Failure"]) as caught:
+            agent["listed_pids"](deep, "/var/tmp/genv/envs.json")
+        self.assertEqual(caught.exception.message, "/var/tmp/genv/envs.json: cannot parse: nested too deeply")
+        envs = b'{"envs": [{"pids": [1, 2], "kernel_ids": ["k"]}, {"pids": [3]}]}'
+        self.assertEqual(agent["listed_pids"](envs, "e", 6), {1, 2, 3})
+        with self.assertRaises(agent["Failure"]) as caught:
+            agent["listed_pids"](envs, "e", 5)
+        self.assertIn("e: 6 records (environments, their pids and kernel ids), more than the limit of 5 (--max-records): refused", caught.exception.message)
 
 
 class StateDir(unittest.TestCase):
@@ -166,6 +179,35 @@ class StateDir(unittest.TestCase):
         self.assertNotEqual(os.stat(self.path("devices.json")).st_ino, before, "a new file, renamed over")
         self.assertEqual(stat.S_IMODE(os.stat(self.path("devices.json")).st_mode), 0o666)
         self.assertEqual(sorted(os.listdir(self.dir)), ["devices.json", "genv.lock"])
+
+    def test_detach_removes_the_env_from_every_entry_of_an_index_listed_twice(self):
+        devices = {"devices": [
+            {"index": 0, "total_memory": "1mi", "attachments": [{"eid": "x", "gpu_memory": None, "time": "t"}]},
+            {"index": 1, "total_memory": "1mi", "attachments": [{"eid": "a", "gpu_memory": None, "time": "t"}]},
+            {"index": 0, "total_memory": "1mi", "attachments": [{"eid": "a", "gpu_memory": None, "time": "t"}, {"eid": "b"}]},
+            {"index": True, "attachments": [{"eid": "a"}]},
+            "junk",
+        ]}
+        with open(self.path("devices.json"), "w") as f:
+            json.dump(devices, f)
+        lines = []
+        agent["detach"]({"dir": self.dir, "detach": [[0, "a"], [0, "x"], [2, "a"]], "step": 1, "limit": 2, "max_bytes": 10000}, lines)
+        self.assertEqual(lines, ["0 detached", "1 detached", "2 absent"])
+        with open(self.path("devices.json")) as f:
+            after = json.load(f)["devices"]
+        self.assertEqual(after[0]["attachments"], [])
+        self.assertEqual(after[1]["attachments"], [{"eid": "a", "gpu_memory": None, "time": "t"}])
+        self.assertEqual(after[2]["attachments"], [{"eid": "b"}])
+        self.assertEqual(after[3:], [{"index": True, "attachments": [{"eid": "a"}]}, "junk"])
+
+    def test_a_detach_of_devices_nested_too_deeply_fails_and_changes_nothing(self):
+        text = b'{"devices": ' + b"[" * 200000 + b"]" * 200000 + b"}"
+        with open(self.path("devices.json"), "wb") as f:
+            f.write(text)
+        msg = self.refused(agent["detach"], {"dir": self.dir, "detach": [[0, "a"]], "step": 1, "limit": 2, "max_bytes": 1 << 20}, [])
+        self.assertIn("devices.json: cannot parse: nested too deeply", msg)
+        with open(self.path("devices.json"), "rb") as f:
+            self.assertEqual(f.read(), text)
 
     def test_a_failed_detach_leaves_no_temp_file(self):
         with open(self.path("devices.json"), "w") as f:
