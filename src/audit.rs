@@ -5,6 +5,7 @@
 //! no user can forge or erase what root did. The line format is in the
 //! README ("Audit log").
 
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::OwnedFd;
@@ -20,7 +21,7 @@ use crate::model::{EnvId, GpuIndex, HostId, Pid};
 use crate::outcome::Outcome;
 use crate::plan::{HostPlan, Termination};
 use crate::report;
-use crate::rules::Rule;
+use crate::rules::{Notice, Rule};
 
 /// An audit log that cannot be used.
 #[derive(Debug, Error)]
@@ -39,6 +40,9 @@ pub enum AuditError {
 #[derive(Debug)]
 pub struct AuditLog {
     file: Mutex<File>,
+    /// The stray processes already noticed (host, pid, start time), for as
+    /// long as each stays one: a line when first seen, not every cycle.
+    noticed: Mutex<HashSet<(HostId, Pid, Option<u64>)>>,
 }
 
 /// One line of the log.
@@ -48,9 +52,10 @@ pub struct Entry<'a> {
     pub time: String,
     pub cycle: u64,
     pub host: &'a HostId,
-    /// `decided` (written before the action) or `done` (with its outcome).
+    /// `decided` (written before the action), `done` (with its outcome),
+    /// or `noticed` (a stray process left alone, when first seen).
     pub phase: &'static str,
-    /// `terminate` or `detach`.
+    /// `terminate`, `kill`, `detach`, or `none` (noticed only).
     pub action: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pid: Option<Pid>,
@@ -115,6 +120,7 @@ impl AuditLog {
         }
         Ok(AuditLog {
             file: Mutex::new(File::from(fd)),
+            noticed: Mutex::default(),
         })
     }
 
@@ -123,6 +129,9 @@ impl AuditLog {
     /// # Errors
     /// The write or the flush failed.
     pub fn write(&self, entries: &[Entry]) -> std::io::Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
         let mut text = String::new();
         for e in entries {
             text.push_str(&report::json_safe(
@@ -133,6 +142,61 @@ impl AuditLog {
         let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
         file.write_all(text.as_bytes())?;
         file.sync_data()
+    }
+}
+
+impl AuditLog {
+    /// Records the stray processes of `notices` (jobs carrying an
+    /// environment id that are left alone) not noticed already, one
+    /// `noticed` line each; forgets those no longer seen.
+    ///
+    /// # Errors
+    /// The write or the flush failed (they are noticed again next cycle).
+    pub fn strays(
+        &self,
+        cycle: u64,
+        mode: crate::model::Mode,
+        notices: &[Notice],
+    ) -> std::io::Result<()> {
+        let time = now();
+        let mut noticed = self.noticed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut current = HashSet::new();
+        let mut entries = Vec::new();
+        for n in notices {
+            let Notice::Stray {
+                host,
+                pid,
+                start_time,
+                eid,
+                user,
+                ..
+            } = n
+            else {
+                continue;
+            };
+            let key = (host.clone(), *pid, *start_time);
+            if !noticed.contains(&key) {
+                entries.push(Entry {
+                    time: time.clone(),
+                    cycle,
+                    host,
+                    phase: "noticed",
+                    action: "none",
+                    pid: Some(*pid),
+                    start_time: *start_time,
+                    device: None,
+                    eid: Some(eid),
+                    user: user.as_deref(),
+                    rules: Vec::new(),
+                    message: report::notice_line(mode, n),
+                    outcome: None,
+                });
+            }
+            current.insert(key);
+        }
+        self.write(&entries)?;
+        *noticed = current;
+        Ok(())
     }
 }
 
@@ -213,28 +277,36 @@ pub fn kills<'a>(cycle: u64, host: &'a HostId, terminations: &'a [Termination]) 
 /// The `done` lines: each decided line with its outcome (matched by
 /// action and pid, or by device and eid).
 pub fn done<'a>(decided: &[Entry<'a>], outcomes: &[Outcome]) -> Vec<Entry<'a>> {
+    /// What an outcome answers.
+    #[derive(PartialEq, Eq, Hash)]
+    enum Key<'k> {
+        Signal(&'static str, Pid),
+        Detach(GpuIndex, &'k EnvId),
+    }
+    // The first outcome of each action, looked up in one pass.
+    let mut by_key: HashMap<Key, &crate::outcome::Outcome> = HashMap::new();
+    for o in outcomes {
+        let key = match o {
+            Outcome::Terminate { pid, .. } => Key::Signal("terminate", *pid),
+            Outcome::Kill { pid, .. } => Key::Signal("kill", *pid),
+            Outcome::Detach { device, eid, .. } => Key::Detach(*device, eid),
+        };
+        by_key.entry(key).or_insert(o);
+    }
     let time = now();
     decided
         .iter()
         .map(|d| {
-            let outcome = outcomes.iter().find_map(|o| match o {
-                Outcome::Terminate { pid, outcome, .. }
-                    if d.action == "terminate" && Some(*pid) == d.pid =>
-                {
-                    serde_json::to_value(outcome).ok()
-                }
-                Outcome::Kill { pid, outcome, .. } if d.action == "kill" && Some(*pid) == d.pid => {
-                    serde_json::to_value(outcome).ok()
-                }
-                Outcome::Detach {
-                    device,
-                    eid,
-                    outcome,
-                    ..
-                } if Some(*device) == d.device && Some(eid) == d.eid => {
-                    serde_json::to_value(outcome).ok()
-                }
+            let key = match (d.action, d.pid, d.device, d.eid) {
+                ("terminate" | "kill", Some(pid), _, _) => Some(Key::Signal(d.action, pid)),
+                (_, _, Some(device), Some(eid)) => Some(Key::Detach(device, eid)),
                 _ => None,
+            };
+            let outcome = key.and_then(|k| by_key.get(&k)).and_then(|o| match o {
+                Outcome::Terminate { outcome, .. } | Outcome::Kill { outcome, .. } => {
+                    serde_json::to_value(outcome).ok()
+                }
+                Outcome::Detach { outcome, .. } => serde_json::to_value(outcome).ok(),
             });
             Entry {
                 time: time.clone(),
@@ -267,6 +339,58 @@ mod tests {
             std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
             0o600
         );
+    }
+
+    #[test]
+    fn a_stray_is_noticed_once_while_it_stays_one() {
+        use crate::rules::attribution::Stray;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let log = AuditLog::open(&path).unwrap();
+        let stray = |pid: u32, start_time: u64| Notice::Stray {
+            host: HostId("h".into()),
+            pid: Pid(pid),
+            start_time: Some(start_time),
+            eid: EnvId("gone\x1b[2J".into()),
+            user: Some("alice".into()),
+            gpus: vec![GpuIndex(0)],
+            why: Stray::Orphaned,
+        };
+        let lines = || {
+            std::fs::read_to_string(&path)
+                .unwrap()
+                .lines()
+                .map(String::from)
+                .collect::<Vec<_>>()
+        };
+        let remote = crate::model::Mode::Remote;
+        log.strays(1, remote, &[stray(5, 50)]).unwrap();
+        log.strays(2, remote, &[stray(5, 50), stray(6, 60)])
+            .unwrap();
+        log.strays(3, remote, &[stray(6, 60)]).unwrap();
+        // 5 is gone, then back as a new process (another start time).
+        log.strays(4, remote, &[stray(5, 51), stray(6, 60)])
+            .unwrap();
+        let l = lines();
+        assert_eq!(l.len(), 3, "{l:#?}");
+        let v: Vec<serde_json::Value> =
+            l.iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(
+            v.iter()
+                .map(|e| (e["cycle"].as_u64().unwrap(), e["pid"].as_u64().unwrap()))
+                .collect::<Vec<_>>(),
+            [(1, 5), (2, 6), (4, 5)]
+        );
+        assert_eq!(v[0]["phase"], "noticed");
+        assert_eq!(v[0]["action"], "none");
+        assert_eq!(v[0]["start_time"], 50);
+        assert_eq!(v[0]["user"], "alice");
+        assert_eq!(v[0]["eid"], "gone\x1b[2J");
+        assert!(!l[0].contains('\x1b'), "{}", l[0]);
+        assert!(v[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("it is left alone"));
     }
 
     #[test]

@@ -167,6 +167,11 @@ pub async fn cycle(
     for (status, host) in a.hosts.iter_mut().zip(&fleet.hosts) {
         status.recorded = host.is_recorded();
     }
+    if let Some(log) = &fleet.audit {
+        if let Err(e) = log.strays(n, mode, &a.notices) {
+            tracing::error!(error = %e, "cannot record stray processes in the audit log");
+        }
+    }
     let whole = std::mem::take(&mut a.plan);
     (a.plan, a.waiting) = confirm.split(&whole);
     confirm.advance(&whole);

@@ -247,7 +247,8 @@ pub fn detach_line(d: &Detach) -> String {
     )
 }
 
-fn notice_line(mode: Mode, n: &Notice) -> String {
+/// Our line for a notice (stderr).
+pub fn notice_line(mode: Mode, n: &Notice) -> String {
     match n {
         Notice::UnknownOwner { host, pid, gpus, reason } => format!(
             "{}[WARNING] Process {pid} on GPU(s) {} has unknown ownership ({}); it is not terminated",
@@ -255,7 +256,7 @@ fn notice_line(mode: Mode, n: &Notice) -> String {
             indices(gpus),
             clean(reason)
         ),
-        Notice::Stray { host, pid, eid, user, gpus, why } => format!(
+        Notice::Stray { host, pid, eid, user, gpus, why, .. } => format!(
             "{}[WARNING] Process {pid}{} on GPU(s) {} carries environment {}, {}: it is left alone",
             prefix(mode, host),
             user.as_deref().map_or(String::new(), |u| format!(" (user {})", clean(u))),

@@ -158,6 +158,8 @@ pub enum Notice {
     Stray {
         host: HostId,
         pid: Pid,
+        /// With the pid, what identifies the process from cycle to cycle.
+        start_time: Option<u64>,
         eid: EnvId,
         /// Its user, where the host says.
         user: Option<String>,
@@ -305,6 +307,7 @@ fn notices(host: &HostId, a: &Attribution, policy: &Policy) -> Vec<Notice> {
             (Standing::Stray(why), Owner::Env(eid)) => out.push(Notice::Stray {
                 host: host.clone(),
                 pid: p.pid,
+                start_time: p.start_time,
                 eid: eid.clone(),
                 user: a.user_of(pi),
                 gpus: p.indices().collect(),
