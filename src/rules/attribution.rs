@@ -32,7 +32,7 @@
 //! Every pass here is linear in the host's state: records and processes are
 //! indexed once.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use serde::Serialize;
 
@@ -91,12 +91,12 @@ pub struct Attribution<'a> {
     index: HashMap<&'a EnvId, usize>,
     /// Per record: whose cap it counts toward.
     charges: Vec<Charge>,
-    /// Per record: its owner's uid (live hosts, environments with processes).
-    owners: Vec<Option<u32>>,
     /// Per process of the snapshot: where it stands.
     standing: Vec<Standing>,
     /// Per record: its member processes (indices), in snapshot order.
     members: Vec<Vec<usize>>,
+    /// Per record: whether it lists a live pid of its charged user.
+    vouched: Vec<bool>,
 }
 
 impl<'a> Attribution<'a> {
@@ -140,12 +140,11 @@ impl<'a> Attribution<'a> {
                         recorded(i).map_or(Charge::Nobody(Unconfirmed::Nameless), Charge::User),
                     ),
                     [uid] => (Some(*uid), Charge::User(name(*uid))),
-                    several => (
-                        None,
-                        Charge::Nobody(Unconfirmed::Contested {
-                            users: several.iter().map(|u| name(*u)).collect(),
-                        }),
-                    ),
+                    several => {
+                        let mut users: Vec<String> = several.iter().map(|u| name(*u)).collect();
+                        users.sort_unstable();
+                        (None, Charge::Nobody(Unconfirmed::Contested { users }))
+                    }
                 }
             };
             owners.push(owner);
@@ -183,13 +182,27 @@ impl<'a> Attribution<'a> {
                 s
             })
             .collect();
+        let vouched = snap
+            .envs
+            .iter()
+            .zip(&charges)
+            .map(|(e, charge)| {
+                let (Some(truth), Charge::User(user)) = (&snap.truth, charge) else {
+                    return false;
+                };
+                e.pids
+                    .iter()
+                    .filter_map(|p| truth.pid_uids.get(p))
+                    .any(|uid| name(*uid) == *user)
+            })
+            .collect();
         Attribution {
             snap,
             index,
             charges,
-            owners,
             standing,
             members,
+            vouched,
         }
     }
 
@@ -203,19 +216,9 @@ impl<'a> Attribution<'a> {
         self.index.get(eid).copied()
     }
 
-    /// Whether record `i` is the environment of its id (not a later duplicate).
-    pub fn is_env(&self, i: usize) -> bool {
-        self.env(&self.snap.envs[i].eid) == Some(i)
-    }
-
     /// Whose cap record `i` counts toward.
     pub fn charge(&self, i: usize) -> &Charge {
         &self.charges[i]
-    }
-
-    /// The owner's uid of record `i`, where processes say it.
-    pub fn owner_uid(&self, i: usize) -> Option<u32> {
-        self.owners[i]
     }
 
     /// Where process `pi` (an index into the snapshot's processes) stands.
@@ -244,17 +247,6 @@ impl<'a> Attribution<'a> {
         }
     }
 
-    /// The devices record `i` is attached to, in device order.
-    pub fn attached(&self, i: usize) -> Vec<GpuIndex> {
-        let eid = &self.snap.envs[i].eid;
-        self.snap
-            .devices
-            .iter()
-            .filter(|d| d.has(eid))
-            .map(|d| d.index)
-            .collect()
-    }
-
     /// Per record, the devices it is attached to, in device order, in one
     /// pass over the attachments.
     pub fn attachments(&self) -> Vec<Vec<GpuIndex>> {
@@ -276,14 +268,7 @@ impl<'a> Attribution<'a> {
     /// cap takes environments that lack it first (a record forged in
     /// someone's name, listing none of their processes, goes before theirs).
     pub fn vouched(&self, i: usize) -> bool {
-        let (Some(truth), Charge::User(user)) = (&self.snap.truth, &self.charges[i]) else {
-            return false;
-        };
-        self.snap.envs[i]
-            .pids
-            .iter()
-            .filter_map(|p| truth.pid_uids.get(p))
-            .any(|uid| user_name(self.snap, *uid) == *user)
+        self.vouched[i]
     }
 
     /// The member pids of record `i` that run on `device`.
@@ -301,23 +286,6 @@ pub fn user_name(snap: &HostSnapshot, uid: u32) -> String {
         .as_ref()
         .and_then(|t| t.user_names.get(&uid).cloned())
         .unwrap_or_else(|| format!("uid {uid}"))
-}
-
-/// The charge of each of `snap`'s records, in order.
-pub fn charges(snap: &HostSnapshot) -> Vec<Charge> {
-    Attribution::of(snap).charges
-}
-
-/// Each user's processes, by name (for tests and reports).
-pub fn users(snap: &HostSnapshot) -> BTreeMap<String, Vec<Pid>> {
-    let a = Attribution::of(snap);
-    let mut out: BTreeMap<String, Vec<Pid>> = BTreeMap::new();
-    for (pi, p) in snap.processes.iter().enumerate() {
-        if let Some(u) = a.user_of(pi) {
-            out.entry(u).or_default().push(p.pid);
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -457,7 +425,7 @@ mod tests {
         let a = Attribution::of(&s);
         assert_eq!(a.charge(0), &Charge::User("alice".into()));
         assert_eq!(a.charge(1), &Charge::Nobody(Unconfirmed::Duplicate));
-        assert!(a.is_env(0) && !a.is_env(1));
+        assert_eq!(a.env(&EnvId("a".into())), Some(0));
     }
 
     #[test]

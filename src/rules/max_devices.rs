@@ -19,7 +19,7 @@
 //! has nothing to detach: it stays counted, and is reported.
 //! Users are visited in name order (genv: Python set order).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::attribution::{Attribution, Charge, Standing};
 use super::{Action, Finding, Notice, Policy, Rule, Violation};
@@ -74,6 +74,9 @@ impl HostUsage {
         let mut usage = HostUsage::default();
         // (user, device) -> its place in that user's list.
         let mut slots: HashMap<(String, GpuIndex), usize> = HashMap::new();
+        // (device, record) pairs already counted: a device entry may hold
+        // an environment twice when not normalized.
+        let mut seen: HashSet<(GpuIndex, usize)> = HashSet::new();
         let charged = |i: usize| match a.charge(i) {
             Charge::User(u) => Some(u.as_str()),
             Charge::Nobody(_) => None,
@@ -87,12 +90,13 @@ impl HostUsage {
             for att in &d.attachments {
                 let Some(i) = a.env(&att.eid) else { continue };
                 let Some(u) = charged(i) else { continue };
-                let held = usage.device(&mut slots, u, d.index);
-                if !held.eids.contains(&att.eid) {
-                    held.eids.push(att.eid.clone());
-                    held.pids.extend(a.members_on(i, d.index));
-                    held.vouched |= a.vouched(i);
+                if !seen.insert((d.index, i)) {
+                    continue;
                 }
+                let held = usage.device(&mut slots, u, d.index);
+                held.eids.push(att.eid.clone());
+                held.pids.extend(a.members_on(i, d.index));
+                held.vouched |= a.vouched(i);
             }
         }
         for (pi, p) in snap.processes.iter().enumerate() {

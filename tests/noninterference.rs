@@ -1,0 +1,666 @@
+//! Regressions of issue 14: nothing one user writes or runs gets another
+//! user's job killed, takes their own devices out of their count, or
+//! stalls the enforcer; a job whose genv record is gone is left alone.
+//! One test per row of the issue's table, with real processes of real
+//! users, on this machine and (where the row applies) through real sshd;
+//! each failed on 1a75ad2.
+
+mod util;
+
+use std::path::Path;
+use std::process::{Child, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use util::fleet::Fleet;
+use util::{env, lines, Host};
+
+const SIGTERM: i32 = 15;
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Where a row runs: this machine, or host 1 of a fleet.
+enum Place {
+    Local(Host),
+    Fleet(Fleet),
+}
+
+impl Place {
+    fn local() -> Place {
+        Place::Local(Host::new(4))
+    }
+
+    fn fleet() -> Option<Place> {
+        Fleet::up(1).map(Place::Fleet)
+    }
+
+    fn host(&mut self) -> &mut Host {
+        match self {
+            Place::Local(h) => h,
+            Place::Fleet(f) => f.host(0),
+        }
+    }
+
+    /// `enforce --interval 0 <flags>` here.
+    fn enforce(&self, flags: &[&str]) -> Output {
+        let mut args = vec!["enforce", "--interval", "0"];
+        args.extend_from_slice(flags);
+        match self {
+            Place::Local(h) => h.ours(&args),
+            Place::Fleet(f) => f.ours(&args),
+        }
+    }
+
+    /// How genv's lines name this host.
+    fn prefix(&self) -> String {
+        match self {
+            Place::Local(_) => String::new(),
+            Place::Fleet(f) => format!("[{}] ", f.names[0]),
+        }
+    }
+
+    /// " on 1 hosts" in remote mode, as genv words the cap.
+    fn on_hosts(&self) -> &'static str {
+        match self {
+            Place::Local(_) => "",
+            Place::Fleet(_) => " on 1 hosts",
+        }
+    }
+}
+
+/// The job is still running a moment after the run (a SIGTERM has had time
+/// to land).
+fn alive(p: &mut Place, pid: u32) -> bool {
+    p.host()
+        .wait_signal(pid, Duration::from_millis(300))
+        .is_none()
+        && p.host().running(pid)
+}
+
+// Row 1: a `nohup` job outlives its shell; genv's load-time clean-up drops
+// its environment's record; the job runs on with its id.
+
+fn orphaned_job_is_left_alone(mut p: Place) {
+    let shell = p.host().spawn_as("alice", None);
+    let job = p.host().spawn_as("alice", Some("4100"));
+    p.host().set_apps(&[(job, 0, "100")]);
+    p.host()
+        .write_envs(&[env("4100", Some("alice"), None, shell)]);
+    p.host().write_devices(4, &[(0, "4100")]);
+    p.host().end(shell);
+    for flags in [&[][..], &["--non-env-processes"][..]] {
+        let out = p.enforce(flags);
+        assert!(out.status.success(), "{flags:?}: {}", stderr(&out));
+        assert!(lines(&out).is_empty(), "{flags:?}: {:?}", lines(&out));
+        assert!(
+            stderr(&out).contains(&format!(
+                "{}[WARNING] Process {job} (user alice) on GPU(s) 0 carries environment 4100, which does not exist (its record is gone): it is left alone",
+                p.prefix()
+            )),
+            "{}",
+            stderr(&out)
+        );
+        assert!(alive(&mut p, job), "{flags:?}: the orphaned job was killed");
+    }
+}
+
+#[test]
+fn row1_an_orphaned_job_is_left_alone_locally() {
+    orphaned_job_is_left_alone(Place::local());
+}
+
+#[test]
+fn row1_an_orphaned_job_is_left_alone_on_a_fleet_host() {
+    if let Some(p) = Place::fleet() {
+        orphaned_job_is_left_alone(p);
+    }
+}
+
+// Row 2: bob empties envs.json (anyone may write it).
+
+fn emptied_envs_kill_nobody(mut p: Place) {
+    let mut jobs = Vec::new();
+    let mut envs = Vec::new();
+    let mut attached = Vec::new();
+    for (i, user) in ["alice", "carol"].into_iter().enumerate() {
+        let shell = p.host().spawn_as(user, None);
+        let eid = format!("{user}-env");
+        let job = p.host().spawn_as(user, Some(&eid));
+        jobs.push((job, i as u32));
+        envs.push(env(&eid, Some(user), None, shell));
+        attached.push((i as u32, eid));
+    }
+    p.host().set_apps(
+        &jobs
+            .iter()
+            .map(|(j, d)| (*j, *d, "100"))
+            .collect::<Vec<_>>(),
+    );
+    p.host().write_envs(&envs);
+    let attached: Vec<(u32, &str)> = attached.iter().map(|(d, e)| (*d, e.as_str())).collect();
+    p.host().write_devices(4, &attached);
+    // bob's edit.
+    let bob = util::ensure_user("bob");
+    std::fs::write(p.host().state_dir().join("envs.json"), "{\"envs\": []}").unwrap();
+    std::os::unix::fs::chown(
+        p.host().state_dir().join("envs.json"),
+        Some(bob.0),
+        Some(bob.1),
+    )
+    .unwrap();
+    let out = p.enforce(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(lines(&out).is_empty(), "{:?}", lines(&out));
+    for (job, _) in jobs {
+        assert!(alive(&mut p, job), "job {job} was killed");
+    }
+}
+
+#[test]
+fn row2_an_emptied_envs_json_kills_nobody_locally() {
+    emptied_envs_kill_nobody(Place::local());
+}
+
+#[test]
+fn row2_an_emptied_envs_json_kills_nobody_on_a_fleet_host() {
+    if let Some(p) = Place::fleet() {
+        emptied_envs_kill_nobody(p);
+    }
+}
+
+// Row 3: bob's own record lists alice's GPU job (genv lists the activating
+// shell, never the job) and is attached to three devices.
+
+fn a_record_listing_her_job_counts_toward_bob(mut p: Place) {
+    let shell = p.host().spawn_as("alice", None);
+    let job = p.host().spawn_as("alice", Some("a"));
+    let bob_shell = p.host().spawn_as("bob", None);
+    p.host().set_apps(&[(job, 0, "100")]);
+    let mut forged = env("b", Some("bob"), None, bob_shell);
+    forged["pids"] = json!([job]);
+    p.host()
+        .write_envs(&[env("a", Some("alice"), None, shell), forged]);
+    p.host()
+        .write_devices(4, &[(0, "a"), (1, "b"), (2, "b"), (3, "b")]);
+    let out = p.enforce(&["--max-devices-per-user", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let pre = p.prefix();
+    assert_eq!(
+        lines(&out),
+        vec![
+            format!(
+                "User bob is using 3 devices{} which is 1 more than the maximum allowed",
+                p.on_hosts()
+            ),
+            format!("{pre}Detaching environment b of user bob from device 1"),
+        ]
+    );
+    assert!(alive(&mut p, job), "alice's job was killed");
+    assert_eq!(p.host().attached(0), vec!["a"]);
+}
+
+#[test]
+fn row3_a_record_listing_alices_job_counts_toward_its_writer_locally() {
+    a_record_listing_her_job_counts_toward_bob(Place::local());
+}
+
+#[test]
+fn row3_a_record_listing_alices_job_counts_toward_its_writer_on_a_fleet_host() {
+    if let Some(p) = Place::fleet() {
+        a_record_listing_her_job_counts_toward_bob(p);
+    }
+}
+
+// Row 4: bob starts a job with alice's id (readable in envs.json) on her
+// device; the environment goes over its gpu_memory.
+
+fn a_borrowed_id_gets_nobody_killed(mut p: Place) {
+    let shell = p.host().spawn_as("alice", None);
+    let job = p.host().spawn_as("alice", Some("a"));
+    // bob's job after hers in genv's (CPython set) order of the pids, so
+    // that genv's greedy choice takes hers first.
+    let bob_job = loop {
+        let b = p.host().spawn_as("bob", Some("a"));
+        if genv_enforce::snapshot::pyset::set_order(&[job, b])[0] == job {
+            break b;
+        }
+        p.host().end(b);
+    };
+    p.host().set_apps(&[(job, 0, "1000"), (bob_job, 0, "1000")]);
+    p.host()
+        .write_envs(&[env("a", Some("alice"), Some("1gi"), shell)]);
+    p.host().write_devices(4, &[(0, "a")]);
+    let out = p.enforce(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(lines(&out).is_empty(), "{:?}", lines(&out));
+    let err = stderr(&out);
+    for (pid, user) in [(job, "alice"), (bob_job, "bob")] {
+        assert!(
+            err.contains(&format!(
+                "{}[WARNING] Process {pid} (user {user}) on GPU(s) 0 carries environment a, which processes of several users carry (alice, bob): it is nobody's: it is left alone",
+                p.prefix()
+            )),
+            "{err}"
+        );
+    }
+    assert!(alive(&mut p, job), "alice's job was killed");
+    assert!(alive(&mut p, bob_job));
+}
+
+#[test]
+fn row4_a_borrowed_id_never_gets_the_owners_job_killed_locally() {
+    a_borrowed_id_gets_nobody_killed(Place::local());
+}
+
+#[test]
+fn row4_a_borrowed_id_never_gets_the_owners_job_killed_on_a_fleet_host() {
+    if let Some(p) = Place::fleet() {
+        a_borrowed_id_gets_nobody_killed(p);
+    }
+}
+
+// Row 5: bob lists pid 1 (root's) in his own record.
+
+fn listing_pid_one_keeps_bobs_devices_his(mut p: Place) {
+    let shell = p.host().spawn_as("bob", None);
+    let job = p.host().spawn_as("bob", Some("b"));
+    p.host().set_apps(&[(job, 0, "100")]);
+    let mut b = env("b", Some("bob"), None, shell);
+    b["pids"] = json!([shell, 1]);
+    p.host().write_envs(&[b]);
+    p.host()
+        .write_devices(4, &[(0, "b"), (1, "b"), (2, "b"), (3, "b")]);
+    let out = p.enforce(&["--max-devices-per-user", "1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let pre = p.prefix();
+    assert_eq!(
+        lines(&out),
+        vec![
+            format!(
+                "User bob is using 4 devices{} which is 3 more than the maximum allowed",
+                p.on_hosts()
+            ),
+            format!("{pre}Detaching environment b of user bob from device 1"),
+            format!("{pre}Detaching environment b of user bob from device 2"),
+            format!("{pre}Detaching environment b of user bob from device 3"),
+        ]
+    );
+    for d in 1..4 {
+        assert_eq!(p.host().attached(d), Vec::<String>::new());
+    }
+    assert_eq!(p.host().attached(0), vec!["b"]);
+}
+
+#[test]
+fn row5_listing_root_s_pid_keeps_the_writers_devices_in_his_count_locally() {
+    listing_pid_one_keeps_bobs_devices_his(Place::local());
+}
+
+#[test]
+fn row5_listing_root_s_pid_keeps_the_writers_devices_in_his_count_on_a_fleet_host() {
+    if let Some(p) = Place::fleet() {
+        listing_pid_one_keeps_bobs_devices_his(p);
+    }
+}
+
+// Row 9: bob attaches alice's environment to three spare devices (anyone
+// can write devices.json).
+
+fn spare_attachments_go_first(mut p: Place) {
+    let shell = p.host().spawn_as("alice", None);
+    let job = p.host().spawn_as("alice", Some("a"));
+    p.host().set_apps(&[(job, 0, "100")]);
+    p.host().write_envs(&[env("a", Some("alice"), None, shell)]);
+    p.host()
+        .write_devices(4, &[(0, "a"), (1, "a"), (2, "a"), (3, "a")]);
+    let out = p.enforce(&["--max-devices-per-user", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let pre = p.prefix();
+    assert_eq!(
+        lines(&out),
+        vec![
+            format!(
+                "User alice is using 4 devices{} which is 2 more than the maximum allowed",
+                p.on_hosts()
+            ),
+            format!("{pre}Detaching environment a of user alice from device 1"),
+            format!("{pre}Detaching environment a of user alice from device 2"),
+        ]
+    );
+    assert!(alive(&mut p, job), "alice's job was killed");
+    assert_eq!(p.host().attached(0), vec!["a"]);
+    assert_eq!(p.host().attached(3), vec!["a"]);
+}
+
+#[test]
+fn row9_spare_attachments_of_her_env_go_before_her_working_device_locally() {
+    spare_attachments_go_first(Place::local());
+}
+
+#[test]
+fn row9_spare_attachments_of_her_env_go_before_her_working_device_on_a_fleet_host() {
+    if let Some(p) = Place::fleet() {
+        spare_attachments_go_first(p);
+    }
+}
+
+// Row 8: an eid with terminal escapes, on the "already detached" path; and
+// devices.json listing device 0 twice, the attachment in the second entry.
+
+fn escapes_and_a_device_listed_twice(mut p: Place) {
+    let eid = "e\u{1b}]0;pwned\u{7}\u{1b}[2J\r";
+    let shell = p.host().spawn_as("alice", None);
+    let job = p.host().spawn_as("alice", Some(eid));
+    p.host().set_apps(&[(job, 0, "100"), (job, 1, "100")]);
+    p.host().write_envs(&[env(eid, Some("alice"), None, shell)]);
+    p.host().write_devices(4, &[(0, eid), (1, eid)]);
+    // Someone detaches it between the snapshot and the detach.
+    let state = p.host().state_dir();
+    let devices = state.join("devices.json");
+    let watched = devices.clone();
+    let user = util::after_read(&watched, move || {
+        let mut d: Value =
+            serde_json::from_str(&std::fs::read_to_string(&devices).unwrap()).unwrap();
+        for dev in d["devices"].as_array_mut().unwrap() {
+            dev["attachments"] = json!([]);
+        }
+        std::fs::write(&devices, d.to_string()).unwrap();
+    });
+    let out = p.enforce(&["--max-devices-per-user", "1"]);
+    assert!(user.join().unwrap());
+    let err = stderr(&out);
+    assert!(err.contains("was already detached from device 0"), "{err}");
+    for text in [&err, &String::from_utf8_lossy(&out.stdout).into_owned()] {
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\r') && !text.contains('\u{7}'),
+            "{text:?}"
+        );
+    }
+    // Device 0 listed twice; the attachment only in the second entry.
+    let other = p.host().spawn_as("carol", Some("c"));
+    let shell = p.host().spawn_as("carol", None);
+    p.host().set_apps(&[(other, 3, "100")]);
+    p.host().write_envs(&[env("c", Some("carol"), None, shell)]);
+    let text = json!({"devices": [
+        {"index": 0, "total_memory": "81559mi", "attachments": []},
+        {"index": 3, "total_memory": "81559mi", "attachments": [{"eid": "c", "gpu_memory": null, "time": "t"}]},
+        {"index": 0, "total_memory": "81559mi", "attachments": [{"eid": "c", "gpu_memory": null, "time": "t"}]},
+    ]});
+    std::fs::write(p.host().state_dir().join("devices.json"), text.to_string()).unwrap();
+    let out = p.enforce(&["--max-devices-per-user", "1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        lines(&out),
+        vec![
+            format!(
+                "User carol is using 2 devices{} which is 1 more than the maximum allowed",
+                p.on_hosts()
+            ),
+            format!(
+                "{}Detaching environment c of user carol from device 0",
+                p.prefix()
+            ),
+        ]
+    );
+    let after: Value = serde_json::from_str(
+        &std::fs::read_to_string(p.host().state_dir().join("devices.json")).unwrap(),
+    )
+    .unwrap();
+    for dev in after["devices"].as_array().unwrap() {
+        if dev["index"] == 0 {
+            assert_eq!(dev["attachments"], json!([]), "{after}");
+        }
+    }
+    assert!(alive(&mut p, other));
+}
+
+#[test]
+fn row8_escapes_are_escaped_and_a_device_listed_twice_is_detached_whole_locally() {
+    escapes_and_a_device_listed_twice(Place::local());
+}
+
+#[test]
+fn row8_escapes_are_escaped_and_a_device_listed_twice_is_detached_whole_on_a_fleet_host() {
+    if let Some(p) = Place::fleet() {
+        escapes_and_a_device_listed_twice(p);
+    }
+}
+
+// Row 6: bob writes a large but valid state: 100k environments listing his
+// shell, 100k attachments.
+
+/// `n` environments of bob's listing `shell`, each attached to a device.
+fn write_big_state(h: &Host, shell: u32, n: usize) {
+    let envs: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                r#"{{"eid": "x{i}", "uid": 0, "creation": "", "username": "bob", "config": {{}}, "pids": [{shell}], "kernel_ids": []}}"#
+            )
+        })
+        .collect();
+    std::fs::write(
+        h.state_dir().join("envs.json"),
+        format!(r#"{{"envs": [{}]}}"#, envs.join(",")),
+    )
+    .unwrap();
+    let attachments: Vec<String> = (0..n)
+        .map(|i| format!(r#"{{"eid": "x{i}", "gpu_memory": null, "time": ""}}"#))
+        .collect();
+    std::fs::write(
+        h.state_dir().join("devices.json"),
+        format!(
+            r#"{{"devices": [{{"index": 0, "total_memory": "1mi", "attachments": [{}]}}, {{"index": 1, "total_memory": "1mi", "attachments": []}}]}}"#,
+            attachments.join(",")
+        ),
+    )
+    .unwrap();
+}
+
+fn spawn_ours(h: &Host, args: &[&str]) -> Child {
+    h.command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `child` at most `limit`, which it must not need.
+fn finish_within(mut child: Child, limit: Duration) -> (Output, Duration) {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if child.try_wait().unwrap().is_some() {
+            return (child.wait_with_output().unwrap(), start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    panic!("still running after {limit:?}; stderr: {}", stderr(&out));
+}
+
+#[test]
+fn row6_a_huge_state_is_assessed_linearly_and_sigterm_ends_the_run_within_2s() {
+    let mut h = Host::new(2);
+    let shell = h.spawn_as("bob", None);
+    let stray = h.spawn_as("bob", None);
+    h.set_apps(&[(stray, 1, "100")]);
+    write_big_state(&h, shell, 100_000);
+    // One cycle over it, and its violations enforced (bob is over his cap,
+    // his stray terminated): no stall, no quadratic pass.
+    let out = h.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+        "--max-devices-per-user",
+        "1",
+        "--output",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["hosts"][0]["envs"], 100_000, "{}", report["hosts"]);
+    assert_eq!(h.wait_signal(stray, Duration::from_secs(10)), Some(SIGTERM));
+    eprintln!(
+        "one cycle over 100k environments and attachments: {} ms",
+        report["duration_ms"]
+    );
+    // Cycles back to back over it: a SIGTERM at any point ends the run
+    // within 2 s, mid-cycle included.
+    for delay in [50, 150, 300, 700] {
+        let child = spawn_ours(&h, &["enforce", "--interval", "10ms", "--dry-run"]);
+        std::thread::sleep(Duration::from_millis(delay));
+        let pid = rustix::process::Pid::from_child(&child);
+        let sent = Instant::now();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let (_, took) = finish_within(child, Duration::from_secs(20));
+        let since = sent.elapsed().min(took);
+        assert!(
+            since < Duration::from_secs(2),
+            "SIGTERM after {delay} ms took {since:?}"
+        );
+    }
+}
+
+#[test]
+fn row6_a_state_over_max_records_fails_its_host_naming_the_file_and_the_others_are_enforced() {
+    let Some(mut f) = Fleet::up(2) else { return };
+    let shell = f.host(0).spawn_as("bob", None);
+    write_big_state(f.host(0), shell, 2000);
+    let stray = f.host(1).spawn_as("bob", None);
+    f.host(1).set_apps(&[(stray, 0, "100")]);
+    let out = f.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+        "--max-records",
+        "1000",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "Failed running SSH command on {} (state: /var/tmp/genv/envs.json: 4000 records (environments, their pids and kernel ids), more than the limit of 1000 (--max-records): refused)",
+            f.names[0]
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        f.host(1).wait_signal(stray, Duration::from_secs(10)),
+        Some(SIGTERM)
+    );
+    // Locally the same, naming the file.
+    let mut h = Host::new(1);
+    let shell = h.spawn_as("bob", None);
+    write_big_state(&h, shell, 2000);
+    let out = h.ours(&["enforce", "--interval", "0", "--max-records", "1000"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("envs.json: top level: 4000 records (environments, their pids and kernel ids), more than the limit of 1000 (--max-records): refused"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn row6_one_hosts_huge_state_does_not_hold_up_the_others() {
+    let Some(mut f) = Fleet::up(2) else { return };
+    let shell = f.host(0).spawn_as("bob", None);
+    write_big_state(f.host(0), shell, 100_000);
+    let stray = f.host(1).spawn_as("bob", None);
+    f.host(1).set_apps(&[(stray, 0, "100")]);
+    let out = f.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+        "--output",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["hosts"][0]["envs"], 100_000);
+    assert_eq!(
+        f.host(1).wait_signal(stray, Duration::from_secs(10)),
+        Some(SIGTERM)
+    );
+    eprintln!("timing: {}", report["timing"]);
+}
+
+// Row 10: envs.json nested 200k deep on a remote host.
+
+/// The pids of our agent on fleet host `i` (in its pid namespace, as this
+/// machine numbers them).
+fn agents(f: &Fleet, i: usize) -> Vec<u32> {
+    let ns = std::fs::read_link(format!("/proc/{}/ns/pid", f.hosts[i].ns.unwrap())).unwrap();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let ours = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
+            comm.starts_with("python")
+                && String::from_utf8_lossy(&cmdline).contains("genv-enforce-agent")
+                && ours.as_ref() == Some(&ns)
+        })
+        .collect()
+}
+
+#[test]
+fn row10_state_nested_too_deeply_fails_its_host_without_a_traceback_or_restarts() {
+    let Some(f) = Fleet::up(1) else { return };
+    let deep = format!(
+        "{{\"envs\": {}{}}}",
+        "[".repeat(200_000),
+        "]".repeat(200_000)
+    );
+    std::fs::write(f.hosts[0].state_dir().join("envs.json"), deep).unwrap();
+    let hosts = f.names.join(",");
+    let mut child = f
+        .command(&[
+            "-H",
+            &hosts,
+            "enforce",
+            "--interval",
+            "500ms",
+            "--output",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let cycle: Value = serde_json::from_str(&out.next().unwrap().unwrap()).unwrap();
+        let error = cycle["hosts"][0]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            error.contains("/var/tmp/genv/envs.json: cannot parse: nested too deeply"),
+            "{error}"
+        );
+        seen.push(agents(&f, 0));
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(!stderr(&out).contains("Traceback"), "{}", stderr(&out));
+    // One agent, the same one every cycle: it answered, it did not die.
+    assert_eq!(seen[0].len(), 1, "{seen:?}");
+    assert!(
+        seen.iter().all(|s| *s == seen[0]),
+        "the agent was restarted: {seen:?}"
+    );
+}
