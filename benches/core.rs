@@ -1,15 +1,17 @@
 //! The pure core at fleet scale: parsing nvidia-smi output and a genv
-//! snapshot, assessing a synthetic 500-host cluster (rules + plan), and the
+//! snapshot, assessing a synthetic 500-host cluster (rules + plan), one
+//! host whose user wrote 100,000 environments and attachments, and the
 //! whole pure path of a remote cycle over 1,000 hosts (8,000 GPUs, 24,000
-//! processes): the agents' answers parsed and assembled, merged, the rules
-//! run and the plan made.
+//! processes): the agents' answers parsed, assembled and assessed host by
+//! host (on one worker, and spread over the machine's cores as the blocking
+//! pool does), then the caps and the plan.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 
-use genv_enforce::assess::assess;
+use genv_enforce::assess::{assess_found, HostResult};
 use genv_enforce::model::{Cluster, HostId, HostSnapshot, Mode};
 use genv_enforce::plan;
-use genv_enforce::rules::{evaluate, Policy};
+use genv_enforce::rules::{self, evaluate, Policy};
 use genv_enforce::snapshot::assemble::{assemble, ParsedState};
 use genv_enforce::snapshot::frames;
 use genv_enforce::snapshot::{genv, nvidia_smi};
@@ -159,25 +161,78 @@ fn agent_answer(h: usize) -> Vec<u8> {
     out
 }
 
+/// One host's part of a cycle: its answer parsed, assembled and assessed
+/// (what runs in the blocking pool, host by host).
+fn host_part(host: &HostId, bytes: &[u8], parsed: &mut ParsedState, policy: &Policy) -> HostResult {
+    let snap = frames::parse_frames(bytes, &host.0)
+        .map_err(|e| e.to_string())
+        .and_then(|f| frames::raw_host(&f, &host.0).map_err(|e| e.to_string()))
+        .and_then(|raw| {
+            assemble(&raw, &host.0, parsed, genv::DEFAULT_MAX_RECORDS).map_err(|e| e.to_string())
+        })?;
+    let findings = rules::assess_host(host, &snap, policy);
+    Ok((snap, findings))
+}
+
 /// The pure path of one remote cycle over `answers`, with each host's
-/// state as parsed last cycle in `parsed`.
-fn pure_path(answers: &[(HostId, Vec<u8>)], parsed: &mut [ParsedState], policy: &Policy) -> usize {
-    let results: Vec<(HostId, Result<HostSnapshot, String>)> = answers
-        .iter()
-        .zip(parsed.iter_mut())
-        .map(|((host, bytes), parsed)| {
-            let snap = frames::parse_frames(bytes, &host.0)
-                .map_err(|e| e.to_string())
-                .and_then(|f| frames::raw_host(&f, &host.0).map_err(|e| e.to_string()))
-                .and_then(|raw| {
-                    assemble(&raw, &host.0, parsed, genv::DEFAULT_MAX_RECORDS)
-                        .map_err(|e| e.to_string())
-                });
-            (host.clone(), snap)
+/// state as parsed last cycle in `parsed`, the hosts' parts on `workers`
+/// threads.
+fn pure_path(
+    answers: &[(HostId, Vec<u8>)],
+    parsed: &mut [ParsedState],
+    policy: &Policy,
+    workers: usize,
+) -> usize {
+    let chunk = answers.len().div_ceil(workers.max(1));
+    let results: Vec<(HostId, HostResult)> = std::thread::scope(|s| {
+        let handles: Vec<_> = answers
+            .chunks(chunk)
+            .zip(parsed.chunks_mut(chunk))
+            .map(|(answers, parsed)| {
+                s.spawn(move || {
+                    answers
+                        .iter()
+                        .zip(parsed.iter_mut())
+                        .map(|((host, bytes), p)| (host.clone(), host_part(host, bytes, p, policy)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    let report = assess_found(1, Mode::Remote, false, policy, results);
+    report.plan.hosts.len()
+}
+
+/// One host whose user wrote `n` environments, each listing his shell and
+/// attached to a device, beside a few real jobs.
+fn huge_state(n: usize) -> (String, String) {
+    let envs: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                r#"{{"eid": "x{i}", "uid": 1002, "creation": "", "username": "bob", "config": {{"name": null, "gpu_memory": "1gi", "gpus": 1}}, "pids": [10], "kernel_ids": []}}"#
+            )
         })
         .collect();
-    let report = assess(1, Mode::Remote, false, policy, results);
-    report.plan.hosts.len()
+    let devices: Vec<String> = (0..8)
+        .map(|d| {
+            let att: Vec<String> = (0..n)
+                .filter(|i| i % 8 == d)
+                .map(|i| format!(r#"{{"eid": "x{i}", "gpu_memory": null, "time": ""}}"#))
+                .collect();
+            format!(
+                r#"{{"index": {d}, "total_memory": "81559mi", "attachments": [{}]}}"#,
+                att.join(",")
+            )
+        })
+        .collect();
+    (
+        format!(r#"{{"envs": [{}]}}"#, envs.join(",")),
+        format!(r#"{{"devices": [{}]}}"#, devices.join(",")),
+    )
 }
 
 fn benches(c: &mut Criterion) {
@@ -211,6 +266,89 @@ fn benches(c: &mut Criterion) {
             plan::build(&big, &v)
         })
     });
+
+    // One host, 100,000 environments and attachments of bob's (over any
+    // cap), and 24 jobs, some in his environments.
+    let (envs, devices) = huge_state(100_000);
+    let mut apps = String::new();
+    let mut gpus = String::new();
+    for g in 0..8 {
+        gpus.push_str(&format!("GPU-{g}, {g}, 81559\n"));
+    }
+    let mut procs = std::collections::BTreeMap::new();
+    for p in 0..24u32 {
+        apps.push_str(&format!("GPU-{}, {}, 1000\n", p % 8, 100 + p));
+        procs.insert(
+            100 + p,
+            genv_enforce::snapshot::assemble::RawProc::Seen {
+                start_time: 1,
+                uid: Some(1002),
+                environ: genv_enforce::snapshot::assemble::Environ::Var(
+                    format!("x{p}").into_bytes(),
+                ),
+            },
+        );
+    }
+    procs.insert(
+        10,
+        genv_enforce::snapshot::assemble::RawProc::Seen {
+            start_time: 1,
+            uid: Some(1002),
+            environ: genv_enforce::snapshot::assemble::Environ::NotRead,
+        },
+    );
+    let raw = genv_enforce::snapshot::assemble::RawHost {
+        gpus: gpus.into(),
+        apps: apps.into(),
+        envs: Some(envs.into()),
+        devices: Some(devices.into()),
+        procs,
+        user_names: [(1002, "bob".to_string())].into_iter().collect(),
+    };
+    let host = HostId("gpu0".into());
+    let snap = assemble(
+        &raw,
+        "bench",
+        &mut ParsedState::default(),
+        genv::DEFAULT_MAX_RECORDS,
+    )
+    .unwrap();
+    assert_eq!(snap.envs.len(), 100_000);
+    let capped = Policy {
+        non_env_processes: true,
+        max_devices_per_user: Some(2),
+        ..Policy::default()
+    };
+    let mut group = c.benchmark_group("one host, 100,000 environments and attachments");
+    group.sample_size(10);
+    group.bench_function("assess (attribution, rules, caps, plan)", |b| {
+        b.iter(|| {
+            let findings = rules::assess_host(&host, black_box(&snap), &capped);
+            let a = assess_found(
+                1,
+                Mode::Remote,
+                false,
+                &capped,
+                vec![(host.clone(), Ok((snap.clone(), findings)))],
+            );
+            assert_eq!(a.plan.hosts[0].1.detach.len(), 75_000);
+            a.plan.hosts.len()
+        })
+    });
+    group.bench_function("parse and assemble (first cycle)", |b| {
+        b.iter(|| {
+            assemble(
+                black_box(&raw),
+                "bench",
+                &mut ParsedState::default(),
+                genv::DEFAULT_MAX_RECORDS,
+            )
+            .unwrap()
+            .envs
+            .len()
+        })
+    });
+    group.finish();
 }
 
 fn fleet_benches(c: &mut Criterion) {
@@ -227,24 +365,33 @@ fn fleet_benches(c: &mut Criterion) {
             .map(|_| ParsedState::default())
             .collect::<Vec<_>>()
     };
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let mut steady = fresh();
-    let planned = pure_path(&answers, &mut steady, &policy);
+    let planned = pure_path(&answers, &mut steady, &policy, 1);
     assert!(
         planned > 0 && planned <= 1000,
         "{planned} hosts with a plan"
     );
     let mut group = c.benchmark_group("1000 hosts, 8000 GPUs, 24000 processes");
     group.sample_size(20);
-    group.bench_function("pure path, steady state (state files unchanged)", |b| {
-        b.iter(|| pure_path(black_box(&answers), &mut steady, &policy))
-    });
-    group.bench_function("pure path, first cycle (every state file parsed)", |b| {
-        b.iter_batched_ref(
-            fresh,
-            |p| pure_path(black_box(&answers), p, &policy),
-            criterion::BatchSize::LargeInput,
-        )
-    });
+    group.bench_function(
+        "pure path, steady state (state files unchanged), 1 worker",
+        |b| b.iter(|| pure_path(black_box(&answers), &mut steady, &policy, 1)),
+    );
+    group.bench_function(
+        format!("pure path, steady state (state files unchanged), {cores} workers"),
+        |b| b.iter(|| pure_path(black_box(&answers), &mut steady, &policy, cores)),
+    );
+    group.bench_function(
+        "pure path, first cycle (every state file parsed), 1 worker",
+        |b| {
+            b.iter_batched_ref(
+                fresh,
+                |p| pure_path(black_box(&answers), p, &policy, 1),
+                criterion::BatchSize::LargeInput,
+            )
+        },
+    );
     group.bench_function("parse + assemble only, steady state", |b| {
         b.iter(|| {
             answers
