@@ -97,14 +97,14 @@ pub fn assess_found(
         })
         .collect();
     let mut a = statuses(cycle, mode, dry_run, results);
-    let hosts: Vec<(&HostId, &HostFindings)> = a
+    let hosts: Vec<(&HostId, HostFindings)> = a
         .cluster
         .hosts
         .iter()
         .map(|(h, _)| h)
-        .zip(&findings)
+        .zip(findings)
         .collect();
-    let (violations, notices) = rules::merge(&hosts, policy);
+    let (violations, notices) = rules::merge(hosts, policy);
     a.plan = plan::build(&a.cluster, &violations);
     a.violations = violations;
     a.notices = notices;

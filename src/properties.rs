@@ -165,7 +165,7 @@ proptest! {
             for (user, u) in f.usage.users {
                 let e = held.entry(user).or_default();
                 e.0 += u.devices.len();
-                e.1 += u.devices.iter().filter(|d| !d.eids.is_empty()).count();
+                e.1 += u.devices.iter().filter(|d| !d.eids.is_empty() && !d.stray).count();
             }
         }
         for (user, (count, detachable)) in held {

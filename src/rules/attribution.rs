@@ -32,6 +32,7 @@
 //! Every pass here is linear in the host's state: records and processes are
 //! indexed once.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde::Serialize;
@@ -84,73 +85,117 @@ pub enum Stray {
 }
 
 /// Who runs what on one host, worked out once from its snapshot.
+///
+/// Built with a handful of allocations whatever the host holds (it runs
+/// for every host every cycle): names are borrowed from the snapshot,
+/// members and attachments kept as offsets into two flat lists.
 #[derive(Debug, Clone)]
 pub struct Attribution<'a> {
     snap: &'a HostSnapshot,
     /// The first record of each id (index into `snap.envs`).
     index: HashMap<&'a EnvId, usize>,
     /// Per record: whose cap it counts toward.
-    charges: Vec<Charge>,
+    charges: Vec<Charged<'a>>,
     /// Per process of the snapshot: where it stands.
     standing: Vec<Standing>,
-    /// Per record: its member processes (indices), in snapshot order.
-    members: Vec<Vec<usize>>,
-    /// Per record: whether it lists a live pid of its charged user.
-    vouched: Vec<bool>,
+    /// Record `i`'s members are `member_list[member_at[i]..member_at[i + 1]]`
+    /// (process indices, in snapshot order).
+    member_at: Vec<usize>,
+    member_list: Vec<usize>,
+    /// Record `i`'s devices are `attached_list[attached_at[i]..attached_at[i + 1]]`,
+    /// in device order.
+    attached_at: Vec<usize>,
+    attached_list: Vec<GpuIndex>,
+}
+
+/// A record's charge, its user's name borrowed where it can be.
+#[derive(Debug, Clone)]
+enum Charged<'a> {
+    User {
+        name: Cow<'a, str>,
+        uid: Option<u32>,
+    },
+    Nobody(Unconfirmed),
+}
+
+/// Offsets and a flat list grouping `items` (group, item) by group, in
+/// the order given, for `groups` groups.
+fn grouped<T: Copy>(groups: usize, items: &[(usize, T)]) -> (Vec<usize>, Vec<T>) {
+    let mut at = vec![0; groups + 1];
+    for (g, _) in items {
+        at[g + 1] += 1;
+    }
+    for g in 0..groups {
+        at[g + 1] += at[g];
+    }
+    let mut next = at.clone();
+    let mut list = Vec::with_capacity(items.len());
+    list.extend(items.iter().map(|(_, t)| *t));
+    for (g, t) in items {
+        list[next[*g]] = *t;
+        next[*g] += 1;
+    }
+    (at, list)
+}
+
+/// What the processes carrying one id say of its owner.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Carriers {
+    None,
+    One(u32),
+    Several,
 }
 
 impl<'a> Attribution<'a> {
     /// Works out memberships and charges of `snap`.
     pub fn of(snap: &'a HostSnapshot) -> Self {
-        let mut index = HashMap::with_capacity(snap.envs.len());
+        let n = snap.envs.len();
+        let mut index = HashMap::with_capacity(n);
         for (i, e) in snap.envs.iter().enumerate() {
             index.entry(&e.eid).or_insert(i);
         }
-        let first = |i: usize, e: &EnvId| index.get(e) == Some(&i);
-        // The uids of the processes carrying each record's id.
-        let mut carriers: Vec<Vec<u32>> = vec![Vec::new(); snap.envs.len()];
-        if snap.truth.is_some() {
+        let live = snap.truth.is_some();
+        let mut carriers = vec![Carriers::None; n];
+        if live {
             for p in &snap.processes {
                 if let (Some(eid), Some(uid)) = (p.owner.eid(), p.uid) {
                     if let Some(&i) = index.get(eid) {
-                        carriers[i].push(uid);
+                        carriers[i] = match carriers[i] {
+                            Carriers::None => Carriers::One(uid),
+                            Carriers::One(u) if u == uid => Carriers::One(u),
+                            _ => Carriers::Several,
+                        };
                     }
                 }
             }
         }
-        let name = |uid: u32| user_name(snap, uid);
-        let recorded = |i: usize| {
-            snap.envs[i]
-                .username
-                .as_deref()
-                .filter(|u| !u.is_empty())
-                .map(str::to_string)
-        };
-        let mut charges = Vec::with_capacity(snap.envs.len());
-        let mut owners = Vec::with_capacity(snap.envs.len());
-        for (i, (e, uids)) in snap.envs.iter().zip(&mut carriers).enumerate() {
-            uids.sort_unstable();
-            uids.dedup();
-            let (owner, charge) = if !first(i, &e.eid) {
-                (None, Charge::Nobody(Unconfirmed::Duplicate))
-            } else {
-                match uids.as_slice() {
-                    [] => (
-                        None,
-                        recorded(i).map_or(Charge::Nobody(Unconfirmed::Nameless), Charge::User),
-                    ),
-                    [uid] => (Some(*uid), Charge::User(name(*uid))),
-                    several => {
-                        let mut users: Vec<String> = several.iter().map(|u| name(*u)).collect();
-                        users.sort_unstable();
-                        (None, Charge::Nobody(Unconfirmed::Contested { users }))
-                    }
+        let charges: Vec<Charged> = snap
+            .envs
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                if index.get(&e.eid) != Some(&i) {
+                    return Charged::Nobody(Unconfirmed::Duplicate);
                 }
-            };
-            owners.push(owner);
-            charges.push(charge);
-        }
-        let mut members = vec![Vec::new(); snap.envs.len()];
+                match carriers[i] {
+                    Carriers::None => match e.username.as_deref().filter(|u| !u.is_empty()) {
+                        Some(u) => Charged::User {
+                            name: Cow::Borrowed(u),
+                            uid: None,
+                        },
+                        None => Charged::Nobody(Unconfirmed::Nameless),
+                    },
+                    Carriers::One(uid) => Charged::User {
+                        name: name_of(snap, uid),
+                        uid: Some(uid),
+                    },
+                    Carriers::Several => Charged::Nobody(Unconfirmed::Contested {
+                        users: contesting(snap, &e.eid),
+                    }),
+                }
+            })
+            .collect();
+        let mut members = Vec::new();
         let standing = snap
             .processes
             .iter()
@@ -159,14 +204,14 @@ impl<'a> Attribution<'a> {
                 let s = match &p.owner {
                     Owner::Unknown(_) => Standing::Unknown,
                     Owner::NoEnv => Standing::NoEnv,
-                    Owner::Env(eid) => match (index.get(eid), snap.truth.is_some(), p.uid) {
+                    Owner::Env(eid) => match (index.get(eid), live, p.uid) {
                         (None, true, None) => Standing::Unknown,
                         (None, _, _) => Standing::Stray(Stray::Orphaned),
                         (Some(&i), false, _) => Standing::Member(i),
                         (Some(_), true, None) => Standing::Unknown,
-                        (Some(&i), true, Some(uid)) => match (owners[i], &charges[i]) {
-                            (Some(o), _) if o == uid => Standing::Member(i),
-                            (None, Charge::Nobody(Unconfirmed::Contested { users })) => {
+                        (Some(&i), true, Some(uid)) => match &charges[i] {
+                            Charged::User { uid: Some(o), .. } if *o == uid => Standing::Member(i),
+                            Charged::Nobody(Unconfirmed::Contested { users }) => {
                                 Standing::Stray(Stray::Contested {
                                     users: users.clone(),
                                 })
@@ -177,32 +222,35 @@ impl<'a> Attribution<'a> {
                     },
                 };
                 if let Standing::Member(i) = s {
-                    members[i].push(pi);
+                    members.push((i, pi));
                 }
                 s
             })
             .collect();
-        let vouched = snap
-            .envs
-            .iter()
-            .zip(&charges)
-            .map(|(e, charge)| {
-                let (Some(truth), Charge::User(user)) = (&snap.truth, charge) else {
-                    return false;
-                };
-                e.pids
-                    .iter()
-                    .filter_map(|p| truth.pid_uids.get(p))
-                    .any(|uid| name(*uid) == *user)
-            })
-            .collect();
+        let (member_at, member_list) = grouped(n, &members);
+        let mut attached = Vec::new();
+        let mut last: Vec<Option<GpuIndex>> = vec![None; n];
+        for d in &snap.devices {
+            for a in &d.attachments {
+                if let Some(&i) = index.get(&a.eid) {
+                    // Once per device entry, even if it lists the id twice.
+                    if last[i] != Some(d.index) {
+                        last[i] = Some(d.index);
+                        attached.push((i, d.index));
+                    }
+                }
+            }
+        }
+        let (attached_at, attached_list) = grouped(n, &attached);
         Attribution {
             snap,
             index,
             charges,
             standing,
-            members,
-            vouched,
+            member_at,
+            member_list,
+            attached_at,
+            attached_list,
         }
     }
 
@@ -217,8 +265,27 @@ impl<'a> Attribution<'a> {
     }
 
     /// Whose cap record `i` counts toward.
-    pub fn charge(&self, i: usize) -> &Charge {
-        &self.charges[i]
+    pub fn charge(&self, i: usize) -> Charge {
+        match &self.charges[i] {
+            Charged::User { name, .. } => Charge::User(name.to_string()),
+            Charged::Nobody(why) => Charge::Nobody(why.clone()),
+        }
+    }
+
+    /// The user record `i` counts toward, if any.
+    pub fn charged(&self, i: usize) -> Option<&str> {
+        match &self.charges[i] {
+            Charged::User { name, .. } => Some(name),
+            Charged::Nobody(_) => None,
+        }
+    }
+
+    /// Why record `i` counts toward nobody, if it does.
+    pub fn uncharged(&self, i: usize) -> Option<&Unconfirmed> {
+        match &self.charges[i] {
+            Charged::User { .. } => None,
+            Charged::Nobody(why) => Some(why),
+        }
     }
 
     /// Where process `pi` (an index into the snapshot's processes) stands.
@@ -228,47 +295,46 @@ impl<'a> Attribution<'a> {
 
     /// The member processes of record `i`, in snapshot order.
     pub fn members(&self, i: usize) -> impl Iterator<Item = &'a crate::model::Process> + '_ {
-        self.members[i].iter().map(|&pi| &self.snap.processes[pi])
+        self.member_list[self.member_at[i]..self.member_at[i + 1]]
+            .iter()
+            .map(|&pi| &self.snap.processes[pi])
+    }
+
+    /// The devices record `i` is attached to, in device order.
+    pub fn attached(&self, i: usize) -> &[GpuIndex] {
+        &self.attached_list[self.attached_at[i]..self.attached_at[i + 1]]
     }
 
     /// The user a process belongs to, as the caps count users: the host's
     /// name for its uid on a live host; on a recording, its environment's.
-    pub fn user_of(&self, pi: usize) -> Option<String> {
+    pub fn user_of(&self, pi: usize) -> Option<Cow<'a, str>> {
         match (&self.snap.truth, self.snap.processes[pi].uid) {
-            (Some(_), Some(uid)) => Some(user_name(self.snap, uid)),
+            (Some(_), Some(uid)) => Some(name_of(self.snap, uid)),
             (Some(_), None) => None,
             (None, _) => match &self.standing[pi] {
                 Standing::Member(i) => match &self.charges[*i] {
-                    Charge::User(u) => Some(u.clone()),
-                    Charge::Nobody(_) => None,
+                    Charged::User { name, .. } => Some(name.clone()),
+                    Charged::Nobody(_) => None,
                 },
                 _ => None,
             },
         }
     }
 
-    /// Per record, the devices it is attached to, in device order, in one
-    /// pass over the attachments.
-    pub fn attachments(&self) -> Vec<Vec<GpuIndex>> {
-        let mut out = vec![Vec::new(); self.snap.envs.len()];
-        for d in &self.snap.devices {
-            for a in &d.attachments {
-                if let Some(i) = self.env(&a.eid) {
-                    if out[i].last() != Some(&d.index) {
-                        out[i].push(d.index);
-                    }
-                }
-            }
-        }
-        out
-    }
-
     /// Whether record `i` lists a live pid of the user it is charged to.
     /// Any user can list any pid, so this never says whose it is; a device
     /// cap takes environments that lack it first (a record forged in
     /// someone's name, listing none of their processes, goes before theirs).
+    /// Linear in the record's pids: callers ask once per record.
     pub fn vouched(&self, i: usize) -> bool {
-        self.vouched[i]
+        let (Some(truth), Charged::User { name, .. }) = (&self.snap.truth, &self.charges[i]) else {
+            return false;
+        };
+        self.snap.envs[i]
+            .pids
+            .iter()
+            .filter_map(|p| truth.pid_uids.get(p))
+            .any(|uid| name_of(self.snap, *uid) == *name)
     }
 
     /// The member pids of record `i` that run on `device`.
@@ -280,12 +346,25 @@ impl<'a> Attribution<'a> {
     }
 }
 
-/// The host's name for `uid` (`uid N` when it has none).
-pub fn user_name(snap: &HostSnapshot, uid: u32) -> String {
-    snap.truth
-        .as_ref()
-        .and_then(|t| t.user_names.get(&uid).cloned())
-        .unwrap_or_else(|| format!("uid {uid}"))
+/// The host's name for `uid`, borrowed (`uid N` when it has none).
+fn name_of(snap: &HostSnapshot, uid: u32) -> Cow<'_, str> {
+    match snap.truth.as_ref().and_then(|t| t.user_names.get(&uid)) {
+        Some(n) => Cow::Borrowed(n),
+        None => Cow::Owned(format!("uid {uid}")),
+    }
+}
+
+/// The users whose processes carry `eid`, by name (a contested id: rare).
+fn contesting(snap: &HostSnapshot, eid: &EnvId) -> Vec<String> {
+    let mut users: Vec<String> = snap
+        .processes
+        .iter()
+        .filter(|p| p.owner.eid() == Some(eid))
+        .filter_map(|p| Some(name_of(snap, p.uid?).into_owned()))
+        .collect();
+    users.sort_unstable();
+    users.dedup();
+    users
 }
 
 #[cfg(test)]
@@ -324,7 +403,7 @@ mod tests {
 
     fn charge_of(snap: &HostSnapshot, eid: &str) -> Charge {
         let a = Attribution::of(snap);
-        a.charge(a.env(&EnvId(eid.into())).unwrap()).clone()
+        a.charge(a.env(&EnvId(eid.into())).unwrap())
     }
 
     fn standing_of(snap: &HostSnapshot, pid: u32) -> Standing {
@@ -423,8 +502,8 @@ mod tests {
         assert_eq!(standing_of(&s, 32), Standing::Unknown);
         assert_eq!(standing_of(&s, 33), Standing::Unknown);
         let a = Attribution::of(&s);
-        assert_eq!(a.charge(0), &Charge::User("alice".into()));
-        assert_eq!(a.charge(1), &Charge::Nobody(Unconfirmed::Duplicate));
+        assert_eq!(a.charge(0), Charge::User("alice".into()));
+        assert_eq!(a.charge(1), Charge::Nobody(Unconfirmed::Duplicate));
         assert_eq!(a.env(&EnvId("a".into())), Some(0));
     }
 

@@ -12,12 +12,11 @@ use crate::model::{GpuIndex, HostId};
 
 pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
     let snap = a.snapshot();
-    let attached = a.attachments();
     let mut out = Vec::new();
     for (i, env) in snap.envs.iter().enumerate() {
+        let attached = a.attached(i);
         for p in a.members(i) {
-            let unallowed: Vec<GpuIndex> =
-                p.indices().filter(|d| !attached[i].contains(d)).collect();
+            let unallowed: Vec<GpuIndex> = p.indices().filter(|d| !attached.contains(d)).collect();
             if !unallowed.is_empty() {
                 out.push(Violation {
                     rule: Rule::EnvDevices,

@@ -13,13 +13,12 @@ use crate::model::HostId;
 
 pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
     let snap = a.snapshot();
-    let attached = a.attachments();
     let mut out = Vec::new();
     for (i, env) in snap.envs.iter().enumerate() {
         let Some(capacity) = &env.gpu_memory else {
             continue;
         };
-        for &device in &attached[i] {
+        for &device in a.attached(i) {
             let procs: Vec<_> = a
                 .members(i)
                 .filter_map(|p| p.usage_on(device).map(|u| (p.pid, u.bytes())))

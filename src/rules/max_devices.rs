@@ -16,12 +16,14 @@
 //! index). genv takes devices in index order only, so that attaching
 //! someone's environment to spare devices would get their working device
 //! detached. A device held only by strays
-//! has nothing to detach: it stays counted, and is reported.
+//! has nothing to detach, and one a stray of the user runs on stays
+//! counted whatever is detached from it, so nothing is: they are reported.
 //! Users are visited in name order (genv: Python set order).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 
-use super::attribution::{Attribution, Charge, Standing};
+use super::attribution::{Attribution, Standing};
 use super::{Action, Finding, Notice, Policy, Rule, Violation};
 use crate::model::{EnvId, GpuIndex, HostId, Pid};
 
@@ -50,6 +52,9 @@ pub struct HeldDevice {
     pub pids: Vec<Pid>,
     /// A process of the user runs here.
     pub working: bool,
+    /// A stray process of the user runs here: the device stays counted
+    /// whatever is detached, so nothing is (it would not lower the count).
+    pub stray: bool,
     /// One of the environments lists a live pid of the user
     /// ([`Attribution::vouched`]).
     pub vouched: bool,
@@ -62,41 +67,47 @@ impl HeldDevice {
             eids: Vec::new(),
             pids: Vec::new(),
             working: false,
+            stray: false,
             vouched: false,
         }
     }
 }
 
 impl HostUsage {
-    /// What each user holds on the host `a` is about.
+    /// What each user holds on the host `a` is about. Linear: users are
+    /// keyed by borrowed names while it is worked out, and each (record,
+    /// device) pair is visited once.
     pub fn of(a: &Attribution) -> Self {
         let snap = a.snapshot();
-        let mut usage = HostUsage::default();
+        let mut users: HashMap<Cow<str>, Held> = HashMap::new();
         // (user, device) -> its place in that user's list.
-        let mut slots: HashMap<(String, GpuIndex), usize> = HashMap::new();
-        // (device, record) pairs already counted: a device entry may hold
-        // an environment twice when not normalized.
-        let mut seen: HashSet<(GpuIndex, usize)> = HashSet::new();
-        let charged = |i: usize| match a.charge(i) {
-            Charge::User(u) => Some(u.as_str()),
-            Charge::Nobody(_) => None,
-        };
-        for i in 0..snap.envs.len() {
-            if let Some(u) = charged(i) {
-                usage.users.entry(u.to_string()).or_default().envs = true;
-            }
+        let mut slots: HashMap<(Cow<str>, GpuIndex), usize> = HashMap::new();
+        fn device<'m, 'n>(
+            users: &'m mut HashMap<Cow<'n, str>, Held>,
+            slots: &mut HashMap<(Cow<'n, str>, GpuIndex), usize>,
+            user: Cow<'n, str>,
+            index: GpuIndex,
+        ) -> &'m mut HeldDevice {
+            let held = users.entry(user.clone()).or_default();
+            let s = *slots.entry((user, index)).or_insert_with(|| {
+                held.devices.push(HeldDevice::new(index));
+                held.devices.len() - 1
+            });
+            &mut held.devices[s]
         }
-        for d in &snap.devices {
-            for att in &d.attachments {
-                let Some(i) = a.env(&att.eid) else { continue };
-                let Some(u) = charged(i) else { continue };
-                if !seen.insert((d.index, i)) {
-                    continue;
-                }
-                let held = usage.device(&mut slots, u, d.index);
-                held.eids.push(att.eid.clone());
-                held.pids.extend(a.members_on(i, d.index));
-                held.vouched |= a.vouched(i);
+        for (i, e) in snap.envs.iter().enumerate() {
+            let Some(u) = a.charged(i) else { continue };
+            users.entry(Cow::Borrowed(u)).or_default().envs = true;
+            let attached = a.attached(i);
+            if attached.is_empty() {
+                continue;
+            }
+            let vouched = a.vouched(i);
+            for &d in attached {
+                let held = device(&mut users, &mut slots, Cow::Borrowed(u), d);
+                held.eids.push(e.eid.clone());
+                held.pids.extend(a.members_on(i, d));
+                held.vouched |= vouched;
             }
         }
         for (pi, p) in snap.processes.iter().enumerate() {
@@ -104,28 +115,32 @@ impl HostUsage {
             let stray = matches!(a.standing(pi), Standing::Stray(_));
             for index in p.indices() {
                 if stray {
-                    usage.device(&mut slots, &user, index).working = true;
+                    let held = device(&mut users, &mut slots, user.clone(), index);
+                    held.working = true;
+                    held.stray = true;
                 } else if let Some(&s) = slots.get(&(user.clone(), index)) {
-                    usage.users.get_mut(&user).expect("a slot's user").devices[s].working = true;
+                    users.get_mut(&user).expect("a slot's user").devices[s].working = true;
                 }
             }
         }
-        usage
-    }
-
-    /// `user`'s entry for device `index`, made if missing.
-    fn device(
-        &mut self,
-        slots: &mut HashMap<(String, GpuIndex), usize>,
-        user: &str,
-        index: GpuIndex,
-    ) -> &mut HeldDevice {
-        let held = self.users.entry(user.to_string()).or_default();
-        let s = *slots.entry((user.to_string(), index)).or_insert_with(|| {
-            held.devices.push(HeldDevice::new(index));
-            held.devices.len() - 1
-        });
-        &mut held.devices[s]
+        // Devices in genv's order: as devices.json lists them (then any
+        // only strays hold).
+        let order: HashMap<GpuIndex, usize> = snap
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(k, d)| (d.index, k))
+            .collect();
+        HostUsage {
+            users: users
+                .into_iter()
+                .map(|(u, mut held)| {
+                    held.devices
+                        .sort_by_key(|d| order.get(&d.index).copied().unwrap_or(usize::MAX));
+                    (u.into_owned(), held)
+                })
+                .collect(),
+        }
     }
 }
 
@@ -155,7 +170,10 @@ pub fn evaluate(hosts: &[(&HostId, &HostUsage)], policy: &Policy) -> (Vec<Violat
                 h.devices
                     .iter()
                     .filter(move |d| {
-                        !d.eids.is_empty() && d.working == working && d.vouched == vouched
+                        !d.eids.is_empty()
+                            && !d.stray
+                            && d.working == working
+                            && d.vouched == vouched
                     })
                     .map(move |d| (*host, d))
             })

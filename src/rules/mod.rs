@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot, Owner, Pid};
-use attribution::{Attribution, Charge, Standing, Stray, Unconfirmed};
+use attribution::{Attribution, Standing, Stray, Unconfirmed};
 use max_devices::HostUsage;
 
 /// Which rules run, and the device caps.
@@ -247,16 +247,27 @@ pub fn evaluate_caps(
 
 /// Every host's findings and the caps, merged in genv's order (rule by
 /// rule, each over the hosts in order): violations and notices.
-pub fn merge(hosts: &[(&HostId, &HostFindings)], policy: &Policy) -> (Vec<Violation>, Vec<Notice>) {
-    let mut violations = Vec::new();
-    for rule in [Rule::NonEnvProcesses, Rule::EnvDevices, Rule::EnvMemory] {
-        for (_, f) in hosts {
-            violations.extend(f.violations.iter().filter(|v| v.rule == rule).cloned());
-        }
-    }
-    let mut notices: Vec<Notice> = hosts.iter().flat_map(|(_, f)| f.notices.clone()).collect();
+pub fn merge(
+    hosts: Vec<(&HostId, HostFindings)>,
+    policy: &Policy,
+) -> (Vec<Violation>, Vec<Notice>) {
     let usage: Vec<(&HostId, &HostUsage)> = hosts.iter().map(|(h, f)| (*h, &f.usage)).collect();
     let (caps, kept) = evaluate_caps(&usage, policy);
+    let mut by_rule: [Vec<Violation>; 3] = Default::default();
+    let mut notices = Vec::new();
+    for (_, f) in hosts {
+        for v in f.violations {
+            let slot = match v.rule {
+                Rule::NonEnvProcesses => 0,
+                Rule::EnvDevices => 1,
+                // Per-host rules only: the caps come from `evaluate_caps`.
+                Rule::EnvMemory | Rule::MaxDevicesPerUser => 2,
+            };
+            by_rule[slot].push(v);
+        }
+        notices.extend(f.notices);
+    }
+    let mut violations: Vec<Violation> = by_rule.into_iter().flatten().collect();
     violations.extend(caps);
     notices.extend(kept);
     (violations, notices)
@@ -264,18 +275,12 @@ pub fn merge(hosts: &[(&HostId, &HostFindings)], policy: &Policy) -> (Vec<Violat
 
 /// Every rule over `cluster`: violations and notices in genv's order.
 pub fn assess_cluster(cluster: &Cluster, policy: &Policy) -> (Vec<Violation>, Vec<Notice>) {
-    let findings: Vec<HostFindings> = cluster
+    let hosts = cluster
         .hosts
         .iter()
-        .map(|(h, s)| assess_host(h, s, policy))
+        .map(|(h, s)| (h, assess_host(h, s, policy)))
         .collect();
-    let hosts: Vec<(&HostId, &HostFindings)> = cluster
-        .hosts
-        .iter()
-        .map(|(h, _)| h)
-        .zip(&findings)
-        .collect();
-    merge(&hosts, policy)
+    merge(hosts, policy)
 }
 
 /// Runs the rules `policy` turns on, in genv's order.
@@ -309,7 +314,7 @@ fn notices(host: &HostId, a: &Attribution, policy: &Policy) -> Vec<Notice> {
                 pid: p.pid,
                 start_time: p.start_time,
                 eid: eid.clone(),
-                user: a.user_of(pi),
+                user: a.user_of(pi).map(|u| u.into_owned()),
                 gpus: p.indices().collect(),
                 why: why.clone(),
             }),
@@ -332,26 +337,26 @@ fn notices(host: &HostId, a: &Attribution, policy: &Policy) -> Vec<Notice> {
 /// Environments with devices whose charge is not what their record says.
 fn charge_notices(host: &HostId, a: &Attribution) -> Vec<Notice> {
     let snap = a.snapshot();
-    let attached = a.attachments();
     snap.envs
         .iter()
         .enumerate()
-        .filter(|(i, _)| !attached[*i].is_empty())
+        .filter(|(i, _)| !a.attached(*i).is_empty())
         .filter_map(|(i, e)| {
-            let recorded = e.username.clone().filter(|u| !u.is_empty());
-            match a.charge(i) {
-                Charge::User(user) if recorded.as_ref() == Some(user) => None,
-                Charge::User(charged) => Some(Notice::Recharged {
+            let recorded = e.username.as_deref().filter(|u| !u.is_empty());
+            if let Some(charged) = a.charged(i) {
+                return (recorded != Some(charged)).then(|| Notice::Recharged {
                     host: host.clone(),
                     eid: e.eid.clone(),
-                    recorded,
-                    charged: charged.clone(),
-                }),
-                Charge::Nobody(Unconfirmed::Nameless | Unconfirmed::Duplicate) => None,
-                Charge::Nobody(why) => Some(Notice::Uncharged {
+                    recorded: recorded.map(String::from),
+                    charged: charged.to_string(),
+                });
+            }
+            match a.uncharged(i)? {
+                Unconfirmed::Nameless | Unconfirmed::Duplicate => None,
+                why => Some(Notice::Uncharged {
                     host: host.clone(),
                     eid: e.eid.clone(),
-                    recorded,
+                    recorded: recorded.map(String::from),
                     why: why.clone(),
                 }),
             }

@@ -248,6 +248,32 @@ fn devices_from_json(json: &[DeviceJson]) -> Vec<Device> {
         .collect()
 }
 
+/// Up to this many items, a plain scan beats hashing (and allocates
+/// nothing): real state is this small; more takes the hashed, linear path.
+const SMALL: usize = 16;
+
+/// Whether two of `items` have the same `key`: a scan for a few, a set
+/// for more.
+fn has_duplicates<T, K: std::hash::Hash + Eq>(items: &[T], key: impl Fn(&T) -> &K) -> bool {
+    if items.len() <= SMALL {
+        return items
+            .iter()
+            .enumerate()
+            .any(|(i, x)| items[..i].iter().any(|y| key(y) == key(x)));
+    }
+    let mut seen = HashSet::with_capacity(items.len());
+    !items.iter().all(|x| seen.insert(key(x)))
+}
+
+/// `items` without the later ones of equal `key`, order kept.
+fn first_of_each<T, K: std::hash::Hash + Eq>(items: &mut Vec<T>, key: impl Fn(&T) -> &K) {
+    let mut seen = HashSet::with_capacity(items.len());
+    let keep: Vec<bool> = items.iter().map(|x| seen.insert(key(x))).collect();
+    drop(seen);
+    let mut k = keep.into_iter();
+    items.retain(|_| k.next().unwrap_or(true));
+}
+
 /// genv's load-time clean-up: keep only live pids (and kernels), drop
 /// environments left with neither, and detach devices from environments
 /// that no longer exist. Linear in the state's size.
@@ -262,6 +288,14 @@ pub fn clean_up(
         env.kernel_ids.retain(|k| kernel_alive(k));
     }
     envs.retain(|e| !e.pids.is_empty() || !e.kernel_ids.is_empty());
+    if envs.len() <= SMALL {
+        for device in devices.iter_mut() {
+            device
+                .attachments
+                .retain(|a| envs.iter().any(|e| e.eid == a.eid));
+        }
+        return;
+    }
     let alive: HashSet<&EnvId> = envs.iter().map(|e| &e.eid).collect();
     for device in devices.iter_mut() {
         device.attachments.retain(|a| alive.contains(&a.eid));
@@ -273,26 +307,31 @@ pub fn clean_up(
 /// genv looks environments up by id), one entry per device index (holding
 /// the attachments of every entry with that index: genv's rules read them
 /// all, and a detach removes the environment from all of them), and each
-/// environment attached at most once per device. Order is kept. Linear.
+/// environment attached at most once per device. Order is kept. Linear,
+/// and allocation-free when there is nothing to mend (the usual case).
 pub fn normalize(envs: &mut Vec<Env>, devices: &mut Vec<Device>) {
-    let mut seen = HashSet::with_capacity(envs.len());
-    envs.retain(|e| seen.insert(e.eid.clone()));
-    let mut first: HashMap<GpuIndex, usize> = HashMap::with_capacity(devices.len());
-    let mut merged: Vec<Device> = Vec::with_capacity(devices.len());
-    for d in devices.drain(..) {
-        match first.get(&d.index) {
-            Some(&i) => merged[i].attachments.extend(d.attachments),
-            None => {
-                first.insert(d.index, merged.len());
-                merged.push(d);
+    if has_duplicates(envs, |e| &e.eid) {
+        first_of_each(envs, |e| &e.eid);
+    }
+    if has_duplicates(devices, |d| &d.index) {
+        let mut first: HashMap<GpuIndex, usize> = HashMap::with_capacity(devices.len());
+        let mut merged: Vec<Device> = Vec::with_capacity(devices.len());
+        for d in devices.drain(..) {
+            match first.get(&d.index) {
+                Some(&i) => merged[i].attachments.extend(d.attachments),
+                None => {
+                    first.insert(d.index, merged.len());
+                    merged.push(d);
+                }
             }
         }
+        *devices = merged;
     }
-    for d in &mut merged {
-        let mut seen = HashSet::with_capacity(d.attachments.len());
-        d.attachments.retain(|a| seen.insert(a.eid.clone()));
+    for d in devices.iter_mut() {
+        if has_duplicates(&d.attachments, |a| &a.eid) {
+            first_of_each(&mut d.attachments, |a| &a.eid);
+        }
     }
-    *devices = merged;
 }
 
 /// The most records a host's state may hold by default, per file
@@ -491,6 +530,69 @@ mod tests {
         clean_up(&mut s.envs, &mut s.devices, |_| false, |_| false);
         assert!(s.envs.is_empty());
         assert!(s.devices[0].attachments.is_empty());
+    }
+
+    #[test]
+    fn normalize_keeps_the_first_record_merges_device_entries_and_dedups_attachments() {
+        for n in [3, 40] {
+            // n records, the last one repeating the first's id; device 0
+            // listed twice, with an attachment listed twice.
+            let mut envs: Vec<Env> = (0..n)
+                .map(|i| {
+                    let mut e = parse_envs(SPEC_EXAMPLE_ENVS, "t").unwrap().remove(0);
+                    e.eid = EnvId(format!("e{i}"));
+                    e.username = Some(format!("u{i}"));
+                    e
+                })
+                .collect();
+            let mut dup = envs[0].clone();
+            dup.username = Some("forger".into());
+            envs.push(dup);
+            let att = |e: &str| Attachment {
+                eid: EnvId(e.into()),
+                gpu_memory: None,
+                time: String::new(),
+            };
+            let dev = |i: u32, a: Vec<Attachment>| Device {
+                index: GpuIndex(i),
+                total_memory: "1mi".into(),
+                attachments: a,
+            };
+            let mut devices: Vec<Device> = (0..n as u32).map(|i| dev(i, vec![])).collect();
+            devices.push(dev(0, vec![att("e1"), att("e2"), att("e1")]));
+            normalize(&mut envs, &mut devices);
+            assert_eq!(envs.len(), n, "{n}");
+            assert_eq!(envs[0].username.as_deref(), Some("u0"));
+            assert_eq!(devices.len(), n);
+            assert_eq!(
+                devices[0]
+                    .attachments
+                    .iter()
+                    .map(|a| a.eid.0.as_str())
+                    .collect::<Vec<_>>(),
+                ["e1", "e2"]
+            );
+        }
+    }
+
+    const SPEC_EXAMPLE_ENVS: &str = r#"{"envs": [{"eid": "4100", "uid": 1001, "creation": "c", "username": "alice", "config": {}, "pids": [4100], "kernel_ids": []}]}"#;
+
+    #[test]
+    fn record_limits_name_the_file() {
+        let envs = parse_envs(SPEC_EXAMPLE_ENVS, "t").unwrap();
+        assert_eq!(env_records(&envs), 2);
+        assert!(within(2, 2, "envs.json", "x").is_ok());
+        let e = within(3, 2, "gpu1: envs.json", "environments").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "gpu1: envs.json: top level: 3 records (environments), more than the limit of 2 (--max-records): refused"
+        );
+        let d = parse_devices(
+            r#"{"devices": [{"index": 0, "total_memory": "1mi", "attachments": [{"eid": "a", "time": "t"}]}]}"#,
+            "d",
+        )
+        .unwrap();
+        assert_eq!(device_records(&d), 2);
     }
 
     #[test]
