@@ -206,10 +206,14 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
             })
         })
         .collect();
-    // Each eid's first record (genv's environment of that id).
-    let mut records: HashMap<&EnvId, usize> = HashMap::with_capacity(snap.envs.len());
-    for (i, e) in snap.envs.iter().enumerate() {
-        records.entry(&e.eid).or_insert(i);
+    // Each eid's first record (genv's environment of that id), when
+    // something is to be detached.
+    let mut records: HashMap<&EnvId, usize> = HashMap::new();
+    if !w.detach.is_empty() {
+        records.reserve(snap.envs.len());
+        for (i, e) in snap.envs.iter().enumerate() {
+            records.entry(&e.eid).or_insert(i);
+        }
     }
     let detach = w
         .detach
