@@ -170,7 +170,7 @@ fn host_part(host: &HostId, bytes: &[u8], parsed: &mut ParsedState, policy: &Pol
         .and_then(|raw| {
             assemble(&raw, &host.0, parsed, genv::DEFAULT_MAX_RECORDS).map_err(|e| e.to_string())
         })?;
-    let findings = rules::assess_host(host, &snap, policy);
+    let findings = rules::assess_host(host, &snap, policy, &Default::default());
     Ok((snap, findings))
 }
 
@@ -323,7 +323,8 @@ fn benches(c: &mut Criterion) {
     group.sample_size(10);
     group.bench_function("assess (attribution, rules, caps, plan)", |b| {
         b.iter(|| {
-            let findings = rules::assess_host(&host, black_box(&snap), &capped);
+            let findings =
+                rules::assess_host(&host, black_box(&snap), &capped, &Default::default());
             let a = assess_found(
                 1,
                 Mode::Remote,

@@ -52,7 +52,7 @@ pub fn with_findings(
     policy: &Policy,
 ) -> HostResult {
     snapshot.map(|s| {
-        let f = rules::assess_host(host, &s, policy);
+        let f = rules::assess_host(host, &s, policy, &rules::Orphans::default());
         (s, f)
     })
 }
@@ -198,7 +198,11 @@ mod tests {
             max_devices_per_user: Some(0),
             ..Policy::default()
         };
-        let own = own_plan(&host, &snap, &rules::assess_host(&host, &snap, &policy));
+        let own = own_plan(
+            &host,
+            &snap,
+            &rules::assess_host(&host, &snap, &policy, &Default::default()),
+        );
         let whole = assess(
             1,
             Mode::Remote,

@@ -2,6 +2,7 @@
 //! assesses it, carries out the plan (unless a dry run) and writes the
 //! report; between cycles it sleeps, and SIGTERM or SIGINT end it.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +20,7 @@ use crate::model::{HostId, Mode};
 use crate::outcome::{self, Outcome, TerminateResult};
 use crate::plan::{HostPlan, Plan, Termination};
 use crate::report::{self, CycleReport, Format, Timing};
-use crate::rules::Policy;
+use crate::rules::{Orphans, Policy};
 
 /// Whole milliseconds of `d`, for reports.
 fn millis(d: Duration) -> u64 {
@@ -53,6 +54,16 @@ pub struct Settings {
     pub confirm_cycles: u32,
 }
 
+/// What a run carries from one cycle to the next.
+#[derive(Debug, Default)]
+pub struct Memory {
+    /// `--confirm-cycles`: violations seen in a row.
+    pub confirm: Confirmations,
+    /// Each host's processes seen orphaned: strays for life (a record that
+    /// appears later with their id does not make them members).
+    pub orphans: HashMap<HostId, Orphans>,
+}
+
 /// What ended a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ending {
@@ -82,19 +93,19 @@ impl Ending {
 /// carried out (unless a dry run, or `-e` and a host failed). What a
 /// host's own snapshot decides is carried out on it right after that
 /// snapshot; what needs every host (the per-user cap) once all answered.
-/// Actions wait for confirmation in `confirm` (`--confirm-cycles`), and
+/// Actions wait for confirmation in `memory` (`--confirm-cycles`), and
 /// what still runs `--kill-after` its SIGTERM is killed before the cycle
 /// ends. Returns the report and whether `-e` aborted the cycle.
 pub async fn cycle(
     fleet: &Fleet,
     settings: &Settings,
     n: u64,
-    confirm: &mut Confirmations,
+    memory: &mut Memory,
 ) -> (CycleReport, bool) {
     let start = Instant::now();
     // Not with -e: nothing is enforced before every host has answered.
     let early = !settings.dry_run && !settings.failures.exit_on_error;
-    let held: &Confirmations = confirm;
+    let held: &Confirmations = &memory.confirm;
     let own = |host: &_, snap: &_, findings: &_| {
         if early {
             held.split_host(host, &assess::own_plan(host, snap, findings))
@@ -104,8 +115,9 @@ pub async fn cycle(
         }
     };
     let policy = Arc::new(settings.policy.clone());
+    let orphans = Arc::new(std::mem::take(&mut memory.orphans));
     let rounds = fleet
-        .snapshots_and(n, &policy, own)
+        .snapshots_and(n, &policy, &orphans, own)
         .instrument(tracing::info_span!("snapshot", cycle = n))
         .await;
     let mut timing = Timing {
@@ -131,7 +143,21 @@ pub async fn cycle(
             done.hosts.push((round.host.clone(), round.plan));
         }
         outcomes.extend(round.outcomes);
-        results.push((round.host, round.result.map_err(|e| error::chain(&e))));
+        let mut result = round.result.map_err(|e| error::chain(&e));
+        match &mut result {
+            Ok((_, findings)) => {
+                memory
+                    .orphans
+                    .insert(round.host.clone(), std::mem::take(&mut findings.orphans));
+            }
+            // Unseen this cycle: what it had is kept.
+            Err(_) => {
+                if let Some(o) = orphans.get(&round.host) {
+                    memory.orphans.insert(round.host.clone(), o.clone());
+                }
+            }
+        }
+        results.push((round.host, result));
     }
     let abort = settings.failures.exit_on_error && results.iter().any(|(_, r)| r.is_err());
     let assessed = Instant::now();
@@ -173,8 +199,8 @@ pub async fn cycle(
         }
     }
     let whole = std::mem::take(&mut a.plan);
-    (a.plan, a.waiting) = confirm.split(&whole);
-    confirm.advance(&whole);
+    (a.plan, a.waiting) = memory.confirm.split(&whole);
+    memory.confirm.advance(&whole);
     timing.assess_ms = millis(assessed.elapsed());
     let dispatched = Instant::now();
     if settings.dry_run {
@@ -279,7 +305,10 @@ pub async fn run(
     let mut kept = Vec::new();
     let each = fleets.len() > 1;
     let mut ending = Ending::Clean;
-    let mut confirm = Confirmations::new(settings.confirm_cycles);
+    let mut memory = Memory {
+        confirm: Confirmations::new(settings.confirm_cycles),
+        ..Memory::default()
+    };
     for n in 1.. {
         let fleet = if each {
             match fleets.get(n as usize - 1) {
@@ -296,7 +325,7 @@ pub async fn run(
             break;
         }
         let (report, abort) = tokio::select! {
-            r = cycle(fleet, &settings, n, &mut confirm) => r,
+            r = cycle(fleet, &settings, n, &mut memory) => r,
             _ = term.recv() => break,
             _ = interrupt.recv() => break,
         };
@@ -352,7 +381,7 @@ pub async fn run(
                                 let old = std::mem::take(&mut fleets);
                                 fleets = merge(old, new.fleets).await;
                                 settings = new.settings;
-                                confirm = Confirmations::new(settings.confirm_cycles);
+                                memory.confirm = Confirmations::new(settings.confirm_cycles);
                                 kept.extend(new.keep);
                                 tracing::info!(hosts = fleets.first().map_or(0, |f| f.hosts.len()), "configuration reloaded");
                                 complain("configuration reloaded");

@@ -4,6 +4,7 @@
 //! cycle. Every host is handled on its own: a failure is that host's result
 //! and never holds back or changes what happens on the others.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use crate::host::Host;
 use crate::model::{HostId, HostSnapshot};
 use crate::outcome::Outcome;
 use crate::plan::{HostPlan, Plan, Termination};
-use crate::rules::{self, HostFindings, Policy};
+use crate::rules::{self, HostFindings, Orphans, Policy};
 
 /// The hosts of a run.
 #[derive(Debug)]
@@ -119,7 +120,14 @@ impl Fleet {
     /// makes from it, in the same slot: what one host's snapshot alone
     /// decides is enforced without waiting for the slowest host. Results in
     /// host order, with those early plans and outcomes.
-    pub async fn snapshots_and<F>(&self, cycle: u64, policy: &Arc<Policy>, now: F) -> Vec<Round>
+    /// `orphans`: each host's processes seen orphaned before.
+    pub async fn snapshots_and<F>(
+        &self,
+        cycle: u64,
+        policy: &Arc<Policy>,
+        orphans: &Arc<HashMap<HostId, Orphans>>,
+        now: F,
+    ) -> Vec<Round>
     where
         F: Fn(&HostId, &HostSnapshot, &HostFindings) -> HostPlan + Sync,
     {
@@ -127,6 +135,7 @@ impl Fleet {
         fan_out(&self.hosts, self.concurrency, |h| {
             let span = tracing::debug_span!("host", host = %h.id());
             let policy = Arc::clone(policy);
+            let orphans = Arc::clone(orphans);
             Box::pin(
                 async move {
                     let start = tokio::time::Instant::now();
@@ -136,7 +145,9 @@ impl Fleet {
                             let id = h.id().clone();
                             crate::host::off_workers("assessing the host", move || {
                                 let snap = parser.parse(fetched)?;
-                                let findings = rules::assess_host(&id, &snap, &policy);
+                                let none = Orphans::default();
+                                let seen = orphans.get(&id).unwrap_or(&none);
+                                let findings = rules::assess_host(&id, &snap, &policy, seen);
                                 Ok((snap, findings))
                             })
                             .await

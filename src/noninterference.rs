@@ -15,7 +15,10 @@
 //! Two edits stay outside, because genv's world-writable design makes them
 //! indistinguishable from alice's own: removing one of her attachments
 //! while her record stays, and lowering her record's `gpu_memory` (also
-//! through a second record with her id). The state goes through what a
+//! through a second record with her id). The enforcer has seen the honest
+//! cluster once before bob's edits (a cycle), as a running enforcer has:
+//! that is how it knows her orphaned jobs (see
+//! [`crate::rules::attribution::Orphans`]). The state goes through what a
 //! host's assembly does (genv's clean-up, then [`genv::normalize`]) before
 //! the rules, as on a live host.
 //!
@@ -29,7 +32,7 @@ use crate::model::*;
 use crate::plan;
 use crate::rules::attribution::Attribution;
 use crate::rules::max_devices::HostUsage;
-use crate::rules::{self, Policy};
+use crate::rules::{self, Orphans, Policy};
 use crate::snapshot::genv;
 
 const ALICE: u32 = 1001;
@@ -67,6 +70,8 @@ struct HonestHost {
 #[derive(Debug, Clone, Copy)]
 enum Eid {
     Alice(usize),
+    /// The id of one of alice's orphaned jobs.
+    Orphan(usize),
     Bob(usize),
     Forged(usize),
     Missing,
@@ -156,6 +161,7 @@ struct World {
     /// Every live pid and its uid.
     live: BTreeMap<i64, u32>,
     alice_envs: Vec<EnvId>,
+    alice_orphans: Vec<EnvId>,
     alice_gpu_memory: BTreeMap<EnvId, Option<u64>>,
     alice_shells: Vec<i64>,
     alice_jobs: Vec<i64>,
@@ -217,6 +223,7 @@ impl World {
             processes: Vec::new(),
             live: [(1, 0)].into_iter().collect(),
             alice_envs: Vec::new(),
+            alice_orphans: Vec::new(),
             alice_gpu_memory: BTreeMap::new(),
             alice_shells: Vec::new(),
             alice_jobs: Vec::new(),
@@ -254,6 +261,7 @@ impl World {
             let eid = EnvId(format!("gone{h}.{j}"));
             w.processes
                 .push(job(pid as u32, Some(&eid), ALICE, &[*g], Some(100)));
+            w.alice_orphans.push(eid);
         }
         for (k, e) in host.bob.iter().enumerate() {
             let eid = EnvId(format!("b{h}.{k}"));
@@ -305,6 +313,7 @@ impl World {
         let pick = |list: &[EnvId], i: usize| list.get(i % list.len().max(1)).cloned();
         match e {
             Eid::Alice(i) => pick(&self.alice_envs, i),
+            Eid::Orphan(i) => pick(&self.alice_orphans, i),
             Eid::Bob(i) => pick(&self.bob_envs, i),
             Eid::Forged(i) => Some(EnvId(format!("f{h}.{}", i % 3))),
             Eid::Missing => Some(EnvId(format!("nowhere{h}"))),
@@ -552,6 +561,7 @@ fn honest_host() -> impl Strategy<Value = HonestHost> {
 fn eid() -> impl Strategy<Value = Eid> {
     prop_oneof![
         3 => (0usize..3).prop_map(Eid::Alice),
+        2 => (0usize..2).prop_map(Eid::Orphan),
         1 => (0usize..3).prop_map(Eid::Bob),
         2 => (0usize..3).prop_map(Eid::Forged),
         1 => Just(Eid::Missing),
@@ -650,15 +660,28 @@ proptest! {
         }
         let mut worlds: Vec<World> = honest.iter().enumerate().map(|(h, host)| World::honest(h, host)).collect();
         let n = worlds.len();
+        let id = |h: usize| HostId(format!("h{h}"));
+        // A cycle over the honest cluster: what the enforcer remembers.
+        let memory: Vec<Orphans> = worlds
+            .iter()
+            .enumerate()
+            .map(|(h, w)| rules::assess_host(&id(h), &w.snapshot(), &policy, &Orphans::default()).orphans)
+            .collect();
         for e in &edits {
             let h = e.host() % n;
             worlds[h].apply(e, h);
         }
         let cluster = Cluster {
             mode: Mode::Remote,
-            hosts: worlds.iter().enumerate().map(|(h, w)| (HostId(format!("h{h}")), w.snapshot())).collect(),
+            hosts: worlds.iter().enumerate().map(|(h, w)| (id(h), w.snapshot())).collect(),
         };
-        let plan = plan::build(&cluster, &rules::evaluate(&cluster, &policy));
+        let found = cluster
+            .hosts
+            .iter()
+            .zip(&memory)
+            .map(|((h, s), m)| (h, rules::assess_host(h, s, &policy, m)))
+            .collect();
+        let plan = plan::build(&cluster, &rules::merge(found, &policy).0);
         for (host, hp) in &plan.hosts {
             let h: usize = host.0[1..].parse().unwrap();
             let (w, snap) = (&worlds[h], &cluster.hosts[h].1);
@@ -682,7 +705,7 @@ proptest! {
         }
         // 3. bob's jobs count toward his cap.
         for (h, (_, snap)) in cluster.hosts.iter().enumerate() {
-            let usage = HostUsage::of(&Attribution::of(snap));
+            let usage = HostUsage::of(&Attribution::of(snap, &Default::default()));
             let counted: BTreeSet<GpuIndex> = usage
                 .users
                 .get("bob")

@@ -161,7 +161,7 @@ proptest! {
         let (_, notices) = rules::assess_cluster(&after, &policy);
         let mut held: BTreeMap<String, (usize, usize)> = BTreeMap::new();
         for (h, snap) in &after.hosts {
-            let f = rules::assess_host(h, snap, &policy);
+            let f = rules::assess_host(h, snap, &policy, &Default::default());
             for (user, u) in f.usage.users {
                 let e = held.entry(user).or_default();
                 e.0 += u.devices.len();

@@ -264,6 +264,10 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
             clean(&eid.0),
             match why {
                 Stray::Orphaned => "which does not exist (its record is gone)".to_string(),
+                Stray::Reclaimed => {
+                    "whose record was gone when it was first seen; one that appeared since is not its own"
+                        .to_string()
+                }
                 Stray::Contested { users } => format!(
                     "which processes of several users carry ({}): it is nobody's",
                     list(users)

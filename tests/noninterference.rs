@@ -118,6 +118,75 @@ fn row1_an_orphaned_job_is_left_alone_on_a_fleet_host() {
     }
 }
 
+// Row 1, continued: once orphaned, a job stays a stray for life; a record
+// that appears later with its id (bob's, listing pid 1 to stay alive, and
+// attached nowhere) does not make it a member to be terminated.
+
+fn a_reappearing_record_does_not_reclaim_an_orphan(mut p: Place) {
+    let shell = p.host().spawn_as("alice", None);
+    let job = p.host().spawn_as("alice", Some("4100"));
+    p.host().set_apps(&[(job, 0, "100")]);
+    p.host()
+        .write_envs(&[env("4100", Some("alice"), None, shell)]);
+    p.host().write_devices(4, &[(0, "4100")]);
+    p.host().end(shell);
+    let mut args = vec!["enforce", "--interval", "300ms", "--output", "json"];
+    let mut child = match &p {
+        Place::Local(h) => h
+            .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+        Place::Fleet(f) => {
+            let hosts = f.names.join(",");
+            args.splice(0..0, ["-H", hosts.as_str()]);
+            f.command(&args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        }
+    };
+    let mut cycles = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let mut next = || -> Value { serde_json::from_str(&cycles.next().unwrap().unwrap()).unwrap() };
+    let first = next();
+    assert_eq!(first["notices"][0]["why"], "orphaned", "{first}");
+    // bob's record with her job's id.
+    let mut forged = env("4100", Some("bob"), None, 1);
+    forged["pids"] = json!([1]);
+    p.host().write_envs(&[forged]);
+    let mut reclaimed = None;
+    for _ in 0..4 {
+        let c = next();
+        assert!(c["plan"]["hosts"].as_array().unwrap().is_empty(), "{c}");
+        if c["notices"][0]["why"] == "reclaimed" {
+            reclaimed = Some(c);
+        }
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let _ = child.wait();
+    assert!(reclaimed.is_some(), "the reappeared record was never seen");
+    assert!(alive(&mut p, job), "the orphaned job was killed");
+}
+
+#[test]
+fn row1_a_reappearing_record_does_not_reclaim_an_orphan_locally() {
+    a_reappearing_record_does_not_reclaim_an_orphan(Place::local());
+}
+
+#[test]
+fn row1_a_reappearing_record_does_not_reclaim_an_orphan_on_a_fleet_host() {
+    if let Some(p) = Place::fleet() {
+        a_reappearing_record_does_not_reclaim_an_orphan(p);
+    }
+}
+
 // Row 2: bob empties envs.json (anyone may write it).
 
 fn emptied_envs_kill_nobody(mut p: Place) {

@@ -23,6 +23,9 @@
 //!   So a job of bob's carrying alice's id never makes her jobs the ones
 //!   terminated: it only makes the environment nobody's, which gains bob
 //!   nothing a made-up id would not.
+//! - A process once seen orphaned stays a stray for life ([`Orphans`],
+//!   remembered from cycle to cycle): a record that appears later with its
+//!   id (anyone can write one) never makes it a member again.
 //! - The pids an environment lists only keep it alive (genv's clean-up);
 //!   they never say whose it is.
 //!
@@ -33,7 +36,7 @@
 //! indexed once.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 
@@ -80,9 +83,16 @@ pub enum Standing {
 pub enum Stray {
     /// No environment with its id exists on the host.
     Orphaned,
+    /// It was orphaned when first seen so; a record with its id appeared
+    /// since, and is not taken for its own.
+    Reclaimed,
     /// Processes of several users carry the id.
     Contested { users: Vec<String> },
 }
+
+/// Processes of one host seen orphaned, by pid and start time: they stay
+/// strays while they live (a cycle passes on those still seen).
+pub type Orphans = HashSet<(Pid, u64)>;
 
 /// Who runs what on one host, worked out once from its snapshot.
 ///
@@ -103,9 +113,13 @@ pub struct Attribution<'a> {
     member_at: Vec<usize>,
     member_list: Vec<usize>,
     /// Record `i`'s devices are `attached_list[attached_at[i]..attached_at[i + 1]]`,
-    /// in device order.
+    /// in device order; `attached_sorted` holds the same groups sorted.
     attached_at: Vec<usize>,
     attached_list: Vec<GpuIndex>,
+    attached_sorted: Vec<GpuIndex>,
+    /// (record, device, process index) of every member on each of its GPUs,
+    /// sorted by record and device, processes in snapshot order.
+    member_gpus: Vec<(usize, GpuIndex, usize)>,
 }
 
 /// A record's charge, its user's name borrowed where it can be.
@@ -147,17 +161,20 @@ enum Carriers {
 }
 
 impl<'a> Attribution<'a> {
-    /// Works out memberships and charges of `snap`.
-    pub fn of(snap: &'a HostSnapshot) -> Self {
+    /// Works out memberships and charges of `snap`, whose processes of
+    /// `orphans` (seen orphaned earlier) stay strays.
+    pub fn of(snap: &'a HostSnapshot, orphans: &Orphans) -> Self {
         let n = snap.envs.len();
         let mut index = HashMap::with_capacity(n);
         for (i, e) in snap.envs.iter().enumerate() {
             index.entry(&e.eid).or_insert(i);
         }
         let live = snap.truth.is_some();
+        let orphaned =
+            |p: &crate::model::Process| p.start_time.is_some_and(|t| orphans.contains(&(p.pid, t)));
         let mut carriers = vec![Carriers::None; n];
         if live {
-            for p in &snap.processes {
+            for p in snap.processes.iter().filter(|p| !orphaned(p)) {
                 if let (Some(eid), Some(uid)) = (p.owner.eid(), p.uid) {
                     if let Some(&i) = index.get(eid) {
                         carriers[i] = match carriers[i] {
@@ -204,6 +221,12 @@ impl<'a> Attribution<'a> {
                 let s = match &p.owner {
                     Owner::Unknown(_) => Standing::Unknown,
                     Owner::NoEnv => Standing::NoEnv,
+                    Owner::Env(_) if orphaned(p) => {
+                        match index.get(p.owner.eid().expect("an Env owner")) {
+                            Some(_) => Standing::Stray(Stray::Reclaimed),
+                            None => Standing::Stray(Stray::Orphaned),
+                        }
+                    }
                     Owner::Env(eid) => match (index.get(eid), live, p.uid) {
                         (None, true, None) => Standing::Unknown,
                         (None, _, _) => Standing::Stray(Stray::Orphaned),
@@ -242,6 +265,16 @@ impl<'a> Attribution<'a> {
             }
         }
         let (attached_at, attached_list) = grouped(n, &attached);
+        let mut attached_sorted = attached_list.clone();
+        for i in 0..n {
+            attached_sorted[attached_at[i]..attached_at[i + 1]].sort_unstable();
+        }
+        let mut member_gpus: Vec<(usize, GpuIndex, usize)> = members
+            .iter()
+            .flat_map(|&(i, pi)| snap.processes[pi].indices().map(move |d| (i, d, pi)))
+            .collect();
+        // Stable: each (record, device)'s processes stay in snapshot order.
+        member_gpus.sort_by_key(|&(i, d, _)| (i, d));
         Attribution {
             snap,
             index,
@@ -251,6 +284,8 @@ impl<'a> Attribution<'a> {
             member_list,
             attached_at,
             attached_list,
+            attached_sorted,
+            member_gpus,
         }
     }
 
@@ -305,6 +340,31 @@ impl<'a> Attribution<'a> {
         &self.attached_list[self.attached_at[i]..self.attached_at[i + 1]]
     }
 
+    /// Whether record `i` is attached to `device` (a binary search).
+    pub fn is_attached(&self, i: usize, device: GpuIndex) -> bool {
+        self.attached_sorted[self.attached_at[i]..self.attached_at[i + 1]]
+            .binary_search(&device)
+            .is_ok()
+    }
+
+    /// The member processes of record `i` that run on `device`, in
+    /// snapshot order (a binary search).
+    pub fn members_on(
+        &self,
+        i: usize,
+        device: GpuIndex,
+    ) -> impl Iterator<Item = &'a crate::model::Process> + '_ {
+        let from = self
+            .member_gpus
+            .partition_point(|&(j, d, _)| (j, d) < (i, device));
+        let to = self
+            .member_gpus
+            .partition_point(|&(j, d, _)| (j, d) <= (i, device));
+        self.member_gpus[from..to]
+            .iter()
+            .map(|&(_, _, pi)| &self.snap.processes[pi])
+    }
+
     /// The user a process belongs to, as the caps count users: the host's
     /// name for its uid on a live host; on a recording, its environment's.
     pub fn user_of(&self, pi: usize) -> Option<Cow<'a, str>> {
@@ -337,11 +397,15 @@ impl<'a> Attribution<'a> {
             .any(|uid| name_of(self.snap, *uid) == *name)
     }
 
-    /// The member pids of record `i` that run on `device`.
-    pub fn members_on(&self, i: usize, device: GpuIndex) -> Vec<Pid> {
-        self.members(i)
-            .filter(|p| p.usage_on(device).is_some())
-            .map(|p| p.pid)
+    /// The processes seen orphaned, now or before, that still run: what
+    /// the next cycle is to remember.
+    pub fn orphans(&self) -> Orphans {
+        self.snap
+            .processes
+            .iter()
+            .zip(&self.standing)
+            .filter(|(_, s)| matches!(s, Standing::Stray(Stray::Orphaned | Stray::Reclaimed)))
+            .filter_map(|(p, _)| Some((p.pid, p.start_time?)))
             .collect()
     }
 }
@@ -402,12 +466,12 @@ mod tests {
     }
 
     fn charge_of(snap: &HostSnapshot, eid: &str) -> Charge {
-        let a = Attribution::of(snap);
+        let a = Attribution::of(snap, &Orphans::default());
         a.charge(a.env(&EnvId(eid.into())).unwrap())
     }
 
     fn standing_of(snap: &HostSnapshot, pid: u32) -> Standing {
-        let a = Attribution::of(snap);
+        let a = Attribution::of(snap, &Orphans::default());
         let pi = snap.processes.iter().position(|p| p.pid.0 == pid).unwrap();
         a.standing(pi).clone()
     }
@@ -473,7 +537,7 @@ mod tests {
                     })
                 );
             }
-            let a = Attribution::of(&s);
+            let a = Attribution::of(&s, &Orphans::default());
             assert_eq!(a.members(0).count(), 0);
             assert_eq!(a.user_of(1).as_deref(), Some("bob"));
         }
@@ -501,7 +565,7 @@ mod tests {
         assert_eq!(standing_of(&s, 31), Standing::NoEnv);
         assert_eq!(standing_of(&s, 32), Standing::Unknown);
         assert_eq!(standing_of(&s, 33), Standing::Unknown);
-        let a = Attribution::of(&s);
+        let a = Attribution::of(&s, &Orphans::default());
         assert_eq!(a.charge(0), Charge::User("alice".into()));
         assert_eq!(a.charge(1), Charge::Nobody(Unconfirmed::Duplicate));
         assert_eq!(a.env(&EnvId("a".into())), Some(0));
@@ -517,7 +581,7 @@ mod tests {
         assert_eq!(charge_of(&s, "a"), Charge::User("alice".into()));
         assert_eq!(standing_of(&s, 30), Standing::Member(0));
         assert_eq!(standing_of(&s, 31), Standing::Stray(Stray::Orphaned));
-        let a = Attribution::of(&s);
+        let a = Attribution::of(&s, &Orphans::default());
         assert_eq!(a.user_of(0).as_deref(), Some("alice"));
         assert_eq!(a.user_of(1), None);
     }
@@ -532,13 +596,16 @@ mod tests {
             ],
             vec![],
         );
-        let a = Attribution::of(&s);
+        let a = Attribution::of(&s, &Orphans::default());
         assert!(a.vouched(0));
         assert!(!a.vouched(1), "bob's shell and a dead pid");
         assert!(!a.vouched(2), "alice's shell");
         let mut r = s.clone();
         r.truth = None;
-        assert!(!Attribution::of(&r).vouched(0), "a recording says nothing");
+        assert!(
+            !Attribution::of(&r, &Orphans::default()).vouched(0),
+            "a recording says nothing"
+        );
     }
 
     #[test]

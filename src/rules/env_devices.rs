@@ -14,9 +14,8 @@ pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
     let snap = a.snapshot();
     let mut out = Vec::new();
     for (i, env) in snap.envs.iter().enumerate() {
-        let attached = a.attached(i);
         for p in a.members(i) {
-            let unallowed: Vec<GpuIndex> = p.indices().filter(|d| !attached.contains(d)).collect();
+            let unallowed: Vec<GpuIndex> = p.indices().filter(|d| !a.is_attached(i, *d)).collect();
             if !unallowed.is_empty() {
                 out.push(Violation {
                     rule: Rule::EnvDevices,
@@ -56,7 +55,10 @@ mod tests {
             devices: devices(4, &[(0, "a")]),
             truth: None,
         };
-        let v = evaluate(&HostId("h".into()), &Attribution::of(&snap));
+        let v = evaluate(
+            &HostId("h".into()),
+            &Attribution::of(&snap, &Default::default()),
+        );
         assert_eq!(v.len(), 1, "the orphan 12 is left alone, as genv does");
         assert_eq!(
             v[0].finding,
@@ -78,7 +80,11 @@ mod tests {
             truth: None,
         };
         assert_eq!(
-            evaluate(&HostId("h".into()), &Attribution::of(&snap)).len(),
+            evaluate(
+                &HostId("h".into()),
+                &Attribution::of(&snap, &Default::default())
+            )
+            .len(),
             1
         );
     }

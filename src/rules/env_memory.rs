@@ -20,7 +20,7 @@ pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
         };
         for &device in a.attached(i) {
             let procs: Vec<_> = a
-                .members(i)
+                .members_on(i, device)
                 .filter_map(|p| p.usage_on(device).map(|u| (p.pid, u.bytes())))
                 .collect();
             // Saturating: absurd usages must still read as over, never wrap to under.
@@ -97,7 +97,10 @@ mod tests {
                 proc_(3, Some("a"), &[(0, mib(1000))]),
             ],
         );
-        let v = evaluate(&HostId("h".into()), &Attribution::of(&s));
+        let v = evaluate(
+            &HostId("h".into()),
+            &Attribution::of(&s, &Default::default()),
+        );
         assert_eq!(v.len(), 1);
         assert_eq!(terminated(&v[0]), vec![1, 2]);
         assert_eq!(
@@ -119,7 +122,11 @@ mod tests {
             "2000mi",
             vec![proc_(1, Some("a"), &[(0, mib(2000)), (1, mib(5000))])],
         );
-        assert!(evaluate(&HostId("h".into()), &Attribution::of(&s)).is_empty());
+        assert!(evaluate(
+            &HostId("h".into()),
+            &Attribution::of(&s, &Default::default())
+        )
+        .is_empty());
     }
 
     #[test]
@@ -131,7 +138,10 @@ mod tests {
                 proc_(2, Some("a"), &[(0, mib(1))]),
             ],
         );
-        let v = evaluate(&HostId("h".into()), &Attribution::of(&s));
+        let v = evaluate(
+            &HostId("h".into()),
+            &Attribution::of(&s, &Default::default()),
+        );
         assert_eq!(terminated(&v[0]), vec![1, 2]);
     }
 
@@ -145,10 +155,17 @@ mod tests {
                 proc_(3, Some("a"), &[(0, mib(800))]),
             ],
         );
-        let v = evaluate(&HostId("h".into()), &Attribution::of(&s));
+        let v = evaluate(
+            &HostId("h".into()),
+            &Attribution::of(&s, &Default::default()),
+        );
         assert_eq!(terminated(&v[0]), vec![2]);
         let only_unknown = snap("1mi", vec![proc_(1, Some("a"), &[(0, Usage::Unknown)])]);
-        assert!(evaluate(&HostId("h".into()), &Attribution::of(&only_unknown)).is_empty());
+        assert!(evaluate(
+            &HostId("h".into()),
+            &Attribution::of(&only_unknown, &Default::default())
+        )
+        .is_empty());
     }
 
     #[test]
@@ -162,7 +179,10 @@ mod tests {
                 proc_(2, Some("a"), &[(0, huge)]),
             ],
         );
-        let v = evaluate(&HostId("h".into()), &Attribution::of(&s));
+        let v = evaluate(
+            &HostId("h".into()),
+            &Attribution::of(&s, &Default::default()),
+        );
         assert_eq!(v.len(), 1);
         assert!(matches!(
             v[0].finding,
@@ -179,6 +199,10 @@ mod tests {
             devices: devices(1, &[(0, "a")]),
             truth: None,
         };
-        assert!(evaluate(&HostId("h".into()), &Attribution::of(&s)).is_empty());
+        assert!(evaluate(
+            &HostId("h".into()),
+            &Attribution::of(&s, &Default::default())
+        )
+        .is_empty());
     }
 }

@@ -10,10 +10,10 @@
 //! runs (a job whose environment is gone or contested still holds the
 //! GPU). The excess is detached device by device, each from all of that
 //! user's environments on it, in this order: first the devices where none
-//! of the user's processes runs, then the others; within each, first those
-//! whose environments list no live process of the user (a record forged in
-//! their name), and each group in genv's order (hosts as given, devices by
-//! index). genv takes devices in index order only, so that attaching
+//! of the user's processes runs (those whose environments list no live
+//! process of the user, such as a record forged in their name, before the
+//! others), then the devices their processes run on; each group in genv's
+//! order (hosts as given, devices by index). genv takes devices in index order only, so that attaching
 //! someone's environment to spare devices would get their working device
 //! detached. A device held only by strays
 //! has nothing to detach, and one a stray of the user runs on stays
@@ -106,7 +106,7 @@ impl HostUsage {
             for &d in attached {
                 let held = device(&mut users, &mut slots, Cow::Borrowed(u), d);
                 held.eids.push(e.eid.clone());
-                held.pids.extend(a.members_on(i, d));
+                held.pids.extend(a.members_on(i, d).map(|p| p.pid));
                 held.vouched |= vouched;
             }
         }
@@ -178,10 +178,17 @@ pub fn evaluate(hosts: &[(&HostId, &HostUsage)], policy: &Policy) -> (Vec<Violat
                     .map(move |d| (*host, d))
             })
         };
+        // Idle devices first, unvouched before vouched; then the working
+        // ones in genv's order (a subset of what genv would take).
+        let working = held.iter().flat_map(|(host, h)| {
+            h.devices
+                .iter()
+                .filter(|d| !d.eids.is_empty() && !d.stray && d.working)
+                .map(move |d| (*host, d))
+        });
         let actions: Vec<Action> = detachable(false, false)
             .chain(detachable(false, true))
-            .chain(detachable(true, false))
-            .chain(detachable(true, true))
+            .chain(working)
             .take(over)
             .map(|(host, d)| Action::Detach {
                 host: host.clone(),

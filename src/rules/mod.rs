@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot, Owner, Pid};
+pub use attribution::Orphans;
 use attribution::{Attribution, Standing, Stray, Unconfirmed};
 use max_devices::HostUsage;
 
@@ -205,13 +206,21 @@ pub struct HostFindings {
     pub notices: Vec<Notice>,
     /// The host's part of the device caps (empty when no cap applies).
     pub usage: HostUsage,
+    /// Its processes seen orphaned, to remember for the next cycle.
+    pub orphans: Orphans,
 }
 
 /// Assesses one host: who runs what, the rules that need only this host
 /// (all but the device caps), its notices and its part of the caps. What
 /// it decides can be enforced as soon as the host's snapshot is in.
-pub fn assess_host(host: &HostId, snap: &HostSnapshot, policy: &Policy) -> HostFindings {
-    let a = Attribution::of(snap);
+/// `orphans`: its processes seen orphaned in earlier cycles.
+pub fn assess_host(
+    host: &HostId,
+    snap: &HostSnapshot,
+    policy: &Policy,
+    orphans: &Orphans,
+) -> HostFindings {
+    let a = Attribution::of(snap, orphans);
     let mut violations = Vec::new();
     if policy.non_env_processes {
         violations.extend(non_env_processes::evaluate(host, &a));
@@ -230,6 +239,7 @@ pub fn assess_host(host: &HostId, snap: &HostSnapshot, policy: &Policy) -> HostF
         } else {
             HostUsage::default()
         },
+        orphans: a.orphans(),
     }
 }
 
@@ -278,7 +288,7 @@ pub fn assess_cluster(cluster: &Cluster, policy: &Policy) -> (Vec<Violation>, Ve
     let hosts = cluster
         .hosts
         .iter()
-        .map(|(h, s)| (h, assess_host(h, s, policy)))
+        .map(|(h, s)| (h, assess_host(h, s, policy, &Orphans::default())))
         .collect();
     merge(hosts, policy)
 }

@@ -51,7 +51,7 @@ mod tests {
             truth: None,
         };
         let host = HostId("h".into());
-        let v = evaluate(&host, &Attribution::of(&snap));
+        let v = evaluate(&host, &Attribution::of(&snap, &Default::default()));
         let pids: Vec<Pid> = v
             .iter()
             .flat_map(|v| &v.actions)
@@ -75,6 +75,10 @@ mod tests {
             devices: devices(1, &[(0, "e")]),
             truth: None,
         };
-        assert!(evaluate(&HostId("h".into()), &Attribution::of(&snap)).is_empty());
+        assert!(evaluate(
+            &HostId("h".into()),
+            &Attribution::of(&snap, &Default::default())
+        )
+        .is_empty());
     }
 }

@@ -151,9 +151,11 @@ pub fn assemble(
         "devices and attachments",
     )?;
     let alive = |pid: i64| u32::try_from(pid).is_ok_and(|p| raw.procs.contains_key(&p));
-    // Kernels are taken as alive: genv asks `jupyter` for them, and
-    // dropping a live kernel's environment would expose its processes.
-    genv::clean_up(&mut envs, &mut devices, alive, |_| true);
+    // Kernels are taken as gone, as genv 1.4.3 finds them when run as root
+    // (it looks in root's own Jupyter runtime directory): a record kept
+    // alive by kernel ids alone is dropped, and processes carrying its id
+    // are strays, left alone.
+    genv::clean_up(&mut envs, &mut devices, alive, |_| false);
     genv::normalize(&mut envs, &mut devices);
 
     let processes = by_pid
