@@ -9,7 +9,7 @@
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 
 use genv_enforce::assess::{assess_found, HostResult};
-use genv_enforce::model::{Cluster, HostId, HostSnapshot, Mode};
+use genv_enforce::model::{Cluster, FailureKind, HostFailure, HostId, HostSnapshot, Mode};
 use genv_enforce::plan;
 use genv_enforce::rules::{self, evaluate, Policy};
 use genv_enforce::snapshot::assemble::{assemble, ParsedState};
@@ -169,7 +169,8 @@ fn host_part(host: &HostId, bytes: &[u8], parsed: &mut ParsedState, policy: &Pol
         .and_then(|f| frames::raw_host(&f, &host.0).map_err(|e| e.to_string()))
         .and_then(|raw| {
             assemble(&raw, &host.0, parsed, genv::DEFAULT_MAX_RECORDS).map_err(|e| e.to_string())
-        })?;
+        })
+        .map_err(|e| HostFailure::new(FailureKind::Parse, e))?;
     let findings = rules::assess_host(host, &snap, policy, &Default::default());
     Ok((snap, findings))
 }

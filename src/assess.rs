@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use crate::confirm::Waiting;
-use crate::model::{Cluster, HostId, HostSnapshot, Mode};
+use crate::model::{Cluster, HostFailure, HostId, HostSnapshot, Mode};
 use crate::plan::{self, HostPlan, Plan};
 use crate::rules::{self, HostFindings, Notice, Policy, Violation};
 
@@ -15,8 +15,8 @@ use crate::rules::{self, HostFindings, Notice, Policy, Violation};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HostStatus {
     pub host: HostId,
-    /// Why its snapshot failed, if it did.
-    pub error: Option<String>,
+    /// Why its snapshot failed, if it did (in JSON, its text).
+    pub error: Option<HostFailure>,
     pub processes: usize,
     pub envs: usize,
     pub devices: usize,
@@ -42,13 +42,13 @@ pub struct Assessment {
 }
 
 /// One host's result: its snapshot and what it shows on its own, or why
-/// it failed (as text).
-pub type HostResult = Result<(HostSnapshot, HostFindings), String>;
+/// it failed.
+pub type HostResult = Result<(HostSnapshot, HostFindings), HostFailure>;
 
 /// A host's findings worked out beside its snapshot.
 pub fn with_findings(
     host: &HostId,
-    snapshot: Result<HostSnapshot, String>,
+    snapshot: Result<HostSnapshot, HostFailure>,
     policy: &Policy,
 ) -> HostResult {
     snapshot.map(|s| {
@@ -57,14 +57,14 @@ pub fn with_findings(
     })
 }
 
-/// Assesses the hosts' snapshots (a failed host's error as text): rules
+/// Assesses the hosts' snapshots (or why a host failed): rules
 /// and plan over the merged snapshots.
 pub fn assess(
     cycle: u64,
     mode: Mode,
     dry_run: bool,
     policy: &Policy,
-    results: Vec<(HostId, Result<HostSnapshot, String>)>,
+    results: Vec<(HostId, Result<HostSnapshot, HostFailure>)>,
 ) -> Assessment {
     let results = results
         .into_iter()
@@ -86,7 +86,7 @@ pub fn assess_found(
     results: Vec<(HostId, HostResult)>,
 ) -> Assessment {
     let mut findings = Vec::new();
-    let results: Vec<(HostId, Result<HostSnapshot, String>)> = results
+    let results: Vec<(HostId, Result<HostSnapshot, HostFailure>)> = results
         .into_iter()
         .map(|(h, r)| {
             let r = r.map(|(s, f)| {
@@ -117,7 +117,7 @@ pub fn statuses(
     cycle: u64,
     mode: Mode,
     dry_run: bool,
-    results: Vec<(HostId, Result<HostSnapshot, String>)>,
+    results: Vec<(HostId, Result<HostSnapshot, HostFailure>)>,
 ) -> Assessment {
     let hosts = results
         .iter()
@@ -242,6 +242,8 @@ mod tests {
         assert!(remaining(&kills, &kills).hosts.is_empty());
     }
 
+    use crate::model::FailureKind;
+
     #[test]
     fn a_failed_host_is_a_status_and_statuses_run_no_rule() {
         let (host, snap) = gpu1();
@@ -251,11 +253,24 @@ mod tests {
         };
         let results = vec![
             (host, Ok(snap)),
-            (HostId("gpu9".into()), Err("down".to_string())),
+            (
+                HostId("gpu9".into()),
+                Err(HostFailure::new(
+                    FailureKind::Connect(crate::model::ConnectFailure::Refused),
+                    "down",
+                )),
+            ),
         ];
         let a = statuses(1, Mode::Remote, false, results.clone());
         assert!(a.violations.is_empty() && a.plan.hosts.is_empty() && a.notices.is_empty());
-        assert_eq!(a.hosts[1].error.as_deref(), Some("down"));
+        let error = a.hosts[1].error.as_ref().unwrap();
+        assert_eq!(
+            (error.kind, error.message.as_str()),
+            (
+                FailureKind::Connect(crate::model::ConnectFailure::Refused),
+                "down"
+            )
+        );
         assert!(a.hosts[0].processes > 0 && a.hosts[0].devices > 0);
         let full = assess(1, Mode::Remote, false, &policy, results);
         assert!(!full.violations.is_empty());

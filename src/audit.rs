@@ -17,7 +17,8 @@ use rustix::fs::{FileType, Mode, OFlags};
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::model::{EnvId, GpuIndex, HostId, Pid};
+use crate::assess::HostStatus;
+use crate::model::{EnvId, FailureKind, GpuIndex, HostId, Pid};
 use crate::outcome::Outcome;
 use crate::plan::{HostPlan, Termination};
 use crate::report;
@@ -43,6 +44,8 @@ pub struct AuditLog {
     /// The stray processes already noticed (host, pid, start time), for as
     /// long as each stays one: a line when first seen, not every cycle.
     noticed: Mutex<HashSet<(HostId, Pid, Option<u64>)>>,
+    /// The hosts failing, and how: a line when one starts failing.
+    failing: Mutex<HashMap<HostId, FailureKind>>,
 }
 
 /// One line of the log.
@@ -52,11 +55,8 @@ pub struct Entry<'a> {
     pub time: String,
     pub cycle: u64,
     pub host: &'a HostId,
-    /// `decided` (written before the action), `done` (with its outcome),
-    /// or `noticed` (a stray process left alone, when first seen).
-    pub phase: &'static str,
-    /// `terminate`, `kill`, `detach`, or `none` (noticed only).
-    pub action: &'static str,
+    pub phase: Phase,
+    pub action: Action,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pid: Option<Pid>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -71,6 +71,34 @@ pub struct Entry<'a> {
     /// The outcome (`done` lines only), as in the JSON report.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outcome: Option<serde_json::Value>,
+    /// The kind of step that failed (`failed` lines only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<&'static str>,
+}
+
+/// What a line records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// An action, written before it is carried out.
+    Decided,
+    /// An action with its outcome.
+    Done,
+    /// A stray process left alone, when first seen.
+    Noticed,
+    /// A host that failed, when it starts failing (or fails otherwise).
+    Failed,
+}
+
+/// The action a line is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Terminate,
+    Kill,
+    Detach,
+    /// Nothing is done (`noticed` and `failed` lines).
+    None,
 }
 
 impl AuditLog {
@@ -121,6 +149,7 @@ impl AuditLog {
         Ok(AuditLog {
             file: Mutex::new(File::from(fd)),
             noticed: Mutex::default(),
+            failing: Mutex::default(),
         })
     }
 
@@ -180,8 +209,8 @@ impl AuditLog {
                     time: time.clone(),
                     cycle,
                     host,
-                    phase: "noticed",
-                    action: "none",
+                    phase: Phase::Noticed,
+                    action: Action::None,
                     pid: Some(*pid),
                     start_time: *start_time,
                     device: None,
@@ -190,12 +219,51 @@ impl AuditLog {
                     rules: Vec::new(),
                     message: report::notice_line(mode, n),
                     outcome: None,
+                    failure: None,
                 });
             }
             current.insert(key);
         }
         self.write(&entries)?;
         *noticed = current;
+        Ok(())
+    }
+
+    /// Records the hosts of `hosts` that failed this cycle and did not the
+    /// last (or failed otherwise), one `failed` line each; forgets those
+    /// that answered.
+    ///
+    /// # Errors
+    /// The write or the flush failed (they are recorded again next cycle).
+    pub fn failures(&self, cycle: u64, hosts: &[HostStatus]) -> std::io::Result<()> {
+        let time = now();
+        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut current = HashMap::new();
+        let mut entries = Vec::new();
+        for h in hosts {
+            let Some(f) = &h.error else { continue };
+            if failing.get(&h.host) != Some(&f.kind) {
+                entries.push(Entry {
+                    time: time.clone(),
+                    cycle,
+                    host: &h.host,
+                    phase: Phase::Failed,
+                    action: Action::None,
+                    pid: None,
+                    start_time: None,
+                    device: None,
+                    eid: None,
+                    user: None,
+                    rules: Vec::new(),
+                    message: f.message.clone(),
+                    outcome: None,
+                    failure: Some(f.kind.name()),
+                });
+            }
+            current.insert(h.host.clone(), f.kind);
+        }
+        self.write(&entries)?;
+        *failing = current;
         Ok(())
     }
 }
@@ -210,7 +278,7 @@ fn termination<'a>(
     time: &str,
     cycle: u64,
     host: &'a HostId,
-    action: &'static str,
+    action: Action,
     t: &'a Termination,
     message: String,
 ) -> Entry<'a> {
@@ -218,7 +286,7 @@ fn termination<'a>(
         time: time.to_string(),
         cycle,
         host,
-        phase: "decided",
+        phase: Phase::Decided,
         action,
         pid: Some(t.pid),
         start_time: t.start_time,
@@ -228,6 +296,7 @@ fn termination<'a>(
         rules: t.rules.iter().copied().collect(),
         message,
         outcome: None,
+        failure: None,
     }
 }
 
@@ -239,7 +308,7 @@ pub fn decided<'a>(cycle: u64, host: &'a HostId, plan: &'a HostPlan) -> Vec<Entr
             &time,
             cycle,
             host,
-            "terminate",
+            Action::Terminate,
             t,
             report::termination_line(t),
         )
@@ -248,8 +317,8 @@ pub fn decided<'a>(cycle: u64, host: &'a HostId, plan: &'a HostPlan) -> Vec<Entr
         time: time.clone(),
         cycle,
         host,
-        phase: "decided",
-        action: "detach",
+        phase: Phase::Decided,
+        action: Action::Detach,
         pid: None,
         start_time: None,
         device: Some(d.device),
@@ -258,6 +327,7 @@ pub fn decided<'a>(cycle: u64, host: &'a HostId, plan: &'a HostPlan) -> Vec<Entr
         rules: vec![Rule::MaxDevicesPerUser],
         message: report::detach_line(d),
         outcome: None,
+        failure: None,
     });
     terminations.chain(detaches).collect()
 }
@@ -269,7 +339,7 @@ pub fn kills<'a>(cycle: u64, host: &'a HostId, terminations: &'a [Termination]) 
         .iter()
         .map(|t| {
             let message = format!("Killing process {} (still running after SIGTERM)", t.pid);
-            termination(&time, cycle, host, "kill", t, message)
+            termination(&time, cycle, host, Action::Kill, t, message)
         })
         .collect()
 }
@@ -280,15 +350,15 @@ pub fn done<'a>(decided: &[Entry<'a>], outcomes: &[Outcome]) -> Vec<Entry<'a>> {
     /// What an outcome answers.
     #[derive(PartialEq, Eq, Hash)]
     enum Key<'k> {
-        Signal(&'static str, Pid),
+        Signal(Action, Pid),
         Detach(GpuIndex, &'k EnvId),
     }
     // The first outcome of each action, looked up in one pass.
     let mut by_key: HashMap<Key, &crate::outcome::Outcome> = HashMap::new();
     for o in outcomes {
         let key = match o {
-            Outcome::Terminate { pid, .. } => Key::Signal("terminate", *pid),
-            Outcome::Kill { pid, .. } => Key::Signal("kill", *pid),
+            Outcome::Terminate { pid, .. } => Key::Signal(Action::Terminate, *pid),
+            Outcome::Kill { pid, .. } => Key::Signal(Action::Kill, *pid),
             Outcome::Detach { device, eid, .. } => Key::Detach(*device, eid),
         };
         by_key.entry(key).or_insert(o);
@@ -298,7 +368,9 @@ pub fn done<'a>(decided: &[Entry<'a>], outcomes: &[Outcome]) -> Vec<Entry<'a>> {
         .iter()
         .map(|d| {
             let key = match (d.action, d.pid, d.device, d.eid) {
-                ("terminate" | "kill", Some(pid), _, _) => Some(Key::Signal(d.action, pid)),
+                (Action::Terminate | Action::Kill, Some(pid), _, _) => {
+                    Some(Key::Signal(d.action, pid))
+                }
                 (_, _, Some(device), Some(eid)) => Some(Key::Detach(device, eid)),
                 _ => None,
             };
@@ -310,7 +382,7 @@ pub fn done<'a>(decided: &[Entry<'a>], outcomes: &[Outcome]) -> Vec<Entry<'a>> {
             });
             Entry {
                 time: time.clone(),
-                phase: "done",
+                phase: Phase::Done,
                 outcome: Some(outcome.unwrap_or(serde_json::Value::Null)),
                 message: d.message.clone(),
                 rules: d.rules.clone(),
@@ -394,6 +466,64 @@ mod tests {
     }
 
     #[test]
+    fn a_host_is_recorded_failing_once_while_it_fails_the_same_way() {
+        use crate::model::{ConnectFailure, FailureKind as K, HostFailure};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let log = AuditLog::open(&path).unwrap();
+        let status = |host: &str, kind: Option<K>| HostStatus {
+            host: HostId(host.into()),
+            error: kind.map(|k| HostFailure::new(k, "it broke\x1b[2J")),
+            processes: 0,
+            envs: 0,
+            devices: 0,
+            recorded: false,
+        };
+        let refused = Some(K::Connect(ConnectFailure::Refused));
+        log.failures(1, &[status("a", refused), status("b", None)])
+            .unwrap();
+        log.failures(2, &[status("a", refused), status("b", Some(K::Sudo))])
+            .unwrap();
+        // a fails otherwise; then answers, then fails again.
+        log.failures(
+            3,
+            &[status("a", Some(K::Timeout)), status("b", Some(K::Sudo))],
+        )
+        .unwrap();
+        log.failures(4, &[status("a", None)]).unwrap();
+        log.failures(5, &[status("a", Some(K::Timeout))]).unwrap();
+        let v: Vec<serde_json::Value> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let seen: Vec<(u64, &str, &str)> = v
+            .iter()
+            .map(|e| {
+                (
+                    e["cycle"].as_u64().unwrap(),
+                    e["host"].as_str().unwrap(),
+                    e["failure"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (1, "a", "connect-refused"),
+                (2, "b", "sudo"),
+                (3, "a", "timeout"),
+                (5, "a", "timeout")
+            ]
+        );
+        assert!(v
+            .iter()
+            .all(|e| e["phase"] == "failed" && e["action"] == "none"));
+        assert_eq!(v[0]["message"], "it broke\x1b[2J");
+        assert!(!std::fs::read_to_string(&path).unwrap().contains('\x1b'));
+    }
+
+    #[test]
     fn done_lines_carry_each_actions_own_outcome() {
         use crate::outcome::{DetachResult, TerminateResult};
         use crate::plan::Detach;
@@ -425,7 +555,7 @@ mod tests {
         assert_eq!(decided.len(), 5);
         assert!(decided
             .iter()
-            .all(|e| e.phase == "decided" && e.cycle == 7 && e.outcome.is_none()));
+            .all(|e| e.phase == Phase::Decided && e.cycle == 7 && e.outcome.is_none()));
         let when = humantime::parse_rfc3339(&decided[0].time).unwrap();
         let age = std::time::SystemTime::now().duration_since(when).unwrap();
         assert!(
@@ -482,9 +612,12 @@ mod tests {
         assert_eq!(result(2), "not_attached", "device and eid both match");
         assert_eq!(result(3), "failed");
         assert_eq!(result(4), "detached");
-        assert!(done.iter().all(|e| e.phase == "done"));
+        assert!(done.iter().all(|e| e.phase == Phase::Done));
         let kills = kills(7, &host, &plan.terminate[..1]);
-        assert_eq!((kills[0].action, kills[0].pid), ("kill", Some(Pid(1))));
+        assert_eq!(
+            (kills[0].action, kills[0].pid),
+            (Action::Kill, Some(Pid(1)))
+        );
         let killed = super::done(&kills, &outcomes);
         assert_eq!(killed[0].outcome.as_ref().unwrap()["result"], "signalled");
         // An action without an outcome says so.

@@ -16,7 +16,7 @@ use crate::cycle::{Failures, Settings};
 use crate::fleet::Fleet;
 use crate::host::local::LocalHost;
 use crate::host::recorded::Recorded;
-use crate::host::remote::SshHost;
+use crate::host::remote::{AgentLifetime, SshHost};
 use crate::host::ssh::{Connection, SshOptions};
 use crate::host::Host;
 use crate::inventory::{self, Inventory, InventoryError, Overrides};
@@ -37,7 +37,7 @@ pub enum Job {
         metrics: Option<std::net::SocketAddr>,
     },
     /// This machine's snapshot as genv prints it.
-    Snapshot(LocalHost),
+    Snapshot(Box<LocalHost>),
     /// `doctor` over these hosts.
     Doctor {
         fleet: Fleet,
@@ -86,10 +86,14 @@ pub enum ConfigError {
 /// that holds no snapshots, an unsafe `--control-dir`.
 pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
     match cli.command {
-        Command::Snapshot(args) => Ok(Job::Snapshot(LocalHost::from_env(args.command_timeout))),
+        Command::Snapshot(args) => Ok(Job::Snapshot(Box::new(LocalHost::from_env(
+            args.command_timeout,
+        )))),
         Command::Doctor(args) => Ok(Job::Doctor {
             fleet: Fleet::new(
-                vec![Host::Local(LocalHost::from_env(args.command_timeout))],
+                vec![Host::Local(Box::new(LocalHost::from_env(
+                    args.command_timeout,
+                )))],
                 1,
             ),
             format: format(args.output.output),
@@ -104,11 +108,9 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
                     .map(|path| Fleet::new(vec![Host::Recorded(recorded(path))], 1))
                     .collect()
             } else {
-                let host = LocalHost {
-                    max_records: args.cycle.max_records,
-                    ..LocalHost::from_env(args.command_timeout)
-                };
-                vec![Fleet::new(vec![Host::Local(host)], 1)]
+                let mut host = LocalHost::from_env(args.command_timeout);
+                host.max_records = args.cycle.max_records;
+                vec![Fleet::new(vec![Host::Local(Box::new(host))], 1)]
             };
             Ok(Job::Enforce {
                 metrics: args.cycle.metrics_listen,
@@ -143,7 +145,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
             let (fleet, control_dir) = ssh_fleet(
                 &args,
                 load_hosts(&args)?,
-                true,
+                AgentLifetime::OneCycle,
                 Duration::ZERO,
                 crate::snapshot::genv::DEFAULT_MAX_RECORDS,
             )?;
@@ -201,11 +203,15 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
             control_dir: None,
         });
     }
-    let once = settings.interval.is_zero();
+    let lifetime = if settings.interval.is_zero() {
+        AgentLifetime::OneCycle
+    } else {
+        AgentLifetime::Kept
+    };
     let (fleet, control_dir) = ssh_fleet(
         &args,
         inventory,
-        once,
+        lifetime,
         settings.interval,
         enforce.cycle.max_records,
     )?;
@@ -222,7 +228,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
 fn ssh_fleet(
     args: &RemoteArgs,
     inventory: Option<Inventory>,
-    once: bool,
+    lifetime: AgentLifetime,
     interval: Duration,
     max_records: usize,
 ) -> Result<(Fleet, Option<tempfile::TempDir>), ConfigError> {
@@ -271,7 +277,7 @@ fn ssh_fleet(
                 conn: Connection::new(spec),
                 ssh: Arc::clone(&ssh),
                 command_timeout: args.command_timeout,
-                once,
+                lifetime,
                 max_records,
             }))
         })

@@ -16,7 +16,7 @@ use crate::error;
 use crate::fleet::Fleet;
 use crate::host::Host;
 use crate::metrics::Metrics;
-use crate::model::{HostId, Mode};
+use crate::model::{FailureKind, HostFailure, HostId, Mode};
 use crate::outcome::{self, Outcome, TerminateResult};
 use crate::plan::{HostPlan, Plan, Termination};
 use crate::report::{self, CycleReport, Format, Timing};
@@ -143,7 +143,7 @@ pub async fn cycle(
             done.hosts.push((round.host.clone(), round.plan));
         }
         outcomes.extend(round.outcomes);
-        let mut result = round.result.map_err(|e| error::chain(&e));
+        let mut result = round.result.map_err(|e| e.failure());
         match &mut result {
             Ok((_, findings)) => {
                 memory
@@ -181,7 +181,7 @@ pub async fn cycle(
         Ok(a) => a,
         Err(e) => {
             // Only a panic gets here: report it as every host's failure.
-            let why = error::chain(&e);
+            let why = HostFailure::new(FailureKind::Internal, error::chain(&e));
             let results = fleet
                 .hosts
                 .iter()
@@ -196,6 +196,9 @@ pub async fn cycle(
     if let Some(log) = &fleet.audit {
         if let Err(e) = log.strays(n, mode, &a.notices) {
             tracing::error!(error = %e, "cannot record stray processes in the audit log");
+        }
+        if let Err(e) = log.failures(n, &a.hosts) {
+            tracing::error!(error = %e, "cannot record failed hosts in the audit log");
         }
     }
     let whole = std::mem::take(&mut a.plan);

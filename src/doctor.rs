@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ConnectFailure;
+use crate::host::protocol::Hello;
 use crate::model::HostId;
 
 /// What was learned about one host.
@@ -24,6 +25,9 @@ pub struct Facts {
     pub python_command: String,
     /// Our agent's account of the host.
     pub agent: Option<Result<AgentFacts, String>>,
+    /// What the agent said of itself when it started (its protocol and
+    /// capabilities).
+    pub hello: Option<Hello>,
     /// A real snapshot, parsed as a cycle parses it.
     pub snapshot: Option<Result<Counts, String>>,
     /// Host clock minus ours, in seconds.
@@ -81,11 +85,55 @@ pub struct GpuFacts {
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct StateFacts {
     pub dir: String,
-    pub kind: String,
+    pub kind: FileKind,
     pub mode: Option<u32>,
     pub uid: Option<u32>,
     #[serde(default)]
-    pub files: BTreeMap<String, String>,
+    pub files: BTreeMap<String, FileKind>,
+}
+
+/// What is at a path, as the agent found it (`lstat`, never followed).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum FileKind {
+    Is(Kind),
+    Unreadable {
+        unreadable: String,
+    },
+    #[default]
+    #[serde(skip)]
+    Unknown,
+}
+
+/// A file's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Missing,
+    Regular,
+    Directory,
+    Symlink,
+    Fifo,
+    Socket,
+    Device,
+    Other,
+}
+
+impl std::fmt::Display for FileKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FileKind::Is(Kind::Missing) => "missing",
+            FileKind::Is(Kind::Regular) => "regular",
+            FileKind::Is(Kind::Directory) => "a directory",
+            FileKind::Is(Kind::Symlink) => "a symbolic link",
+            FileKind::Is(Kind::Fifo) => "a FIFO",
+            FileKind::Is(Kind::Socket) => "a socket",
+            FileKind::Is(Kind::Device) => "a device",
+            FileKind::Is(Kind::Other) => "not a regular file",
+            FileKind::Unreadable { unreadable } => return write!(f, "unreadable: {unreadable}"),
+            FileKind::Unknown => "unknown",
+        })
+    }
 }
 
 /// How a check went.
@@ -258,6 +306,26 @@ fn agent_checks(f: &Facts, a: &AgentFacts, out: &mut Vec<Check>) {
             None,
         )
     });
+    if let Some(h) = &f.hello {
+        out.push(if h.pidfd {
+            check(
+                "agent",
+                Status::Ok,
+                format!("protocol {}; kills go through a pidfd", h.protocol),
+                None,
+            )
+        } else {
+            check(
+                "agent",
+                Status::Warn,
+                format!(
+                    "protocol {}; no pidfd (Python {}): a pid is re-checked before a kill, but not pinned",
+                    h.protocol, h.python
+                ),
+                Some("Python 3.9 or later on a Linux 5.3+ kernel closes the window".into()),
+            )
+        });
+    }
     out.push(match (&a.nvidia_smi.error, a.nvidia_smi.gpus) {
         (Some(e), _) => check(
             "nvidia-smi",
@@ -350,10 +418,10 @@ fn state_check(a: &AgentFacts, snapshot: Option<&Result<Counts, String>>) -> Che
     let unsafe_files: Vec<String> = s
         .files
         .iter()
-        .filter(|(_, kind)| *kind != "regular" && *kind != "missing")
+        .filter(|(_, kind)| !matches!(kind, FileKind::Is(Kind::Regular | Kind::Missing)))
         .map(|(name, kind)| format!("{name} is {kind}"))
         .collect();
-    if s.kind == "missing" {
+    if s.kind == FileKind::Is(Kind::Missing) {
         return check(
             "genv state",
             Status::Warn,
@@ -364,7 +432,7 @@ fn state_check(a: &AgentFacts, snapshot: Option<&Result<Counts, String>>) -> Che
             None,
         );
     }
-    if s.kind != "a directory" {
+    if s.kind != FileKind::Is(Kind::Directory) {
         return check(
             "genv state",
             Status::Fail,
@@ -491,13 +559,16 @@ mod tests {
             },
             state: StateFacts {
                 dir: "/var/tmp/genv".into(),
-                kind: "a directory".into(),
+                kind: FileKind::Is(Kind::Directory),
                 mode: Some(0o777),
                 uid: Some(0),
-                files: [("envs.json", "regular"), ("devices.json", "regular")]
-                    .into_iter()
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .collect(),
+                files: [
+                    ("envs.json", Kind::Regular),
+                    ("devices.json", Kind::Regular),
+                ]
+                .into_iter()
+                .map(|(a, b)| (a.to_string(), FileKind::Is(b)))
+                .collect(),
             },
             genv: Some("1.4.3".into()),
             tools: [("timeout", Some("/usr/bin/timeout")), ("flock", None)]
@@ -518,6 +589,12 @@ mod tests {
             login: Some("ops".into()),
             python_command: "python3".into(),
             agent: Some(Ok(agent())),
+            hello: Some(Hello {
+                protocol: crate::host::protocol::PROTOCOL,
+                python: "3.11.2".into(),
+                pidfd: true,
+                euid: 0,
+            }),
             snapshot: Some(Ok(Counts {
                 gpus: 8,
                 processes: 3,
@@ -545,6 +622,7 @@ mod tests {
                 "host key",
                 "sudo",
                 "python",
+                "agent",
                 "nvidia-smi",
                 "genv state",
                 "snapshot",
@@ -615,7 +693,7 @@ mod tests {
         };
         a.state
             .files
-            .insert("envs.json".into(), "a symbolic link".into());
+            .insert("envs.json".into(), FileKind::Is(Kind::Symlink));
         a.python = "3.6.15".into();
         f.agent = Some(Ok(a));
         f.skew = Some(-75.0);
@@ -636,7 +714,7 @@ mod tests {
         ));
         assert_eq!(status(&checks(&f), "genv state"), Status::Fail);
         let mut a = agent();
-        a.state.kind = "missing".into();
+        a.state.kind = FileKind::Is(Kind::Missing);
         f.agent = Some(Ok(a));
         assert_eq!(status(&checks(&f), "genv state"), Status::Warn);
     }

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::snapshot::frames::FrameError;
+use crate::host::protocol::FailKind;
+pub use crate::model::ConnectFailure;
+use crate::model::{FailureKind, HostFailure};
 use crate::snapshot::ParseError;
 
 /// An error and all its causes, `: `-separated, on one line.
@@ -42,9 +44,16 @@ pub enum HostError {
     /// A command ran past its deadline and was killed.
     #[error("{command} did not finish within {}", humantime::format_duration(*after))]
     Timeout { command: String, after: Duration },
-    /// A step failed on a remote host, as our agent there reported it.
-    #[error("{what}: {message}")]
-    Remote { what: String, message: String },
+    /// sudo would not run our agent: its words (`a password is required`).
+    #[error("{command} exited with {status}: {output}")]
+    Sudo {
+        command: String,
+        status: String,
+        output: String,
+    },
+    /// A step failed on the host, as our agent there reported it.
+    #[error("{}: {message}", fail.word())]
+    Remote { fail: FailKind, message: String },
     /// ssh could not open a connection; `said` is ssh's own account.
     #[error("{said}")]
     Connect {
@@ -65,6 +74,9 @@ pub enum HostError {
         #[source]
         source: std::io::Error,
     },
+    /// Our agent answered outside its protocol.
+    #[error(transparent)]
+    Protocol(#[from] crate::host::protocol::ProtocolError),
     /// A worker task of ours failed (a bug): reported, never a panic.
     #[error("internal error in {what}")]
     Join {
@@ -72,104 +84,38 @@ pub enum HostError {
         #[source]
         source: tokio::task::JoinError,
     },
-    /// Output that was not UTF-8.
-    #[error("{command} printed output that is not UTF-8")]
-    NotUtf8 { command: String },
     /// Output that could not be parsed.
     #[error(transparent)]
     Parse(#[from] ParseError),
-    /// genv's state could not be read or written.
-    #[error(transparent)]
-    State(#[from] StateError),
 }
 
-impl From<FrameError> for HostError {
-    fn from(e: FrameError) -> Self {
-        match e {
-            FrameError::Failed { what, message } => HostError::Remote { what, message },
-            FrameError::Parse(p) => HostError::Parse(p),
+impl HostError {
+    /// The kind of step that failed.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            HostError::Connect { failure, .. } => FailureKind::Connect(*failure),
+            HostError::Ssh(_) => FailureKind::Connect(ConnectFailure::Other),
+            HostError::Sudo { .. } => FailureKind::Sudo,
+            HostError::Timeout { .. } => FailureKind::Timeout,
+            HostError::Spawn { .. } | HostError::Command { .. } | HostError::Agent { .. } => {
+                FailureKind::Agent
+            }
+            HostError::Protocol(_) => FailureKind::Agent,
+            HostError::Remote { fail, .. } => match fail {
+                FailKind::State => FailureKind::State,
+                FailKind::Lock => FailureKind::Lock,
+                FailKind::NvidiaSmi => FailureKind::NvidiaSmi,
+                FailKind::Request | FailKind::Agent => FailureKind::Agent,
+            },
+            HostError::Read { .. } => FailureKind::Recorded,
+            HostError::Join { .. } => FailureKind::Internal,
+            HostError::Parse(_) => FailureKind::Parse,
         }
     }
-}
 
-/// Why ssh could not connect, as far as its words tell: what an admin fixes
-/// differs for each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConnectFailure {
-    /// Nothing listens on the port.
-    Refused,
-    /// The host or its network does not answer.
-    Unreachable,
-    /// The name does not resolve.
-    UnknownHost,
-    /// The key was refused (or a password would be needed).
-    Auth,
-    /// The host key is unknown or changed.
-    HostKey,
-    /// Anything else.
-    Other,
-}
-
-impl ConnectFailure {
-    /// Classifies what ssh said when it gave up.
-    pub fn of(said: &str) -> Self {
-        let s = said.to_ascii_lowercase();
-        if s.contains("host key verification failed")
-            || s.contains("remote host identification has changed")
-            || s.contains("no matching host key")
-        {
-            ConnectFailure::HostKey
-        } else if s.contains("permission denied") || s.contains("too many authentication failures")
-        {
-            ConnectFailure::Auth
-        } else if s.contains("connection refused") {
-            ConnectFailure::Refused
-        } else if s.contains("could not resolve hostname")
-            || s.contains("name or service not known")
-        {
-            ConnectFailure::UnknownHost
-        } else if s.contains("timed out")
-            || s.contains("no route to host")
-            || s.contains("network is unreachable")
-        {
-            ConnectFailure::Unreachable
-        } else {
-            ConnectFailure::Other
-        }
-    }
-}
-
-/// A failure reading or locking genv's state directory.
-#[derive(Debug, Error)]
-pub enum StateError {
-    /// A file could not be read, written or created.
-    #[error("{}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// Another process held genv's lock past the deadline.
-    #[error("{}: still locked by another process after {}", path.display(), humantime::format_duration(*after))]
-    LockTimeout { path: PathBuf, after: Duration },
-    /// A name in the world-writable state directory is not what genv
-    /// writes there (a symlink, FIFO, device, ...): refused, never followed.
-    #[error("{} is {what}: refused (genv's state directory is writable by every user)", path.display())]
-    Unsafe { path: PathBuf, what: &'static str },
-    /// A state file larger than any real state.
-    #[error("{} is larger than {limit} bytes: refused", path.display())]
-    TooLarge { path: PathBuf, limit: u64 },
-    /// A state file that is not UTF-8 (genv writes ASCII JSON).
-    #[error("{} is not UTF-8", path.display())]
-    NotUtf8 { path: PathBuf },
-}
-
-impl StateError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        StateError::Io {
-            path: path.into(),
-            source,
-        }
+    /// As the core sees it: its kind and its whole account.
+    pub fn failure(&self) -> HostFailure {
+        HostFailure::new(self.kind(), chain(self))
     }
 }
 
@@ -179,10 +125,10 @@ mod tests {
 
     #[test]
     fn causes_are_told_once_in_order() {
-        let e = HostError::State(StateError::io(
-            "/var/tmp/genv/envs.json",
-            std::io::Error::from(std::io::ErrorKind::PermissionDenied),
-        ));
+        let e = HostError::Read {
+            path: "/var/tmp/genv/envs.json".into(),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        };
         assert_eq!(chain(&e), "/var/tmp/genv/envs.json: permission denied");
         let e = HostError::Spawn {
             command: "nvidia-smi".into(),

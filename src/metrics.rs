@@ -44,6 +44,13 @@ struct ActionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabels {
+    host: String,
+    /// [`FailureKind::name`](crate::model::FailureKind::name).
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     kind: String,
 }
@@ -59,6 +66,7 @@ pub struct Metrics {
     violations: Family<ViolationLabels, Counter>,
     actions: Family<ActionLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
+    host_failures: Family<FailureLabels, Counter>,
     last_success: Gauge<f64, AtomicU64>,
 }
 
@@ -80,6 +88,7 @@ impl Metrics {
             violations: Family::default(),
             actions: Family::default(),
             errors: Family::default(),
+            host_failures: Family::default(),
             last_success: Gauge::default(),
             registry: Registry::default(),
         };
@@ -111,6 +120,11 @@ impl Metrics {
         );
         registry.register("errors", "Failures, by kind", m.errors.clone());
         registry.register(
+            "host_failures",
+            "Failed host snapshots, by host and the kind of step that failed (connect, sudo, timeout, agent, state, lock, nvidia-smi, parse, recorded, internal)",
+            m.host_failures.clone(),
+        );
+        registry.register(
             "last_success_timestamp_seconds",
             "When the last cycle without any failure ended (Unix time)",
             m.last_success.clone(),
@@ -131,8 +145,14 @@ impl Metrics {
             self.up
                 .get_or_create(&label)
                 .set(i64::from(h.error.is_none()));
-            if h.error.is_some() {
+            if let Some(e) = &h.error {
                 self.error("snapshot");
+                self.host_failures
+                    .get_or_create(&FailureLabels {
+                        host: h.host.0.clone(),
+                        kind: e.kind.name().into(),
+                    })
+                    .inc();
             }
         }
         if let Some(t) = &r.timing {
@@ -309,4 +329,37 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let l = std::net::TcpListener::bind(addr)?;
     l.set_nonblocking(true)?;
     Ok(l)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::assess::statuses;
+    use crate::model::{ConnectFailure, FailureKind, HostFailure, HostId, Mode};
+
+    #[test]
+    fn failed_hosts_are_counted_by_the_kind_of_step_that_failed() {
+        let m = Metrics::new();
+        let failed =
+            |name: &str, kind| (HostId(name.into()), Err(HostFailure::new(kind, "it broke")));
+        let a = statuses(
+            1,
+            Mode::Remote,
+            false,
+            vec![
+                failed("a", FailureKind::Connect(ConnectFailure::HostKey)),
+                failed("b", FailureKind::Sudo),
+            ],
+        );
+        m.observe(&CycleReport::new(a, Vec::new(), None));
+        let text = m.render();
+        for line in [
+            "genv_enforce_host_failures_total{host=\"a\",kind=\"host-key\"} 1",
+            "genv_enforce_host_failures_total{host=\"b\",kind=\"sudo\"} 1",
+            "genv_enforce_errors_total{kind=\"snapshot\"} 2",
+            "genv_enforce_host_up{host=\"a\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
+    }
 }

@@ -41,6 +41,133 @@ impl HostId {
     }
 }
 
+/// Why a host failed this cycle: what kind of step failed (metrics count
+/// it, doctor advises on it) and the whole account (reports show it; the
+/// JSON output writes only this text, as before).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFailure {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+impl HostFailure {
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        HostFailure {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl Serialize for HostFailure {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.message)
+    }
+}
+
+impl fmt::Display for HostFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The kinds of step a host can fail at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// ssh could not connect, and why.
+    Connect(ConnectFailure),
+    /// sudo would not run the agent without a password.
+    Sudo,
+    /// A step ran past its deadline.
+    Timeout,
+    /// The agent could not be started, ended, or broke its protocol.
+    Agent,
+    /// genv's state could not be read or written safely.
+    State,
+    /// genv's lock stayed held.
+    Lock,
+    /// nvidia-smi failed or hung.
+    NvidiaSmi,
+    /// What the host sent could not be parsed (or was too large).
+    Parse,
+    /// A recorded snapshot could not be read.
+    Recorded,
+    /// A bug of ours (a worker failed).
+    Internal,
+}
+
+impl FailureKind {
+    /// Its name in metrics' labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureKind::Connect(why) => match why {
+                ConnectFailure::Refused => "connect-refused",
+                ConnectFailure::Unreachable => "unreachable",
+                ConnectFailure::UnknownHost => "unknown-host",
+                ConnectFailure::Auth => "auth",
+                ConnectFailure::HostKey => "host-key",
+                ConnectFailure::Other => "connect",
+            },
+            FailureKind::Sudo => "sudo",
+            FailureKind::Timeout => "timeout",
+            FailureKind::Agent => "agent",
+            FailureKind::State => "state",
+            FailureKind::Lock => "lock",
+            FailureKind::NvidiaSmi => "nvidia-smi",
+            FailureKind::Parse => "parse",
+            FailureKind::Recorded => "recorded",
+            FailureKind::Internal => "internal",
+        }
+    }
+}
+
+/// Why ssh could not connect, as far as its words tell: what an admin fixes
+/// differs for each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConnectFailure {
+    /// Nothing listens on the port.
+    Refused,
+    /// The host or its network does not answer.
+    Unreachable,
+    /// The name does not resolve.
+    UnknownHost,
+    /// The key was refused (or a password would be needed).
+    Auth,
+    /// The host key is unknown or changed.
+    HostKey,
+    /// Anything else.
+    Other,
+}
+
+impl ConnectFailure {
+    /// Classifies what ssh said when it gave up.
+    pub fn of(said: &str) -> Self {
+        let s = said.to_ascii_lowercase();
+        if s.contains("host key verification failed")
+            || s.contains("remote host identification has changed")
+            || s.contains("no matching host key")
+        {
+            ConnectFailure::HostKey
+        } else if s.contains("permission denied") || s.contains("too many authentication failures")
+        {
+            ConnectFailure::Auth
+        } else if s.contains("connection refused") {
+            ConnectFailure::Refused
+        } else if s.contains("could not resolve hostname")
+            || s.contains("name or service not known")
+        {
+            ConnectFailure::UnknownHost
+        } else if s.contains("timed out")
+            || s.contains("no route to host")
+            || s.contains("network is unreachable")
+        {
+            ConnectFailure::Unreachable
+        } else {
+            ConnectFailure::Other
+        }
+    }
+}
+
 /// A process id on one host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]

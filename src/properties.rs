@@ -6,14 +6,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 
 use crate::assess::assess;
-use crate::host::agent;
 use crate::model::*;
 use crate::plan::{self, Plan};
 use crate::rules::{self, evaluate, Notice, Policy};
-use crate::snapshot::assemble::{assemble, pids_to_read, Environ, ParsedState, RawHost, RawProc};
+use crate::snapshot::assemble::{assemble, Environ, ParsedState, RawHost, RawProc};
 use crate::snapshot::frames;
-use crate::snapshot::{genv, memory, nvidia_smi, proc};
-use crate::{inventory, plan::Detach, plan::Termination};
+use crate::snapshot::{genv, memory, nvidia_smi};
+use crate::{inventory, plan::Termination};
 
 proptest! {
     #[test]
@@ -25,9 +24,6 @@ proptest! {
         let _ = nvidia_smi::parse_gpus(&text, "p");
         let _ = nvidia_smi::parse_compute_apps(&text, "p");
         let _ = memory::parse(&text);
-        let _ = proc::start_time(&bytes);
-        let _ = proc::environment_id(&bytes);
-        let _ = proc::real_uid(&text);
         let overrides = inventory::Overrides::default();
         let _ = inventory::parse_inventory(&text, "p", &overrides);
         let _ = inventory::parse_hostfile(&text, "p", &overrides);
@@ -36,8 +32,12 @@ proptest! {
         if let Ok(frames) = frames::parse_frames(&bytes, "p") {
             let _ = frames::raw_host(&frames, "p");
         }
-        let _ = agent::read_terminations(&text, &[]);
-        let _ = agent::read_detaches(&text, &[]);
+        let _ = crate::host::protocol::answer_header(&text);
+        let _ = crate::host::protocol::Hello::read(&bytes);
+        let _ = crate::host::protocol::Failure::read(&bytes);
+        let _ = serde_json::from_slice::<crate::host::protocol::Kills>(&bytes);
+        let _ = serde_json::from_slice::<crate::host::protocol::Request>(&bytes);
+        let _ = serde_json::from_slice::<crate::doctor::AgentFacts>(&bytes);
         let _ = crate::cli::parse_duration(&text);
         let _ = crate::cli::parse_user_cap(&text);
     }
@@ -90,36 +90,30 @@ proptest! {
             user_names: BTreeMap::new(),
         };
         let _ = assemble(&raw, "p", &mut ParsedState::default(), 1000);
-        let _ = pids_to_read(&apps, envs.as_deref(), |_| true, 1000);
-    }
-
-    #[test]
-    fn identity_reads_of_any_bytes_never_panic(
-        reads in proptest::collection::vec(proptest::option::of(proptest::collection::vec(any::<u8>(), 0..120)), 4),
-        environ in any::<bool>(),
-    ) {
-        let mut reads = reads.into_iter();
-        let _ = proc::identity(
-            |_| reads.next().flatten().ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)),
-            environ,
-        );
     }
 
     #[test]
     fn answers_to_any_plan_never_panic(
-        text in ".{0,200}",
+        results in proptest::collection::vec((any::<Option<u64>>(), 0u8..6, any::<Option<u64>>()), 0..6),
         pids in proptest::collection::vec((any::<u32>(), proptest::option::of(any::<u64>())), 0..5),
+        detached in proptest::collection::vec(any::<bool>(), 0..6),
         n in 0usize..5,
     ) {
+        use crate::host::protocol::{self, Kill, KillResult};
+        let kills: Vec<Kill> = results
+            .into_iter()
+            .map(|(pid, r, found)| Kill {
+                pid,
+                result: [KillResult::Signalled, KillResult::Gone, KillResult::Reused, KillResult::Denied, KillResult::Invalid][usize::from(r % 5)],
+                found,
+            })
+            .collect();
         let terminations: Vec<Termination> = pids
             .into_iter()
             .map(|(pid, start_time)| Termination::of(Pid(pid), start_time))
             .collect();
-        prop_assert_eq!(agent::read_terminations(&text, &terminations).len(), terminations.len());
-        let detaches: Vec<Detach> = (0..n)
-            .map(|i| Detach { device: GpuIndex(i as u32), eid: EnvId(format!("e{i}")), username: None })
-            .collect();
-        prop_assert_eq!(agent::read_detaches(&text, &detaches).len(), n);
+        prop_assert_eq!(protocol::read_terminations(&kills, &terminations, "x").len(), terminations.len());
+        prop_assert_eq!(protocol::read_detaches(&detached, n, "x").len(), n);
     }
 
     #[test]
@@ -231,7 +225,7 @@ proptest! {
 
     #[test]
     fn dry_run_plan_equals_real_plan(c in cluster(), policy in policy()) {
-        let results = |c: &Cluster| c.hosts.iter().map(|(h, s)| (h.clone(), Ok::<_, String>(s.clone()))).collect::<Vec<_>>();
+        let results = |c: &Cluster| c.hosts.iter().map(|(h, s)| (h.clone(), Ok::<_, crate::model::HostFailure>(s.clone()))).collect::<Vec<_>>();
         let dry = assess(1, c.mode, true, &policy, results(&c));
         let real = assess(1, c.mode, false, &policy, results(&c));
         prop_assert_eq!(dry.plan, real.plan);

@@ -432,7 +432,7 @@ pub fn render_text_with(r: &CycleReport, host_errors: bool) -> Text {
     let mut text = Text::default();
     for h in r.hosts.iter().filter(|_| host_errors) {
         if let Some(e) = &h.error {
-            text.stderr.push(host_error_line(r.mode, h, e));
+            text.stderr.push(host_error_line(r.mode, h, &e.message));
         }
     }
     text.stderr

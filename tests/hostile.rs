@@ -173,8 +173,7 @@ fn reuse_a_pid_inside_this_namespace() {
     use genv_enforce::outcome::TerminateResult as T;
     let mut first = Command::new("sleep").arg("1000").spawn().unwrap();
     let pid = first.id();
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).unwrap();
-    let start = genv_enforce::snapshot::proc::start_time(&stat).unwrap();
+    let start = util::start_time(pid);
     first.kill().unwrap();
     first.wait().unwrap();
     // Start times count clock ticks (10 ms): a pid cannot come round again
@@ -184,10 +183,7 @@ fn reuse_a_pid_inside_this_namespace() {
     let mut second = Command::new("sleep").arg("1000").spawn().unwrap();
     assert_eq!(second.id(), pid, "the pid was not reused: cannot test");
     let host = genv_enforce::host::local::LocalHost::from_env(Duration::from_secs(5));
-    let outcome = host.terminate(&genv_enforce::plan::Termination::of(
-        genv_enforce::model::Pid(pid),
-        Some(start),
-    ));
+    let outcome = util::terminate(&host, pid, Some(start));
     assert!(
         matches!(outcome, T::PidReused { expected, .. } if expected == start),
         "{outcome:?}"

@@ -8,36 +8,25 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use genv_enforce::host::genv_state::StateDir;
 use genv_enforce::host::local::LocalHost;
-use genv_enforce::model::{EnvId, GpuIndex, Pid};
+use genv_enforce::model::{EnvId, GpuIndex};
 use genv_enforce::outcome::{self, TerminateResult as T};
-use genv_enforce::plan::Termination;
 use util::{env, lines, Host};
 
 const SIGTERM: i32 = 15;
 
 fn start_time(pid: u32) -> u64 {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).unwrap();
-    genv_enforce::snapshot::proc::start_time(&stat).unwrap()
+    util::start_time(pid)
 }
 
 fn local(h: &Host) -> LocalHost {
-    LocalHost {
-        id: genv_enforce::model::HostId("local".into()),
-        state: StateDir {
-            path: h.state_dir(),
-        },
-        nvidia_smi: h.dir.path().join("bin/nvidia-smi").display().to_string(),
-        proc_root: "/proc".into(),
-        timeout: Duration::from_secs(10),
-        parsed: Default::default(),
-        max_records: genv_enforce::snapshot::genv::DEFAULT_MAX_RECORDS,
-    }
-}
-
-fn termination(pid: u32, start_time: Option<u64>) -> Termination {
-    Termination::of(Pid(pid), start_time)
+    let mut host = LocalHost::new(
+        genv_enforce::model::HostId("local".into()),
+        h.state_dir(),
+        Duration::from_secs(10),
+    );
+    host.nvidia_smi = h.dir.path().join("bin/nvidia-smi").display().to_string();
+    host
 }
 
 #[test]
@@ -135,19 +124,19 @@ fn reused_pid_is_skipped_and_the_same_process_is_signalled() {
     let real = start_time(p);
     // The snapshot saw another process under this pid: leave it alone.
     assert_eq!(
-        host.terminate(&termination(p, Some(real + 1))),
+        util::terminate(&host, p, Some(real + 1)),
         T::PidReused {
             expected: real + 1,
             found: real
         }
     );
-    assert_eq!(host.terminate(&termination(p, None)), T::NoIdentity);
+    assert_eq!(util::terminate(&host, p, None), T::NoIdentity);
     std::thread::sleep(Duration::from_millis(100));
     assert!(h.running(p));
-    assert_eq!(host.terminate(&termination(p, Some(real))), T::Signalled);
+    assert_eq!(util::terminate(&host, p, Some(real)), T::Signalled);
     assert_eq!(h.wait_signal(p, Duration::from_secs(5)), Some(SIGTERM));
     // Reaped: the pid is gone now.
-    assert_eq!(host.terminate(&termination(p, Some(real))), T::AlreadyGone);
+    assert_eq!(util::terminate(&host, p, Some(real)), T::AlreadyGone);
 }
 
 #[tokio::test]
@@ -163,10 +152,8 @@ async fn process_of_unknown_ownership_is_reported_never_terminated() {
     for f in ["stat", "status"] {
         std::os::unix::fs::symlink(format!("/proc/{p}/{f}"), pdir.join(f)).unwrap();
     }
-    let host = LocalHost {
-        proc_root: fake_proc,
-        ..local(&h)
-    };
+    let mut host = local(&h);
+    host.proc_root = fake_proc;
     let settings = genv_enforce::cycle::Settings {
         mode: genv_enforce::model::Mode::Local,
         policy: genv_enforce::rules::Policy {
@@ -180,7 +167,8 @@ async fn process_of_unknown_ownership_is_reported_never_terminated() {
         kill_after: None,
         confirm_cycles: 1,
     };
-    let fleet = genv_enforce::fleet::Fleet::new(vec![genv_enforce::host::Host::Local(host)], 1);
+    let fleet =
+        genv_enforce::fleet::Fleet::new(vec![genv_enforce::host::Host::Local(Box::new(host))], 1);
     let (report, _) =
         genv_enforce::cycle::cycle(&fleet, &settings, 1, &mut Default::default()).await;
     assert!(report.violations.is_empty());
@@ -228,15 +216,28 @@ fn concurrent_genv_attach_loses_nothing_to_our_detach() {
                 .unwrap()
         })
         .collect();
-    let state = StateDir {
-        path: h.state_dir(),
-    };
+    let mut host = local(&h);
+    host.timeout = Duration::from_secs(30);
     for i in 0..N {
-        let out = state.detach(
-            &[(GpuIndex(i), EnvId("victim".into()))],
-            Duration::from_secs(30),
+        let plan = genv_enforce::plan::HostPlan {
+            terminate: Vec::new(),
+            detach: vec![genv_enforce::plan::Detach {
+                device: GpuIndex(i),
+                eid: EnvId("victim".into()),
+                username: None,
+            }],
+        };
+        let out = util::execute(&host, &plan);
+        assert!(
+            matches!(
+                &out[..],
+                [genv_enforce::outcome::Outcome::Detach {
+                    outcome: outcome::DetachResult::Detached,
+                    ..
+                }]
+            ),
+            "{out:?}"
         );
-        assert_eq!(out, vec![outcome::DetachResult::Detached]);
         std::thread::sleep(Duration::from_millis(30));
     }
     for mut a in attaches {

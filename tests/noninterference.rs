@@ -765,7 +765,7 @@ fn row6_a_state_over_max_records_fails_its_host_naming_the_file_and_the_others_a
     let out = h.ours(&["enforce", "--interval", "0", "--max-records", "1000"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr(&out).contains("envs.json: top level: 4000 records (environments, their pids and kernel ids), more than the limit of 1000 (--max-records): refused"),
+        stderr(&out).contains("envs.json: 4000 records (environments, their pids and kernel ids), more than the limit of 1000 (--max-records): refused"),
         "{}",
         stderr(&out)
     );

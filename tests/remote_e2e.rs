@@ -130,6 +130,8 @@ fn broken_hosts_are_reported_and_the_rest_enforced() {
         f.host(h).set_apps(&[(p, 0, "100")]);
         strays.push(p);
     }
+    let audit = tempfile::tempdir().unwrap();
+    let audit_log = audit.path().join("audit.log");
     let started = Instant::now();
     let out = f.ours(&[
         "-t",
@@ -140,6 +142,8 @@ fn broken_hosts_are_reported_and_the_rest_enforced() {
         "--interval",
         "0",
         "--non-env-processes",
+        "--audit-log",
+        audit_log.to_str().unwrap(),
     ]);
     let elapsed = started.elapsed();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
@@ -166,6 +170,34 @@ fn broken_hosts_are_reported_and_the_rest_enforced() {
         "malformed: {err}"
     );
     assert!(line(4).is_none(), "{err}");
+    // Each failure has its kind, in the audit log (and metrics).
+    let failed: Vec<(String, String)> = std::fs::read_to_string(&audit_log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["phase"] == "failed")
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap().to_string();
+            (s("host"), s("failure"))
+        })
+        .collect();
+    let kind = |i: usize| {
+        failed
+            .iter()
+            .find(|(h, _)| *h == f.names[i])
+            .map(|(_, k)| k.as_str())
+    };
+    assert_eq!(
+        [kind(0), kind(1), kind(2), kind(3), kind(4)],
+        [
+            Some("connect-refused"),
+            Some("sudo"),
+            Some("nvidia-smi"),
+            Some("parse"),
+            None
+        ],
+        "{failed:?}"
+    );
     // The healthy host was enforced; the broken ones were left alone.
     assert_eq!(f.host(4).wait_signal(strays[3], WAIT), Some(SIGTERM));
     for (h, p) in [(1, strays[0]), (2, strays[1]), (3, strays[2])] {
@@ -520,7 +552,7 @@ fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
             conn: genv_enforce::host::ssh::Connection::new(spec),
             ssh,
             command_timeout: Duration::from_secs(20),
-            once: true,
+            lifetime: genv_enforce::host::remote::AgentLifetime::OneCycle,
             max_records: genv_enforce::snapshot::genv::DEFAULT_MAX_RECORDS,
         };
         let ours = match host.fetch().await {

@@ -4,14 +4,19 @@
 use std::process::Command;
 
 use genv_enforce::assess::assess;
-use genv_enforce::model::{HostId, Mode};
+use genv_enforce::model::{FailureKind, HostFailure, HostId, Mode};
 use genv_enforce::outcome::dry_run as dry_run_outcomes;
 use genv_enforce::report::render_text;
 use genv_enforce::report::CycleReport;
 use genv_enforce::rules::Policy;
 use genv_enforce::snapshot::genv::parse_snapshot;
 
-fn fixture(name: &str) -> (HostId, Result<genv_enforce::model::HostSnapshot, String>) {
+fn fixture(
+    name: &str,
+) -> (
+    HostId,
+    Result<genv_enforce::model::HostSnapshot, HostFailure>,
+) {
     let path = format!(
         "{}/fixtures/snapshots/{name}.json",
         env!("CARGO_MANIFEST_DIR")
@@ -19,7 +24,8 @@ fn fixture(name: &str) -> (HostId, Result<genv_enforce::model::HostSnapshot, Str
     let text = std::fs::read_to_string(&path).unwrap();
     (
         HostId(name.into()),
-        parse_snapshot(&text, &path).map_err(|e| e.to_string()),
+        parse_snapshot(&text, &path)
+            .map_err(|e| HostFailure::new(FailureKind::Parse, e.to_string())),
     )
 }
 
@@ -64,9 +70,15 @@ fn remote_wording_over_the_three_fixtures() {
 
 #[test]
 fn host_errors_are_reported() {
-    let bad: (HostId, Result<genv_enforce::model::HostSnapshot, String>) = (
+    let bad: (
+        HostId,
+        Result<genv_enforce::model::HostSnapshot, HostFailure>,
+    ) = (
         HostId("gpu9".into()),
-        Err("nvidia-smi exited with exit status: 9: NVIDIA-SMI has failed".into()),
+        Err(HostFailure::new(
+            FailureKind::NvidiaSmi,
+            "nvidia-smi exited with exit status: 9: NVIDIA-SMI has failed",
+        )),
     );
     let report = CycleReport::new(
         assess(1, Mode::Remote, true, &policy(), vec![fixture("gpu2"), bad]),

@@ -1,17 +1,26 @@
-# genv-enforce host agent: what genv-enforce runs on a remote GPU host, as
-# root, through sudo: one long-lived process per host and connection, that
-# answers one request per cycle (a snapshot), and the kills and detaches
-# that follow it.
+# genv-enforce host agent: what genv-enforce runs on a GPU host as root
+# (remote hosts through sudo, this machine as a child of the enforcer): one
+# long-lived process per host, that answers one request at a time: a
+# snapshot per cycle, and the kills and detaches that follow it. It is the
+# only code that touches a live host; its protocol is also written down in
+# src/host/protocol.rs, and fixtures/agent/ holds examples both sides test.
 #
 # Runs on: the Python 3 (3.7 or later, standard library only) that genv
 # itself needs, and Linux /proc. Nothing is installed on the host: the
 # command line is a constant bootstrap that reads this text from stdin,
 #   python3 -I -S -c 'import sys;exec(compile(sys.stdin.buffer.read(N),...))'
-# after which stdin carries requests, each "<length>\n" + a JSON object:
-#   {"mode": "snapshot", "dir": D, "nvidia_smi": [argv], "step": S, "limit": L, "max_bytes": B, "max_records": R}
-#   {"mode": "terminate", "kills": [[pid, start_time], ...], "limit": L}
+# after which stdin carries requests, each "<length>\n" + a JSON object
+# (unknown keys are refused):
+#   {"mode": "hello", "protocol": P}
+#   {"mode": "snapshot", "dir": D, "nvidia_smi": [argv], "step": S, "limit": L,
+#    "max_bytes": B, "max_records": R, "proc": "/proc"}
+#   {"mode": "terminate", "kills": [[pid, start_time], ...], "signal": "term"|"kill",
+#    "limit": L, "proc": "/proc"}
 #   {"mode": "detach", "dir": D, "detach": [[index, eid], ...], "step": S, "limit": L, "max_bytes": B}
-# and stdout one answer per request, "@<status> <length>\n" + <length> bytes:
+#   {"mode": "doctor", "dir": D, "nvidia_smi": [argv], "step": S, "limit": L}
+# and stdout one answer per request, "@<status> <length>\n" + <length> bytes.
+# Status 0: the request's result:
+#   hello: {"protocol": P, "python": "3.x.y", "pidfd": bool, "euid": n}
 #   snapshot: frames "@<kind> [<arg>] <length>\n" + <length> bytes:
 #     gpus, apps         nvidia-smi's two answers (csv,noheader,nounits)
 #     envs, devices      genv's state files, read under a shared lock on
@@ -21,14 +30,16 @@
 #                        "unsure\n<why>", for each GPU pid and each live pid
 #                        an environment lists (absent: not alive)
 #     user <uid>         the host's name for a uid seen
-#     fail <what>        a step failed; the body says why; nothing follows
-#   terminate: one line per kill, "<pid> signalled|gone|reused <start>|denied|invalid"
-#   detach: one line per pair, "<n> detached|absent"
-# Status 0; otherwise the body is why: 75 when genv.lock stayed held past
-# the step limit (detach: nothing was changed); 1 on any other failure.
+#   terminate: {"kills": [{"pid": n, "result": "signalled"|"gone"|"reused"|"denied"|"invalid",
+#               "found": start_time (reused only; null when unreadable)}, ...]}
+#   detach: {"detached": [bool per pair: it was there and is gone]}
+#   doctor: facts about the host (see doctor())
+# Status 1: {"fail": "request"|"state"|"lock"|"nvidia-smi"|"agent", "message": why,
+#   "kills": [...] (terminate: those done before the failure)}; a detach that
+#   failed changed nothing ("lock": genv.lock stayed held past the step limit).
 # A request past its time limit (L) ends the agent (exit status 124), as
-# does the end of stdin, a signal, or a malformed request: genv-enforce
-# starts a new one when it needs one.
+# does the end of stdin, a signal, or a request that is not JSON:
+# genv-enforce starts a new one when it needs one.
 #
 # Safety: genv's state directory is writable by every user. The directory
 # is opened once without following a symlink and every file in it relative
@@ -51,7 +62,9 @@ import stat
 import sys
 import time
 
+PROTOCOL = 2
 VAR = b"GENV_ENVIRONMENT_ID="
+PROC = ["/proc"]  # where procfs is, for the request at hand
 SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 REFUSED = "refused (genv's state directory is writable by every user)"
 
@@ -66,13 +79,13 @@ def keep(fd):
 
 
 class Failure(Exception):
-    """A step that failed: reported as a fail frame (snapshot) or on stderr."""
+    """A step that failed, or a request this agent cannot carry out:
+    answered with status 1, its kind ("what") and why."""
 
-    def __init__(self, what, message, status=1):
+    def __init__(self, what, message):
         Exception.__init__(self, message)
         self.what = what
         self.message = message
-        self.status = status
 
 
 def end(status, message):
@@ -177,7 +190,7 @@ def lock(dfd, d, operation, step, deadline):
             return fd
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                raise Failure("lock", "genv.lock held by another process for %gs" % step, 75)
+                raise Failure("lock", "genv.lock held by another process for %gs" % step)
             time.sleep(0.005)
 
 
@@ -299,7 +312,7 @@ def collect(procs, deadline, max_bytes):
 
 
 def proc_read(pid, name):
-    with open("/proc/%d/%s" % (pid, name), "rb") as f:
+    with open("%s/%d/%s" % (PROC[0], pid, name), "rb") as f:
         return f.read(16 << 20)
 
 
@@ -444,7 +457,7 @@ def snapshot(req, out):
     for name in ("envs", "devices"):
         if state.get(name) is not None:
             frame(out, name, None, state[name])
-    live = set(int(n) for n in os.listdir("/proc") if n.isdigit())
+    live = set(int(n) for n in os.listdir(PROC[0]) if n.isdigit())
     on_gpus = gpu_pids(answers[1][1])
     uids = set()
     listed = listed_pids(state.get("envs") or b"{}", os.path.join(d, "envs.json"), req.get("max_records"))
@@ -467,19 +480,19 @@ def snapshot(req, out):
 # Kills.
 
 
-def terminate(req, lines):
+def terminate(req, kills):
     sig = signal.SIGKILL if req.get("signal") == "kill" else signal.SIGTERM
     for kill in req["kills"]:
-        pid, want = (kill + [None, None])[:2]
+        pid, want = (list(kill) + [None, None])[:2] if isinstance(kill, list) else (kill, None)
         if not (type(pid) is int and type(want) is int and 0 < pid < 1 << 31):
-            lines.append("%s invalid" % (pid,))
+            kills.append({"pid": pid if type(pid) is int else None, "result": "invalid"})
             continue
         pidfd = None
         if hasattr(os, "pidfd_open"):
             try:
                 pidfd = os.pidfd_open(pid)
             except ProcessLookupError:
-                lines.append("%d gone" % pid)
+                kills.append({"pid": pid, "result": "gone"})
                 continue
             except OSError:
                 pidfd = None
@@ -488,24 +501,24 @@ def terminate(req, lines):
                 stat = proc_read(pid, "stat")
                 found = start_time(stat)
             except OSError:
-                lines.append("%d gone" % pid)
+                kills.append({"pid": pid, "result": "gone"})
                 continue
             if exited(stat):
-                lines.append("%d gone" % pid)
+                kills.append({"pid": pid, "result": "gone"})
                 continue
             if found != want:
-                lines.append("%d reused %s" % (pid, found if found is not None else "unparsed"))
+                kills.append({"pid": pid, "result": "reused", "found": found})
                 continue
             try:
                 if pidfd is not None:
                     signal.pidfd_send_signal(pidfd, sig)
                 else:
                     os.kill(pid, sig)
-                lines.append("%d signalled" % pid)
+                kills.append({"pid": pid, "result": "signalled"})
             except ProcessLookupError:
-                lines.append("%d gone" % pid)
+                kills.append({"pid": pid, "result": "gone"})
             except PermissionError:
-                lines.append("%d denied" % pid)
+                kills.append({"pid": pid, "result": "denied"})
         finally:
             if pidfd is not None:
                 os.close(pidfd)
@@ -514,18 +527,17 @@ def terminate(req, lines):
 # Detach.
 
 
-def detach(req, lines):
+def detach(req):
+    """Whether each pair of the request was there and is gone now."""
     d = req["dir"]
     pairs = req["detach"]
     dfd = open_dir(d)
     if dfd is None:
-        lines.extend("%d absent" % n for n in range(len(pairs)))
-        return
+        return [False] * len(pairs)
     lock(dfd, d, fcntl.LOCK_EX, req["step"], time.monotonic() + req["step"])
     text = read_file(dfd, d, "devices.json", req["max_bytes"])
     if text is None:
-        lines.extend("%d absent" % n for n in range(len(pairs)))
-        return
+        return [False] * len(pairs)
     path = os.path.join(d, "devices.json")
     try:
         state = json.loads(text.decode("utf-8"))
@@ -539,8 +551,10 @@ def detach(req, lines):
     # Every entry with a pair's index loses that environment (a user may
     # list an index twice; the snapshot reads them all): one pass.
     wanted = {}
-    for index, eid in pairs:
-        wanted.setdefault(index, set()).add(eid)
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and isinstance(pair[1], str)):
+            raise Failure("request", "a detach pair is [index, eid]: %r" % (pair,))
+        wanted.setdefault(pair[0], set()).add(pair[1])
     removed = set()
     for device in devices:
         index = device.get("index") if isinstance(device, dict) else None
@@ -557,10 +571,9 @@ def detach(req, lines):
                 kept.append(a)
         if len(kept) != len(attachments):
             device["attachments"] = kept
-    for n, (index, eid) in enumerate(pairs):
-        lines.append("%d %s" % (n, "detached" if (index, eid) in removed else "absent"))
     if removed:
         replace(dfd, d, "devices.json", json.dumps(state, indent=2).encode())
+    return [(index, eid) in removed for index, eid in pairs]
 
 
 def replace(dfd, d, name, data):
@@ -613,22 +626,24 @@ def finish():
 
 
 def file_kind(path):
+    """What is at path, as a token: missing, regular, directory, symlink,
+    fifo, socket, device, other; or {"unreadable": why}."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return "missing"
     except OSError as e:
-        return "unreadable: %s" % e.strerror
-    if stat.S_ISREG(mode):
-        return "regular"
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    return kind_of(mode)
+        return {"unreadable": e.strerror}
+    for test, token in ((stat.S_ISREG, "regular"), (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symlink"),
+                        (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "device"), (stat.S_ISBLK, "device")):
+        if test(mode):
+            return token
+    return "other"
 
 
 def state_facts(d):
     facts = {"dir": d, "kind": file_kind(d)}
-    if facts["kind"] == "a directory":
+    if facts["kind"] == "directory":
         st = os.lstat(d)
         facts["mode"] = stat.S_IMODE(st.st_mode)
         facts["uid"] = st.st_uid
@@ -688,6 +703,28 @@ def doctor(req):
     return json.dumps(facts).encode()
 
 
+# Requests: the keys each mode takes (every one is required but those of OPTIONAL).
+KEYS = {
+    "hello": {"mode", "protocol"},
+    "snapshot": {"mode", "dir", "nvidia_smi", "step", "limit", "max_bytes", "max_records", "proc"},
+    "terminate": {"mode", "kills", "signal", "limit", "proc"},
+    "detach": {"mode", "dir", "detach", "step", "limit", "max_bytes"},
+    "doctor": {"mode", "dir", "nvidia_smi", "step", "limit"},
+}
+OPTIONAL = {"max_records", "proc", "signal"}
+
+
+def check(req):
+    """A request this agent can carry out, or a Failure saying why not."""
+    if not isinstance(req, dict) or req.get("mode") not in KEYS:
+        raise Failure("request", "unknown request: %r" % (req.get("mode") if isinstance(req, dict) else req,))
+    keys = KEYS[req["mode"]]
+    unknown = sorted(set(req) - keys)
+    missing = sorted(keys - OPTIONAL - set(req))
+    if unknown or missing:
+        raise Failure("request", "%s request: unknown keys %s, missing keys %s" % (req["mode"], unknown, missing))
+
+
 def handle(req):
     """One request: (status, answer body); nothing of it outlives it."""
     try:
@@ -696,37 +733,40 @@ def handle(req):
         finish()
 
 
+def failed(what, message, **more):
+    body = dict(more)
+    body.update({"fail": what, "message": message})
+    return 1, json.dumps(body).encode()
+
+
 def answer(req):
-    mode = req["mode"]
-    out = []
+    kills = []
     try:
+        check(req)
+        mode = req["mode"]
+        PROC[0] = req.get("proc") or "/proc"
+        if mode == "hello":
+            facts = {"protocol": PROTOCOL, "python": "%d.%d.%d" % tuple(sys.version_info[:3]),
+                     "pidfd": hasattr(os, "pidfd_open"), "euid": os.geteuid()}
+            return 0, json.dumps(facts).encode()
         if mode == "snapshot":
+            out = []
             snapshot(req, out)
             return 0, b"".join(out)
         if mode == "doctor":
             return 0, doctor(req)
-        lines = []
-        try:
-            (terminate if mode == "terminate" else detach)(req, lines)
-        except Failure as f:
-            # Kills that happened are answered; a detach that failed changed nothing.
-            done = "".join("%s\n" % line for line in lines) if mode == "terminate" else ""
-            why = f.message + (": nothing detached" if f.what == "lock" else "")
-            return f.status, (done + why).encode()
-        return 0, "".join("%s\n" % line for line in lines).encode()
+        if mode == "terminate":
+            terminate(req, kills)
+            return 0, json.dumps({"kills": kills}).encode()
+        return 0, json.dumps({"detached": detach(req)}).encode()
     except Failure as f:
-        out = []
-        frame(out, "fail", f.what, f.message.encode())
-        return 0, b"".join(out)
+        # Kills that happened are answered; a detach that failed changed nothing.
+        nothing = ": nothing detached" if f.what == "lock" and req.get("mode") == "detach" else ""
+        return failed(f.what, f.message + nothing, kills=kills)
     except (RecursionError, MemoryError, ValueError, TypeError, KeyError, OSError) as e:
         # What a host's state or tools did that nothing above foresaw: an
         # answer naming it, never a traceback and a dead agent.
-        why = "%s: %s" % (type(e).__name__, e)
-        if mode == "snapshot":
-            out = []
-            frame(out, "fail", "agent", why.encode())
-            return 0, b"".join(out)
-        return 1, why.encode()
+        return failed("agent", "%s: %s" % (type(e).__name__, e), kills=kills)
 
 
 def main():
@@ -739,7 +779,8 @@ def main():
             end(0, None)
         body = stdin.read(int(header))
         req = json.loads(body.decode("utf-8"))
-        signal.setitimer(signal.ITIMER_REAL, max(0.1, float(req["limit"])))
+        limit = req.get("limit") if isinstance(req, dict) else None
+        signal.setitimer(signal.ITIMER_REAL, max(0.1, float(limit)) if type(limit) in (int, float) else 5.0)
         status, answer = handle(req)
         signal.setitimer(signal.ITIMER_REAL, 0)
         write_all(1, b"@%d %d\n" % (status, len(answer)) + answer)

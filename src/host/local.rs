@@ -1,49 +1,32 @@
-//! This machine as a host: its snapshot (nvidia-smi, genv's state files,
-//! `/proc`) and carrying out its plan (SIGTERM, detach).
+//! This machine as a host: our agent (`agent.py`) run here as a child of
+//! ours, as root, through the same protocol as on a remote host, so that
+//! what touches a live host is written once. The agent stays between
+//! cycles; one that fails or ends is started again on the next request.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::io::ErrorKind;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rustix::process::{pidfd_open, pidfd_send_signal, PidfdFlags, Signal};
-use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::process::Command;
-
-use super::genv_state::StateDir;
-use crate::doctor::{self, AgentFacts, Facts};
+use super::channel::{self, Agent, Process};
+use super::protocol::{Limits, Request};
+use super::Parser;
+use crate::doctor::{self, Facts};
 use crate::error::{self, HostError};
-
-/// The Python that runs our agent here for `doctor`.
-const PYTHON: &str = "python3";
 use crate::model::HostId;
-use crate::outcome::{self, Outcome};
-use crate::plan::{HostPlan, Termination};
-use crate::snapshot::assemble::{pids_to_read, ParsedState, RawHost, RawProc};
-use crate::snapshot::proc;
+use crate::outcome::Outcome;
+use crate::plan::{HostPlan, Signal, Termination};
+use crate::snapshot::assemble::ParsedState;
 
-/// The most we read of a tool's output: far above any real nvidia-smi answer.
-pub const MAX_OUTPUT_BYTES: u64 = 64 << 20;
-
-/// Reads `from` into `to`, at most [`MAX_OUTPUT_BYTES`] (the rest is left
-/// unread: the tool then fails or is killed at its deadline).
-async fn read_capped<R: AsyncRead + Unpin>(
-    from: Option<&mut R>,
-    to: &mut Vec<u8>,
-) -> std::io::Result<()> {
-    if let Some(r) = from {
-        r.take(MAX_OUTPUT_BYTES).read_to_end(to).await?;
-    }
-    Ok(())
-}
+/// The Python that runs our agent here (genv's own needs one).
+pub const PYTHON: &str = "python3";
 
 /// How to reach this machine's GPUs and genv state.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct LocalHost {
     /// Its name in reports (the machine's hostname).
     pub id: HostId,
-    pub state: StateDir,
+    /// genv's state directory.
+    pub state_dir: PathBuf,
     /// The nvidia-smi command (a path or a name on PATH).
     pub nvidia_smi: String,
     /// Where procfs is mounted.
@@ -54,307 +37,164 @@ pub struct LocalHost {
     pub parsed: Arc<Mutex<ParsedState>>,
     /// `--max-records`.
     pub max_records: usize,
+    /// The Python that runs the agent.
+    pub python: String,
+    /// The agent, once started.
+    agent: tokio::sync::Mutex<Option<Agent>>,
+}
+
+/// genv's state directory here: `$GENV_TMPDIR`, or genv's default.
+pub fn state_dir_from_env() -> PathBuf {
+    std::env::var_os("GENV_TMPDIR").map_or_else(
+        || PathBuf::from(crate::snapshot::genv::DEFAULT_DIR),
+        PathBuf::from,
+    )
 }
 
 impl LocalHost {
-    /// genv's defaults, from the environment.
+    /// This machine with genv's defaults, from the environment.
     pub fn from_env(timeout: Duration) -> Self {
+        LocalHost::new(hostname(), state_dir_from_env(), timeout)
+    }
+
+    /// This machine, named `id`, with genv's state in `state_dir`.
+    pub fn new(id: HostId, state_dir: PathBuf, timeout: Duration) -> Self {
         LocalHost {
-            id: hostname(),
-            state: StateDir::from_env(),
+            id,
+            state_dir,
             nvidia_smi: "nvidia-smi".to_string(),
             proc_root: PathBuf::from("/proc"),
             timeout,
             parsed: Arc::default(),
             max_records: crate::snapshot::genv::DEFAULT_MAX_RECORDS,
+            python: PYTHON.to_string(),
+            agent: tokio::sync::Mutex::default(),
         }
     }
 
-    /// Runs nvidia-smi with genv's `GENV_BYPASS=1`, in a process group of
-    /// its own that is killed whole at the deadline (a wrapper's children
-    /// included).
-    async fn nvidia_smi(&self, query: &str) -> Result<String, HostError> {
-        let command = format!("{} {query} --format=csv,noheader,nounits", self.nvidia_smi);
-        let mut child = Command::new(&self.nvidia_smi)
-            .arg(query)
-            .arg("--format=csv,noheader,nounits")
-            .env("GENV_BYPASS", "1")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| HostError::Spawn {
-                command: command.clone(),
-                source,
-            })?;
-        let group = child
-            .id()
-            .and_then(|id| rustix::process::Pid::from_raw(id as i32));
-        let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
-        let run = async {
-            let (mut out, mut err) = (Vec::new(), Vec::new());
-            let read_out = read_capped(stdout.as_mut(), &mut out);
-            let read_err = read_capped(stderr.as_mut(), &mut err);
-            let (a, b, status) = tokio::join!(read_out, read_err, child.wait());
-            a.and(b).and(status).map(|status| (status, out, err))
-        };
-        let finished = tokio::time::timeout(self.timeout, run).await;
-        let Ok(result) = finished else {
-            if let Some(g) = group {
-                let _ = rustix::process::kill_process_group(g, Signal::KILL);
-            }
-            return Err(HostError::Timeout {
-                command,
-                after: self.timeout,
-            });
-        };
-        let (status, out, err) = result.map_err(|source| HostError::Spawn {
-            command: command.clone(),
-            source,
-        })?;
-        if !status.success() {
-            let output = String::from_utf8_lossy(if err.is_empty() { &out } else { &err });
-            return Err(HostError::Command {
-                command,
-                status: status.to_string(),
-                output: output.trim().to_string(),
-            });
-        }
-        String::from_utf8(out).map_err(|_| HostError::NotUtf8 { command })
+    /// Whether `other` is the same host reached the same way.
+    pub fn same_as(&self, other: &LocalHost) -> bool {
+        self.id == other.id
+            && self.state_dir == other.state_dir
+            && self.nvidia_smi == other.nvidia_smi
+            && self.proc_root == other.proc_root
+            && self.timeout == other.timeout
+            && self.python == other.python
     }
 
-    /// What this machine says of itself: nvidia-smi's two answers,
-    /// genv's state files and what `/proc` says of the pids involved
-    /// (see [`crate::snapshot::assemble`]); a process whose environ
-    /// cannot be read is later of unknown ownership, not "no environment"
-    /// as in genv.
-    ///
-    /// # Errors
-    /// nvidia-smi fails or hangs; genv's state cannot be locked or read.
-    pub async fn fetch(&self) -> Result<super::Fetched, HostError> {
-        let (gpus, apps) = tokio::try_join!(
-            self.nvidia_smi("--query-gpu=uuid,index,memory.total"),
-            self.nvidia_smi("--query-compute-apps=gpu_uuid,pid,used_gpu_memory"),
-        )?;
-        let host = self.clone();
-        // File and NSS reads block: off the async workers.
-        let raw = super::off_workers("the state reader", move || host.gather(gpus, apps)).await??;
-        Ok(super::Fetched::Local(raw))
-    }
-
-    /// What turns [`LocalHost::fetch`] into a snapshot.
-    pub fn parser(&self) -> super::Parser {
-        super::Parser::new(
-            self.state.path.display().to_string(),
-            Arc::clone(&self.parsed),
-            self.max_records,
-        )
-    }
-
-    /// The raw parts of a snapshot, given nvidia-smi's answers.
-    fn gather(&self, gpus: String, apps: String) -> Result<RawHost<'static>, HostError> {
-        let files = self.state.read(self.timeout)?;
-        let live = |pid: u32| self.proc_root.join(pid.to_string()).exists();
-        let gpu_pids: Vec<u32> = pids_to_read(&apps, None, |_| false, 0);
-        let mut procs = BTreeMap::new();
-        for pid in pids_to_read(&apps, files.envs.as_deref(), live, self.max_records) {
-            let dir = self.proc_root.join(pid.to_string());
-            let environ = gpu_pids.binary_search(&pid).is_ok();
-            if let Some(p) = proc::identity(|f| std::fs::read(dir.join(f)), environ) {
-                procs.insert(pid, p);
-            }
-        }
-        let user_names = procs
-            .values()
-            .filter_map(|p| match p {
-                RawProc::Seen { uid, .. } => *uid,
-                RawProc::Unsure(_) => None,
-            })
-            .collect::<BTreeSet<u32>>()
-            .into_iter()
-            .filter_map(|uid| {
-                let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid));
-                Some((uid, user.ok()??.name))
-            })
-            .collect();
-        Ok(RawHost {
-            gpus: gpus.into(),
-            apps: apps.into(),
-            envs: files.envs.map(Into::into),
-            devices: files.devices.map(Into::into),
-            procs,
-            user_names,
-        })
-    }
-
-    /// Facts for `doctor`: privileges, our agent's account of this machine
-    /// (run with the local `python3`, as on a remote host), a snapshot.
-    pub async fn doctor(&self) -> Facts {
-        let request = super::agent::doctor_request(
-            &self.state.path.display().to_string(),
-            std::slice::from_ref(&self.nvidia_smi),
-            super::agent::Limits {
-                run: self.timeout,
-                step: self.timeout.saturating_sub(Duration::from_millis(500)),
-            },
-        );
-        let agent = self.run_agent(&request).await.and_then(|body| {
-            serde_json::from_slice::<AgentFacts>(&body)
-                .map_err(|e| format!("the agent's answer is not what we expect: {e}"))
-        });
-        Facts {
-            host: self.id.clone(),
-            ssh: None,
-            sudo: None,
-            login: None,
-            python_command: PYTHON.into(),
-            agent: Some(agent),
-            snapshot: Some(
-                async { super::parsed(self.fetch().await?, self.parser()).await }
-                    .await
-                    .map(|s| doctor::counts(&s))
-                    .map_err(|e| error::chain(&e)),
-            ),
-            skew: None,
-            root: Some(rustix::process::geteuid().is_root()),
+    /// The agent's steps end at our deadline; the agent itself a second
+    /// later (each step reports what hung first).
+    fn limits(&self) -> Limits {
+        Limits {
+            step: self.timeout,
+            run: self.timeout + Duration::from_secs(1),
         }
     }
 
-    /// Runs our host agent here for one request; its answer's body.
-    async fn run_agent(&self, request: &serde_json::Value) -> Result<Vec<u8>, String> {
-        use tokio::io::AsyncWriteExt;
-        let mut child = Command::new(PYTHON)
-            .args(super::agent::bootstrap())
+    fn dir(&self) -> String {
+        self.state_dir.display().to_string()
+    }
+
+    fn proc(&self) -> String {
+        self.proc_root.display().to_string()
+    }
+
+    /// Starts the agent: `python3 -I -S -c <bootstrap>`, its stdin, stdout
+    /// and stderr ours, killed if we drop it.
+    async fn start(&self, what: &str) -> Result<Agent, HostError> {
+        let child = tokio::process::Command::new(&self.python)
+            .args(super::protocol::bootstrap())
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("cannot run {PYTHON}: {e}"))?;
-        let mut input = super::agent::AGENT.as_bytes().to_vec();
-        input.extend(super::agent::encode(request));
-        let mut stdin = child.stdin.take().ok_or("no stdin")?;
-        let run = async {
-            stdin.write_all(&input).await?;
-            drop(stdin);
-            child.wait_with_output().await
-        };
-        let out = tokio::time::timeout(self.timeout, run)
-            .await
-            .map_err(|_| {
-                format!(
-                    "the agent did not answer within {}",
-                    humantime::format_duration(self.timeout)
-                )
-            })?
-            .map_err(|e| format!("the agent failed: {e}"))?;
-        let text = &out.stdout;
-        let nl = text.iter().position(|&b| b == b'\n');
-        let parsed = nl.and_then(|nl| {
-            let header = std::str::from_utf8(&text[..nl]).ok()?;
-            let (status, len) = super::agent::answer_header(header).ok()?;
-            let body = text.get(nl + 1..nl + 1 + usize::try_from(len).ok()?)?;
-            (status == 0).then(|| body.to_vec())
-        });
-        parsed.ok_or_else(|| {
-            let said = String::from_utf8_lossy(&out.stderr);
-            format!(
-                "{PYTHON} could not run the agent ({}): {}",
-                out.status,
-                said.lines().last().unwrap_or("").trim()
-            )
-        })
+            .map_err(|source| HostError::Spawn {
+                command: self.python.clone(),
+                source,
+            })?;
+        Agent::start(
+            Process::Local(child),
+            what,
+            self.timeout + Duration::from_secs(2),
+            self.limits().run,
+        )
+        .await
+    }
+
+    /// Asks our agent (started if needed) to carry out `request`.
+    async fn ask(&self, request: &Request) -> Result<super::protocol::Answer, HostError> {
+        let mut slot = self.agent.lock().await;
+        let start = self.start(request.name());
+        channel::ask(
+            &mut slot,
+            start,
+            request,
+            self.limits().run + Duration::from_secs(1),
+            self.limits().run,
+        )
+        .await
+    }
+
+    /// See [`Host::fetch`](super::Host::fetch): the agent's frames.
+    ///
+    /// # Errors
+    /// The agent could not be run, or a step failed here.
+    pub async fn fetch(&self) -> Result<super::Fetched, HostError> {
+        let request = Request::snapshot(
+            &self.dir(),
+            std::slice::from_ref(&self.nvidia_smi),
+            self.limits(),
+            self.max_records,
+            &self.proc(),
+        );
+        super::fetched(self.ask(&request).await?)
+    }
+
+    /// What turns [`LocalHost::fetch`] into a snapshot (errors name genv's
+    /// state directory).
+    pub fn parser(&self) -> Parser {
+        Parser::new(self.dir(), Arc::clone(&self.parsed), self.max_records)
     }
 
     /// Carries out its plan: all terminations, then all detaches (genv's
-    /// order), off the async workers (they read `/proc` and wait on
-    /// genv's lock).
+    /// order); one outcome per action.
     pub async fn execute(&self, plan: &HostPlan) -> Vec<Outcome> {
-        let host = self.clone();
-        let work = plan.clone();
-        let done = tokio::task::spawn_blocking(move || {
-            let terminations: Vec<_> = work.terminate.iter().map(|t| host.terminate(t)).collect();
-            let pairs: Vec<_> = work
-                .detach
-                .iter()
-                .map(|d| (d.device, d.eid.clone()))
-                .collect();
-            let detaches = if pairs.is_empty() {
-                Vec::new()
-            } else {
-                host.state.detach(&pairs, host.timeout)
-            };
-            (terminations, detaches)
-        })
-        .await;
-        let (terminations, detaches) = match done {
-            Ok(done) => done,
-            Err(source) => {
-                let error = error::chain(&HostError::Join {
-                    what: "carrying out the plan",
-                    source,
-                });
-                return outcome::failed(&self.id, plan, &error);
-            }
-        };
-        let terminated =
-            plan.terminate
-                .iter()
-                .zip(terminations)
-                .map(|(t, outcome)| Outcome::Terminate {
-                    host: self.id.clone(),
-                    pid: t.pid,
-                    outcome,
-                });
-        let detached = plan
+        let terminated = self.signal(&plan.terminate, Signal::Term).await;
+        let pairs: Vec<(u32, String)> = plan
             .detach
             .iter()
-            .zip(detaches)
-            .map(|(d, outcome)| Outcome::Detach {
-                host: self.id.clone(),
-                device: d.device,
-                eid: d.eid.clone(),
-                outcome,
-            });
-        terminated.chain(detached).collect()
+            .map(|d| (d.device.0, d.eid.0.clone()))
+            .collect();
+        let detached = if pairs.is_empty() {
+            Vec::new()
+        } else {
+            let request = Request::detach(&self.dir(), &pairs, self.limits());
+            super::detached(self.ask(&request).await, pairs.len())
+        };
+        super::outcomes(&self.id, plan, terminated, detached)
     }
 
-    /// SIGTERMs `t.pid` only if it is still the process the snapshot saw.
-    ///
-    /// The pid is pinned with a pidfd first, then its start time is
-    /// re-read, then the signal goes through the pidfd: a pid reused in
-    /// between is caught by the start time, and one reused after the check
-    /// cannot be hit because the pidfd still names the old process.
-    pub fn terminate(&self, t: &Termination) -> outcome::TerminateResult {
-        self.signal(t, Signal::TERM)
+    /// Sends `signal` to each of `terminations` whose start time still
+    /// matches (re-checked by the agent right before, through a pidfd).
+    async fn signal(
+        &self,
+        terminations: &[Termination],
+        signal: Signal,
+    ) -> Vec<crate::outcome::TerminateResult> {
+        match Request::terminate(terminations, signal, self.limits(), &self.proc()) {
+            Some(request) => super::terminated(self.ask(&request).await, terminations),
+            None => super::terminated_blind(terminations),
+        }
     }
 
     /// See [`Host::escalate`](super::Host::escalate).
     pub async fn escalate(&self, terminations: &[Termination]) -> Vec<Outcome> {
-        let host = self.clone();
-        let work = terminations.to_vec();
-        let results = tokio::task::spawn_blocking(move || {
-            work.iter()
-                .map(|t| host.signal(t, Signal::KILL))
-                .collect::<Vec<_>>()
-        })
-        .await;
-        let results = match results {
-            Ok(results) => results,
-            Err(source) => {
-                let error = error::chain(&HostError::Join {
-                    what: "killing",
-                    source,
-                });
-                return outcome::failed_kills(&self.id, terminations, &error);
-            }
-        };
-        terminations
-            .iter()
-            .zip(results)
-            .map(|(t, outcome)| Outcome::Kill {
+        self.signal(terminations, Signal::Kill)
+            .await
+            .into_iter()
+            .zip(terminations)
+            .map(|(outcome, t)| Outcome::Kill {
                 host: self.id.clone(),
                 pid: t.pid,
                 outcome,
@@ -362,62 +202,61 @@ impl LocalHost {
             .collect()
     }
 
-    /// Sends `signal` to `t.pid` only if it is still the process the
-    /// snapshot saw (see [`LocalHost::terminate`]).
-    fn signal(&self, t: &Termination, signal: Signal) -> outcome::TerminateResult {
-        use outcome::TerminateResult as T;
-        let Some(expected) = t.start_time else {
-            return T::NoIdentity;
+    /// Facts for `doctor`: our agent's account of this machine (root or
+    /// not included), and a real snapshot.
+    pub async fn doctor(&self) -> Facts {
+        let request = Request::doctor(
+            &self.dir(),
+            std::slice::from_ref(&self.nvidia_smi),
+            self.limits(),
+        );
+        let agent = self
+            .ask(&request)
+            .await
+            .and_then(|a| super::doctor_facts(&a));
+        let hello = self.agent.lock().await.as_ref().map(|a| a.hello.clone());
+        let snapshot = match self.fetch().await {
+            Ok(f) => super::parsed(f, self.parser()).await,
+            Err(e) => Err(e),
         };
-        let Some(pid) = i32::try_from(t.pid.0)
-            .ok()
-            .and_then(rustix::process::Pid::from_raw)
-        else {
-            return T::Failed {
-                error: format!("invalid pid {}", t.pid),
-            };
-        };
-        let pidfd = match pidfd_open(pid, PidfdFlags::empty()) {
-            Ok(fd) => Some(fd),
-            Err(rustix::io::Errno::SRCH) => return T::AlreadyGone,
-            Err(rustix::io::Errno::NOSYS) => None,
-            Err(e) => {
-                return T::Failed {
-                    error: format!("pidfd_open: {e}"),
-                }
-            }
-        };
-        let found = match std::fs::read(self.proc_root.join(t.pid.to_string()).join("stat")) {
-            Ok(stat) if proc::exited(&stat) => return T::AlreadyGone,
-            Ok(stat) => proc::start_time(&stat),
-            Err(e) if e.kind() == ErrorKind::NotFound => return T::AlreadyGone,
-            Err(e) => {
-                return T::Failed {
-                    error: format!("cannot read /proc/{}/stat: {e}", t.pid),
-                }
-            }
-        };
-        match found {
-            Some(f) if f == expected => {}
-            Some(found) => return T::PidReused { expected, found },
-            None => {
-                return T::Failed {
-                    error: format!("cannot parse /proc/{}/stat", t.pid),
-                }
-            }
+        Facts {
+            host: self.id.clone(),
+            ssh: None,
+            sudo: None,
+            login: None,
+            python_command: self.python.clone(),
+            root: Some(match (&agent, &hello) {
+                (Ok(a), _) => a.euid == 0,
+                (_, Some(h)) => h.euid == 0,
+                _ => rustix::process::geteuid().is_root(),
+            }),
+            agent: Some(agent.map_err(|e| {
+                format!(
+                    "{} could not run the agent: {}",
+                    self.python,
+                    error::chain(&e)
+                )
+            })),
+            hello,
+            snapshot: Some(
+                snapshot
+                    .map(|s| doctor::counts(&s))
+                    .map_err(|e| error::chain(&e)),
+            ),
+            skew: None,
         }
-        let sent = match &pidfd {
-            Some(fd) => pidfd_send_signal(fd, signal),
-            None => rustix::process::kill_process(pid, signal),
-        };
-        match sent {
-            Ok(()) => T::Signalled,
-            Err(rustix::io::Errno::SRCH) => T::AlreadyGone,
-            Err(rustix::io::Errno::PERM) => T::PermissionDenied,
-            Err(e) => T::Failed {
-                error: e.to_string(),
-            },
+    }
+
+    /// Ends the agent, if running.
+    pub async fn close(&self) {
+        if let Some(agent) = self.agent.lock().await.take() {
+            agent.close().await;
         }
+    }
+
+    /// Facts of the agent run here, if it ran (for tests).
+    pub async fn hello(&self) -> Option<super::protocol::Hello> {
+        self.agent.lock().await.as_ref().map(|a| a.hello.clone())
     }
 }
 

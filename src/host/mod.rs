@@ -1,18 +1,18 @@
 //! Hosts: where snapshots come from and where plans are carried out. One
 //! interface, [`Host`], over three kinds:
 //!
-//! - [`local::LocalHost`]: this machine (nvidia-smi, genv's files through
-//!   [`genv_state`], `/proc`, pidfd signals);
-//! - [`remote::SshHost`]: a machine reached over SSH ([`ssh`]), where our
-//!   [`agent`] does the same as root;
+//! - [`local::LocalHost`]: this machine, and [`remote::SshHost`]: a
+//!   machine reached over SSH ([`ssh`]); on both, our agent (`agent.py`,
+//!   speaking [`protocol`] over a [`channel`]) is the only code that
+//!   touches the host: it takes snapshots, signals and detaches as root;
 //! - [`recorded::Recorded`]: a `genv usage snapshot` file, for dry runs.
 //!
 //! A host reports its failures as data ([`HostError`]); nothing here
 //! decides what to enforce.
 
-pub mod agent;
-pub mod genv_state;
+pub mod channel;
 pub mod local;
+pub mod protocol;
 pub mod recorded;
 pub mod remote;
 pub mod ssh;
@@ -20,17 +20,13 @@ pub mod ssh;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The most we read of a genv state file, here or on a remote host: real
-/// state is a few KiB; a larger file is a user's doing and is refused
-/// rather than read into memory.
-pub const MAX_STATE_BYTES: u64 = 64 << 20;
-
 use crate::error::HostError;
 use crate::model::{HostId, HostSnapshot};
-use crate::outcome::Outcome;
-use crate::plan::HostPlan;
-use crate::snapshot::assemble::{assemble, ParsedState, RawHost};
+use crate::outcome::{DetachResult, Outcome, TerminateResult};
+use crate::plan::{HostPlan, Termination};
+use crate::snapshot::assemble::{assemble, ParsedState};
 use crate::snapshot::{frames, genv};
+use protocol::{Answer, Failure, Status};
 
 /// What a host sent for one snapshot, not yet parsed: parsing is work on
 /// what users wrote, done off the async workers ([`Parser`]).
@@ -38,10 +34,133 @@ use crate::snapshot::{frames, genv};
 pub enum Fetched {
     /// Our agent's frames.
     Agent(Vec<u8>),
-    /// This machine's parts.
-    Local(RawHost<'static>),
     /// A recorded `genv usage snapshot`.
     Recorded(String),
+}
+
+/// A failure answer as an error: the kind of step and why (`state: ...`).
+fn failure(answer: &Answer) -> HostError {
+    match Failure::read(&answer.body) {
+        Ok(f) => HostError::Remote {
+            fail: f.fail,
+            message: f.message,
+        },
+        Err(e) => HostError::Protocol(e),
+    }
+}
+
+/// A snapshot answer: the frames, or why the snapshot failed.
+///
+/// # Errors
+/// A step failed on the host.
+pub(crate) fn fetched(answer: Answer) -> Result<Fetched, HostError> {
+    match answer.status {
+        Status::Done => Ok(Fetched::Agent(answer.body)),
+        Status::Failed => Err(failure(&answer)),
+    }
+}
+
+/// One outcome per termination from a terminate answer: the kills done
+/// are answered even when a later step failed, and the rest fail with
+/// the reason.
+pub(crate) fn terminated(
+    answer: Result<Answer, HostError>,
+    terminations: &[Termination],
+) -> Vec<TerminateResult> {
+    let (kills, missing) = match answer {
+        Ok(a) => match a.status {
+            Status::Done => match serde_json::from_slice::<protocol::Kills>(&a.body) {
+                Ok(k) => (k.kills, "no answer from the host".to_string()),
+                Err(e) => (
+                    Vec::new(),
+                    crate::error::chain(&HostError::Protocol(protocol::ProtocolError::Body {
+                        what: "terminate",
+                        why: e.to_string(),
+                    })),
+                ),
+            },
+            Status::Failed => match Failure::read(&a.body) {
+                Ok(f) => (f.kills, format!("{}: {}", f.fail.word(), f.message)),
+                Err(e) => (Vec::new(), crate::error::chain(&HostError::Protocol(e))),
+            },
+        },
+        Err(e) => (Vec::new(), crate::error::chain(&e)),
+    };
+    protocol::read_terminations(&kills, terminations, &missing)
+}
+
+/// Outcomes for terminations none of which has a start time: never
+/// signalled blind.
+pub(crate) fn terminated_blind(terminations: &[Termination]) -> Vec<TerminateResult> {
+    protocol::read_terminations(&[], terminations, "no answer from the host")
+}
+
+/// One outcome per detached pair from a detach answer; a failed detach
+/// changed nothing.
+pub(crate) fn detached(answer: Result<Answer, HostError>, pairs: usize) -> Vec<DetachResult> {
+    let failed = |error: String| vec![DetachResult::Failed { error }; pairs];
+    match answer {
+        Ok(a) => match a.status {
+            Status::Done => match serde_json::from_slice::<protocol::Detached>(&a.body) {
+                Ok(d) => protocol::read_detaches(&d.detached, pairs, "no answer from the host"),
+                Err(e) => failed(format!(
+                    "the agent's detach answer is not what we expect: {e}"
+                )),
+            },
+            Status::Failed => match Failure::read(&a.body) {
+                // Said as the agent says it (no kind: the action names it).
+                Ok(f) => failed(f.message),
+                Err(e) => failed(crate::error::chain(&HostError::Protocol(e))),
+            },
+        },
+        Err(e) => failed(crate::error::chain(&e)),
+    }
+}
+
+/// A doctor answer's facts.
+///
+/// # Errors
+/// The doctor request failed, or its answer is not facts.
+pub(crate) fn doctor_facts(answer: &Answer) -> Result<crate::doctor::AgentFacts, HostError> {
+    match answer.status {
+        Status::Done => serde_json::from_slice(&answer.body).map_err(|e| {
+            HostError::Protocol(protocol::ProtocolError::Body {
+                what: "doctor",
+                why: e.to_string(),
+            })
+        }),
+        Status::Failed => Err(failure(answer)),
+    }
+}
+
+/// A host's outcomes for its plan: terminations, then detaches, in plan
+/// order.
+pub(crate) fn outcomes(
+    host: &HostId,
+    plan: &HostPlan,
+    terminated: Vec<TerminateResult>,
+    detached: Vec<DetachResult>,
+) -> Vec<Outcome> {
+    let t = plan
+        .terminate
+        .iter()
+        .zip(terminated)
+        .map(|(t, outcome)| Outcome::Terminate {
+            host: host.clone(),
+            pid: t.pid,
+            outcome,
+        });
+    let d = plan
+        .detach
+        .iter()
+        .zip(detached)
+        .map(|(d, outcome)| Outcome::Detach {
+            host: host.clone(),
+            device: d.device,
+            eid: d.eid.clone(),
+            outcome,
+        });
+    t.chain(d).collect()
 }
 
 /// Turns what one host sent into its snapshot. Owned and cheap to clone,
@@ -79,7 +198,6 @@ impl Parser {
                 let raw = frames::raw_host(&frames, &self.source)?;
                 assemble(&raw, &self.source, &mut cache, self.max_records)?
             }
-            Fetched::Local(raw) => assemble(&raw, &self.source, &mut cache, self.max_records)?,
             Fetched::Recorded(text) => genv::parse_snapshot(&text, &self.source)?,
         })
     }
@@ -109,7 +227,7 @@ pub async fn off_workers<T: Send + 'static>(
 /// A host of any kind.
 #[derive(Debug)]
 pub enum Host {
-    Local(local::LocalHost),
+    Local(Box<local::LocalHost>),
     Ssh(Box<remote::SshHost>),
     Recorded(recorded::Recorded),
 }
@@ -128,11 +246,11 @@ impl Host {
     /// configuration keeps such a host, and its connection).
     pub fn same_as(&self, other: &Host) -> bool {
         match (self, other) {
-            (Host::Local(a), Host::Local(b)) => a.id == b.id && a.state == b.state,
+            (Host::Local(a), Host::Local(b)) => a.same_as(b),
             (Host::Ssh(a), Host::Ssh(b)) => {
                 a.conn.spec == b.conn.spec
                     && a.command_timeout == b.command_timeout
-                    && a.once == b.once
+                    && a.lifetime == b.lifetime
                     && a.ssh.same_connection(&b.ssh)
             }
             (Host::Recorded(a), Host::Recorded(b)) => a.id == b.id && a.path == b.path,
@@ -221,7 +339,11 @@ impl Host {
     pub async fn close(&self) -> Result<(), HostError> {
         match self {
             Host::Ssh(h) => h.close().await,
-            Host::Local(_) | Host::Recorded(_) => Ok(()),
+            Host::Local(h) => {
+                h.close().await;
+                Ok(())
+            }
+            Host::Recorded(_) => Ok(()),
         }
     }
 }

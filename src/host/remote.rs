@@ -5,12 +5,31 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::agent::{self, Limits};
-use super::ssh::{Answer, Connection, PeerStart, SshOptions};
-use crate::doctor::{self, AgentFacts, Connected, Facts, NotConnected};
+use super::channel::TIMED_OUT;
+use super::protocol::{self, Answer, Limits, Request};
+use super::ssh::{AgentStart, Connection, SshOptions};
+use crate::doctor::{self, Connected, Facts, NotConnected};
 use crate::error::{self, ConnectFailure, HostError};
 use crate::outcome::{self, Outcome};
+
+/// Runs its arguments under `timeout` when the host has it (coreutils and
+/// busybox both do), so that a command that hangs (sudo waiting on a
+/// directory service) is killed on the host before our deadline; otherwise
+/// its session would linger on the master and count against sshd's
+/// MaxSessions. Used to try `sudo` before the agent is started; past sudo,
+/// the agent bounds itself, as root. See the file's header for its
+/// arguments and exit statuses.
+pub const BOUNDED: &str = include_str!("bounded.sh");
 use crate::plan::{HostPlan, Signal, Termination};
+
+/// How long a remote host's agent lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentLifetime {
+    /// One cycle (`--interval 0`): it runs under [`BOUNDED`], ends with it.
+    OneCycle,
+    /// Across cycles: it stays, answering each cycle's requests.
+    Kept,
+}
 
 /// A host reached over SSH.
 #[derive(Debug)]
@@ -19,14 +38,14 @@ pub struct SshHost {
     pub ssh: Arc<SshOptions>,
     /// Deadline of each request, connection included.
     pub command_timeout: Duration,
-    /// One cycle only (`--interval 0`): the agent need not outlive it.
-    pub once: bool,
+    /// How long its agent lives.
+    pub lifetime: AgentLifetime,
     /// `--max-records`.
     pub max_records: usize,
 }
 
 impl SshHost {
-    /// Seconds a command may run on the host: [`agent::BOUNDED`] kills it
+    /// Seconds a command may run on the host: [`BOUNDED`] kills it
     /// (1 s grace included) before our own deadline ends.
     fn host_limit(&self) -> u64 {
         self.command_timeout.as_secs().saturating_sub(2).max(1)
@@ -46,9 +65,9 @@ impl SshHost {
         }
     }
 
-    /// `rest` under [`agent::BOUNDED`] on the host, at the host-side limit.
+    /// `rest` under [`BOUNDED`] on the host, at the host-side limit.
     fn bounded(&self, rest: Vec<String>) -> Vec<String> {
-        ["sh", "-c", agent::BOUNDED, "genv-enforce"]
+        ["sh", "-c", BOUNDED, "genv-enforce"]
             .into_iter()
             .map(String::from)
             .chain([self.host_limit().to_string()])
@@ -68,6 +87,7 @@ impl SshHost {
             login: spec.user.clone(),
             python_command: spec.python.join(" "),
             agent: None,
+            hello: None,
             snapshot: None,
             skew: None,
             root: None,
@@ -111,7 +131,9 @@ impl SshHost {
                     let said = error::chain(&e);
                     let failure = match e {
                         HostError::Timeout { .. } => ConnectFailure::Unreachable,
-                        _ => ConnectFailure::of(&said),
+                        // The mux's words about the connection under it.
+                        HostError::Ssh(_) => ConnectFailure::of(&said),
+                        _ => ConnectFailure::Other,
                     };
                     Err(NotConnected {
                         failure,
@@ -173,31 +195,29 @@ impl SshHost {
                 })
                 .trim()
                 .replace('\n', " ");
-                Err(
-                    if agent::TIMED_OUT.contains(&out.status.code().unwrap_or(0)) {
-                        format!("sudo did not answer within {} s", self.host_limit())
-                    } else if said.is_empty() {
-                        format!("sudo exited with {}", out.status)
-                    } else {
-                        said
-                    },
-                )
+                Err(if TIMED_OUT.contains(&out.status.code().unwrap_or(0)) {
+                    format!("sudo did not answer within {} s", self.host_limit())
+                } else if said.is_empty() {
+                    format!("sudo exited with {}", out.status)
+                } else {
+                    said
+                })
             }
             Err(e) => Err(error::chain(&e)),
         });
         if !matches!(f.sudo, Some(Ok(_))) {
             return f;
         }
-        let request = agent::doctor_request(&spec.genv_dir, &spec.nvidia_smi, self.limits());
+        let request = Request::doctor(&spec.genv_dir, &spec.nvidia_smi, self.limits());
         let asked = std::time::SystemTime::now();
-        let answer = self.ask("doctor", &request).await;
+        let answer = self.ask(&request).await;
         let answered = std::time::SystemTime::now();
-        f.agent = Some(match answer {
-            Ok(a) if a.status == 0 => serde_json::from_slice::<AgentFacts>(&a.body)
-                .map_err(|e| format!("the agent's answer is not what we expect: {e}")),
-            Ok(a) => Err(String::from_utf8_lossy(&a.body).trim().to_string()),
-            Err(e) => Err(error::chain(&e)),
-        });
+        f.agent = Some(
+            answer
+                .and_then(|a| super::doctor_facts(&a))
+                .map_err(|e| error::chain(&e)),
+        );
+        f.hello = self.conn.hello().await;
         if let Some(Ok(a)) = &f.agent {
             let secs = |t: std::time::SystemTime| {
                 t.duration_since(std::time::UNIX_EPOCH)
@@ -215,41 +235,38 @@ impl SshHost {
     }
 
     /// How our agent is started, as root through the host's sudo. A run of
-    /// one cycle starts it under [`agent::BOUNDED`] (a sudo that hangs is
-    /// killed on the host, and so is the agent past the limit); a looping
-    /// run, whose agent stays, tries sudo first under that bound.
-    fn agent_start(&self) -> PeerStart {
+    /// one cycle starts it under [`BOUNDED`] (a sudo that hangs is killed
+    /// on the host, and so is the agent past the limit); a looping run,
+    /// whose agent stays, tries sudo first under that bound.
+    fn agent_start(&self) -> AgentStart {
         let spec = &self.conn.spec;
         let bounded = |rest| self.bounded(rest);
         let sudo = spec.sudo.iter().cloned();
         let agent: Vec<String> = sudo
             .clone()
             .chain(spec.python.iter().cloned())
-            .chain(agent::bootstrap())
+            .chain(protocol::bootstrap())
             .collect();
-        let (probe, argv) = if self.once {
-            (None, bounded(agent))
-        } else {
-            (
+        let (probe, argv) = match self.lifetime {
+            AgentLifetime::OneCycle => (None, bounded(agent)),
+            AgentLifetime::Kept => (
                 Some(bounded(sudo.chain(["true".to_string()]).collect())),
                 agent,
-            )
+            ),
         };
-        PeerStart {
+        AgentStart {
             probe,
             argv,
-            preamble: agent::AGENT.as_bytes(),
             limit: Duration::from_secs(self.host_limit()),
         }
     }
 
     /// Asks our agent (started if needed) to carry out `request`.
-    async fn ask(&self, what: &str, request: &serde_json::Value) -> Result<Answer, HostError> {
+    async fn ask(&self, request: &Request) -> Result<Answer, HostError> {
         self.conn
             .exchange(
-                what,
                 &self.agent_start(),
-                &agent::encode(request),
+                request,
                 self.command_timeout,
                 &self.ssh,
             )
@@ -263,20 +280,14 @@ impl SshHost {
     /// host.
     pub async fn fetch(&self) -> Result<super::Fetched, HostError> {
         let spec = &self.conn.spec;
-        let request = agent::snapshot_request(
+        let request = Request::snapshot(
             &spec.genv_dir,
             &spec.nvidia_smi,
             self.limits(),
             self.max_records,
+            "/proc",
         );
-        let answer = self.ask("snapshot", &request).await?;
-        if answer.status != 0 {
-            return Err(HostError::Remote {
-                what: "snapshot".into(),
-                message: String::from_utf8_lossy(&answer.body).trim().to_string(),
-            });
-        }
-        Ok(super::Fetched::Agent(answer.body))
+        super::fetched(self.ask(&request).await?)
     }
 
     /// What turns [`SshHost::fetch`] into a snapshot.
@@ -295,31 +306,20 @@ impl SshHost {
         terminations: &[Termination],
         signal: Signal,
     ) -> Vec<outcome::TerminateResult> {
-        let Some(request) = agent::terminate_request(terminations, signal, self.limits()) else {
-            return vec![outcome::TerminateResult::NoIdentity; terminations.len()];
-        };
-        match self.ask("terminate", &request).await {
-            // Kills that happened are answered even if a later one failed.
-            Ok(answer) => {
-                agent::read_terminations(&String::from_utf8_lossy(&answer.body), terminations)
-            }
-            Err(e) => vec![
-                outcome::TerminateResult::Failed {
-                    error: error::chain(&e)
-                };
-                terminations.len()
-            ],
+        match Request::terminate(terminations, signal, self.limits(), "/proc") {
+            Some(request) => super::terminated(self.ask(&request).await, terminations),
+            None => super::terminated_blind(terminations),
         }
     }
 
     /// See [`Host::escalate`](super::Host::escalate).
     pub async fn escalate(&self, terminations: &[Termination]) -> Vec<Outcome> {
         let host = &self.conn.spec.id;
-        let results = self.signal(terminations, Signal::Kill).await;
-        terminations
-            .iter()
-            .zip(results)
-            .map(|(t, outcome)| Outcome::Kill {
+        self.signal(terminations, Signal::Kill)
+            .await
+            .into_iter()
+            .zip(terminations)
+            .map(|(outcome, t)| Outcome::Kill {
                 host: host.clone(),
                 pid: t.pid,
                 outcome,
@@ -330,53 +330,19 @@ impl SshHost {
     /// See [`Host::execute`](super::Host::execute): the start times are
     /// re-checked on the host, by the agent, right before each signal.
     pub async fn execute(&self, plan: &HostPlan) -> Vec<Outcome> {
-        let host = &self.conn.spec.id;
-        let terminations = self.signal(&plan.terminate, Signal::Term).await;
-        let mut outcomes: Vec<Outcome> = plan
-            .terminate
+        let terminated = self.signal(&plan.terminate, Signal::Term).await;
+        let pairs: Vec<(u32, String)> = plan
+            .detach
             .iter()
-            .zip(terminations)
-            .map(|(t, outcome)| Outcome::Terminate {
-                host: host.clone(),
-                pid: t.pid,
-                outcome,
-            })
+            .map(|d| (d.device.0, d.eid.0.clone()))
             .collect();
-        if !plan.detach.is_empty() {
-            let request =
-                agent::detach_request(&self.conn.spec.genv_dir, &plan.detach, self.limits());
-            let detaches = match self.ask("detach", &request).await {
-                Ok(answer) if answer.status == 0 => {
-                    agent::read_detaches(&String::from_utf8_lossy(&answer.body), &plan.detach)
-                }
-                Ok(answer) => vec![
-                    outcome::DetachResult::Failed {
-                        error: String::from_utf8_lossy(&answer.body)
-                            .trim()
-                            .replace('\n', " ")
-                    };
-                    plan.detach.len()
-                ],
-                Err(e) => vec![
-                    outcome::DetachResult::Failed {
-                        error: error::chain(&e)
-                    };
-                    plan.detach.len()
-                ],
-            };
-            outcomes.extend(
-                plan.detach
-                    .iter()
-                    .zip(detaches)
-                    .map(|(d, outcome)| Outcome::Detach {
-                        host: host.clone(),
-                        device: d.device,
-                        eid: d.eid.clone(),
-                        outcome,
-                    }),
-            );
-        }
-        outcomes
+        let detached = if pairs.is_empty() {
+            Vec::new()
+        } else {
+            let request = Request::detach(&self.conn.spec.genv_dir, &pairs, self.limits());
+            super::detached(self.ask(&request).await, pairs.len())
+        };
+        super::outcomes(&self.conn.spec.id, plan, terminated, detached)
     }
 
     /// Closes the master and removes its socket, or with

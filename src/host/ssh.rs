@@ -16,11 +16,12 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use openssh::{ChildStdin, ChildStdout, KnownHosts, Session, Stdio};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use openssh::{KnownHosts, Session, Stdio};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Mutex;
 
-use super::agent::{MAX_OUTPUT_BYTES, TIMED_OUT};
+use super::channel::{self, Agent, Process, TIMED_OUT};
+use super::protocol::{Answer, Request, MAX_ANSWER_BYTES};
 use crate::error::{ConnectFailure, HostError};
 use crate::inventory::HostSpec;
 
@@ -62,40 +63,24 @@ impl SshOptions {
 }
 
 /// A running master: its socket, its log, the mux session over it, and
-/// the long-lived remote process we talk to over it, if started.
+/// our agent on the host, reached over it, if started.
 #[derive(Debug)]
 struct Master {
     session: Arc<Session>,
     socket: PathBuf,
     log: PathBuf,
-    peer: Option<Peer>,
+    agent: Option<Agent>,
 }
 
-/// A long-lived remote process that answers one message at a time.
-#[derive(Debug)]
-struct Peer {
-    child: openssh::Child<Arc<Session>>,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-/// How to start a [`Peer`]: a bounded command that must succeed first, if
+/// How to start the agent: a bounded command that must succeed first, if
 /// any (it fails fast where a long-lived one would hang, e.g. a sudo that
-/// waits on a directory service), then the command, then what it reads
-/// first. `limit`: the host-side limit that bounds either, for reports.
+/// waits on a directory service), then the command that runs the agent.
+/// `limit`: the host-side limit that bounds either, for reports.
 #[derive(Debug, Clone)]
-pub struct PeerStart {
+pub struct AgentStart {
     pub probe: Option<Vec<String>>,
     pub argv: Vec<String>,
-    pub preamble: &'static [u8],
     pub limit: Duration,
-}
-
-/// A peer's answer: its status and its body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Answer {
-    pub status: i32,
-    pub body: Vec<u8>,
 }
 
 /// A host and its master connection, if open.
@@ -299,7 +284,7 @@ impl Connection {
             )),
             socket,
             log,
-            peer: None,
+            agent: None,
         })
     }
 
@@ -377,81 +362,111 @@ impl Connection {
         }
     }
 
-    /// Sends `message` to this host's long-lived peer and reads its answer,
-    /// within `deadline`; the peer is started first (see [`PeerStart`]) if
-    /// there is none. A peer that fails, ends or overruns the deadline is
-    /// dropped (its stdin closed: it ends) and started again next time.
+    /// Asks this host's agent (started first if there is none, see
+    /// [`AgentStart`]) to carry out `request`, within `deadline`. An agent
+    /// that fails, ends or overruns the deadline is ended and started
+    /// again next time.
     ///
     /// # Errors
     /// Connection failures, the probe failing or timing out (a
-    /// [`HostError::Command`] or [`HostError::Timeout`] naming `what`), the
-    /// peer ending (with what it said on stderr), or the deadline.
+    /// [`HostError::Command`] or [`HostError::Timeout`] naming the
+    /// request), the agent ending (with what it said on stderr), or the
+    /// deadline.
     pub async fn exchange(
         &self,
-        what: &str,
-        start: &PeerStart,
-        message: &[u8],
+        start: &AgentStart,
+        request: &Request,
         deadline: Duration,
         opts: &SshOptions,
     ) -> Result<Answer, HostError> {
         let mut guard = self.master.lock().await;
-        // A running peer is the proof that its master lives: no check per
-        // request (a dead master shows as the peer failing, and is checked
-        // before the next peer starts).
+        // A running agent is the proof that its master lives: no check per
+        // request (a dead master shows as the agent failing, and is checked
+        // before the next agent starts).
         let master = match guard.as_mut() {
-            Some(m) if m.peer.is_some() => m,
+            Some(m) if m.agent.is_some() => m,
             _ => self.master(&mut guard, opts).await?,
         };
-        let started = tokio::time::Instant::now();
-        if master.peer.is_none() {
-            if let Some(argv) = &start.probe {
-                let probe = self.run_on_master(master, argv, None, deadline).await?;
-                match probe.status.code() {
-                    Some(0) => {}
-                    Some(code) if TIMED_OUT.contains(&code) => {
-                        return Err(HostError::Timeout {
-                            command: format!("{what} (killed on the host)"),
-                            after: start.limit,
-                        })
-                    }
-                    _ => {
-                        let said = String::from_utf8_lossy(if probe.stderr.is_empty() {
-                            &probe.stdout
-                        } else {
-                            &probe.stderr
-                        })
-                        .trim()
-                        .replace('\n', " ");
-                        return Err(HostError::Command {
-                            command: what.to_string(),
-                            status: probe.status.to_string(),
-                            output: said,
-                        });
-                    }
+        let session = Arc::clone(&master.session);
+        let what = request.name();
+        let started = self.start_agent(session, start, what, deadline);
+        channel::ask(&mut master.agent, started, request, deadline, start.limit).await
+    }
+
+    /// Starts our agent over `session`: the probe first, if any.
+    async fn start_agent(
+        &self,
+        session: Arc<Session>,
+        start: &AgentStart,
+        what: &str,
+        deadline: Duration,
+    ) -> Result<Agent, HostError> {
+        if let Some(argv) = &start.probe {
+            let probe = match tokio::time::timeout(deadline, run_on(&session, argv, None)).await {
+                Ok(Ok(out)) => out,
+                Ok(Err(e)) => return Err(HostError::Ssh(e)),
+                Err(_) => {
+                    return Err(HostError::Timeout {
+                        command: argv_summary(argv),
+                        after: deadline,
+                    })
+                }
+            };
+            match probe.status.code() {
+                Some(0) => {}
+                Some(code) if TIMED_OUT.contains(&code) => {
+                    return Err(HostError::Timeout {
+                        command: format!("{what} (killed on the host)"),
+                        after: start.limit,
+                    })
+                }
+                _ => {
+                    let said = String::from_utf8_lossy(if probe.stderr.is_empty() {
+                        &probe.stdout
+                    } else {
+                        &probe.stderr
+                    })
+                    .trim()
+                    .replace('\n', " ");
+                    return Err(HostError::Sudo {
+                        command: what.to_string(),
+                        status: probe.status.to_string(),
+                        output: said,
+                    });
                 }
             }
-            master.peer = Some(
-                spawn_peer(&master.session, start)
-                    .await
-                    .map_err(HostError::Ssh)?,
-            );
         }
-        let left = deadline.saturating_sub(started.elapsed());
-        let peer = master.peer.as_mut().expect("started just above");
-        match tokio::time::timeout(left, peer.exchange(message)).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => {
-                let peer = master.peer.take().expect("present");
-                Err(peer.end(what, e, start.limit).await)
-            }
-            Err(_) => {
-                master.peer = None; // dropped: its stdin closes, it ends
-                Err(HostError::Timeout {
-                    command: what.to_string(),
-                    after: deadline,
-                })
-            }
-        }
+        let (program, args) = start
+            .argv
+            .split_first()
+            .expect("argv is never empty: callers pass a command");
+        let mut cmd = Session::arc_command(session, program.as_str());
+        cmd.args(args.iter().map(String::as_str));
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = cmd.spawn().await.map_err(HostError::Ssh)?;
+        Agent::start(Process::Ssh(child), what, deadline, start.limit)
+            .await
+            .map_err(|e| match e {
+                // Ended before its hello, in sudo's words: sudo refused.
+                HostError::Command {
+                    command,
+                    status,
+                    output,
+                } if output.starts_with("sudo:") => HostError::Sudo {
+                    command,
+                    status,
+                    output,
+                },
+                e => e,
+            })
+    }
+
+    /// What this host's agent said of itself, if one runs.
+    pub async fn hello(&self) -> Option<super::protocol::Hello> {
+        let guard = self.master.lock().await;
+        guard.as_ref()?.agent.as_ref().map(|a| a.hello.clone())
     }
 
     /// How long a master took to come up, if one was opened since last asked.
@@ -466,7 +481,9 @@ impl Connection {
     /// agent on the host ends (its stdin closes).
     pub async fn release(&self) {
         if let Some(mut m) = self.master.lock().await.take() {
-            m.peer = None;
+            if let Some(agent) = m.agent.take() {
+                agent.close().await;
+            }
         }
     }
 
@@ -495,7 +512,7 @@ async fn adopt(socket: &Path, log: &Path) -> Option<Master> {
     }
     let pid = master_pid(socket).await?;
     let status = std::fs::read_to_string(format!("/proc/{}/status", pid.as_raw_nonzero())).ok()?;
-    let uid = crate::snapshot::proc::real_uid(&status)?;
+    let uid = real_uid(&status)?;
     if uid != me || !is_master_of(pid, socket) {
         return None;
     }
@@ -506,8 +523,19 @@ async fn adopt(socket: &Path, log: &Path) -> Option<Master> {
         )),
         socket: socket.to_path_buf(),
         log: log.to_path_buf(),
-        peer: None,
+        agent: None,
     })
+}
+
+/// The real uid in `/proc/<pid>/status`.
+fn real_uid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_ascii_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Whether a master still answers, within [`MASTER_WAIT`].
@@ -522,8 +550,10 @@ async fn alive(session: &Session) -> bool {
 /// [`MASTER_WAIT`]; if it does not, kills it. Removes its socket and log.
 async fn shut(mut m: Master) -> Result<(), HostError> {
     let pid = master_pid(&m.socket).await;
-    // The peer's channel closes with its stdin: it ends.
-    m.peer = None;
+    // The agent's channel closes with its stdin: it ends.
+    if let Some(agent) = m.agent.take() {
+        agent.close().await;
+    }
     let asked = match Arc::try_unwrap(m.session) {
         Ok(session) => tokio::time::timeout(MASTER_WAIT, session.close()).await,
         Err(_) => Ok(Err(openssh::Error::Disconnected)),
@@ -564,101 +594,6 @@ fn is_master_of(pid: rustix::process::Pid, socket: &Path) -> bool {
     cmdline.split(|b| *b == 0).any(|arg| arg == socket)
 }
 
-/// Starts a peer: `start.argv` with its stdin fed `start.preamble`.
-async fn spawn_peer(session: &Arc<Session>, start: &PeerStart) -> Result<Peer, openssh::Error> {
-    let (program, args) = start
-        .argv
-        .split_first()
-        .expect("argv is never empty: callers pass a command");
-    let mut cmd = Session::arc_command(Arc::clone(session), program.as_str());
-    cmd.args(args.iter().map(String::as_str));
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().await?;
-    let mut stdin = child.stdin().take().expect("piped");
-    let stdout = BufReader::new(child.stdout().take().expect("piped"));
-    stdin
-        .write_all(start.preamble)
-        .await
-        .map_err(openssh::Error::ChildIo)?;
-    Ok(Peer {
-        child,
-        stdin,
-        stdout,
-    })
-}
-
-impl Peer {
-    /// Writes `message`, reads one answer (`@<status> <length>\n` + body).
-    async fn exchange(&mut self, message: &[u8]) -> std::io::Result<Answer> {
-        self.stdin.write_all(message).await?;
-        self.stdin.flush().await?;
-        let mut header = String::new();
-        (&mut self.stdout).take(64).read_line(&mut header).await?;
-        if header.is_empty() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the agent ended",
-            ));
-        }
-        let (status, len) = super::agent::answer_header(&header)
-            .map_err(|m| std::io::Error::new(std::io::ErrorKind::InvalidData, m))?;
-        // Grown as the bytes come, never allocated from what the host
-        // announces (at most MAX_OUTPUT_BYTES, checked by answer_header).
-        let mut body = Vec::new();
-        (&mut self.stdout).take(len).read_to_end(&mut body).await?;
-        if (body.len() as u64) < len {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!(
-                    "the agent ended after {} of the {len} bytes it announced",
-                    body.len()
-                ),
-            ));
-        }
-        Ok(Answer { status, body })
-    }
-
-    /// Ends a peer that failed with `error` while doing `what`: closes its
-    /// stdin, reads what it said on stderr and how it ended (briefly), for
-    /// the report. A peer killed at a host-side limit is a timeout.
-    async fn end(mut self, what: &str, error: std::io::Error, limit: Duration) -> HostError {
-        drop(self.stdin);
-        let mut said = Vec::new();
-        if let Some(stderr) = self.child.stderr().take() {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(1),
-                stderr.take(1 << 16).read_to_end(&mut said),
-            )
-            .await;
-        }
-        let said = String::from_utf8_lossy(&said);
-        let last = said
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .trim()
-            .to_string();
-        let status = tokio::time::timeout(Duration::from_secs(1), self.child.wait()).await;
-        match status {
-            Ok(Ok(status)) if status.code().is_some_and(|c| TIMED_OUT.contains(&c)) => {
-                HostError::Timeout {
-                    command: format!("{what} (killed on the host)"),
-                    after: limit,
-                }
-            }
-            Ok(Ok(status)) if !status.success() => HostError::Command {
-                command: what.to_string(),
-                status: status.to_string(),
-                output: last,
-            },
-            _ => HostError::Agent { error, said: last },
-        }
-    }
-}
-
 async fn run_on(
     session: &Session,
     argv: &[String],
@@ -693,7 +628,7 @@ async fn run_on(
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let read_out = async {
         if let Some(r) = stdout {
-            r.take(MAX_OUTPUT_BYTES).read_to_end(&mut out).await?;
+            r.take(MAX_ANSWER_BYTES).read_to_end(&mut out).await?;
         }
         Ok::<_, std::io::Error>(())
     };

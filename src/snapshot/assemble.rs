@@ -55,35 +55,6 @@ pub enum Environ {
     Unreadable(String),
 }
 
-/// The pids to ask `/proc` about: the GPU processes of `apps`, then the
-/// pids that environments of `envs` list and that are among `live`. Either
-/// part is empty when its text does not parse or holds more than
-/// `max_records` records (assembly reports that).
-pub fn pids_to_read(
-    apps: &str,
-    envs: Option<&str>,
-    live: impl Fn(u32) -> bool,
-    max_records: usize,
-) -> Vec<u32> {
-    let mut pids: Vec<u32> = nvidia_smi::parse_compute_apps(apps, "")
-        .map(|a| a.iter().map(|a| a.pid.0).collect())
-        .unwrap_or_default();
-    let envs = envs
-        .and_then(|t| genv::parse_envs(t, "").ok())
-        .filter(|e| genv::env_records(e) <= max_records);
-    if let Some(envs) = envs {
-        pids.extend(
-            envs.iter()
-                .flat_map(|e| &e.pids)
-                .filter_map(|p| u32::try_from(*p).ok())
-                .filter(|p| live(*p)),
-        );
-    }
-    pids.sort_unstable();
-    pids.dedup();
-    pids
-}
-
 /// The state files one host had last time, parsed, kept across cycles:
 /// unchanged files (the usual case) are compared, not parsed again.
 #[derive(Debug, Default)]
@@ -350,19 +321,5 @@ mod tests {
             parsed.envs.as_ref().unwrap().1[0].username.as_deref(),
             Some("bob")
         );
-    }
-
-    #[test]
-    fn pids_to_read_are_gpu_pids_and_live_listed_pids() {
-        let r = raw();
-        let pids = pids_to_read(&r.apps, r.envs.as_deref(), |p| p != 999, MAX);
-        assert_eq!(pids, [7, 100, 200, 300, 400, 500]);
-        assert_eq!(
-            pids_to_read("garbage", Some("{"), |_| true, MAX),
-            Vec::<u32>::new()
-        );
-        // Over the record limit (2 environments, 3 pids): GPU pids only.
-        let pids = pids_to_read(&r.apps, r.envs.as_deref(), |_| true, 4);
-        assert_eq!(pids, [100, 200, 300, 400, 500]);
     }
 }

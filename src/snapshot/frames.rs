@@ -6,21 +6,8 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use thiserror::Error;
-
 use super::assemble::{Environ, RawHost, RawProc};
 use super::ParseError;
-
-/// Why an answer gives no raw host.
-#[derive(Debug, Error)]
-pub enum FrameError {
-    /// A step failed on the host (nvidia-smi, genv's lock, a state file).
-    #[error("{what}: {message}")]
-    Failed { what: String, message: String },
-    /// The answer is malformed.
-    #[error(transparent)]
-    Parse(#[from] ParseError),
-}
 
 /// One frame of the agent's snapshot answer, borrowed from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,15 +67,8 @@ fn text<'a>(frame: &Frame<'a>, source: &str) -> Result<&'a str, ParseError> {
 /// The raw parts of a host snapshot from the agent's frames.
 ///
 /// # Errors
-/// A step failed on the host (nvidia-smi, genv's lock, a state file), or
-/// the answer is malformed.
-pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, FrameError> {
-    if let Some(f) = frames.iter().find(|f| f.kind == "fail") {
-        return Err(FrameError::Failed {
-            what: f.arg.unwrap_or_default().to_string(),
-            message: String::from_utf8_lossy(f.body).trim().to_string(),
-        });
-    }
+/// The answer is malformed.
+pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, ParseError> {
     let find = |kind: &str| frames.iter().find(|f| f.kind == kind && f.arg.is_none());
     let required = |kind: &str| {
         find(kind).ok_or_else(|| ParseError::new(source, kind, "missing from the host's answer"))
@@ -241,21 +221,7 @@ mod tests {
     }
 
     #[test]
-    fn failures_malformed_and_truncated_answers_are_errors() {
-        let failed = [
-            frame("gpus", None, b""),
-            frame(
-                "fail",
-                Some("nvidia-smi"),
-                b"--query-compute-apps exited with status 9: NVIDIA driver\n",
-            ),
-        ]
-        .concat();
-        let e = raw_host(&parse_frames(&failed, "h").unwrap(), "h").unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "nvidia-smi: --query-compute-apps exited with status 9: NVIDIA driver"
-        );
+    fn malformed_and_truncated_answers_are_errors() {
         let mut cut = answer();
         cut.truncate(cut.len() - 3);
         assert!(parse_frames(&cut, "h").is_err());

@@ -1,8 +1,9 @@
 //! Pure parsers that turn raw host output into a [`HostSnapshot`].
 //!
 //! `genv` reads genv's JSON (snapshots and state files), `nvidia_smi` its
-//! CSV, `proc` the text of `/proc/<pid>/{stat,environ,status}`. Reading the
-//! files and running the commands is left to [`crate::host`].
+//! CSV, `frames` our agent's snapshot answer (with what `/proc` said of
+//! each process), `assemble` makes a host snapshot of them. Reading the
+//! files and running the commands is the agent's ([`crate::host`]).
 //!
 //! [`HostSnapshot`]: crate::model::HostSnapshot
 
@@ -11,7 +12,6 @@ pub mod frames;
 pub mod genv;
 pub mod memory;
 pub mod nvidia_smi;
-pub mod proc;
 pub mod pyset;
 
 use thiserror::Error;

@@ -167,9 +167,8 @@ class StateDir(unittest.TestCase):
         with open(self.path("devices.json"), "w") as f:
             json.dump(devices, f)
         before = os.stat(self.path("devices.json")).st_ino
-        lines = []
-        agent["detach"]({"dir": self.dir, "detach": [[0, "a\nb"], [3, "a\nb"]], "step": 1, "limit": 2, "max_bytes": 1000}, lines)
-        self.assertEqual(lines, ["0 detached", "1 absent"])
+        detached = agent["detach"]({"dir": self.dir, "detach": [[0, "a\nb"], [3, "a\nb"]], "step": 1, "limit": 2, "max_bytes": 1000})
+        self.assertEqual(detached, [True, False])
         with open(self.path("devices.json")) as f:
             text = f.read()
         after = json.loads(text)
@@ -190,9 +189,8 @@ class StateDir(unittest.TestCase):
         ]}
         with open(self.path("devices.json"), "w") as f:
             json.dump(devices, f)
-        lines = []
-        agent["detach"]({"dir": self.dir, "detach": [[0, "a"], [0, "x"], [2, "a"]], "step": 1, "limit": 2, "max_bytes": 10000}, lines)
-        self.assertEqual(lines, ["0 detached", "1 detached", "2 absent"])
+        detached = agent["detach"]({"dir": self.dir, "detach": [[0, "a"], [0, "x"], [2, "a"]], "step": 1, "limit": 2, "max_bytes": 10000})
+        self.assertEqual(detached, [True, True, False])
         with open(self.path("devices.json")) as f:
             after = json.load(f)["devices"]
         self.assertEqual(after[0]["attachments"], [])
@@ -204,7 +202,7 @@ class StateDir(unittest.TestCase):
         text = b'{"devices": ' + b"[" * 200000 + b"]" * 200000 + b"}"
         with open(self.path("devices.json"), "wb") as f:
             f.write(text)
-        msg = self.refused(agent["detach"], {"dir": self.dir, "detach": [[0, "a"]], "step": 1, "limit": 2, "max_bytes": 1 << 20}, [])
+        msg = self.refused(agent["detach"], {"dir": self.dir, "detach": [[0, "a"]], "step": 1, "limit": 2, "max_bytes": 1 << 20})
         self.assertIn("devices.json: cannot parse: nested too deeply", msg)
         with open(self.path("devices.json"), "rb") as f:
             self.assertEqual(f.read(), text)
@@ -263,11 +261,11 @@ class Doctor(unittest.TestCase):
         os.chmod(fake, 0o755)
         facts = json.loads(agent["doctor"]({"nvidia_smi": [fake], "dir": d, "step": 5}).decode())
         self.assertEqual(facts["nvidia_smi"], {"gpus": 2, "driver": "535.1"})
-        self.assertEqual(facts["state"]["kind"], "a directory")
+        self.assertEqual(facts["state"]["kind"], "directory")
         self.assertEqual(facts["state"]["mode"], 0o755)
         self.assertEqual(
             facts["state"]["files"],
-            {"envs.json": "regular", "devices.json": "a symbolic link", "genv.lock": "missing"},
+            {"envs.json": "regular", "devices.json": "symlink", "genv.lock": "missing"},
         )
         self.assertEqual(facts["python"].split(".")[:2], [str(v) for v in sys.version_info[:2]])
         self.assertLess(abs(facts["time"] - agent["time"].time()), 5)
@@ -295,7 +293,16 @@ class Serve(unittest.TestCase):
             return int(status), p.stdout.read(int(length))
 
         p.stdin.write(source)
-        self.assertEqual(ask({"mode": "terminate", "kills": [[2 ** 40, 1]], "limit": 5}), (0, b"%d invalid\n" % 2 ** 40))
+        status, hello = ask({"mode": "hello", "protocol": 2})
+        self.assertEqual(status, 0)
+        hello = json.loads(hello)
+        self.assertEqual((hello["protocol"], hello["euid"]), (2, os.geteuid()))
+        self.assertEqual(hello["pidfd"], hasattr(os, "pidfd_open"))
+        self.assertEqual(ask({"mode": "terminate", "kills": [[2 ** 40, 1]], "signal": "term", "limit": 5}), (0, b'{"kills": [{"pid": 1099511627776, "result": "invalid"}]}'))
+        status, body = ask({"mode": "terminate", "kills": [], "limit": 5, "sigterm": True})
+        self.assertEqual(status, 1)
+        self.assertEqual(json.loads(body)["fail"], "request")
+        self.assertIn("unknown keys ['sigterm']", json.loads(body)["message"])
         fds = len(os.listdir("/proc/%d/fd" % p.pid))
         # Requests that take genv's lock, succeed or fail, leave nothing
         # held: no fd, no lock, no child (the agent stays between cycles).
@@ -314,7 +321,8 @@ class Serve(unittest.TestCase):
                 ask(request)
             os.mkfifo(os.path.join(d, "envs.json"))
             status, body = ask({"mode": "snapshot", "dir": d, "nvidia_smi": [smi], "step": 1, "limit": 5, "max_bytes": 1000})
-            self.assertTrue(body.startswith(b"@fail state "), body)
+            self.assertEqual((status, json.loads(body)["fail"]), (1, "state"), body)
+            self.assertIn("envs.json is a FIFO: refused", json.loads(body)["message"])
             self.assertEqual(len(os.listdir("/proc/%d/fd" % p.pid)), fds, "an fd outlived its request")
             lock = os.open(os.path.join(d, "genv.lock"), os.O_RDONLY)
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: nobody holds genv's lock
@@ -322,11 +330,10 @@ class Serve(unittest.TestCase):
             with open("/proc/%d/task/%d/children" % (p.pid, p.pid)) as f:
                 self.assertEqual(f.read().split(), [], "a tool outlived its request")
         status, body = ask({"mode": "snapshot", "dir": "/nonexistent", "nvidia_smi": ["/nonexistent/nvidia-smi"], "step": 1, "limit": 5, "max_bytes": 100})
-        self.assertEqual(status, 0)
-        self.assertTrue(body.startswith(b"@fail nvidia-smi "), body)
+        self.assertEqual((status, json.loads(body)["fail"]), (1, "nvidia-smi"), body)
         with tempfile.TemporaryDirectory() as d:
             status, body = ask({"mode": "detach", "dir": d, "detach": [[0, "e"]], "step": 1, "limit": 5, "max_bytes": 100})
-        self.assertEqual((status, body), (0, b"0 absent\n"))
+        self.assertEqual((status, body), (0, b'{"detached": [false]}'))
         p.stdin.close()
         self.assertEqual(p.wait(5), 0, p.stderr.read())
         p.stdout.close()
@@ -340,19 +347,78 @@ class Terminate(unittest.TestCase):
         p = subprocess.Popen(["sleep", "100"])
         try:
             start = agent["start_time"](agent["proc_read"](p.pid, "stat"))
-            lines = []
-            agent["terminate"]({"kills": [[p.pid, start + 1], ["x", 1], [p.pid], [2 ** 40, 1]]}, lines)
-            self.assertEqual(lines, ["%d reused %d" % (p.pid, start), "x invalid", "%d invalid" % p.pid, "%d invalid" % 2 ** 40])
+            kills = []
+            agent["terminate"]({"kills": [[p.pid, start + 1], ["x", 1], [p.pid], [2 ** 40, 1]]}, kills)
+            self.assertEqual(kills, [
+                {"pid": p.pid, "result": "reused", "found": start},
+                {"pid": None, "result": "invalid"},
+                {"pid": p.pid, "result": "invalid"},
+                {"pid": 2 ** 40, "result": "invalid"},
+            ])
             self.assertIsNone(p.poll())
-            agent["terminate"]({"kills": [[p.pid, start]]}, lines)
-            self.assertEqual(lines[-1], "%d signalled" % p.pid)
+            agent["terminate"]({"kills": [[p.pid, start]]}, kills)
+            self.assertEqual(kills[-1], {"pid": p.pid, "result": "signalled"})
             self.assertEqual(p.wait(5), -15)
-            lines = []
-            agent["terminate"]({"kills": [[p.pid, start]]}, lines)
-            self.assertEqual(lines, ["%d gone" % p.pid])
+            kills = []
+            agent["terminate"]({"kills": [[p.pid, start]]}, kills)
+            self.assertEqual(kills, [{"pid": p.pid, "result": "gone"}])
         finally:
             p.kill()
             p.wait()
+
+
+class Golden(unittest.TestCase):
+    """fixtures/agent/: the protocol by example, also read by the Rust tests."""
+
+    DIR = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "agent")
+
+    def load(self, name):
+        with open(os.path.join(self.DIR, name)) as f:
+            return json.load(f)
+
+    def test_every_request_is_accepted_as_written(self):
+        for mode in ("hello", "snapshot", "terminate", "detach", "doctor"):
+            req = self.load(mode + ".request.json")
+            self.assertEqual(req["mode"], mode)
+            agent["check"](req)
+            self.assertEqual(set(req), agent["KEYS"][mode], mode)
+            extra = dict(req, extra=1)
+            with self.assertRaises(agent["Failure"]):
+                agent["check"](extra)
+
+    def test_answers_carry_exactly_the_golden_keys(self):
+        hello = json.loads(agent["answer"](self.load("hello.request.json"))[1])
+        self.assertEqual(set(hello), set(self.load("hello.answer.json")))
+        self.assertEqual(hello["protocol"], self.load("hello.answer.json")["protocol"])
+        kills = self.load("terminate.answer.json")["kills"]
+        self.assertEqual(set(kills[0]), {"pid", "result"})
+        self.assertEqual(set(kills[2]), {"pid", "result", "found"})
+        with tempfile.TemporaryDirectory() as d:
+            req = dict(self.load("detach.request.json"), dir=d)
+            status, body = agent["answer"](req)
+            self.assertEqual(status, 0)
+            self.assertEqual(set(json.loads(body)), set(self.load("detach.answer.json")))
+            os.mkfifo(os.path.join(d, "devices.json"))
+            status, body = agent["answer"](req)
+            agent["finish"]()
+            self.assertEqual(status, 1)
+            self.assertEqual(set(json.loads(body)), set(self.load("failure.answer.json")))
+            req = dict(self.load("doctor.request.json"), dir=d, nvidia_smi=["/nonexistent/nvidia-smi"])
+            facts = json.loads(agent["answer"](req)[1])
+            golden = self.load("doctor.answer.json")
+            self.assertEqual(set(facts), set(golden))
+            self.assertEqual(set(facts["state"]), set(golden["state"]))
+            self.assertEqual(set(facts["state"]["files"]), set(golden["state"]["files"]))
+        # The snapshot's frames, as the golden answer holds them.
+        with open(os.path.join(self.DIR, "snapshot.answer"), "rb") as f:
+            text = f.read()
+        kinds = []
+        while text:
+            head, rest = text.split(b"\n", 1)
+            words = head.decode().split()
+            kinds.append(words[0])
+            text = rest[int(words[-1]):]
+        self.assertEqual(kinds, ["@gpus", "@apps", "@envs", "@devices", "@proc", "@proc", "@user"])
 
 
 if __name__ == "__main__":

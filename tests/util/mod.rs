@@ -415,6 +415,56 @@ pub fn env(eid: &str, user: Option<&str>, gpu_memory: Option<&str>, pid: u32) ->
     })
 }
 
+/// A process's start time (clock ticks since boot): field 22 of its
+/// `/proc/<pid>/stat`, counted after the last `)`.
+pub fn start_time(pid: u32) -> u64 {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).unwrap();
+    let close = stat.iter().rposition(|&b| b == b')').unwrap();
+    std::str::from_utf8(&stat[close + 1..])
+        .unwrap()
+        .split_ascii_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Carries out `plan` on this machine's `host` (through its agent) and
+/// returns the outcomes, on a runtime of its own.
+pub fn execute(
+    host: &genv_enforce::host::local::LocalHost,
+    plan: &genv_enforce::plan::HostPlan,
+) -> Vec<genv_enforce::outcome::Outcome> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let out = host.execute(plan).await;
+            host.close().await;
+            out
+        })
+}
+
+/// SIGTERMs the process `pid` seen with `start_time` through `host`.
+pub fn terminate(
+    host: &genv_enforce::host::local::LocalHost,
+    pid: u32,
+    start_time: Option<u64>,
+) -> genv_enforce::outcome::TerminateResult {
+    let plan = genv_enforce::plan::HostPlan {
+        terminate: vec![genv_enforce::plan::Termination::of(
+            genv_enforce::model::Pid(pid),
+            start_time,
+        )],
+        detach: Vec::new(),
+    };
+    match execute(host, &plan).pop() {
+        Some(genv_enforce::outcome::Outcome::Terminate { outcome, .. }) => outcome,
+        other => panic!("{other:?}"),
+    }
+}
+
 /// The real genv 1.4.3 entry point: `$GENV_BIN`, else `genv` on PATH.
 ///
 /// # Panics
