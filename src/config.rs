@@ -12,22 +12,48 @@ use crate::audit::{AuditError, AuditLog};
 use crate::cli::{
     Cli, Command, CycleArgs, HostKeyCheck, OutputFormat, RemoteArgs, RemoteCommand, RuleArgs,
 };
-use crate::cycle::{Failures, Settings};
 use crate::fleet::Fleet;
 use crate::host::local::LocalHost;
 use crate::host::recorded::Recorded;
 use crate::host::remote::{AgentLifetime, SshHost};
-use crate::host::ssh::{Connection, SshOptions};
+use crate::host::ssh::{AtEnd, Connection, SshOptions};
 use crate::host::Host;
 use crate::inventory::{self, Inventory, InventoryError, Overrides};
 use crate::model::{HostId, Mode};
 use crate::report::Format;
 use crate::rules::Policy;
 
+/// How a run treats failing hosts (genv's `-e` and `-q`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Failures {
+    /// Abort before enforcing anything when a host fails.
+    pub exit_on_error: bool,
+    /// Do not print host failures (JSON output still carries them).
+    pub quiet: bool,
+}
+
+/// How cycles run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// genv's local or remote wording.
+    pub mode: Mode,
+    pub policy: Policy,
+    /// Between cycles; zero: one cycle.
+    pub interval: Duration,
+    /// Report the plan, carry out nothing.
+    pub dry_run: bool,
+    pub format: Format,
+    pub failures: Failures,
+    /// SIGKILL what still runs this long after its SIGTERM.
+    pub kill_after: Option<Duration>,
+    /// Consecutive cycles a violation must be seen in before it is acted on.
+    pub confirm_cycles: u32,
+}
+
 /// What a command line asks for.
 #[derive(Debug)]
 pub enum Job {
-    /// Cycles over fleets (see [`crate::cycle::run`]).
+    /// Cycles over fleets (see [`crate::service::run`]).
     Enforce {
         fleets: Vec<Fleet>,
         settings: Settings,
@@ -262,7 +288,11 @@ fn ssh_fleet(
         persist: args
             .control_persist
             .unwrap_or((interval * 3).max(Duration::from_secs(60))),
-        reuse: args.control_persist.is_some(),
+        at_end: if args.control_persist.is_some() {
+            AtEnd::Persist
+        } else {
+            AtEnd::Close
+        },
         known_hosts: match args.host_key_check {
             HostKeyCheck::Strict => openssh::KnownHosts::Strict,
             HostKeyCheck::AcceptNew => openssh::KnownHosts::Add,

@@ -67,6 +67,13 @@ pub enum HostError {
     /// last line of its stderr, if any.
     #[error("the agent failed: {error}{}", if said.is_empty() { String::new() } else { format!(": {said}") })]
     Agent { error: std::io::Error, said: String },
+    /// A file of ours could not be written (an ssh config).
+    #[error("cannot write {}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// A recorded snapshot could not be read.
     #[error("{}", path.display())]
     Read {
@@ -100,6 +107,7 @@ impl HostError {
             HostError::Spawn { .. } | HostError::Command { .. } | HostError::Agent { .. } => {
                 FailureKind::Agent
             }
+            HostError::Write { .. } => FailureKind::Internal,
             HostError::Protocol(_) => FailureKind::Agent,
             HostError::Remote { fail, .. } => match fail {
                 FailKind::State => FailureKind::State,

@@ -6,8 +6,8 @@
 //! Data flows one way: config -> hosts -> snapshot -> assess -> execute ->
 //! report. A pure core over plain data:
 //!
-//! - [`snapshot`]: parsers (nvidia-smi CSV, genv JSON, `/proc` text, the
-//!   agent's frames) and [`snapshot::assemble`], which makes one host
+//! - [`snapshot`]: parsers (nvidia-smi CSV, genv JSON, the agent's
+//!   frames) and [`snapshot::assemble`], which makes one host
 //!   snapshot from raw parts, for every kind of host.
 //! - [`model`]: ids, host snapshots, the merged [`model::Cluster`].
 //! - [`rules`]: genv's four rules, each `Cluster -> Vec<Violation>`, and
@@ -23,9 +23,13 @@
 //! - [`cli`]: clap types; [`config`] resolves them (and [`inventory`])
 //!   into fleets and settings.
 //! - [`host`]: one [`host::Host`] over local, SSH and recorded hosts:
-//!   snapshot, execute, close.
+//!   snapshot, execute, close. Live hosts (this machine and SSH hosts)
+//!   are touched only by our agent (`host/agent.py`), spoken to through
+//!   [`host::protocol`].
 //! - [`fleet`]: bounded, unordered fan-out over hosts.
-//! - [`cycle`]: one loop for every kind of host; signals; output.
+//! - [`cycle`]: one cycle over a fleet; [`service`]: the loop around it
+//!   (interval, signals, reload, systemd); [`output`]: stdout and stderr;
+//!   [`jobs`]: what each resolved job does.
 //! - [`error`]: the shell's errors, each with its cause.
 
 pub mod assess;
@@ -39,14 +43,17 @@ pub mod error;
 pub mod fleet;
 pub mod host;
 pub mod inventory;
+pub mod jobs;
 pub mod metrics;
 pub mod model;
 #[cfg(test)]
 mod noninterference;
 pub mod outcome;
+pub mod output;
 pub mod plan;
 #[cfg(test)]
 mod properties;
 pub mod report;
 pub mod rules;
+pub mod service;
 pub mod snapshot;

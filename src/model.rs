@@ -92,7 +92,8 @@ pub enum FailureKind {
     Parse,
     /// A recorded snapshot could not be read.
     Recorded,
-    /// A bug of ours (a worker failed).
+    /// A fault on our side: a worker failed (a bug), a file of ours could
+    /// not be written.
     Internal,
 }
 

@@ -154,7 +154,7 @@ async fn process_of_unknown_ownership_is_reported_never_terminated() {
     }
     let mut host = local(&h);
     host.proc_root = fake_proc;
-    let settings = genv_enforce::cycle::Settings {
+    let settings = genv_enforce::config::Settings {
         mode: genv_enforce::model::Mode::Local,
         policy: genv_enforce::rules::Policy {
             non_env_processes: true,

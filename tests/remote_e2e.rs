@@ -546,7 +546,7 @@ fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
             persist: Duration::from_secs(60),
             known_hosts: openssh::KnownHosts::Add,
             known_hosts_file: Some(f.dir.path().join("known_hosts")),
-            reuse: false,
+            at_end: genv_enforce::host::ssh::AtEnd::Close,
         });
         let host = genv_enforce::host::remote::SshHost {
             conn: genv_enforce::host::ssh::Connection::new(spec),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::channel::TIMED_OUT;
 use super::protocol::{self, Answer, Limits, Request};
-use super::ssh::{AgentStart, Connection, SshOptions};
+use super::ssh::{AgentStart, AtEnd, Connection, SshOptions};
 use crate::doctor::{self, Connected, Facts, NotConnected};
 use crate::error::{self, ConnectFailure, HostError};
 use crate::outcome::{self, Outcome};
@@ -352,7 +352,7 @@ impl SshHost {
     /// # Errors
     /// The master did not close when asked and was killed.
     pub async fn close(&self) -> Result<(), HostError> {
-        if self.ssh.reuse {
+        if self.ssh.at_end == AtEnd::Persist {
             self.conn.release().await;
             Ok(())
         } else {

@@ -1,0 +1,119 @@
+//! What each job does once resolved: print this machine's snapshot,
+//! check the hosts (`doctor`), or enforce (with metrics and reload).
+
+use std::sync::Arc;
+
+use crate::config::Job;
+use crate::error::chain;
+use crate::fleet::Fleet;
+use crate::host::Host;
+use crate::metrics::{self, Metrics};
+use crate::output::{complain, print_stdout};
+use crate::report::Format;
+use crate::service::{self, Service};
+use crate::snapshot::genv;
+
+/// The exit status of a command line that cannot run (as clap's).
+pub const USAGE: u8 = 2;
+
+/// Runs `job` (resolved from the command line `args`, which SIGHUP
+/// resolves again); returns the exit status.
+pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
+    match job {
+        Job::Snapshot(host) => match Host::Local(host).snapshot().await {
+            Ok(s) => match serde_json::to_string_pretty(&genv::to_json(&s)) {
+                Ok(t) => {
+                    print_stdout(&[t]);
+                    0
+                }
+                Err(e) => {
+                    complain(&e.to_string());
+                    1
+                }
+            },
+            Err(e) => {
+                complain(&chain(&e));
+                1
+            }
+        },
+        Job::Doctor {
+            fleet,
+            format,
+            control_dir,
+        } => {
+            let code = doctor(&fleet, format).await;
+            for (host, e) in fleet.close().await {
+                tracing::warn!(%host, error = %chain(&e), "closing the host's connection failed");
+            }
+            drop(control_dir);
+            code
+        }
+        Job::Enforce {
+            fleets,
+            settings,
+            control_dir,
+            metrics,
+        } => {
+            let mut service = Service {
+                reload: Some(service::reloader(args)),
+                ..Service::default()
+            };
+            let mut server = None;
+            if let Some(addr) = metrics {
+                let listener = match metrics::bind(addr).and_then(tokio::net::TcpListener::from_std)
+                {
+                    Ok(l) => l,
+                    Err(e) => {
+                        complain(&format!("--metrics-listen {addr}: {e}"));
+                        return USAGE;
+                    }
+                };
+                let m = Arc::new(Metrics::new());
+                server = Some(tokio::spawn(metrics::serve(listener, Arc::clone(&m))));
+                service.metrics = Some(m);
+            }
+            let ending = service::run(fleets, settings, service).await;
+            if let Some(server) = server {
+                server.abort();
+                let _ = server.await;
+            }
+            drop(control_dir);
+            match ending {
+                Ok(ending) => ending.exit_code(),
+                Err(e) => {
+                    complain(&chain(&e));
+                    1
+                }
+            }
+        }
+    }
+}
+
+/// Checks every host of `fleet`, a progress line on stderr if it is a
+/// terminal; the report on stdout; 1 if a host failed.
+async fn doctor(fleet: &Fleet, format: Format) -> u8 {
+    use std::io::{IsTerminal, Write};
+    let tty = std::io::stderr().is_terminal();
+    let progress = |done: usize, total: usize| {
+        if tty {
+            let _ = write!(
+                std::io::stderr().lock(),
+                "\rdoctor: {done}/{total} hosts checked"
+            );
+        }
+    };
+    let facts = fleet.doctor(&progress).await;
+    if tty {
+        let _ = write!(std::io::stderr().lock(), "\r\x1b[K");
+    }
+    let hosts: Vec<_> = facts
+        .iter()
+        .map(|f| (f.host.clone(), crate::doctor::checks(f)))
+        .collect();
+    let lines = match format {
+        Format::Text => crate::doctor::render_text(&hosts),
+        Format::Json => vec![crate::doctor::render_json(&hosts)],
+    };
+    print_stdout(&lines);
+    u8::from(!hosts.iter().all(|(_, c)| crate::doctor::passed(c)))
+}

@@ -1,0 +1,251 @@
+//! The long-running service around cycles: the loop at `--interval`,
+//! SIGTERM and SIGINT, SIGHUP's reload (hosts that did not change keep
+//! their connections), systemd's readiness and watchdog, and how a run
+//! ends (its exit status).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use thiserror::Error;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::cli::Cli;
+use crate::config::{self, ConfigError, Job, Settings};
+use crate::confirm::Confirmations;
+use crate::cycle::{cycle, Memory};
+use crate::error;
+use crate::fleet::Fleet;
+use crate::metrics::Metrics;
+use crate::output::{complain, emit, header, print_stdout};
+use crate::report::Format;
+
+/// What ended a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Every cycle went without error.
+    Clean,
+    /// Some host or action failed in some cycle.
+    Errors,
+    /// `-e`: a host failed and nothing was enforced.
+    Aborted,
+    /// A dry run found violations (and nothing failed).
+    Violations,
+}
+
+impl Ending {
+    /// The exit status for cron: 0 clean, 1 a host or an action failed,
+    /// 3 a dry run found violations (2 is for usage errors).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Ending::Clean => 0,
+            Ending::Errors | Ending::Aborted => 1,
+            Ending::Violations => 3,
+        }
+    }
+}
+
+/// What a long-running enforcer adds to the loop: metrics, re-reading
+/// its configuration on SIGHUP, and systemd's readiness and watchdog.
+#[derive(Default)]
+pub struct Service {
+    /// Fed each cycle's report.
+    pub metrics: Option<Arc<Metrics>>,
+    /// Re-reads the configuration (SIGHUP); an error keeps the old one.
+    pub reload: Option<Reload>,
+}
+
+/// Makes the run's fleets and settings anew from the configuration files.
+pub type Reload = Box<dyn FnMut() -> Result<Reloaded, ReloadError> + Send>;
+
+/// Why the configuration could not be read again (the old one is kept).
+#[derive(Debug, Error)]
+pub enum ReloadError {
+    /// The command line no longer parses (clap's words).
+    #[error("{0}")]
+    Usage(#[from] clap::Error),
+    /// A file it names is missing, malformed or refused.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// It resolves to another job than enforcing.
+    #[error("not an enforcing run")]
+    NotEnforcing,
+}
+
+/// A configuration read again.
+pub struct Reloaded {
+    pub fleets: Vec<Fleet>,
+    pub settings: Settings,
+    /// What must live as long as the new hosts (their socket directory).
+    pub keep: Option<tempfile::TempDir>,
+}
+
+/// Tells systemd (when it started us with `Type=notify`) how we are.
+fn notify(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(false, state) {
+        tracing::debug!(error = %e, "sd_notify failed");
+    }
+}
+
+/// Runs cycles until done, then closes every host. One fleet: a cycle
+/// every `interval` (once if zero) until SIGTERM or SIGINT; SIGHUP reloads
+/// the configuration between cycles (hosts that did not change keep their
+/// connections). Several fleets (a replay of several files): one cycle
+/// each, in turn, each under a header naming its file.
+///
+/// # Errors
+/// Signal handlers cannot be installed.
+pub async fn run(
+    mut fleets: Vec<Fleet>,
+    mut settings: Settings,
+    mut service: Service,
+) -> std::io::Result<Ending> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    let mut watchdog_usec = 0;
+    let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec)
+        .then(|| Duration::from_micros(watchdog_usec / 2).max(Duration::from_millis(500)));
+    let mut kept = Vec::new();
+    let each = fleets.len() > 1;
+    let mut ending = Ending::Clean;
+    let mut memory = Memory {
+        confirm: Confirmations::new(settings.confirm_cycles),
+        ..Memory::default()
+    };
+    for n in 1.. {
+        let fleet = if each {
+            match fleets.get(n as usize - 1) {
+                Some(f) => f,
+                None => break,
+            }
+        } else {
+            match fleets.first() {
+                Some(f) => f,
+                None => break,
+            }
+        };
+        if each && settings.format == Format::Text && !print_stdout(&[header(fleet, n)]) {
+            break;
+        }
+        let (report, abort) = tokio::select! {
+            r = cycle(fleet, &settings, n, &mut memory) => r,
+            _ = term.recv() => break,
+            _ = interrupt.recv() => break,
+        };
+        if let Some(m) = &service.metrics {
+            m.observe(&report);
+        }
+        if n == 1 {
+            notify(&[sd_notify::NotifyState::Ready]);
+        }
+        notify(&[sd_notify::NotifyState::Watchdog]);
+        if abort {
+            // genv raises on the first failure whatever -q says.
+            let _ = emit(&report, settings.format, true);
+            ending = Ending::Aborted;
+            break;
+        }
+        if report.failed() {
+            ending = Ending::Errors;
+        } else if report.dry_run && !report.violations.is_empty() && ending == Ending::Clean {
+            ending = Ending::Violations;
+        }
+        if !emit(&report, settings.format, !settings.failures.quiet) {
+            // The reader is gone (`| head`): an ending it asked for, not
+            // a finding to report.
+            if ending == Ending::Violations {
+                ending = Ending::Clean;
+            }
+            break;
+        }
+        if each {
+            continue;
+        }
+        if settings.interval.is_zero() {
+            break;
+        }
+        let wake = tokio::time::Instant::now() + settings.interval;
+        let stop = loop {
+            let tick = watchdog.map_or(wake, |w| wake.min(tokio::time::Instant::now() + w));
+            tokio::select! {
+                _ = tokio::time::sleep_until(tick) => {
+                    notify(&[sd_notify::NotifyState::Watchdog]);
+                    if tick >= wake {
+                        break false;
+                    }
+                }
+                _ = term.recv() => break true,
+                _ = interrupt.recv() => break true,
+                _ = hangup.recv() => {
+                    if let Some(reload) = service.reload.as_mut() {
+                        notify(&[sd_notify::NotifyState::Reloading]);
+                        match reload() {
+                            Ok(new) => {
+                                let old = std::mem::take(&mut fleets);
+                                fleets = merge(old, new.fleets).await;
+                                settings = new.settings;
+                                memory.confirm = Confirmations::new(settings.confirm_cycles);
+                                kept.extend(new.keep);
+                                tracing::info!(hosts = fleets.first().map_or(0, |f| f.hosts.len()), "configuration reloaded");
+                                complain("configuration reloaded");
+                            }
+                            Err(e) => complain(&format!("configuration not reloaded, the old one is kept: {}", error::chain(&e))),
+                        }
+                        notify(&[sd_notify::NotifyState::Ready]);
+                    }
+                }
+            }
+        };
+        if stop {
+            break;
+        }
+    }
+    notify(&[sd_notify::NotifyState::Stopping]);
+    for fleet in &fleets {
+        for (host, e) in fleet.close().await {
+            tracing::warn!(%host, error = %error::chain(&e), "closing the host's connection failed");
+        }
+    }
+    drop(kept);
+    Ok(ending)
+}
+
+/// The new fleets, each host that did not change taken from the old ones
+/// with its connection; the old hosts left over are closed.
+async fn merge(mut old: Vec<Fleet>, mut new: Vec<Fleet>) -> Vec<Fleet> {
+    for (o, n) in old.iter_mut().zip(new.iter_mut()) {
+        for slot in &mut n.hosts {
+            if let Some(i) = o.hosts.iter().position(|h| h.same_as(slot)) {
+                *slot = o.hosts.swap_remove(i);
+            }
+        }
+    }
+    for fleet in &old {
+        for (host, e) in fleet.close().await {
+            tracing::warn!(%host, error = %error::chain(&e), "closing a removed host's connection failed");
+        }
+    }
+    new
+}
+
+/// SIGHUP: the same command line `args` resolved again, so that the
+/// inventory (or hostfile) and the audit log are read and opened anew.
+pub fn reloader(args: Vec<std::ffi::OsString>) -> Reload {
+    Box::new(move || {
+        let cli = Cli::try_parse_from(&args)?;
+        match config::resolve(cli)? {
+            Job::Enforce {
+                fleets,
+                settings,
+                control_dir,
+                ..
+            } => Ok(Reloaded {
+                fleets,
+                settings,
+                keep: control_dir,
+            }),
+            Job::Snapshot(_) | Job::Doctor { .. } => Err(ReloadError::NotEnforcing),
+        }
+    })
+}
