@@ -306,17 +306,24 @@ fn looping(h: &Host, interval: &str) -> std::process::Child {
 
 #[test]
 fn interval_loop_stops_cleanly_on_sigterm() {
+    use std::io::{BufRead, Read};
     let h = Host::new(1);
-    let child = looping(&h, "200ms");
-    std::thread::sleep(Duration::from_millis(900));
+    let mut child = looping(&h, "200ms");
+    // Three cycles reported (however loaded this machine), then SIGTERM.
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut text = String::new();
+    for _ in 0..3 {
+        assert!(stdout.read_line(&mut text).unwrap() > 0, "{text}");
+    }
     rustix::process::kill_process(
         rustix::process::Pid::from_child(&child),
         rustix::process::Signal::TERM,
     )
     .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{:?}", out.status);
-    let cycles: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+    stdout.read_to_string(&mut text).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let cycles: Vec<serde_json::Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
