@@ -442,3 +442,132 @@ pub(crate) mod test_support {
         Cluster::local(HostId("localhost".into()), snapshot)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::*;
+    use super::*;
+    use crate::model::*;
+
+    /// One host with one process or environment behind each notice.
+    fn noticed() -> (HostId, HostSnapshot) {
+        let mut unknown = proc_(10, None, &[(0, mib(1))]);
+        unknown.owner = Owner::Unknown("its environ is unreadable".into());
+        let mut nameless = proc_(11, Some("m"), &[(0, mib(1))]);
+        (nameless.uid, nameless.user) = (None, None);
+        let stray = proc_(12, Some("gone"), &[(0, mib(1))]);
+        let unmeasured = proc_(13, Some("m"), &[(0, Usage::Unknown)]);
+        let uncapped = proc_(14, Some("n"), &[(3, Usage::Unknown)]);
+        let recharged = proc_(15, Some("r"), &[(1, mib(1))]);
+        let outside = proc_(16, None, &[(3, mib(1))]);
+        // Two users' jobs in one environment: charged to neither.
+        let shared = proc_(17, Some("c"), &[(2, mib(1))]);
+        let mut bobs = proc_(18, Some("c"), &[(2, mib(1))]);
+        (bobs.uid, bobs.user) = (Some(1001), Some("bob".into()));
+        let snap = HostSnapshot {
+            processes: vec![
+                unknown, nameless, stray, unmeasured, uncapped, recharged, outside, shared, bobs,
+            ],
+            envs: vec![
+                env("m", Some("alice"), Some("1gi")),
+                env("n", Some("alice"), None),
+                env("r", Some("bob"), None),
+                // Idle and nameless: charged to nobody, as in genv, silently.
+                env("u", None, None),
+                env("c", Some("alice"), None),
+            ],
+            devices: devices(4, &[(0, "m"), (3, "n"), (1, "r"), (2, "u"), (2, "c")]),
+            truth: Some(HostTruth {
+                user_names: [(1000, "alice".to_string()), (1001, "bob".to_string())]
+                    .into_iter()
+                    .collect(),
+                ..HostTruth::default()
+            }),
+        };
+        (HostId("h".into()), snap)
+    }
+
+    #[test]
+    fn each_thing_left_alone_is_noticed_and_charges_only_under_a_cap() {
+        let (host, snap) = noticed();
+        let kinds = |policy: &Policy| -> Vec<String> {
+            assess_host(&host, &snap, policy, &Orphans::default())
+                .notices
+                .iter()
+                .map(|n| match n {
+                    Notice::UnknownOwner { pid, reason, .. } => {
+                        format!("unknown {} {reason}", pid.0)
+                    }
+                    Notice::Stray { pid, eid, .. } => format!("stray {} {}", pid.0, eid.0),
+                    Notice::UnmeasuredUsage { pid, device, .. } => {
+                        format!("unmeasured {} on {}", pid.0, device.0)
+                    }
+                    Notice::Recharged {
+                        eid,
+                        recorded,
+                        charged,
+                        ..
+                    } => format!("recharged {} {recorded:?} -> {charged}", eid.0),
+                    Notice::Uncharged { eid, .. } => format!("uncharged {}", eid.0),
+                    Notice::ExcessKept { user, .. } => format!("kept {user}"),
+                })
+                .collect()
+        };
+        let plain = Policy::default();
+        let capped = Policy {
+            max_devices_per_user: Some(8),
+            ..Policy::default()
+        };
+        let per_host = [
+            "unknown 10 its environ is unreadable",
+            "unknown 11 its user could not be read",
+            "stray 12 gone",
+            "unmeasured 13 on 0",
+            "stray 17 c",
+            "stray 18 c",
+        ];
+        assert_eq!(kinds(&plain), per_host);
+        let mut under_cap = vec![
+            "recharged r Some(\"bob\") -> alice".to_string(),
+            "uncharged c".to_string(),
+        ];
+        under_cap.extend(per_host.iter().map(|s| s.to_string()));
+        assert_eq!(kinds(&capped), under_cap);
+    }
+
+    #[test]
+    fn caps_are_on_with_either_flag() {
+        assert!(!Policy::default().has_caps());
+        let per_user = Policy {
+            max_devices_per_user: Some(1),
+            ..Policy::default()
+        };
+        let for_one = Policy {
+            max_devices_for_user: [("bob".to_string(), 0)].into_iter().collect(),
+            ..Policy::default()
+        };
+        assert!(per_user.has_caps() && for_one.has_caps());
+    }
+
+    #[test]
+    fn a_finding_names_its_host_but_the_cap_names_none() {
+        let (host, snap) = noticed();
+        let policy = Policy {
+            non_env_processes: true,
+            max_devices_per_user: Some(0),
+            ..Policy::default()
+        };
+        let v = assess_cluster(
+            &Cluster {
+                mode: Mode::Remote,
+                hosts: vec![(host.clone(), snap)],
+            },
+            &policy,
+        )
+        .0;
+        assert!(v.iter().any(|v| v.finding.host() == Some(&host)));
+        assert!(v
+            .iter()
+            .any(|v| v.rule == Rule::MaxDevicesPerUser && v.finding.host().is_none()));
+    }
+}
