@@ -8,13 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::channel::{self, Agent, Process};
-use super::protocol::{Limits, Request};
-use super::Parser;
+use super::live::Live;
+use super::protocol::{Answer, Limits, Request};
 use crate::doctor::{self, Facts};
 use crate::error::{self, HostError};
 use crate::model::HostId;
-use crate::outcome::Outcome;
-use crate::plan::{HostPlan, Signal, Termination};
 use crate::snapshot::assemble::ParsedState;
 
 /// The Python that runs our agent here (genv's own needs one).
@@ -82,23 +80,6 @@ impl LocalHost {
             && self.python == other.python
     }
 
-    /// The agent's steps end at our deadline; the agent itself a second
-    /// later (each step reports what hung first).
-    fn limits(&self) -> Limits {
-        Limits {
-            step: self.timeout,
-            run: self.timeout + Duration::from_secs(1),
-        }
-    }
-
-    fn dir(&self) -> String {
-        self.state_dir.display().to_string()
-    }
-
-    fn proc(&self) -> String {
-        self.proc_root.display().to_string()
-    }
-
     /// Starts the agent: `python3 -I -S -c <bootstrap>`, its stdin, stdout
     /// and stderr ours, killed if we drop it.
     async fn start(&self, what: &str) -> Result<Agent, HostError> {
@@ -122,91 +103,11 @@ impl LocalHost {
         .await
     }
 
-    /// Asks our agent (started if needed) to carry out `request`.
-    async fn ask(&self, request: &Request) -> Result<super::protocol::Answer, HostError> {
-        let mut slot = self.agent.lock().await;
-        let start = self.start(request.name());
-        channel::ask(
-            &mut slot,
-            start,
-            request,
-            self.limits().run + Duration::from_secs(1),
-            self.limits().run,
-        )
-        .await
-    }
-
-    /// See [`Host::fetch`](super::Host::fetch): the agent's frames.
-    ///
-    /// # Errors
-    /// The agent could not be run, or a step failed here.
-    pub async fn fetch(&self) -> Result<super::Fetched, HostError> {
-        let request = Request::snapshot(
-            &self.dir(),
-            std::slice::from_ref(&self.nvidia_smi),
-            self.limits(),
-            self.max_records,
-            &self.proc(),
-        );
-        super::fetched(self.ask(&request).await?)
-    }
-
-    /// What turns [`LocalHost::fetch`] into a snapshot (errors name genv's
-    /// state directory).
-    pub fn parser(&self) -> Parser {
-        Parser::new(self.dir(), Arc::clone(&self.parsed), self.max_records)
-    }
-
-    /// Carries out its plan: all terminations, then all detaches (genv's
-    /// order); one outcome per action.
-    pub async fn execute(&self, plan: &HostPlan) -> Vec<Outcome> {
-        let terminated = self.signal(&plan.terminate, Signal::Term).await;
-        let pairs: Vec<(u32, String)> = plan
-            .detach
-            .iter()
-            .map(|d| (d.device.0, d.eid.0.clone()))
-            .collect();
-        let detached = if pairs.is_empty() {
-            Vec::new()
-        } else {
-            let request = Request::detach(&self.dir(), &pairs, self.limits());
-            super::detached(self.ask(&request).await, pairs.len())
-        };
-        super::outcomes(&self.id, plan, terminated, detached)
-    }
-
-    /// Sends `signal` to each of `terminations` whose start time still
-    /// matches (re-checked by the agent right before, through a pidfd).
-    async fn signal(
-        &self,
-        terminations: &[Termination],
-        signal: Signal,
-    ) -> Vec<crate::outcome::TerminateResult> {
-        match Request::terminate(terminations, signal, self.limits(), &self.proc()) {
-            Some(request) => super::terminated(self.ask(&request).await, terminations),
-            None => super::terminated_blind(terminations),
-        }
-    }
-
-    /// See [`Host::escalate`](super::Host::escalate).
-    pub async fn escalate(&self, terminations: &[Termination]) -> Vec<Outcome> {
-        self.signal(terminations, Signal::Kill)
-            .await
-            .into_iter()
-            .zip(terminations)
-            .map(|(outcome, t)| Outcome::Kill {
-                host: self.id.clone(),
-                pid: t.pid,
-                outcome,
-            })
-            .collect()
-    }
-
     /// Facts for `doctor`: our agent's account of this machine (root or
     /// not included), and a real snapshot.
     pub async fn doctor(&self) -> Facts {
         let request = Request::doctor(
-            &self.dir(),
+            &self.genv_dir(),
             std::slice::from_ref(&self.nvidia_smi),
             self.limits(),
         );
@@ -257,6 +158,60 @@ impl LocalHost {
     /// Facts of the agent run here, if it ran (for tests).
     pub async fn hello(&self) -> Option<super::protocol::Hello> {
         self.agent.lock().await.as_ref().map(|a| a.hello.clone())
+    }
+}
+
+impl Live for LocalHost {
+    fn id(&self) -> &HostId {
+        &self.id
+    }
+
+    fn genv_dir(&self) -> String {
+        self.state_dir.display().to_string()
+    }
+
+    fn proc_root(&self) -> String {
+        self.proc_root.display().to_string()
+    }
+
+    fn nvidia_smi(&self) -> &[String] {
+        std::slice::from_ref(&self.nvidia_smi)
+    }
+
+    fn max_records(&self) -> usize {
+        self.max_records
+    }
+
+    /// The agent's steps end at our deadline; the agent itself a second
+    /// later (each step reports what hung first).
+    fn limits(&self) -> Limits {
+        Limits {
+            step: self.timeout,
+            run: self.timeout + Duration::from_secs(1),
+        }
+    }
+
+    /// Errors name genv's state directory.
+    fn source(&self) -> String {
+        self.genv_dir()
+    }
+
+    fn parsed(&self) -> &Arc<Mutex<ParsedState>> {
+        &self.parsed
+    }
+
+    /// Asks our agent (started if needed) to carry out `request`.
+    async fn ask(&self, request: &Request) -> Result<Answer, HostError> {
+        let mut slot = self.agent.lock().await;
+        let start = self.start(request.name());
+        channel::ask(
+            &mut slot,
+            start,
+            request,
+            self.limits().run + Duration::from_secs(1),
+            self.limits().run,
+        )
+        .await
     }
 }
 

@@ -11,11 +11,14 @@
 //! decides what to enforce.
 
 pub mod channel;
+pub mod live;
 pub mod local;
 pub mod protocol;
 pub mod recorded;
 pub mod remote;
 pub mod ssh;
+
+use live::Live;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

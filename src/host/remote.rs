@@ -6,11 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::channel::TIMED_OUT;
+use super::live::Live;
 use super::protocol::{self, Answer, Limits, Request};
 use super::ssh::{AgentStart, AtEnd, Connection, SshOptions};
 use crate::doctor::{self, Connected, Facts, NotConnected};
 use crate::error::{self, ConnectFailure, HostError};
-use crate::outcome::{self, Outcome};
+use crate::model::HostId;
+use crate::snapshot::assemble::ParsedState;
 
 /// Runs its arguments under `timeout` when the host has it (coreutils and
 /// busybox both do), so that a command that hangs (sudo waiting on a
@@ -20,7 +22,6 @@ use crate::outcome::{self, Outcome};
 /// the agent bounds itself, as root. See the file's header for its
 /// arguments and exit statuses.
 pub const BOUNDED: &str = include_str!("bounded.sh");
-use crate::plan::{HostPlan, Signal, Termination};
 
 /// How long a remote host's agent lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,20 +50,6 @@ impl SshHost {
     /// (1 s grace included) before our own deadline ends.
     fn host_limit(&self) -> u64 {
         self.command_timeout.as_secs().saturating_sub(2).max(1)
-    }
-
-    /// The agent ends itself half a second before the host-side limit,
-    /// and its steps (nvidia-smi, genv's lock) half a second before that,
-    /// so that each reports what hung.
-    fn limits(&self) -> Limits {
-        let half = Duration::from_millis(500);
-        let run = Duration::from_secs(self.host_limit())
-            .saturating_sub(half)
-            .max(half);
-        Limits {
-            run,
-            step: run.saturating_sub(half).max(Duration::from_millis(300)),
-        }
     }
 
     /// `rest` under [`BOUNDED`] on the host, at the host-side limit.
@@ -261,90 +248,6 @@ impl SshHost {
         }
     }
 
-    /// Asks our agent (started if needed) to carry out `request`.
-    async fn ask(&self, request: &Request) -> Result<Answer, HostError> {
-        self.conn
-            .exchange(
-                &self.agent_start(),
-                request,
-                self.command_timeout,
-                &self.ssh,
-            )
-            .await
-    }
-
-    /// See [`Host::fetch`](super::Host::fetch): the agent's frames.
-    ///
-    /// # Errors
-    /// The connection, sudo or the agent failed, or a step failed on the
-    /// host.
-    pub async fn fetch(&self) -> Result<super::Fetched, HostError> {
-        let spec = &self.conn.spec;
-        let request = Request::snapshot(
-            &spec.genv_dir,
-            &spec.nvidia_smi,
-            self.limits(),
-            self.max_records,
-            "/proc",
-        );
-        super::fetched(self.ask(&request).await?)
-    }
-
-    /// What turns [`SshHost::fetch`] into a snapshot.
-    pub fn parser(&self) -> super::Parser {
-        super::Parser::new(
-            self.conn.spec.id.0.clone(),
-            Arc::clone(&self.conn.parsed),
-            self.max_records,
-        )
-    }
-
-    /// Sends `signal` to each process of `terminations` whose start time
-    /// still matches (re-checked on the host, by the agent, right before).
-    async fn signal(
-        &self,
-        terminations: &[Termination],
-        signal: Signal,
-    ) -> Vec<outcome::TerminateResult> {
-        match Request::terminate(terminations, signal, self.limits(), "/proc") {
-            Some(request) => super::terminated(self.ask(&request).await, terminations),
-            None => super::terminated_blind(terminations),
-        }
-    }
-
-    /// See [`Host::escalate`](super::Host::escalate).
-    pub async fn escalate(&self, terminations: &[Termination]) -> Vec<Outcome> {
-        let host = &self.conn.spec.id;
-        self.signal(terminations, Signal::Kill)
-            .await
-            .into_iter()
-            .zip(terminations)
-            .map(|(outcome, t)| Outcome::Kill {
-                host: host.clone(),
-                pid: t.pid,
-                outcome,
-            })
-            .collect()
-    }
-
-    /// See [`Host::execute`](super::Host::execute): the start times are
-    /// re-checked on the host, by the agent, right before each signal.
-    pub async fn execute(&self, plan: &HostPlan) -> Vec<Outcome> {
-        let terminated = self.signal(&plan.terminate, Signal::Term).await;
-        let pairs: Vec<(u32, String)> = plan
-            .detach
-            .iter()
-            .map(|d| (d.device.0, d.eid.0.clone()))
-            .collect();
-        let detached = if pairs.is_empty() {
-            Vec::new()
-        } else {
-            let request = Request::detach(&self.conn.spec.genv_dir, &pairs, self.limits());
-            super::detached(self.ask(&request).await, pairs.len())
-        };
-        super::outcomes(&self.conn.spec.id, plan, terminated, detached)
-    }
-
     /// Closes the master and removes its socket, or with
     /// `--control-persist` leaves it for the next run (our agent ends
     /// either way).
@@ -358,5 +261,61 @@ impl SshHost {
         } else {
             self.conn.close().await
         }
+    }
+}
+
+impl Live for SshHost {
+    fn id(&self) -> &HostId {
+        &self.conn.spec.id
+    }
+
+    fn genv_dir(&self) -> String {
+        self.conn.spec.genv_dir.clone()
+    }
+
+    fn proc_root(&self) -> String {
+        "/proc".into()
+    }
+
+    fn nvidia_smi(&self) -> &[String] {
+        &self.conn.spec.nvidia_smi
+    }
+
+    fn max_records(&self) -> usize {
+        self.max_records
+    }
+
+    /// The agent ends itself half a second before the host-side limit,
+    /// and its steps (nvidia-smi, genv's lock) half a second before that,
+    /// so that each reports what hung.
+    fn limits(&self) -> Limits {
+        let half = Duration::from_millis(500);
+        let run = Duration::from_secs(self.host_limit())
+            .saturating_sub(half)
+            .max(half);
+        Limits {
+            run,
+            step: run.saturating_sub(half).max(Duration::from_millis(300)),
+        }
+    }
+
+    fn source(&self) -> String {
+        self.conn.spec.id.0.clone()
+    }
+
+    fn parsed(&self) -> &Arc<std::sync::Mutex<ParsedState>> {
+        &self.conn.parsed
+    }
+
+    /// Asks our agent (started if needed) to carry out `request`.
+    async fn ask(&self, request: &Request) -> Result<Answer, HostError> {
+        self.conn
+            .exchange(
+                &self.agent_start(),
+                request,
+                self.command_timeout,
+                &self.ssh,
+            )
+            .await
     }
 }

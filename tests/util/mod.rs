@@ -440,6 +440,7 @@ pub fn execute(
         .build()
         .unwrap()
         .block_on(async {
+            use genv_enforce::host::live::Live;
             let out = host.execute(plan).await;
             host.close().await;
             out

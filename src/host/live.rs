@@ -1,0 +1,109 @@
+//! What every live host does the same way, whatever carries our agent's
+//! requests (this machine's pipes, or an SSH host's master): a snapshot,
+//! signals, detaches. A transport says only how to reach the agent and
+//! where things are on its host ([`Live`]); the steps are written once.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use super::protocol::{Answer, Limits, Request};
+use super::{Fetched, Parser};
+use crate::error::HostError;
+use crate::model::HostId;
+use crate::outcome::{Outcome, TerminateResult};
+use crate::plan::{HostPlan, Signal, Termination};
+use crate::snapshot::assemble::ParsedState;
+
+/// A host our agent answers for.
+pub trait Live: Sync {
+    /// Its name in reports.
+    fn id(&self) -> &HostId;
+    /// genv's state directory there.
+    fn genv_dir(&self) -> String;
+    /// Where its procfs is mounted.
+    fn proc_root(&self) -> String;
+    /// Its nvidia-smi command.
+    fn nvidia_smi(&self) -> &[String];
+    /// `--max-records`.
+    fn max_records(&self) -> usize;
+    /// The limits of each request there.
+    fn limits(&self) -> Limits;
+    /// What parse errors name (the host, or this machine's state directory).
+    fn source(&self) -> String;
+    /// Its state files as parsed last cycle.
+    fn parsed(&self) -> &Arc<Mutex<ParsedState>>;
+    /// Asks the agent (started if needed) to carry out `request`.
+    fn ask(&self, request: &Request) -> impl Future<Output = Result<Answer, HostError>> + Send;
+
+    /// See [`Host::fetch`](super::Host::fetch): the agent's frames.
+    ///
+    /// # Errors
+    /// The transport or the agent failed, or a step failed on the host.
+    fn fetch(&self) -> impl Future<Output = Result<Fetched, HostError>> + Send {
+        async move {
+            let request = Request::snapshot(
+                &self.genv_dir(),
+                self.nvidia_smi(),
+                self.limits(),
+                self.max_records(),
+                &self.proc_root(),
+            );
+            super::fetched(self.ask(&request).await?)
+        }
+    }
+
+    /// What turns [`Live::fetch`] into a snapshot.
+    fn parser(&self) -> Parser {
+        Parser::new(self.source(), Arc::clone(self.parsed()), self.max_records())
+    }
+
+    /// See [`Host::execute`](super::Host::execute): all terminations (the
+    /// start times re-checked by the agent right before each signal), then
+    /// all detaches, genv's order; one outcome per action.
+    fn execute(&self, plan: &HostPlan) -> impl Future<Output = Vec<Outcome>> + Send {
+        async move {
+            let terminated = signal(self, &plan.terminate, Signal::Term).await;
+            let pairs: Vec<(u32, String)> = plan
+                .detach
+                .iter()
+                .map(|d| (d.device.0, d.eid.0.clone()))
+                .collect();
+            let detached = if pairs.is_empty() {
+                Vec::new()
+            } else {
+                let request = Request::detach(&self.genv_dir(), &pairs, self.limits());
+                super::detached(self.ask(&request).await, pairs.len())
+            };
+            super::outcomes(self.id(), plan, terminated, detached)
+        }
+    }
+
+    /// See [`Host::escalate`](super::Host::escalate).
+    fn escalate(&self, terminations: &[Termination]) -> impl Future<Output = Vec<Outcome>> + Send {
+        async move {
+            signal(self, terminations, Signal::Kill)
+                .await
+                .into_iter()
+                .zip(terminations)
+                .map(|(outcome, t)| Outcome::Kill {
+                    host: self.id().clone(),
+                    pid: t.pid,
+                    outcome,
+                })
+                .collect()
+        }
+    }
+}
+
+/// Sends `signal` to each of `terminations` whose start time still matches
+/// (re-checked by the agent right before, through a pidfd where it can).
+async fn signal<H: Live + ?Sized>(
+    host: &H,
+    terminations: &[Termination],
+    signal: Signal,
+) -> Vec<TerminateResult> {
+    match Request::terminate(terminations, signal, host.limits(), &host.proc_root()) {
+        Some(request) => super::terminated(host.ask(&request).await, terminations),
+        None => super::terminated_blind(terminations),
+    }
+}
