@@ -487,6 +487,31 @@ mod tests {
     }
 
     #[test]
+    fn several_jobs_of_one_user_are_all_members_of_their_environment() {
+        let s = host(
+            vec![listing("a", Some("alice"), &[1])],
+            vec![job(30, Some("a"), 1001), job(31, Some("a"), 1001)],
+        );
+        assert_eq!(charge_of(&s, "a"), Charge::User("alice".into()));
+        assert_eq!(standing_of(&s, 30), Standing::Member(0));
+        assert_eq!(standing_of(&s, 31), Standing::Member(0));
+    }
+
+    #[test]
+    fn an_orphan_stays_a_stray_when_a_record_for_its_id_appears() {
+        let s = host(
+            vec![listing("a", Some("bob"), &[1])],
+            vec![job(30, Some("a"), 1001), job(31, Some("gone"), 1001)],
+        );
+        let orphans: Orphans = [(Pid(30), 1030), (Pid(31), 1031)].into_iter().collect();
+        let a = Attribution::of(&s, &orphans);
+        assert_eq!(a.standing(0), &Standing::Stray(Stray::Reclaimed));
+        assert_eq!(a.standing(1), &Standing::Stray(Stray::Orphaned));
+        // It does not make the record its user's: an idle record is its own.
+        assert_eq!(a.charge(0), Charge::User("bob".into()));
+    }
+
+    #[test]
     fn an_idle_environment_is_its_records_user_as_in_genv() {
         let s = host(vec![listing("a", Some("alice"), &[1])], vec![]);
         assert_eq!(charge_of(&s, "a"), Charge::User("alice".into()));
