@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use crate::confirm::Waiting;
+use crate::ladder::Waiting;
 use crate::model::{Cluster, HostFailure, HostId, HostSnapshot, Mode};
 use crate::plan::{self, HostPlan, Plan};
 use crate::rules::{self, HostFindings, Notice, Policy, Violation};
@@ -37,7 +37,7 @@ pub struct Assessment {
     pub notices: Vec<Notice>,
     pub violations: Vec<Violation>,
     pub plan: Plan,
-    /// Actions held back until their violation is confirmed.
+    /// Actions held back: not yet confirmed, or within their grace.
     pub waiting: Vec<Waiting>,
 }
 

@@ -18,6 +18,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::assess::HostStatus;
+use crate::ladder::{Event, Stage, What};
 use crate::model::{EnvId, FailureKind, GpuIndex, HostId, Pid};
 use crate::outcome::Outcome;
 use crate::plan::{HostPlan, Termination};
@@ -74,6 +75,9 @@ pub struct Entry<'a> {
     /// The kind of step that failed (`failed` lines only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure: Option<&'static str>,
+    /// When the action is due (`warned` lines with a grace), RFC 3339.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
 }
 
 /// What a line records.
@@ -88,6 +92,10 @@ pub enum Phase {
     Noticed,
     /// A host that failed, when it starts failing (or fails otherwise).
     Failed,
+    /// An action that waits on its grace, when first seen (its owner told).
+    Warned,
+    /// A warned action whose violation ended before it was due.
+    Cleared,
 }
 
 /// The action a line is about.
@@ -220,6 +228,7 @@ impl AuditLog {
                     message: report::notice_line(mode, n),
                     outcome: None,
                     failure: None,
+                    deadline: None,
                 });
             }
             current.insert(key);
@@ -258,6 +267,7 @@ impl AuditLog {
                     message: f.message.clone(),
                     outcome: None,
                     failure: Some(f.kind.name()),
+                    deadline: None,
                 });
             }
             current.insert(h.host.clone(), f.kind);
@@ -265,6 +275,62 @@ impl AuditLog {
         self.write(&entries)?;
         *failing = current;
         Ok(())
+    }
+}
+
+impl AuditLog {
+    /// Records `events`' warnings and clearings, one line each (acting is
+    /// recorded by its `decided` and `done` lines).
+    ///
+    /// # Errors
+    /// The write or the flush failed.
+    pub fn events(&self, cycle: u64, events: &[Event]) -> std::io::Result<()> {
+        let time = now();
+        let entries: Vec<Entry> = events
+            .iter()
+            .filter_map(|e| {
+                let phase = match e.stage {
+                    Stage::Warned => Phase::Warned,
+                    Stage::Cleared => Phase::Cleared,
+                    Stage::Acted => return None,
+                };
+                let base = Entry {
+                    time: time.clone(),
+                    cycle,
+                    host: &e.host,
+                    phase,
+                    action: Action::None,
+                    pid: None,
+                    start_time: None,
+                    device: None,
+                    eid: None,
+                    user: e.what.user(),
+                    rules: e.what.rules(),
+                    message: report::event_line(crate::model::Mode::Local, e)
+                        .map(|l| l.split_once("] ").map_or(l.clone(), |(_, m)| m.to_string()))
+                        .unwrap_or_default(),
+                    outcome: None,
+                    failure: None,
+                    deadline: e.deadline_ms.map(report::when),
+                };
+                Some(match &e.what {
+                    What::Terminate(t) => Entry {
+                        action: Action::Terminate,
+                        pid: Some(t.pid),
+                        start_time: t.start_time,
+                        eid: t.eid.as_ref(),
+                        ..base
+                    },
+                    What::Detach(d) => Entry {
+                        action: Action::Detach,
+                        device: Some(d.device),
+                        eid: Some(&d.eid),
+                        ..base
+                    },
+                })
+            })
+            .collect();
+        self.write(&entries)
     }
 }
 
@@ -297,6 +363,7 @@ fn termination<'a>(
         message,
         outcome: None,
         failure: None,
+        deadline: None,
     }
 }
 
@@ -328,6 +395,7 @@ pub fn decided<'a>(cycle: u64, host: &'a HostId, plan: &'a HostPlan) -> Vec<Entr
         message: report::detach_line(d),
         outcome: None,
         failure: None,
+        deadline: None,
     });
     terminations.chain(detaches).collect()
 }
@@ -386,6 +454,7 @@ pub fn done<'a>(decided: &[Entry<'a>], outcomes: &[Outcome]) -> Vec<Entry<'a>> {
                 outcome: Some(outcome.unwrap_or(serde_json::Value::Null)),
                 message: d.message.clone(),
                 rules: d.rules.clone(),
+                deadline: d.deadline.clone(),
                 ..*d
             }
         })

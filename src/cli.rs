@@ -271,6 +271,12 @@ pub struct CycleArgs {
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub confirm_cycles: u32,
 
+    /// Warn first: an action waits this long after its violation is first
+    /// seen (its owner warned), and is carried out only if the violation
+    /// still holds then (0: at once, as genv).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "0s")]
+    pub grace: Duration,
+
     /// Serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9400), path /metrics.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,

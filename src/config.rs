@@ -47,7 +47,9 @@ pub struct Settings {
     /// SIGKILL what still runs this long after its SIGTERM.
     pub kill_after: Option<Duration>,
     /// Consecutive cycles a violation must be seen in before it is acted on.
-    pub confirm_cycles: u32,
+    /// When actions are carried out: `--confirm-cycles`, `--grace` and
+    /// the rules' own.
+    pub grace: crate::ladder::Grace,
 }
 
 /// What a command line asks for.
@@ -351,7 +353,11 @@ fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings
         format: format(c.output),
         failures: Failures::default(),
         kill_after: c.kill_after,
-        confirm_cycles: c.confirm_cycles,
+        grace: crate::ladder::Grace {
+            cycles: c.confirm_cycles,
+            after: c.grace,
+            rules: Default::default(),
+        },
     }
 }
 

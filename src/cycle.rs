@@ -10,14 +10,21 @@ use tracing::Instrument;
 
 use crate::assess;
 use crate::config::Settings;
-use crate::confirm::Confirmations;
 use crate::error;
 use crate::fleet::Fleet;
+use crate::ladder::Ladder;
 use crate::model::{FailureKind, HostFailure, HostId};
 use crate::outcome::{self, Outcome, TerminateResult};
 use crate::plan::{HostPlan, Plan, Termination};
 use crate::report::{CycleReport, Timing};
 use crate::rules::Orphans;
+
+/// Now, in milliseconds since the Unix epoch.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, millis)
+}
 
 /// Whole milliseconds of `d`, for reports.
 fn millis(d: Duration) -> u64 {
@@ -27,8 +34,9 @@ fn millis(d: Duration) -> u64 {
 /// What a run carries from one cycle to the next.
 #[derive(Debug, Default)]
 pub struct Memory {
-    /// `--confirm-cycles`: violations seen in a row.
-    pub confirm: Confirmations,
+    /// Each action's progress: seen in a row, warned, due (`--grace`,
+    /// `--confirm-cycles`).
+    pub ladder: Ladder,
     /// Each host's processes seen orphaned: strays for life (a record that
     /// appears later with their id does not make them members).
     pub orphans: HashMap<HostId, Orphans>,
@@ -50,10 +58,11 @@ pub async fn cycle(
     let start = Instant::now();
     // Not with -e: nothing is enforced before every host has answered.
     let early = !settings.dry_run && !settings.failures.exit_on_error;
-    let held: &Confirmations = &memory.confirm;
+    let now = now_ms();
+    let held: &Ladder = &memory.ladder;
     let own = |host: &_, snap: &_, findings: &_| {
         if early {
-            held.split_host(host, &assess::own_plan(host, snap, findings))
+            held.split_host(host, &assess::own_plan(host, snap, findings), now)
                 .0
         } else {
             HostPlan::default()
@@ -147,8 +156,13 @@ pub async fn cycle(
         }
     }
     let whole = std::mem::take(&mut a.plan);
-    (a.plan, a.waiting) = memory.confirm.split(&whole);
-    memory.confirm.advance(&whole);
+    (a.plan, a.waiting) = memory.ladder.split(&whole, now);
+    let events = memory.ladder.advance(&whole, now);
+    if let Some(log) = &fleet.audit {
+        if let Err(e) = log.events(n, &events) {
+            tracing::error!(error = %e, "cannot record warnings in the audit log");
+        }
+    }
     timing.assess_ms = millis(assessed.elapsed());
     let dispatched = Instant::now();
     if settings.dry_run {
@@ -178,7 +192,9 @@ pub async fn cycle(
     timing.total_ms = millis(start.elapsed());
     // A replay's report is the same every time: no clock in it.
     let timing = (!fleet.is_recorded()).then_some(timing);
-    (CycleReport::new(a, outcomes, timing), abort)
+    let mut report = CycleReport::new(a, outcomes, timing);
+    report.events = events;
+    (report, abort)
 }
 
 /// The planned terminations whose SIGTERM was delivered, by host.

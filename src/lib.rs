@@ -36,7 +36,6 @@ pub mod assess;
 pub mod audit;
 pub mod cli;
 pub mod config;
-pub mod confirm;
 pub mod cycle;
 pub mod doctor;
 pub mod error;
@@ -44,6 +43,7 @@ pub mod fleet;
 pub mod host;
 pub mod inventory;
 pub mod jobs;
+pub mod ladder;
 pub mod metrics;
 pub mod model;
 #[cfg(test)]

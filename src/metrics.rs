@@ -22,7 +22,6 @@ use prometheus_client::registry::Registry;
 
 use crate::outcome::{DetachResult, Outcome, TerminateResult};
 use crate::report::CycleReport;
-use crate::rules::Rule;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HostLabel {
@@ -168,7 +167,7 @@ impl Metrics {
             let host = v.finding.host().map(|h| h.0.clone()).unwrap_or_default();
             self.violations
                 .get_or_create(&ViolationLabels {
-                    rule: rule_name(v.rule).into(),
+                    rule: v.rule.name().into(),
                     host,
                 })
                 .inc();
@@ -213,15 +212,6 @@ impl Metrics {
             text.clear();
         }
         text
-    }
-}
-
-fn rule_name(r: Rule) -> &'static str {
-    match r {
-        Rule::NonEnvProcesses => "non-env-processes",
-        Rule::EnvDevices => "env-devices",
-        Rule::EnvMemory => "env-memory",
-        Rule::MaxDevicesPerUser => "max-devices-per-user",
     }
 }
 

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::assess::Assessment;
 pub use crate::assess::HostStatus;
-use crate::confirm::Waiting;
+use crate::ladder::{Event, Stage, Waiting, What};
 use crate::model::{GpuIndex, HostId, Mode};
 use crate::outcome::{self, Outcome};
 use crate::plan::{Detach, Plan, Termination};
@@ -35,6 +35,9 @@ pub struct CycleReport {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub waiting: Vec<Waiting>,
+    /// Warned, acted on, cleared: each once per action (`--grace`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<Event>,
     pub outcomes: Vec<Outcome>,
     /// Wall time of the cycle (none for a replay).
     pub duration_ms: Option<u64>,
@@ -64,6 +67,7 @@ impl CycleReport {
             },
             plan: a.plan,
             waiting: a.waiting,
+            events: Vec::new(),
             duration_ms: timing.as_ref().map(|t| t.total_ms),
             timing,
         }
@@ -374,16 +378,37 @@ fn outcome_line(mode: Mode, o: &Outcome) -> Option<String> {
     Some(line)
 }
 
-fn waiting_line(mode: Mode, w: &Waiting) -> String {
-    match w {
+/// A time in ms since the Unix epoch, as RFC 3339 (UTC, seconds).
+pub fn when(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .to_string()
+}
+
+fn waiting_line(mode: Mode, w: &Waiting) -> Option<String> {
+    let why = |seen: u32, needed: u32, deadline: Option<u64>| match deadline {
+        Some(d) => format!("its grace ends at {}", when(d)),
+        None => {
+            format!("its violation is confirmed after {needed} cycles in a row (seen in {seen})")
+        }
+    };
+    Some(match w {
+        Waiting::Terminate {
+            warn_only: true, ..
+        }
+        | Waiting::Detach {
+            warn_only: true, ..
+        } => return None,
         Waiting::Terminate {
             host,
             pid,
             seen,
             needed,
+            deadline_ms,
+            ..
         } => format!(
-            "{}[INFO] Process {pid} is not terminated yet: its violation is confirmed after {needed} cycles in a row (seen in {seen})",
-            prefix(mode, host)
+            "{}[INFO] Process {pid} is not terminated yet: {}",
+            prefix(mode, host),
+            why(*seen, *needed, *deadline_ms)
         ),
         Waiting::Detach {
             host,
@@ -391,11 +416,69 @@ fn waiting_line(mode: Mode, w: &Waiting) -> String {
             eid,
             seen,
             needed,
+            deadline_ms,
+            ..
         } => format!(
-            "{}[INFO] Environment {} is not detached from device {device} yet: its violation is confirmed after {needed} cycles in a row (seen in {seen})",
+            "{}[INFO] Environment {} is not detached from device {device} yet: {}",
             prefix(mode, host),
-            clean(&eid.0)
+            clean(&eid.0),
+            why(*seen, *needed, *deadline_ms)
         ),
+    })
+}
+
+/// The rules of `what`, named, comma-separated.
+fn rule_names(what: &What) -> String {
+    what.rules()
+        .iter()
+        .map(|r| r.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What a warning or a clearing says on stderr (acting says genv's line on
+/// stdout already).
+pub fn event_line(mode: Mode, e: &Event) -> Option<String> {
+    let p = prefix(mode, &e.host);
+    let user = e
+        .what
+        .user()
+        .map_or(String::new(), |u| format!(" of user {}", clean(u)));
+    match (e.stage, &e.what) {
+        (Stage::Acted, _) => None,
+        (Stage::Warned, What::Terminate(t)) => Some(format!(
+            "{p}[WARNING] Process {}{user} from environment {} on GPU(s) {} violates {}: {}",
+            t.pid,
+            t.eid.as_ref().map_or("N/A".into(), |e| clean(&e.0)),
+            indices(&t.gpus),
+            rule_names(&e.what),
+            match e.deadline_ms {
+                Some(d) => format!("it will be terminated at {} unless that ends", when(d)),
+                None => "warned only, nothing will be done".into(),
+            }
+        )),
+        (Stage::Warned, What::Detach(d)) => Some(format!(
+            "{p}[WARNING] Environment {}{user} is over the device cap: {}",
+            clean(&d.eid.0),
+            match e.deadline_ms {
+                Some(t) => format!(
+                    "it will be detached from device {} at {} unless its user gives devices up",
+                    d.device,
+                    when(t)
+                ),
+                None => format!("device {} is warned about only", d.device),
+            }
+        )),
+        (Stage::Cleared, What::Terminate(t)) => Some(format!(
+            "{p}[INFO] Process {} no longer violates {}: nothing will be done",
+            t.pid,
+            rule_names(&e.what),
+        )),
+        (Stage::Cleared, What::Detach(d)) => Some(format!(
+            "{p}[INFO] Environment {} no longer needs detaching from device {}: nothing will be done",
+            clean(&d.eid.0),
+            d.device
+        )),
     }
 }
 
@@ -452,7 +535,9 @@ pub fn render_text_with(r: &CycleReport, host_errors: bool) -> Text {
     text.stderr
         .extend(r.outcomes.iter().filter_map(|o| outcome_line(r.mode, o)));
     text.stderr
-        .extend(r.waiting.iter().map(|w| waiting_line(r.mode, w)));
+        .extend(r.events.iter().filter_map(|e| event_line(r.mode, e)));
+    text.stderr
+        .extend(r.waiting.iter().filter_map(|w| waiting_line(r.mode, w)));
     if r.dry_run && !r.plan.hosts.is_empty() {
         text.stderr
             .push("[DRY RUN] nothing was terminated or detached".to_string());

@@ -12,10 +12,10 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::Cli;
 use crate::config::{self, ConfigError, Job, Settings};
-use crate::confirm::Confirmations;
 use crate::cycle::{cycle, Memory};
 use crate::error;
 use crate::fleet::Fleet;
+use crate::ladder::Ladder;
 use crate::metrics::Metrics;
 use crate::output::{complain, emit, header, print_stdout};
 use crate::report::Format;
@@ -110,7 +110,7 @@ pub async fn run(
     let each = fleets.len() > 1;
     let mut ending = Ending::Clean;
     let mut memory = Memory {
-        confirm: Confirmations::new(settings.confirm_cycles),
+        ladder: Ladder::new(settings.grace.clone()),
         ..Memory::default()
     };
     for n in 1.. {
@@ -185,7 +185,7 @@ pub async fn run(
                                 let old = std::mem::take(&mut fleets);
                                 fleets = merge(old, new.fleets).await;
                                 settings = new.settings;
-                                memory.confirm = Confirmations::new(settings.confirm_cycles);
+                                memory.ladder = Ladder::new(settings.grace.clone());
                                 kept.extend(new.keep);
                                 tracing::info!(hosts = fleets.first().map_or(0, |f| f.hosts.len()), "configuration reloaded");
                                 complain("configuration reloaded");

@@ -165,7 +165,7 @@ async fn process_of_unknown_ownership_is_reported_never_terminated() {
         format: genv_enforce::report::Format::Text,
         failures: Default::default(),
         kill_after: None,
-        confirm_cycles: 1,
+        grace: Default::default(),
     };
     let fleet =
         genv_enforce::fleet::Fleet::new(vec![genv_enforce::host::Host::Local(Box::new(host))], 1);

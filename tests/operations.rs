@@ -533,3 +533,102 @@ fn local_doctor_passes_a_healthy_machine_and_fails_a_broken_one() {
     assert!(tty.contains("doctor: 1/1 hosts checked"), "{tty}");
     assert!(tty.contains("0 of 1 hosts ready"), "{tty}");
 }
+
+#[test]
+fn a_grace_warns_first_acts_on_what_still_holds_at_its_deadline_and_clears_the_rest() {
+    let mut h = Host::new(2);
+    let stray = h.spawn(None);
+    let fixed = h.spawn(None);
+    h.set_apps(&[(stray, 0, "100"), (fixed, 1, "100")]);
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.log");
+    let mut child = h
+        .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+        .args([
+            "enforce",
+            "--interval",
+            "1s",
+            "--non-env-processes",
+            "--grace",
+            "4s",
+            "--output",
+            "json",
+            "--audit-log",
+            audit.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut reports = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = || -> Value { serde_json::from_str(&reports.next().unwrap().unwrap()).unwrap() };
+    let first = next();
+    // Seen: both warned once, with their deadline; nothing done.
+    let events = first["events"].as_array().unwrap();
+    assert_eq!(events.len(), 2, "{first:#}");
+    assert!(events
+        .iter()
+        .all(|e| e["stage"] == "warned" && e["deadline_ms"].is_u64()));
+    assert!(
+        first["outcomes"].as_array().unwrap().is_empty(),
+        "{first:#}"
+    );
+    let waiting = first["awaiting_confirmation"].as_array().unwrap();
+    assert!(waiting
+        .iter()
+        .all(|w| w["deadline_ms"] == events[0]["deadline_ms"]));
+    // One is fixed within the grace (off the GPU): cleared, once.
+    h.set_apps(&[(stray, 0, "100")]);
+    let second = next();
+    let events = second["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1, "{second:#}");
+    assert_eq!(
+        (events[0]["stage"].as_str(), events[0]["pid"].as_u64()),
+        (Some("cleared"), Some(u64::from(fixed)))
+    );
+    assert!(h.running(stray) && h.running(fixed));
+    // The other still holds at its deadline: terminated then, not before.
+    let acted = loop {
+        let r = next();
+        if !r["outcomes"].as_array().unwrap().is_empty() {
+            break r;
+        }
+        assert!(r["events"].as_array().map_or(true, Vec::is_empty), "{r:#}");
+        assert!(started.elapsed() < Duration::from_secs(20), "never acted");
+    };
+    assert!(started.elapsed() >= Duration::from_secs(4));
+    assert_eq!(acted["outcomes"][0]["pid"], stray);
+    assert_eq!(acted["events"][0]["stage"], "acted");
+    assert_eq!(h.wait_signal(stray, Duration::from_secs(5)), Some(SIGTERM));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let _ = child.wait();
+    assert!(h.running(fixed));
+    // The audit log tells the story in order.
+    let phases: Vec<(String, u64)> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|e| {
+            (
+                e["phase"].as_str().unwrap().to_string(),
+                e["pid"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let (s, f) = (u64::from(stray), u64::from(fixed));
+    assert_eq!(
+        phases,
+        [
+            ("warned".to_string(), s),
+            ("warned".to_string(), f),
+            ("cleared".to_string(), f),
+            ("decided".to_string(), s),
+            ("done".to_string(), s)
+        ],
+        "{phases:?}"
+    );
+}

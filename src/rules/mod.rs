@@ -74,6 +74,18 @@ pub enum Rule {
     MaxDevicesPerUser,
 }
 
+impl Rule {
+    /// Its name, as in genv's flags and our reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rule::NonEnvProcesses => "non-env-processes",
+            Rule::EnvDevices => "env-devices",
+            Rule::EnvMemory => "env-memory",
+            Rule::MaxDevicesPerUser => "max-devices-per-user",
+        }
+    }
+}
+
 /// Something a rule wants done.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case")]

@@ -1,0 +1,561 @@
+//! Warn, then act. Each action the rules ask for keeps its identity from
+//! cycle to cycle (a process by host, pid and start time; a detach by host,
+//! device and environment). It is carried out only once it has been seen in
+//! `--confirm-cycles` consecutive cycles and its grace (`--grace`, or its
+//! rules' own) has run out; until then it waits, its owner warned once. One
+//! that goes away first is cleared. Pure: the cycle keeps one [`Ladder`]
+//! and feeds it each cycle's whole plan and the time.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::model::{EnvId, GpuIndex, HostId, Pid};
+use crate::plan::{Detach, HostPlan, Plan, Termination};
+use crate::rules::Rule;
+
+/// How long actions wait, and which are only warned about.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grace {
+    /// Consecutive cycles an action must be seen in (1: at once).
+    pub cycles: u32,
+    /// How long after it is first seen an action waits (zero: genv's at
+    /// once).
+    pub after: Duration,
+    /// Per-rule overrides.
+    pub rules: BTreeMap<Rule, RuleGrace>,
+}
+
+/// One rule's own grace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuleGrace {
+    /// Warned about, never acted on.
+    pub warn_only: bool,
+    /// Its grace, instead of the run's.
+    pub after: Option<Duration>,
+}
+
+impl Grace {
+    /// The grace of an action asked for by `rules`: the shortest of theirs
+    /// (one rule that acts at once is enough to act at once); `None` when
+    /// every one of them only warns.
+    fn of(&self, rules: impl IntoIterator<Item = Rule>) -> Option<Duration> {
+        let mut named = false;
+        let shortest = rules
+            .into_iter()
+            .inspect(|_| named = true)
+            .filter_map(|r| match self.rules.get(&r) {
+                Some(g) if g.warn_only => None,
+                Some(g) => Some(g.after.unwrap_or(self.after)),
+                None => Some(self.after),
+            })
+            .min();
+        if named {
+            shortest
+        } else {
+            Some(self.after)
+        }
+    }
+}
+
+/// What identifies an action from one cycle to the next.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Terminate(HostId, Pid, Option<u64>),
+    Detach(HostId, GpuIndex, EnvId),
+}
+
+/// The action itself, for messages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum What {
+    Terminate(Termination),
+    Detach(Detach),
+}
+
+impl What {
+    /// The rules behind it.
+    pub fn rules(&self) -> Vec<Rule> {
+        match self {
+            What::Terminate(t) => t.rules.iter().copied().collect(),
+            What::Detach(_) => vec![Rule::MaxDevicesPerUser],
+        }
+    }
+
+    /// The user it is charged to, if known.
+    pub fn user(&self) -> Option<&str> {
+        match self {
+            What::Terminate(t) => t.user.as_deref(),
+            What::Detach(d) => d.username.as_deref(),
+        }
+    }
+}
+
+/// One action's progress.
+#[derive(Debug, Clone)]
+struct Track {
+    /// The action as last seen.
+    what: What,
+    /// Consecutive cycles it was seen in.
+    seen: u32,
+    /// When first seen (ms since the Unix epoch).
+    since: u64,
+    /// When it may be carried out (ms), `None`: never (warned only).
+    deadline: Option<u64>,
+    warned: bool,
+    acted: bool,
+}
+
+/// Where an action stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// Seen, waiting; its owner was told.
+    Warned,
+    /// Carried out (or, in a dry run, would be).
+    Acted,
+    /// Gone before its deadline.
+    Cleared,
+}
+
+/// Something to tell about an action, once per action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Event {
+    pub stage: Stage,
+    pub host: HostId,
+    #[serde(flatten)]
+    pub what: What,
+    /// When first seen (ms since the Unix epoch).
+    pub since_ms: u64,
+    /// When it is (or was) due; `None`: warned only.
+    pub deadline_ms: Option<u64>,
+}
+
+/// An action that waits: for more sightings (`--confirm-cycles`), for its
+/// grace to run out, or for ever (warned only).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Waiting {
+    Terminate {
+        host: HostId,
+        pid: Pid,
+        seen: u32,
+        needed: u32,
+        /// When it is due (ms since the Unix epoch), if a grace applies;
+        /// with `warn_only`, never.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        deadline_ms: Option<u64>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        warn_only: bool,
+    },
+    Detach {
+        host: HostId,
+        device: GpuIndex,
+        eid: EnvId,
+        seen: u32,
+        needed: u32,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        deadline_ms: Option<u64>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        warn_only: bool,
+    },
+}
+
+/// Every action's progress, from cycle to cycle.
+#[derive(Debug, Clone, Default)]
+pub struct Ladder {
+    grace: Grace,
+    tracks: HashMap<Key, Track>,
+}
+
+/// Milliseconds of `d`.
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Ladder {
+    /// Actions wait as `grace` says (nothing waits by default: genv).
+    pub fn new(mut grace: Grace) -> Self {
+        grace.cycles = grace.cycles.max(1);
+        Ladder {
+            grace,
+            tracks: HashMap::new(),
+        }
+    }
+
+    /// Whether anything ever waits.
+    fn immediate(&self) -> bool {
+        self.grace.cycles == 1 && self.grace.after.is_zero() && self.grace.rules.is_empty()
+    }
+
+    /// How an action would stand if seen now (its track carried over).
+    fn standing(&self, key: &Key, what: &What, now: u64) -> Track {
+        match self.tracks.get(key) {
+            Some(t) => Track {
+                what: what.clone(),
+                seen: t.seen.saturating_add(1),
+                ..t.clone()
+            },
+            None => Track {
+                what: what.clone(),
+                seen: 1,
+                since: now,
+                deadline: self
+                    .grace
+                    .of(what.rules())
+                    .map(|g| now.saturating_add(ms(g))),
+                warned: false,
+                acted: false,
+            },
+        }
+    }
+
+    fn due(&self, t: &Track, now: u64) -> bool {
+        t.seen >= self.grace.cycles && t.deadline.is_some_and(|d| now >= d)
+    }
+
+    /// A host's plan split into what is due at `now` (ms) and what waits.
+    pub fn split_host(&self, host: &HostId, plan: &HostPlan, now: u64) -> (HostPlan, Vec<Waiting>) {
+        if self.immediate() {
+            return (plan.clone(), Vec::new());
+        }
+        let needed = self.grace.cycles;
+        let mut due = HostPlan::default();
+        let mut waiting = Vec::new();
+        for t in &plan.terminate {
+            let what = What::Terminate(t.clone());
+            let track = self.standing(
+                &Key::Terminate(host.clone(), t.pid, t.start_time),
+                &what,
+                now,
+            );
+            if self.due(&track, now) {
+                due.terminate.push(t.clone());
+            } else {
+                waiting.push(Waiting::Terminate {
+                    host: host.clone(),
+                    pid: t.pid,
+                    seen: track.seen,
+                    needed,
+                    deadline_ms: track.deadline.filter(|d| *d > track.since),
+                    warn_only: track.deadline.is_none(),
+                });
+            }
+        }
+        for d in &plan.detach {
+            let what = What::Detach(d.clone());
+            let key = Key::Detach(host.clone(), d.device, d.eid.clone());
+            let track = self.standing(&key, &what, now);
+            if self.due(&track, now) {
+                due.detach.push(d.clone());
+            } else {
+                waiting.push(Waiting::Detach {
+                    host: host.clone(),
+                    device: d.device,
+                    eid: d.eid.clone(),
+                    seen: track.seen,
+                    needed,
+                    deadline_ms: track.deadline.filter(|d| *d > track.since),
+                    warn_only: track.deadline.is_none(),
+                });
+            }
+        }
+        (due, waiting)
+    }
+
+    /// The whole plan split into what is due at `now` (ms) and what waits.
+    pub fn split(&self, plan: &Plan, now: u64) -> (Plan, Vec<Waiting>) {
+        let mut due = Plan::default();
+        let mut waiting = Vec::new();
+        for (host, p) in &plan.hosts {
+            let (d, w) = self.split_host(host, p, now);
+            if !d.is_empty() {
+                due.hosts.push((host.clone(), d));
+            }
+            waiting.extend(w);
+        }
+        (due, waiting)
+    }
+
+    /// Ends a cycle whose whole (unsplit) plan was `plan`, at `now` (ms):
+    /// what it holds has been seen once more, what it lacks starts over.
+    /// Returns what to tell, each once per action: `warned` when an action
+    /// first waits on a grace (not on `--confirm-cycles` alone), `acted`
+    /// when it is first due, `cleared` when a warned action goes away
+    /// before it was due.
+    pub fn advance(&mut self, plan: &Plan, now: u64) -> Vec<Event> {
+        if self.immediate() {
+            return Vec::new();
+        }
+        let mut events = Vec::new();
+        let mut tracks = HashMap::with_capacity(self.tracks.len());
+        for (host, p) in &plan.hosts {
+            let keyed = p
+                .terminate
+                .iter()
+                .map(|t| {
+                    (
+                        Key::Terminate(host.clone(), t.pid, t.start_time),
+                        What::Terminate(t.clone()),
+                    )
+                })
+                .chain(p.detach.iter().map(|d| {
+                    (
+                        Key::Detach(host.clone(), d.device, d.eid.clone()),
+                        What::Detach(d.clone()),
+                    )
+                }));
+            for (key, what) in keyed {
+                let mut track = self.standing(&key, &what, now);
+                let event = |stage| Event {
+                    stage,
+                    host: host.clone(),
+                    what: what.clone(),
+                    since_ms: track.since,
+                    deadline_ms: track.deadline,
+                };
+                if self.due(&track, now) {
+                    if !track.acted {
+                        events.push(event(Stage::Acted));
+                        track.acted = true;
+                    }
+                } else if !track.warned && !matches!(track.deadline, Some(d) if d <= track.since) {
+                    events.push(event(Stage::Warned));
+                    track.warned = true;
+                }
+                tracks.insert(key, track);
+            }
+        }
+        for (key, old) in self.tracks.drain() {
+            if tracks.contains_key(&key) || !old.warned || old.acted {
+                continue;
+            }
+            let (Key::Terminate(host, ..) | Key::Detach(host, ..)) = key;
+            events.push(Event {
+                stage: Stage::Cleared,
+                host,
+                what: old.what,
+                since_ms: old.since,
+                deadline_ms: old.deadline,
+            });
+        }
+        self.tracks = tracks;
+        events.sort_by_cached_key(|e| {
+            // Terminations before detaches, as in a plan.
+            let (kind, pid, device, eid) = match &e.what {
+                What::Terminate(t) => (0, t.pid.0, 0, String::new()),
+                What::Detach(d) => (1, 0, d.device.0, d.eid.0.clone()),
+            };
+            (e.host.clone(), e.since_ms, kind, pid, device, eid)
+        });
+        events
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cycles(n: u32) -> Grace {
+        Grace {
+            cycles: n,
+            ..Grace::default()
+        }
+    }
+
+    fn plan(pids: &[(u32, u64)], detach: &[(u32, &str)]) -> Plan {
+        Plan {
+            hosts: vec![(
+                HostId("h".into()),
+                HostPlan {
+                    terminate: pids
+                        .iter()
+                        .map(|&(p, s)| Termination::of(Pid(p), Some(s)))
+                        .collect(),
+                    detach: detach
+                        .iter()
+                        .map(|&(d, e)| Detach {
+                            device: GpuIndex(d),
+                            eid: EnvId(e.into()),
+                            username: None,
+                        })
+                        .collect(),
+                },
+            )],
+        }
+    }
+
+    fn acted(c: &Ladder, p: &Plan) -> (Vec<u32>, Vec<u32>, usize) {
+        acted_at(c, p, 0)
+    }
+
+    fn acted_at(c: &Ladder, p: &Plan, now: u64) -> (Vec<u32>, Vec<u32>, usize) {
+        let (done, waiting) = c.split(p, now);
+        let hp = done
+            .hosts
+            .first()
+            .map(|(_, h)| h.clone())
+            .unwrap_or_default();
+        (
+            hp.terminate.iter().map(|t| t.pid.0).collect(),
+            hp.detach.iter().map(|d| d.device.0).collect(),
+            waiting.len(),
+        )
+    }
+
+    #[test]
+    fn one_cycle_is_genvs_behaviour() {
+        let mut c = Ladder::new(Grace::default());
+        let p = plan(&[(1, 10)], &[(0, "e")]);
+        assert_eq!(acted(&c, &p), (vec![1], vec![0], 0));
+        c.advance(&p, 0);
+        assert_eq!(acted(&c, &p), (vec![1], vec![0], 0));
+    }
+
+    #[test]
+    fn actions_wait_for_consecutive_sightings_of_the_same_thing() {
+        let mut c = Ladder::new(cycles(2));
+        let first = plan(&[(1, 10), (2, 20)], &[(0, "e")]);
+        assert_eq!(acted(&c, &first), (vec![], vec![], 3));
+        let (_, waiting) = c.split(&first, 0);
+        assert!(matches!(
+            waiting[0],
+            Waiting::Terminate {
+                seen: 1,
+                needed: 2,
+                ..
+            }
+        ));
+        c.advance(&first, 0);
+        // pid 1 again; pid 2 reused (other start time); the detach again.
+        let second = plan(&[(1, 10), (2, 21)], &[(0, "e")]);
+        assert_eq!(acted(&c, &second), (vec![1], vec![0], 1));
+        c.advance(&second, 0);
+        // A cycle without them starts the count over.
+        c.advance(&plan(&[], &[]), 0);
+        assert_eq!(acted(&c, &second), (vec![], vec![], 3));
+        let mut three = Ladder::new(cycles(3));
+        for expected in [0, 0, 2, 2] {
+            assert_eq!(acted(&three, &first).0.len(), expected);
+            three.advance(&first, 0);
+        }
+    }
+
+    fn stages(events: &[Event]) -> Vec<(Stage, String)> {
+        events
+            .iter()
+            .map(|e| {
+                let what = match &e.what {
+                    What::Terminate(t) => format!("pid {}", t.pid.0),
+                    What::Detach(d) => format!("{} on {}", d.eid.0, d.device.0),
+                };
+                (e.stage, what)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_grace_warns_once_then_acts_at_its_deadline() {
+        let mut l = Ladder::new(Grace {
+            after: Duration::from_secs(5),
+            ..Grace::default()
+        });
+        let p = plan(&[(1, 10)], &[(0, "e")]);
+        assert_eq!(acted_at(&l, &p, 1_000), (vec![], vec![], 2));
+        let warned = l.advance(&p, 1_000);
+        assert_eq!(
+            stages(&warned),
+            [
+                (Stage::Warned, "pid 1".to_string()),
+                (Stage::Warned, "e on 0".to_string())
+            ]
+        );
+        assert!(warned.iter().all(|e| e.deadline_ms == Some(6_000)));
+        // Still within the grace: nothing done, nothing said again.
+        assert_eq!(acted_at(&l, &p, 5_999), (vec![], vec![], 2));
+        assert!(l.advance(&p, 5_999).is_empty());
+        // Due: acted on, said once; acted on again while it holds.
+        assert_eq!(acted_at(&l, &p, 6_000), (vec![1], vec![0], 0));
+        assert_eq!(stages(&l.advance(&p, 6_000)).len(), 2);
+        assert_eq!(acted_at(&l, &p, 7_000), (vec![1], vec![0], 0));
+        assert!(l.advance(&p, 7_000).is_empty());
+        // Acted on, then gone: no clearing.
+        assert!(l.advance(&plan(&[], &[]), 8_000).is_empty());
+    }
+
+    #[test]
+    fn a_violation_that_ends_within_its_grace_is_cleared_once() {
+        let mut l = Ladder::new(Grace {
+            after: Duration::from_secs(60),
+            ..Grace::default()
+        });
+        let p = plan(&[(1, 10), (2, 20)], &[]);
+        l.advance(&p, 0);
+        let fixed = plan(&[(2, 20)], &[]);
+        assert_eq!(
+            stages(&l.advance(&fixed, 1_000)),
+            [(Stage::Cleared, "pid 1".to_string())]
+        );
+        assert!(l.advance(&fixed, 2_000).is_empty());
+        // The same pid with another start time is another process: new.
+        let reused = plan(&[(1, 11), (2, 20)], &[]);
+        assert_eq!(
+            stages(&l.advance(&reused, 3_000)),
+            [(Stage::Warned, "pid 1".to_string())]
+        );
+        assert_eq!(acted_at(&l, &reused, 60_000), (vec![2], vec![], 1));
+    }
+
+    #[test]
+    fn rules_have_their_own_grace_and_may_only_warn() {
+        let grace = Grace {
+            after: Duration::from_secs(60),
+            rules: [
+                (
+                    Rule::EnvMemory,
+                    RuleGrace {
+                        warn_only: false,
+                        after: Some(Duration::ZERO),
+                    },
+                ),
+                (
+                    Rule::NonEnvProcesses,
+                    RuleGrace {
+                        warn_only: true,
+                        after: None,
+                    },
+                ),
+            ]
+            .into_iter()
+            .collect(),
+            ..Grace::default()
+        };
+        let l = Ladder::new(grace.clone());
+        let of = |rules: &[Rule]| grace.of(rules.iter().copied());
+        assert_eq!(of(&[Rule::EnvDevices]), Some(Duration::from_secs(60)));
+        assert_eq!(
+            of(&[Rule::EnvMemory, Rule::EnvDevices]),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(of(&[Rule::NonEnvProcesses]), None);
+        assert_eq!(
+            of(&[Rule::NonEnvProcesses, Rule::EnvDevices]),
+            Some(Duration::from_secs(60))
+        );
+        // A warn-only action waits for ever; one at once acts at once.
+        let mut p = plan(&[(1, 10), (2, 20)], &[]);
+        p.hosts[0].1.terminate[0].rules = [Rule::NonEnvProcesses].into_iter().collect();
+        p.hosts[0].1.terminate[1].rules = [Rule::EnvMemory].into_iter().collect();
+        let (due, waiting) = l.split(&p, 1_000_000);
+        assert_eq!(due.hosts[0].1.terminate[0].pid, Pid(2));
+        assert!(matches!(
+            waiting[..],
+            [Waiting::Terminate {
+                warn_only: true,
+                deadline_ms: None,
+                ..
+            }]
+        ));
+    }
+}
