@@ -195,7 +195,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
         caps.extend(policy.max_devices_for_user);
         policy.max_devices_for_user = caps;
     }
-    let settings = Settings {
+    let mut settings = Settings {
         failures: Failures {
             exit_on_error: args.exit_on_error,
             quiet: args.quiet,
@@ -207,6 +207,9 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
             enforce.snapshot_dir.is_some(),
         )
     };
+    if let Some(inv) = &inventory {
+        settings.grace.rules = inv.policy.clone();
+    }
     if let Some(dir) = &enforce.snapshot_dir {
         let ids = match inventory {
             Some(i) => i.hosts.into_iter().map(|h| h.id).collect(),

@@ -2,6 +2,8 @@
 //! (genv's formats) or an inventory TOML (see `hosts.example.toml`).
 //! Pure: text in, [`HostSpec`]s out; reading the files is the caller's.
 
+use crate::ladder::RuleGrace;
+use crate::rules::Rule;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -40,11 +42,13 @@ pub struct Caps {
     pub max_devices_for_user: BTreeMap<String, u32>,
 }
 
-/// A fleet: hosts in order, and caps from the inventory file.
+/// A fleet: hosts in order, and caps and rules' graces from the
+/// inventory file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Inventory {
     pub hosts: Vec<HostSpec>,
     pub caps: Caps,
+    pub policy: BTreeMap<Rule, RuleGrace>,
 }
 
 /// An inventory that cannot be used, naming the file and where.
@@ -176,6 +180,19 @@ struct File {
     host: Vec<HostEntry>,
     #[serde(default)]
     limits: Limits,
+    /// `[policy.<rule>]`, by genv's rule names.
+    #[serde(default)]
+    policy: BTreeMap<String, RulePolicy>,
+}
+
+/// `[policy.<rule>]`: how one rule's actions are carried out.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RulePolicy {
+    /// `warn` (never acted on) or `enforce`.
+    action: Option<Spanned<String>>,
+    /// Its grace (`15m`), instead of `--grace`.
+    grace: Option<Spanned<String>>,
 }
 
 with_settings! {
@@ -456,8 +473,37 @@ pub fn parse_inventory(
             "no hosts: add [[host]] entries or a [[group]] with `hosts`".into(),
         ));
     }
+    let mut policy = BTreeMap::new();
+    for (name, p) in &parsed.policy {
+        let rule = Rule::from_name(name).ok_or_else(|| {
+            err(format!(
+                "[policy.{name}]: unknown rule (non-env-processes, env-devices, env-memory, max-devices-per-user)"
+            ))
+        })?;
+        let warn_only = match p.action.as_ref() {
+            None => false,
+            Some(a) => match a.get_ref().as_str() {
+                "warn" => true,
+                "enforce" => false,
+                other => return Err(located(Located::at(
+                    a,
+                    format!(
+                        "[policy.{name}]: key `action`: `{other}` is neither `warn` nor `enforce`"
+                    ),
+                ))),
+            },
+        };
+        let after = match p.grace.as_ref() {
+            None => None,
+            Some(g) => Some(crate::cli::parse_duration(g.get_ref()).map_err(|m| {
+                located(Located::at(g, format!("[policy.{name}]: key `grace`: {m}")))
+            })?),
+        };
+        policy.insert(rule, RuleGrace { warn_only, after });
+    }
     Ok(Inventory {
         hosts,
+        policy,
         caps: Caps {
             max_devices_per_user: parsed.limits.max_devices_per_user,
             max_devices_for_user: parsed.limits.max_devices_for_user,
@@ -688,5 +734,49 @@ max_devices_for_user = { alice = 4 }
             );
         }
         assert!(error("").contains("no hosts"));
+    }
+
+    #[test]
+    fn rules_have_their_own_grace_or_only_warn() {
+        let text = "[[host]]\nname = \"gpu1\"\n\n[policy.non-env-processes]\naction = \"warn\"\n\n[policy.env-memory]\ngrace = \"15m\"\n";
+        let inv = parse_inventory(text, "hosts.toml", &Overrides::default()).unwrap();
+        assert_eq!(
+            inv.policy.into_iter().collect::<Vec<_>>(),
+            [
+                (
+                    Rule::NonEnvProcesses,
+                    RuleGrace {
+                        warn_only: true,
+                        after: None
+                    }
+                ),
+                (
+                    Rule::EnvMemory,
+                    RuleGrace {
+                        warn_only: false,
+                        after: Some(std::time::Duration::from_secs(900))
+                    }
+                ),
+            ]
+        );
+        for (bad, says) in [
+            ("[policy.gpu-hogs]\naction = \"warn\"", "unknown rule"),
+            (
+                "[policy.env-devices]\naction = \"kill\"",
+                "line 5: [policy.env-devices]: key `action`: `kill` is neither",
+            ),
+            (
+                "[policy.env-devices]\ngrace = \"soon\"",
+                "line 5: [policy.env-devices]: key `grace`",
+            ),
+            (
+                "[policy.env-devices]\nwhen = \"now\"",
+                "unknown field `when`",
+            ),
+        ] {
+            let text = format!("[[host]]\nname = \"gpu1\"\n\n{bad}\n");
+            let e = parse_inventory(&text, "hosts.toml", &Overrides::default()).unwrap_err();
+            assert!(e.message.contains(says), "{bad}: {e}");
+        }
     }
 }

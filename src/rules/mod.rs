@@ -75,6 +75,19 @@ pub enum Rule {
 }
 
 impl Rule {
+    /// Every rule, in genv's order.
+    pub const ALL: [Rule; 4] = [
+        Rule::NonEnvProcesses,
+        Rule::EnvDevices,
+        Rule::EnvMemory,
+        Rule::MaxDevicesPerUser,
+    ];
+
+    /// The rule of this name ([`Rule::name`]).
+    pub fn from_name(name: &str) -> Option<Rule> {
+        Rule::ALL.into_iter().find(|r| r.name() == name)
+    }
+
     /// Its name, as in genv's flags and our reports.
     pub fn name(self) -> &'static str {
         match self {
