@@ -60,7 +60,7 @@ Examples:
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Enforce GPU usage on this machine (as `genv enforce`).
-    Enforce(EnforceArgs),
+    Enforce(Box<EnforceArgs>),
     /// Enforce GPU usage on remote hosts over SSH (as `genv remote ... enforce`).
     Remote(Box<RemoteArgs>),
     /// Check this machine before enforcing: privileges, nvidia-smi, genv's
@@ -178,7 +178,7 @@ pub enum HostKeyCheck {
 #[derive(Debug, Subcommand)]
 pub enum RemoteCommand {
     /// Enforce GPU usage on the hosts.
-    Enforce(RemoteEnforceArgs),
+    Enforce(Box<RemoteEnforceArgs>),
     /// Check every host before enforcing: SSH, host key, sudo, Python,
     /// nvidia-smi, genv's state and version, tools, clock; a fix for each
     /// failure; exit status 1 if any host fails.
@@ -277,6 +277,16 @@ pub struct CycleArgs {
     #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "0s")]
     pub grace: Duration,
 
+    /// Keep each action's progress (warnings, deadlines), the jobs seen
+    /// orphaned, events, actions and per-user usage in this SQLite file,
+    /// across restarts (root's alone: 0600 in a 0700 directory).
+    #[arg(long, value_name = "PATH")]
+    pub state_db: Option<PathBuf>,
+
+    /// How long --state-db keeps events, actions and usage.
+    #[arg(long, value_parser = parse_retention, value_name = "DURATION", default_value = "90d")]
+    pub retain: Duration,
+
     /// Serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9400), path /metrics.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,
@@ -358,6 +368,20 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A retention (`--retain`): a duration such as `90d`, from an hour to
+/// ten years.
+///
+/// # Errors
+/// Not a duration, or outside that range.
+pub fn parse_retention(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text)
+        .map_err(|e| format!("not a duration such as 90d or 12weeks: {e}"))?;
+    if d < Duration::from_secs(3600) || d > Duration::from_secs(10 * 366 * 86400) {
+        return Err(format!("{text} is not between 1h and 10 years"));
+    }
+    Ok(d)
+}
+
 /// A deadline: as [`parse_duration`], and at least one second (host-side
 /// limits count whole seconds).
 ///
@@ -391,6 +415,16 @@ pub fn parse_user_cap(text: &str) -> Result<(String, u32), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retention_is_an_hour_to_ten_years() {
+        assert_eq!(parse_retention("90d"), Ok(Duration::from_secs(90 * 86400)));
+        assert_eq!(parse_retention("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["59m", "11years", "soon", "90"] {
+            assert!(parse_retention(bad).is_err(), "{bad}");
+        }
+        assert!(parse_retention("10years").is_ok());
+    }
     use crate::rules::Policy;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {

@@ -50,6 +50,10 @@ pub struct Settings {
     /// When actions are carried out: `--confirm-cycles`, `--grace` and
     /// the rules' own.
     pub grace: crate::ladder::Grace,
+    /// `--state-db`: kept across restarts.
+    pub state: Option<Arc<crate::state_db::StateDb>>,
+    /// `--retain`: how long the database keeps events, actions and usage.
+    pub retain: Duration,
 }
 
 /// What a command line asks for.
@@ -87,6 +91,8 @@ pub enum ConfigError {
     HostList(String),
     #[error(transparent)]
     Inventory(#[from] InventoryError),
+    #[error(transparent)]
+    StateDb(#[from] crate::state_db::StateDbError),
     #[error("{}: no hosts", path.display())]
     NoHosts { path: PathBuf },
     #[error("remote: one of -H/--host, --hostfile or --inventory is required")]
@@ -143,10 +149,13 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
             Ok(Job::Enforce {
                 metrics: args.cycle.metrics_listen,
                 fleets: with_audit(fleets, &args.cycle)?,
-                settings: Settings {
-                    failures: Failures::default(),
-                    ..settings
-                },
+                settings: with_state(
+                    Settings {
+                        failures: Failures::default(),
+                        ..settings
+                    },
+                    &args.cycle,
+                )?,
                 control_dir: None,
             })
         }
@@ -230,7 +239,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
                 vec![Fleet::new(hosts, usize::from(args.concurrency))],
                 &enforce.cycle,
             )?,
-            settings,
+            settings: with_state(settings, &enforce.cycle)?,
             control_dir: None,
         });
     }
@@ -249,7 +258,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
     Ok(Job::Enforce {
         metrics: enforce.cycle.metrics_listen,
         fleets: with_audit(vec![fleet], &enforce.cycle)?,
-        settings,
+        settings: with_state(settings, &enforce.cycle)?,
         control_dir,
     })
 }
@@ -361,7 +370,17 @@ fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings
             after: c.grace,
             rules: Default::default(),
         },
+        state: None,
+        retain: c.retain,
     }
+}
+
+/// Opens `--state-db`, if given, for `settings`.
+fn with_state(mut settings: Settings, c: &CycleArgs) -> Result<Settings, ConfigError> {
+    if let Some(path) = &c.state_db {
+        settings.state = Some(Arc::new(crate::state_db::StateDb::open(path)?));
+    }
+    Ok(settings)
 }
 
 /// Opens `--audit-log` and hands it to every fleet.

@@ -20,7 +20,7 @@ use crate::report::{CycleReport, Timing};
 use crate::rules::Orphans;
 
 /// Now, in milliseconds since the Unix epoch.
-fn now_ms() -> u64 {
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, millis)
@@ -192,8 +192,10 @@ pub async fn cycle(
     timing.total_ms = millis(start.elapsed());
     // A replay's report is the same every time: no clock in it.
     let timing = (!fleet.is_recorded()).then_some(timing);
+    let usage = crate::usage::samples(&a.cluster);
     let mut report = CycleReport::new(a, outcomes, timing);
     report.events = events;
+    report.usage = usage;
     (report, abort)
 }
 

@@ -485,12 +485,14 @@ pub fn parse_inventory(
             Some(a) => match a.get_ref().as_str() {
                 "warn" => true,
                 "enforce" => false,
-                other => return Err(located(Located::at(
-                    a,
-                    format!(
+                other => {
+                    return Err(located(Located::at(
+                        a,
+                        format!(
                         "[policy.{name}]: key `action`: `{other}` is neither `warn` nor `enforce`"
                     ),
-                ))),
+                    )))
+                }
             },
         };
         let after = match p.grace.as_ref() {

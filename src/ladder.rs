@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::{EnvId, GpuIndex, HostId, Pid};
 use crate::plan::{Detach, HostPlan, Plan, Termination};
@@ -60,14 +60,14 @@ impl Grace {
 }
 
 /// What identifies an action from one cycle to the next.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 enum Key {
     Terminate(HostId, Pid, Option<u64>),
     Detach(HostId, GpuIndex, EnvId),
 }
 
 /// The action itself, for messages.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum What {
     Terminate(Termination),
@@ -93,7 +93,7 @@ impl What {
 }
 
 /// One action's progress.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Track {
     /// The action as last seen.
     what: What,
@@ -169,6 +169,14 @@ pub struct Ladder {
     tracks: HashMap<Key, Track>,
 }
 
+/// One action's progress as kept across restarts (`--state-db`): opaque
+/// outside this module.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Saved {
+    key: Key,
+    track: Track,
+}
+
 /// Milliseconds of `d`.
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -182,6 +190,25 @@ impl Ladder {
             grace,
             tracks: HashMap::new(),
         }
+    }
+
+    /// Every action's progress, to be kept across a restart.
+    pub fn export(&self) -> Vec<Saved> {
+        self.tracks
+            .iter()
+            .map(|(key, track)| Saved {
+                key: key.clone(),
+                track: track.clone(),
+            })
+            .collect()
+    }
+
+    /// Actions wait as `grace` says, each where `saved` left it: a restart
+    /// neither warns again nor moves a deadline.
+    pub fn restore(grace: Grace, saved: Vec<Saved>) -> Self {
+        let mut ladder = Ladder::new(grace);
+        ladder.tracks = saved.into_iter().map(|s| (s.key, s.track)).collect();
+        ladder
     }
 
     /// Whether anything ever waits.

@@ -57,3 +57,5 @@ pub mod report;
 pub mod rules;
 pub mod service;
 pub mod snapshot;
+pub mod state_db;
+pub mod usage;

@@ -9,13 +9,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot, Owner, Pid};
 use crate::rules::{Action, Rule, Violation};
 
 /// A process to SIGTERM, with what identifies it and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Termination {
     pub pid: Pid,
     /// Start time at snapshot; the pid is signalled only if it still matches.
@@ -53,7 +53,7 @@ pub enum Signal {
 }
 
 /// An environment to detach from a device.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Detach {
     pub device: GpuIndex,
     pub eid: EnvId,

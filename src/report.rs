@@ -38,6 +38,9 @@ pub struct CycleReport {
     /// Warned, acted on, cleared: each once per action (`--grace`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<Event>,
+    /// Who uses what, per host and user (kept by `--state-db`).
+    #[serde(skip)]
+    pub usage: Vec<crate::usage::Sample>,
     pub outcomes: Vec<Outcome>,
     /// Wall time of the cycle (none for a replay).
     pub duration_ms: Option<u64>,
@@ -68,6 +71,7 @@ impl CycleReport {
             plan: a.plan,
             waiting: a.waiting,
             events: Vec::new(),
+            usage: Vec::new(),
             duration_ms: timing.as_ref().map(|t| t.total_ms),
             timing,
         }

@@ -18,7 +18,8 @@ use crate::fleet::Fleet;
 use crate::ladder::Ladder;
 use crate::metrics::Metrics;
 use crate::output::{complain, emit, header, print_stdout};
-use crate::report::Format;
+use crate::report::{CycleReport, Format};
+use crate::state_db::StateDb;
 
 /// What ended a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +114,18 @@ pub async fn run(
         ladder: Ladder::new(settings.grace.clone()),
         ..Memory::default()
     };
+    if let Some(db) = &settings.state {
+        // Where the last run left off: no warning twice, no deadline moved.
+        match (db.ladder(), db.orphans()) {
+            (Ok(saved), Ok(orphans)) => {
+                memory.ladder = Ladder::restore(settings.grace.clone(), saved);
+                memory.orphans = orphans;
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                complain(&format!("{}: starting afresh", error::chain(&e)));
+            }
+        }
+    }
     for n in 1.. {
         let fleet = if each {
             match fleets.get(n as usize - 1) {
@@ -135,6 +148,9 @@ pub async fn run(
         };
         if let Some(m) = &service.metrics {
             m.observe(&report);
+        }
+        if let Some(db) = &settings.state {
+            record(db, &memory, &report, settings.retain).await;
         }
         if n == 1 {
             notify(&[sd_notify::NotifyState::Ready]);
@@ -185,7 +201,7 @@ pub async fn run(
                                 let old = std::mem::take(&mut fleets);
                                 fleets = merge(old, new.fleets).await;
                                 settings = new.settings;
-                                memory.ladder = Ladder::new(settings.grace.clone());
+                                memory.ladder = Ladder::restore(settings.grace.clone(), memory.ladder.export());
                                 kept.extend(new.keep);
                                 tracing::info!(hosts = fleets.first().map_or(0, |f| f.hosts.len()), "configuration reloaded");
                                 complain("configuration reloaded");
@@ -209,6 +225,30 @@ pub async fn run(
     }
     drop(kept);
     Ok(ending)
+}
+
+/// Writes the cycle of `report` to `db`, off the async workers; a failure
+/// is said and enforcement goes on.
+async fn record(db: &Arc<StateDb>, memory: &Memory, report: &CycleReport, retain: Duration) {
+    let db = Arc::clone(db);
+    let ladder = memory.ladder.export();
+    let orphans = memory.orphans.clone();
+    let (events, outcomes, usage) = (
+        report.events.clone(),
+        report.outcomes.clone(),
+        report.usage.clone(),
+    );
+    let retain = u64::try_from(retain.as_millis()).unwrap_or(u64::MAX);
+    let now = crate::cycle::now_ms();
+    let written = crate::host::off_workers("recording the cycle", move || {
+        db.record(now, &ladder, &orphans, &events, &outcomes, &usage, retain)
+    })
+    .await;
+    match written {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => complain(&format!("{}: this cycle is not recorded", error::chain(&e))),
+        Err(e) => complain(&format!("{}: this cycle is not recorded", error::chain(&e))),
+    }
 }
 
 /// The new fleets, each host that did not change taken from the old ones

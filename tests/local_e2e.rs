@@ -166,6 +166,8 @@ async fn process_of_unknown_ownership_is_reported_never_terminated() {
         failures: Default::default(),
         kill_after: None,
         grace: Default::default(),
+        state: None,
+        retain: std::time::Duration::from_secs(3600),
     };
     let fleet =
         genv_enforce::fleet::Fleet::new(vec![genv_enforce::host::Host::Local(Box::new(host))], 1);

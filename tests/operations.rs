@@ -632,3 +632,78 @@ fn a_grace_warns_first_acts_on_what_still_holds_at_its_deadline_and_clears_the_r
         "{phases:?}"
     );
 }
+
+#[test]
+fn a_restart_mid_grace_keeps_the_deadline_and_warns_nobody_twice() {
+    let mut h = Host::new(1);
+    let stray = h.spawn(None);
+    h.set_apps(&[(stray, 0, "100")]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let db = dir.path().join("state.db");
+    let start = || {
+        h.command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+            .args([
+                "enforce",
+                "--interval",
+                "1s",
+                "--non-env-processes",
+                "--grace",
+                "6s",
+                "--output",
+                "json",
+                "--state-db",
+                db.to_str().unwrap(),
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let stop = |child: &mut std::process::Child| {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(child),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        assert!(child.wait().unwrap().success());
+    };
+    let started = std::time::Instant::now();
+    let mut first = start();
+    let mut reports = BufReader::new(first.stdout.take().unwrap()).lines();
+    let report: Value = serde_json::from_str(&reports.next().unwrap().unwrap()).unwrap();
+    assert_eq!(report["events"][0]["stage"], "warned", "{report:#}");
+    let deadline = report["events"][0]["deadline_ms"].as_u64().unwrap();
+    stop(&mut first);
+    // A new run, mid-grace: no second warning; the same deadline.
+    let mut second = start();
+    let mut reports = BufReader::new(second.stdout.take().unwrap()).lines();
+    let acted = loop {
+        let r: Value = serde_json::from_str(&reports.next().unwrap().unwrap()).unwrap();
+        let events = r["events"].as_array().cloned().unwrap_or_default();
+        assert!(events.iter().all(|e| e["stage"] != "warned"), "{r:#}");
+        if !r["outcomes"].as_array().unwrap().is_empty() {
+            break r;
+        }
+        assert_eq!(r["awaiting_confirmation"][0]["deadline_ms"], deadline);
+        assert!(started.elapsed() < Duration::from_secs(20), "never acted");
+    };
+    stop(&mut second);
+    assert_eq!(acted["events"][0]["stage"], "acted");
+    assert_eq!(acted["events"][0]["deadline_ms"], deadline);
+    assert_eq!(h.wait_signal(stray, Duration::from_secs(5)), Some(SIGTERM));
+    // A database open to others is refused before anything runs.
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = h.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--state-db",
+        db.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("open to others (must be 0600): refused"),
+        "{}",
+        stderr(&out)
+    );
+}

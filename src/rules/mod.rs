@@ -16,7 +16,7 @@ mod non_env_processes;
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot, Owner, Pid};
 pub use attribution::Orphans;
@@ -65,7 +65,7 @@ impl Policy {
 }
 
 /// A rule, as named in reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Rule {
     NonEnvProcesses,

@@ -1,0 +1,481 @@
+//! `--state-db`: what a run keeps across restarts, in an embedded SQLite
+//! database (WAL, schema versions in `user_version`): each action's
+//! progress (warned, deadline), the processes seen orphaned, and a record
+//! of what happened (events, actions) and of who used what (one sample per
+//! cycle, per host and user). Root's alone: the file is 0600 in a 0700
+//! directory of ours, neither ever followed through a symlink; anything
+//! else is refused. Rows older than `--retain` are dropped.
+
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use rustix::fs::{FileType, Mode, OFlags};
+use thiserror::Error;
+
+use crate::ladder::{Event, Saved, Stage, What};
+use crate::model::HostId;
+use crate::outcome::Outcome;
+use crate::rules::Orphans;
+use crate::usage::Sample;
+
+/// Why the database cannot be used.
+#[derive(Debug, Error)]
+pub enum StateDbError {
+    #[error("--state-db {}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--state-db {}: {why}: refused", path.display())]
+    Unsafe { path: PathBuf, why: String },
+    #[error("--state-db {}", path.display())]
+    Sql {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+}
+
+/// The schema, one step per version (`PRAGMA user_version`).
+const MIGRATIONS: &[&str] = &[
+    // 1: kept state; events, actions and usage with their time.
+    "CREATE TABLE kept (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+     CREATE TABLE events (time_ms INTEGER NOT NULL, host TEXT NOT NULL, stage TEXT NOT NULL,
+        action TEXT NOT NULL, pid INTEGER, start_time INTEGER, device INTEGER, eid TEXT,
+        user TEXT, rules TEXT NOT NULL, since_ms INTEGER NOT NULL, deadline_ms INTEGER);
+     CREATE INDEX events_time ON events (time_ms);
+     CREATE TABLE actions (time_ms INTEGER NOT NULL, host TEXT NOT NULL, action TEXT NOT NULL,
+        pid INTEGER, device INTEGER, eid TEXT, result TEXT NOT NULL);
+     CREATE INDEX actions_time ON actions (time_ms);
+     CREATE TABLE usage (time_ms INTEGER NOT NULL, seconds REAL NOT NULL, host TEXT NOT NULL,
+        user TEXT NOT NULL, devices INTEGER NOT NULL, memory_bytes INTEGER NOT NULL,
+        processes INTEGER NOT NULL);
+     CREATE INDEX usage_time ON usage (time_ms);",
+];
+
+/// The longest a usage sample counts for: a gap longer than this (the
+/// enforcer was stopped) is not usage seen.
+const MAX_SAMPLE_SECONDS: f64 = 3600.0;
+
+/// An open state database.
+#[derive(Debug)]
+pub struct StateDb {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+}
+
+/// Checks that `fd` (at `path`) is a `kind` of ours that no one else may
+/// write or read.
+fn private(fd: impl AsFd, path: &Path, kind: FileType) -> Result<(), StateDbError> {
+    let unsafe_ = |why: &str| StateDbError::Unsafe {
+        path: path.to_path_buf(),
+        why: why.into(),
+    };
+    let stat = rustix::fs::fstat(fd).map_err(|e| StateDbError::Open {
+        path: path.to_path_buf(),
+        source: e.into(),
+    })?;
+    if FileType::from_raw_mode(stat.st_mode) != kind {
+        return Err(unsafe_(match kind {
+            FileType::Directory => "its directory is not a directory",
+            _ => "not a regular file",
+        }));
+    }
+    if stat.st_uid != rustix::process::geteuid().as_raw() {
+        return Err(unsafe_("not owned by us"));
+    }
+    if stat.st_mode & 0o077 != 0 {
+        return Err(unsafe_(match kind {
+            FileType::Directory => "its directory is open to others (must be 0700)",
+            _ => "open to others (must be 0600)",
+        }));
+    }
+    Ok(())
+}
+
+impl StateDb {
+    /// Opens (creating it 0600 if missing) the database at `path`, whose
+    /// directory must be ours and 0700; brings its schema up to date.
+    ///
+    /// # Errors
+    /// The file or its directory is refused, or cannot be opened or
+    /// migrated.
+    pub fn open(path: &Path) -> Result<Self, StateDbError> {
+        let io = |source: std::io::Error| StateDbError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let unsafe_ = |why: &str| StateDbError::Unsafe {
+            path: path.to_path_buf(),
+            why: why.into(),
+        };
+        let name = path.file_name().ok_or_else(|| unsafe_("not a file name"))?;
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let dir = rustix::fs::open(
+            parent,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
+                unsafe_("its directory is a symbolic link or not a directory")
+            }
+            e => io(e.into()),
+        })?;
+        private(&dir, path, FileType::Directory)?;
+        // The directory is ours alone: what we check here stays so.
+        let file = rustix::fs::openat(
+            &dir,
+            name,
+            OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => unsafe_("a symbolic link"),
+            rustix::io::Errno::NXIO => unsafe_("a socket or FIFO"),
+            e => io(e.into()),
+        })?;
+        private(&file, path, FileType::RegularFile)?;
+        drop(file);
+        let sql = |source| StateDbError::Sql {
+            path: path.to_path_buf(),
+            source,
+        };
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(sql)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(sql)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(sql)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sql)?;
+        let version: usize = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(sql)?;
+        if version > MIGRATIONS.len() {
+            return Err(unsafe_(&format!(
+                "written by a newer genv-enforce (schema {version}, we know {})",
+                MIGRATIONS.len()
+            )));
+        }
+        for (i, step) in MIGRATIONS.iter().enumerate().skip(version) {
+            let tx = conn.unchecked_transaction().map_err(sql)?;
+            tx.execute_batch(step).map_err(sql)?;
+            tx.pragma_update(None, "user_version", i + 1).map_err(sql)?;
+            tx.commit().map_err(sql)?;
+        }
+        Ok(StateDb {
+            path: path.to_path_buf(),
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn sql(&self, source: rusqlite::Error) -> StateDbError {
+        StateDbError::Sql {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn kept<T: serde::de::DeserializeOwned>(&self, name: &str) -> Result<Option<T>, StateDbError> {
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let text: Option<String> = conn
+            .query_row("SELECT value FROM kept WHERE name = ?1", [name], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
+    }
+
+    /// Each action's progress as the last run left it.
+    ///
+    /// # Errors
+    /// The database cannot be read.
+    pub fn ladder(&self) -> Result<Vec<Saved>, StateDbError> {
+        Ok(self.kept("ladder")?.unwrap_or_default())
+    }
+
+    /// Each host's processes seen orphaned, as the last run left them.
+    ///
+    /// # Errors
+    /// The database cannot be read.
+    pub fn orphans(&self) -> Result<HashMap<HostId, Orphans>, StateDbError> {
+        Ok(self.kept("orphans")?.unwrap_or_default())
+    }
+
+    /// Records one cycle at `now` (ms): what is kept (each action's
+    /// progress, the orphans), its events, the actions' outcomes and the
+    /// usage samples; drops rows older than `retain_ms`. One transaction.
+    ///
+    /// # Errors
+    /// The database cannot be written (nothing of the cycle is).
+    #[allow(clippy::too_many_arguments)]
+    pub fn record(
+        &self,
+        now: u64,
+        ladder: &[Saved],
+        orphans: &HashMap<HostId, Orphans>,
+        events: &[Event],
+        outcomes: &[Outcome],
+        usage: &[Sample],
+        retain_ms: u64,
+    ) -> Result<(), StateDbError> {
+        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        let run = || -> rusqlite::Result<()> {
+            let last: Option<i64> = tx
+                .query_row(
+                    "SELECT value FROM kept WHERE name = 'last_sample_ms'",
+                    [],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()?
+                .and_then(|t| t.parse().ok());
+            let seconds = last.map_or(0.0, |l| {
+                ((now as i64 - l) as f64 / 1000.0).clamp(0.0, MAX_SAMPLE_SECONDS)
+            });
+            let mut keep = tx.prepare_cached(
+                "INSERT INTO kept (name, value) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            )?;
+            keep.execute(params!["ladder", json(&ladder)])?;
+            keep.execute(params!["orphans", json(&orphans)])?;
+            keep.execute(params!["last_sample_ms", now.to_string()])?;
+            let mut event = tx.prepare_cached(
+                "INSERT INTO events VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            )?;
+            for e in events {
+                let stage = match e.stage {
+                    Stage::Warned => "warned",
+                    Stage::Acted => "acted",
+                    Stage::Cleared => "cleared",
+                };
+                let (action, pid, start_time, device, eid) = match &e.what {
+                    What::Terminate(t) => (
+                        "terminate",
+                        Some(t.pid.0),
+                        t.start_time.map(|s| s as i64),
+                        None,
+                        t.eid.as_ref().map(|e| e.0.as_str()),
+                    ),
+                    What::Detach(d) => (
+                        "detach",
+                        None,
+                        None,
+                        Some(d.device.0),
+                        Some(d.eid.0.as_str()),
+                    ),
+                };
+                let rules: Vec<&str> = e.what.rules().iter().map(|r| r.name()).collect();
+                event.execute(params![
+                    now as i64,
+                    e.host.0,
+                    stage,
+                    action,
+                    pid,
+                    start_time,
+                    device,
+                    eid,
+                    e.what.user(),
+                    rules.join(","),
+                    e.since_ms as i64,
+                    e.deadline_ms.map(|d| d as i64),
+                ])?;
+            }
+            let mut action =
+                tx.prepare_cached("INSERT INTO actions VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?;
+            for o in outcomes {
+                let result = match o {
+                    Outcome::Terminate { outcome, .. } | Outcome::Kill { outcome, .. } => {
+                        serde_json::to_value(outcome).ok()
+                    }
+                    Outcome::Detach { outcome, .. } => serde_json::to_value(outcome).ok(),
+                }
+                .and_then(|v| v.get("result").and_then(|r| r.as_str()).map(String::from))
+                .unwrap_or_default();
+                let (kind, host, pid, device, eid) = match o {
+                    Outcome::Terminate { host, pid, .. } => {
+                        ("terminate", host, Some(pid.0), None, None)
+                    }
+                    Outcome::Kill { host, pid, .. } => ("kill", host, Some(pid.0), None, None),
+                    Outcome::Detach {
+                        host, device, eid, ..
+                    } => ("detach", host, None, Some(device.0), Some(eid.0.as_str())),
+                };
+                action.execute(params![now as i64, host.0, kind, pid, device, eid, result])?;
+            }
+            let mut sample =
+                tx.prepare_cached("INSERT INTO usage VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?;
+            for s in usage {
+                sample.execute(params![
+                    now as i64,
+                    seconds,
+                    s.host.0,
+                    s.user,
+                    s.devices,
+                    s.memory_bytes as i64,
+                    s.processes
+                ])?;
+            }
+            let before = now.saturating_sub(retain_ms) as i64;
+            for table in ["events", "actions", "usage"] {
+                tx.execute(&format!("DELETE FROM {table} WHERE time_ms < ?1"), [before])?;
+            }
+            Ok(())
+        };
+        run().map_err(|e| self.sql(e))?;
+        tx.commit().map_err(|e| self.sql(e))
+    }
+}
+
+/// JSON text of a kept value.
+fn json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::ladder::{Grace, Ladder};
+    use crate::model::Pid;
+    use crate::plan::{HostPlan, Plan, Termination};
+
+    fn private_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        dir
+    }
+
+    #[test]
+    fn only_a_private_file_in_a_private_directory_is_used() {
+        let dir = private_dir();
+        let path = dir.path().join("state.db");
+        StateDb::open(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let refused = |path: &Path| match StateDb::open(path) {
+            Err(StateDbError::Unsafe { why, .. }) => why,
+            other => panic!("{other:?}"),
+        };
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(refused(&path).contains("open to others"));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.path().join("link.db");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(refused(&link).contains("symbolic link"));
+        let open = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(refused(&open.path().join("s.db")).contains("its directory is open"));
+        let linked_dir = dir.path().join("d");
+        std::os::unix::fs::symlink(open.path(), &linked_dir).unwrap();
+        assert!(refused(&linked_dir.join("s.db")).contains("symbolic link"));
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_and_an_older_one_migrated() {
+        let dir = private_dir();
+        let path = dir.path().join("state.db");
+        drop(StateDb::open(&path).unwrap());
+        let c = Connection::open(&path).unwrap();
+        let v: usize = c
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, MIGRATIONS.len());
+        c.pragma_update(None, "user_version", 99).unwrap();
+        drop(c);
+        match StateDb::open(&path) {
+            Err(StateDbError::Unsafe { why, .. }) => assert!(why.contains("newer"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn progress_and_orphans_survive_a_reopen_and_old_rows_go() {
+        let dir = private_dir();
+        let path = dir.path().join("state.db");
+        let db = StateDb::open(&path).unwrap();
+        let grace = Grace {
+            after: Duration::from_secs(60),
+            ..Grace::default()
+        };
+        let mut ladder = Ladder::new(grace.clone());
+        let host = HostId("h".into());
+        let plan = Plan {
+            hosts: vec![(
+                host.clone(),
+                HostPlan {
+                    terminate: vec![Termination::of(Pid(7), Some(70))],
+                    detach: vec![],
+                },
+            )],
+        };
+        let warned = ladder.advance(&plan, 1_000);
+        assert_eq!(warned.len(), 1);
+        let orphans: HashMap<HostId, Orphans> =
+            [(host.clone(), [(Pid(9), 90)].into_iter().collect())]
+                .into_iter()
+                .collect();
+        let usage = [Sample {
+            host: host.clone(),
+            user: "alice".into(),
+            devices: 2,
+            memory_bytes: 1 << 30,
+            processes: 1,
+        }];
+        db.record(
+            1_000,
+            &ladder.export(),
+            &orphans,
+            &warned,
+            &[],
+            &usage,
+            10_000,
+        )
+        .unwrap();
+        db.record(5_000, &ladder.export(), &orphans, &[], &[], &usage, 10_000)
+            .unwrap();
+        drop(db);
+        let db = StateDb::open(&path).unwrap();
+        assert_eq!(db.orphans().unwrap(), orphans);
+        let mut again = Ladder::restore(grace, db.ladder().unwrap());
+        // Not warned again; due at the same deadline.
+        assert!(again.advance(&plan, 30_000).is_empty());
+        assert!(again.split(&plan, 60_999).0.hosts.is_empty());
+        assert_eq!(again.split(&plan, 61_000).0.hosts.len(), 1);
+        let count = |table: &str| -> i64 {
+            let c = db.conn.lock().unwrap();
+            c.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+                .unwrap()
+        };
+        assert_eq!((count("events"), count("usage")), (1, 2));
+        let seconds: Vec<f64> = {
+            let c = db.conn.lock().unwrap();
+            let mut s = c
+                .prepare("SELECT seconds FROM usage ORDER BY time_ms")
+                .unwrap();
+            s.query_map([], |r| r.get(0))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
+        };
+        assert_eq!(seconds, [0.0, 4.0]);
+        // Past --retain: the first cycle's rows go.
+        db.record(12_000, &again.export(), &orphans, &[], &[], &[], 10_000)
+            .unwrap();
+        assert_eq!((count("events"), count("usage")), (0, 1));
+    }
+}
