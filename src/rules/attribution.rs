@@ -512,6 +512,26 @@ mod tests {
     }
 
     #[test]
+    fn attachments_are_found_whatever_order_devices_json_lists_devices_in() {
+        // devices.json lists device 1 before device 0; alice's job on 0.
+        let mut s = host(
+            vec![listing("a", Some("alice"), &[1])],
+            vec![job(30, Some("a"), 1001)],
+        );
+        s.devices = devices(3, &[(0, "a"), (1, "a"), (2, "a")]);
+        s.devices.reverse();
+        let a = Attribution::of(&s, &Orphans::default());
+        for d in 0..3 {
+            assert!(a.is_attached(0, GpuIndex(d)), "device {d}");
+        }
+        assert!(crate::rules::evaluate(
+            &crate::rules::test_support::local(s),
+            &crate::rules::Policy::default()
+        )
+        .is_empty());
+    }
+
+    #[test]
     fn an_idle_environment_is_its_records_user_as_in_genv() {
         let s = host(vec![listing("a", Some("alice"), &[1])], vec![]);
         assert_eq!(charge_of(&s, "a"), Charge::User("alice".into()));

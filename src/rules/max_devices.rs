@@ -461,4 +461,31 @@ mod tests {
             }));
         }
     }
+
+    #[test]
+    fn hosts_counted_are_those_with_her_environments_or_her_devices() {
+        // h1: her env with two devices; h2: her env, no device; h3: her
+        // stray's device only; h4: nothing of hers.
+        let h1 = host(vec![env("a", Some("alice"), None)], &[(0, "a"), (1, "a")]);
+        let h2 = host(vec![env("b", Some("alice"), None)], &[]);
+        let h3 = live(host(vec![], &[]), vec![job(10, Some("gone"), 1001, 2)]);
+        let h4 = host(vec![env("c", Some("bob"), None)], &[(0, "c")]);
+        let c = Cluster {
+            mode: Mode::Remote,
+            hosts: [("h1", h1), ("h2", h2), ("h3", h3), ("h4", h4)]
+                .into_iter()
+                .map(|(n, s)| (HostId(n.into()), s))
+                .collect(),
+        };
+        let v = crate::rules::evaluate(&c, &policy(Some(1), &[]));
+        assert_eq!(
+            v[0].finding,
+            Finding::MaxDevices {
+                user: "alice".into(),
+                devices: 3,
+                hosts: 3,
+                over: 2
+            }
+        );
+    }
 }
