@@ -69,6 +69,52 @@ pub enum Command {
     /// Print this machine's GPU usage as JSON (as `genv usage snapshot`),
     /// with each process's start time and uid added.
     Snapshot(SnapshotArgs),
+    /// Who used how much, from a --state-db database: per user (or host),
+    /// GPU-hours, peak GPUs, mean GPU memory, violations by rule,
+    /// warnings, terminations and detaches.
+    Report(ReportArgs),
+}
+
+/// `report` options.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The database an enforcer keeps (`enforce --state-db`).
+    #[arg(long, value_name = "PATH")]
+    pub state_db: PathBuf,
+    /// How far back (e.g. 7d, 12h, 4weeks).
+    #[arg(long, default_value = "7d", value_parser = parse_since, value_name = "DURATION")]
+    pub since: Duration,
+    /// One line per user or per host.
+    #[arg(long, value_enum, default_value = "user")]
+    pub by: ReportBy,
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: ReportOutput,
+}
+
+/// What a report's lines are about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportBy {
+    User,
+    Host,
+}
+
+/// How a report is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportOutput {
+    /// An aligned table.
+    Text,
+    /// One JSON array.
+    Json,
+    /// Comma-separated values with a header line.
+    Csv,
+}
+
+/// `--since`: any duration (`7d`).
+///
+/// # Errors
+/// Not a duration.
+pub fn parse_since(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("not a duration such as 7d or 12h: {e}"))
 }
 
 /// Output formats.

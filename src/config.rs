@@ -70,6 +70,8 @@ pub enum Job {
     },
     /// This machine's snapshot as genv prints it.
     Snapshot(Box<LocalHost>),
+    /// `report` over a state database.
+    Report(crate::cli::ReportArgs),
     /// `doctor` over these hosts.
     Doctor {
         fleet: Fleet,
@@ -160,6 +162,7 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
             })
         }
         Command::Remote(args) => remote(*args),
+        Command::Report(args) => Ok(Job::Report(args)),
     }
 }
 

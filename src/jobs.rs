@@ -36,6 +36,7 @@ pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
                 1
             }
         },
+        Job::Report(args) => report(&args),
         Job::Doctor {
             fleet,
             format,
@@ -87,6 +88,42 @@ pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
             }
         }
     }
+}
+
+/// Prints what `args.state_db` recorded since `args.since`; 1 if it
+/// cannot be read, 2 if it is refused.
+fn report(args: &crate::cli::ReportArgs) -> u8 {
+    use crate::cli::{ReportBy, ReportOutput};
+    use crate::state_db::{StateDb, StateDbError};
+    let db = match StateDb::open_existing(&args.state_db) {
+        Ok(db) => db,
+        Err(e) => {
+            complain(&chain(&e));
+            return if matches!(e, StateDbError::Unsafe { .. }) {
+                USAGE
+            } else {
+                1
+            };
+        }
+    };
+    let since = crate::cycle::now_ms()
+        .saturating_sub(u64::try_from(args.since.as_millis()).unwrap_or(u64::MAX));
+    let recorded = match db.since(since) {
+        Ok(r) => r,
+        Err(e) => {
+            complain(&chain(&e));
+            return 1;
+        }
+    };
+    let by_host = args.by == ReportBy::Host;
+    let lines = crate::usage::summarize(&recorded, by_host);
+    let text = match args.output {
+        ReportOutput::Text => crate::usage::render_text(&lines, by_host),
+        ReportOutput::Csv => crate::usage::render_csv(&lines, by_host),
+        ReportOutput::Json => crate::usage::render_json(&lines),
+    };
+    print_stdout(&[text.trim_end().to_string()]);
+    0
 }
 
 /// Checks every host of `fleet`, a progress line on stderr if it is a

@@ -181,6 +181,45 @@ pub fn dry_run(plan: &Plan) -> Vec<Outcome> {
         .collect()
 }
 
+/// Each outcome with the user and the rules of its action in `plan`
+/// (for the state database's record of actions).
+pub fn attributed(
+    plan: &crate::plan::Plan,
+    outcomes: &[Outcome],
+) -> Vec<(Outcome, Option<String>, Vec<crate::rules::Rule>)> {
+    let mut signals = std::collections::HashMap::new();
+    let mut detaches = std::collections::HashMap::new();
+    for (host, p) in &plan.hosts {
+        for t in &p.terminate {
+            signals.insert((host, t.pid), t);
+        }
+        for d in &p.detach {
+            detaches.insert((host, d.device, &d.eid), d);
+        }
+    }
+    outcomes
+        .iter()
+        .map(|o| {
+            let (user, rules) = match o {
+                Outcome::Terminate { host, pid, .. } | Outcome::Kill { host, pid, .. } => {
+                    signals.get(&(host, *pid)).map_or((None, Vec::new()), |t| {
+                        (t.user.clone(), t.rules.iter().copied().collect())
+                    })
+                }
+                Outcome::Detach {
+                    host, device, eid, ..
+                } => (
+                    detaches
+                        .get(&(host, *device, eid))
+                        .and_then(|d| d.username.clone()),
+                    vec![crate::rules::Rule::MaxDevicesPerUser],
+                ),
+            };
+            (o.clone(), user, rules)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

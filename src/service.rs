@@ -235,7 +235,7 @@ async fn record(db: &Arc<StateDb>, memory: &Memory, report: &CycleReport, retain
     let orphans = memory.orphans.clone();
     let (events, outcomes, usage) = (
         report.events.clone(),
-        report.outcomes.clone(),
+        crate::outcome::attributed(&report.plan, &report.outcomes),
         report.usage.clone(),
     );
     let retain = u64::try_from(retain.as_millis()).unwrap_or(u64::MAX);
@@ -285,7 +285,9 @@ pub fn reloader(args: Vec<std::ffi::OsString>) -> Reload {
                 settings,
                 keep: control_dir,
             }),
-            Job::Snapshot(_) | Job::Doctor { .. } => Err(ReloadError::NotEnforcing),
+            Job::Snapshot(_) | Job::Report(_) | Job::Doctor { .. } => {
+                Err(ReloadError::NotEnforcing)
+            }
         }
     })
 }

@@ -18,8 +18,8 @@ use thiserror::Error;
 use crate::ladder::{Event, Saved, Stage, What};
 use crate::model::HostId;
 use crate::outcome::Outcome;
-use crate::rules::Orphans;
-use crate::usage::Sample;
+use crate::rules::{Orphans, Rule};
+use crate::usage::{ActionRow, EventRow, Recorded, Sample, UsageRow};
 
 /// Why the database cannot be used.
 #[derive(Debug, Error)]
@@ -55,6 +55,9 @@ const MIGRATIONS: &[&str] = &[
         user TEXT NOT NULL, devices INTEGER NOT NULL, memory_bytes INTEGER NOT NULL,
         processes INTEGER NOT NULL);
      CREATE INDEX usage_time ON usage (time_ms);",
+    // 2: whose each action was, and why.
+    "ALTER TABLE actions ADD COLUMN user TEXT;
+     ALTER TABLE actions ADD COLUMN rules TEXT NOT NULL DEFAULT '';",
 ];
 
 /// The longest a usage sample counts for: a gap longer than this (the
@@ -105,6 +108,19 @@ impl StateDb {
     /// The file or its directory is refused, or cannot be opened or
     /// migrated.
     pub fn open(path: &Path) -> Result<Self, StateDbError> {
+        StateDb::open_with(path, true)
+    }
+
+    /// Opens an existing database at `path` (checked as [`StateDb::open`]
+    /// does), for reading what runs recorded.
+    ///
+    /// # Errors
+    /// It is missing, refused, or cannot be opened or migrated.
+    pub fn open_existing(path: &Path) -> Result<Self, StateDbError> {
+        StateDb::open_with(path, false)
+    }
+
+    fn open_with(path: &Path, create: bool) -> Result<Self, StateDbError> {
         let io = |source: std::io::Error| StateDbError::Open {
             path: path.to_path_buf(),
             source,
@@ -134,7 +150,15 @@ impl StateDb {
         let file = rustix::fs::openat(
             &dir,
             name,
-            OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            OFlags::RDWR
+                | if create {
+                    OFlags::CREATE
+                } else {
+                    OFlags::empty()
+                }
+                | OFlags::NOFOLLOW
+                | OFlags::NONBLOCK
+                | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )
         .map_err(|e| match e {
@@ -227,7 +251,7 @@ impl StateDb {
         ladder: &[Saved],
         orphans: &HashMap<HostId, Orphans>,
         events: &[Event],
-        outcomes: &[Outcome],
+        outcomes: &[(Outcome, Option<String>, Vec<Rule>)],
         usage: &[Sample],
         retain_ms: u64,
     ) -> Result<(), StateDbError> {
@@ -293,9 +317,11 @@ impl StateDb {
                     e.deadline_ms.map(|d| d as i64),
                 ])?;
             }
-            let mut action =
-                tx.prepare_cached("INSERT INTO actions VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?;
-            for o in outcomes {
+            let mut action = tx.prepare_cached(
+                "INSERT INTO actions (time_ms, host, action, pid, device, eid, result, user, rules)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )?;
+            for (o, user, rules) in outcomes {
                 let result = match o {
                     Outcome::Terminate { outcome, .. } | Outcome::Kill { outcome, .. } => {
                         serde_json::to_value(outcome).ok()
@@ -313,7 +339,18 @@ impl StateDb {
                         host, device, eid, ..
                     } => ("detach", host, None, Some(device.0), Some(eid.0.as_str())),
                 };
-                action.execute(params![now as i64, host.0, kind, pid, device, eid, result])?;
+                let rules: Vec<&str> = rules.iter().map(|r| r.name()).collect();
+                action.execute(params![
+                    now as i64,
+                    host.0,
+                    kind,
+                    pid,
+                    device,
+                    eid,
+                    result,
+                    user,
+                    rules.join(",")
+                ])?;
             }
             let mut sample =
                 tx.prepare_cached("INSERT INTO usage VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?;
@@ -336,6 +373,80 @@ impl StateDb {
         };
         run().map_err(|e| self.sql(e))?;
         tx.commit().map_err(|e| self.sql(e))
+    }
+}
+
+impl StateDb {
+    /// What was recorded from `since_ms` on, for `report`.
+    ///
+    /// # Errors
+    /// The database cannot be read.
+    pub fn since(&self, since_ms: u64) -> Result<Recorded, StateDbError> {
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let since = since_ms as i64;
+        let read = || -> rusqlite::Result<Recorded> {
+            let mut usage = conn.prepare(
+                "SELECT time_ms, seconds, host, user, devices, memory_bytes FROM usage
+                 WHERE time_ms >= ?1 ORDER BY time_ms",
+            )?;
+            let usage = usage
+                .query_map([since], |r| {
+                    Ok(UsageRow {
+                        time_ms: r.get::<_, i64>(0)? as u64,
+                        seconds: r.get(1)?,
+                        host: r.get(2)?,
+                        user: r.get(3)?,
+                        devices: r.get(4)?,
+                        memory_bytes: r.get::<_, i64>(5)? as u64,
+                    })
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut events = conn.prepare(
+                "SELECT host, user, stage, rules, pid, device, eid FROM events
+                 WHERE time_ms >= ?1 ORDER BY time_ms",
+            )?;
+            let events = events
+                .query_map([since], |r| {
+                    Ok(EventRow {
+                        host: r.get(0)?,
+                        user: r.get(1)?,
+                        stage: r.get(2)?,
+                        rules: r.get(3)?,
+                        target: target(r.get(4)?, r.get(5)?, r.get(6)?),
+                    })
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut actions = conn.prepare(
+                "SELECT host, user, action, result, rules, pid, device, eid FROM actions
+                 WHERE time_ms >= ?1 ORDER BY time_ms",
+            )?;
+            let actions = actions
+                .query_map([since], |r| {
+                    Ok(ActionRow {
+                        host: r.get(0)?,
+                        user: r.get(1)?,
+                        action: r.get(2)?,
+                        result: r.get(3)?,
+                        rules: r.get(4)?,
+                        target: target(r.get(5)?, r.get(6)?, r.get(7)?),
+                    })
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(Recorded {
+                usage,
+                events,
+                actions,
+            })
+        };
+        read().map_err(|e| self.sql(e))
+    }
+}
+
+/// What an action is done to: a pid, or an environment on a device.
+fn target(pid: Option<i64>, device: Option<i64>, eid: Option<String>) -> String {
+    match pid {
+        Some(p) => format!("pid {p}"),
+        None => format!("{} on {}", eid.unwrap_or_default(), device.unwrap_or(-1)),
     }
 }
 

@@ -707,3 +707,107 @@ fn a_restart_mid_grace_keeps_the_deadline_and_warns_nobody_twice() {
         stderr(&out)
     );
 }
+
+#[test]
+fn report_gives_the_gpu_hours_a_multi_cycle_run_recorded() {
+    let mut h = Host::new(4);
+    let alice = h.spawn_as("alice", None);
+    let bob = h.spawn_as("bob", None);
+    h.set_apps(&[(alice, 0, "1024"), (alice, 1, "1024"), (bob, 2, "512")]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let db = dir.path().join("state.db");
+    let db_arg = db.to_str().unwrap();
+    let mut child = h
+        .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+        .args([
+            "enforce",
+            "--interval",
+            "1s",
+            "--output",
+            "json",
+            "--state-db",
+            db_arg,
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut reports = BufReader::new(child.stdout.take().unwrap()).lines();
+    for _ in 0..4 {
+        reports.next().unwrap().unwrap();
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+    let elapsed = started.elapsed().as_secs_f64();
+    // What the run recorded: its first and last sample.
+    let (first, last): (i64, i64) = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT min(time_ms), max(time_ms) FROM usage", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    let span = (last - first) as f64 / 1000.0;
+    assert!(span >= 2.5 && span <= elapsed, "{span} s of {elapsed} s");
+    let out = h.ours(&["report", "--state-db", db_arg, "--output", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let line = |user: &str| {
+        lines
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["name"] == user)
+            .unwrap_or_else(|| panic!("{user}: {lines:#}"))
+            .clone()
+    };
+    let (a, b) = (line("alice"), line("bob"));
+    let hours = |l: &Value| l["gpu_hours"].as_f64().unwrap();
+    assert!(
+        (hours(&a) - 2.0 * span / 3600.0).abs() < 1e-6,
+        "{a:#} over {span} s"
+    );
+    assert!(
+        (hours(&b) - span / 3600.0).abs() < 1e-6,
+        "{b:#} over {span} s"
+    );
+    assert_eq!(
+        (a["peak_gpus"].as_u64(), b["peak_gpus"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(a["mean_gpu_memory_bytes"].as_u64(), Some(2048 << 20));
+    // Text: an aligned table; CSV: a header and one line per user.
+    let text = String::from_utf8(h.ours(&["report", "--state-db", db_arg]).stdout).unwrap();
+    let rows: Vec<&str> = text.lines().collect();
+    assert!(
+        rows[0].starts_with("user ") && rows[0].contains("gpu_hours"),
+        "{text}"
+    );
+    assert_eq!(rows.len(), 3, "{text}");
+    let csv = String::from_utf8(
+        h.ours(&[
+            "report",
+            "--state-db",
+            db_arg,
+            "--output",
+            "csv",
+            "--by",
+            "host",
+        ])
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(csv.lines().count(), 2, "{csv}");
+    assert!(csv.starts_with("host,gpu_hours,"), "{csv}");
+    // A missing database is an error, not an empty report.
+    let out = h.ours(&[
+        "report",
+        "--state-db",
+        dir.path().join("none.db").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+}
