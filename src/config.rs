@@ -221,6 +221,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
     };
     if let Some(inv) = &inventory {
         settings.grace.rules = inv.policy.clone();
+        settings.grace.exempt = inv.exempt.clone();
     }
     if let Some(dir) = &enforce.snapshot_dir {
         let ids = match inventory {
@@ -372,6 +373,7 @@ fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings
             cycles: c.confirm_cycles,
             after: c.grace,
             rules: Default::default(),
+            exempt: Vec::new(),
         },
         state: None,
         retain: c.retain,

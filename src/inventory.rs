@@ -2,7 +2,7 @@
 //! (genv's formats) or an inventory TOML (see `hosts.example.toml`).
 //! Pure: text in, [`HostSpec`]s out; reading the files is the caller's.
 
-use crate::ladder::RuleGrace;
+use crate::ladder::{Exemption, RuleGrace};
 use crate::rules::Rule;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -49,6 +49,7 @@ pub struct Inventory {
     pub hosts: Vec<HostSpec>,
     pub caps: Caps,
     pub policy: BTreeMap<Rule, RuleGrace>,
+    pub exempt: Vec<Exemption>,
 }
 
 /// An inventory that cannot be used, naming the file and where.
@@ -183,6 +184,21 @@ struct File {
     /// `[policy.<rule>]`, by genv's rule names.
     #[serde(default)]
     policy: BTreeMap<String, RulePolicy>,
+    /// `[[exempt]]`.
+    #[serde(default)]
+    exempt: Vec<ExemptEntry>,
+}
+
+/// `[[exempt]]`: actions on a user's jobs, on a host, within a window.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExemptEntry {
+    user: Option<Spanned<String>>,
+    group: Option<Spanned<String>>,
+    host: Option<Spanned<String>>,
+    from: Option<Spanned<String>>,
+    until: Option<Spanned<String>>,
+    reason: Option<String>,
 }
 
 /// `[policy.<rule>]`: how one rule's actions are carried out.
@@ -503,9 +519,71 @@ pub fn parse_inventory(
         };
         policy.insert(rule, RuleGrace { warn_only, after });
     }
+    let mut exempt = Vec::new();
+    for (n, e) in parsed.exempt.iter().enumerate() {
+        let n = n + 1;
+        let at = |v: &Spanned<String>, m: String| {
+            located(Located::at(v, format!("[[exempt]] #{n}: {m}")))
+        };
+        if let Some(g) = &e.group {
+            return Err(at(
+                g,
+                "key `group`: group exemptions are not supported yet (name the users)".into(),
+            ));
+        }
+        if e.user.is_none() && e.host.is_none() {
+            return Err(err(format!(
+                "[[exempt]] #{n}: name a `user` or a `host` (an exemption of everything is --dry-run)"
+            )));
+        }
+        let time = |v: &Option<Spanned<String>>, key: &str| match v {
+            None => Ok(None),
+            Some(t) => humantime::parse_rfc3339_weak(t.get_ref())
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+                .ok_or_else(|| {
+                    at(
+                        t,
+                        format!("key `{key}`: not a time such as 2026-11-23T08:00:00Z"),
+                    )
+                }),
+        };
+        let (from_ms, until_ms) = (time(&e.from, "from")?, time(&e.until, "until")?);
+        if let (Some(f), Some(u), Some(v)) = (from_ms, until_ms, &e.until) {
+            if u <= f {
+                return Err(at(v, "key `until`: not after `from`".into()));
+            }
+        }
+        let host = match &e.host {
+            Some(h) => {
+                Some(HostId::new(h.get_ref()).map_err(|m| at(h, format!("key `host`: {m}")))?)
+            }
+            None => None,
+        };
+        if let Some(h) = &host {
+            if !hosts.iter().any(|s| &s.id == h) {
+                return Err(at(
+                    e.host.as_ref().expect("a host was given"),
+                    format!("key `host`: `{h}` is no host of this inventory"),
+                ));
+            }
+        }
+        exempt.push(Exemption {
+            user: e.user.as_ref().map(|u| u.get_ref().clone()),
+            host,
+            from_ms,
+            until_ms,
+            reason: e
+                .reason
+                .clone()
+                .unwrap_or_else(|| "exempt in the inventory".into()),
+        });
+    }
     Ok(Inventory {
         hosts,
         policy,
+        exempt,
         caps: Caps {
             max_devices_per_user: parsed.limits.max_devices_per_user,
             max_devices_for_user: parsed.limits.max_devices_for_user,
@@ -777,6 +855,48 @@ max_devices_for_user = { alice = 4 }
             ),
         ] {
             let text = format!("[[host]]\nname = \"gpu1\"\n\n{bad}\n");
+            let e = parse_inventory(&text, "hosts.toml", &Overrides::default()).unwrap_err();
+            assert!(e.message.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn exemptions_name_a_user_or_a_host_and_maybe_a_window() {
+        let text = "[[host]]\nname = \"gpu1\"\n\n[[exempt]]\nuser = \"alice\"\nhost = \"gpu1\"\nfrom = \"2026-11-23T08:00:00Z\"\nuntil = \"2026-11-23T20:00:00Z\"\nreason = \"a deadline\"\n\n[[exempt]]\nuser = \"bob\"\n";
+        let inv = parse_inventory(text, "hosts.toml", &Overrides::default()).unwrap();
+        assert_eq!(inv.exempt.len(), 2);
+        let e = &inv.exempt[0];
+        assert_eq!(
+            (
+                e.user.as_deref(),
+                e.host.as_ref().map(|h| h.0.as_str()),
+                e.reason.as_str()
+            ),
+            (Some("alice"), Some("gpu1"), "a deadline")
+        );
+        assert_eq!(e.until_ms.unwrap() - e.from_ms.unwrap(), 12 * 3600 * 1000);
+        assert_eq!(
+            (inv.exempt[1].from_ms, inv.exempt[1].host.as_ref()),
+            (None, None)
+        );
+        for (bad, says) in [
+            ("group = \"lab\"", "group exemptions are not supported yet"),
+            ("reason = \"x\"", "name a `user` or a `host`"),
+            (
+                "user = \"a\"\nfrom = \"tomorrow\"",
+                "key `from`: not a time",
+            ),
+            ("host = \"gpu9\"", "`gpu9` is no host of this inventory"),
+            (
+                "user = \"a\"\nfrom = \"2026-11-23T08:00:00Z\"\nuntil = \"2026-11-23T07:00:00Z\"",
+                "not after `from`",
+            ),
+            (
+                "user = \"a\"\nprocess = \"train.py\"",
+                "unknown field `process`",
+            ),
+        ] {
+            let text = format!("[[host]]\nname = \"gpu1\"\n\n[[exempt]]\n{bad}\n");
             let e = parse_inventory(&text, "hosts.toml", &Overrides::default()).unwrap_err();
             assert!(e.message.contains(says), "{bad}: {e}");
         }

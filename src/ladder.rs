@@ -25,6 +25,33 @@ pub struct Grace {
     pub after: Duration,
     /// Per-rule overrides.
     pub rules: BTreeMap<Rule, RuleGrace>,
+    /// What is never acted on (the inventory's `[[exempt]]`).
+    pub exempt: Vec<Exemption>,
+}
+
+/// An exemption: the actions on a user's jobs or environments, on a host,
+/// within a window, each given or any. Never by anything a user picks
+/// (a process name, an environment id).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Exemption {
+    pub user: Option<String>,
+    pub host: Option<HostId>,
+    /// From (ms since the Unix epoch), inclusive.
+    pub from_ms: Option<u64>,
+    /// Until (ms), exclusive.
+    pub until_ms: Option<u64>,
+    /// Said in reports.
+    pub reason: String,
+}
+
+impl Exemption {
+    /// Whether it covers an action on `host` charged to `user` at `now`.
+    pub fn covers(&self, host: &HostId, user: Option<&str>, now: u64) -> bool {
+        self.user.as_deref().map_or(true, |u| user == Some(u))
+            && self.host.as_ref().map_or(true, |h| h == host)
+            && self.from_ms.map_or(true, |f| now >= f)
+            && self.until_ms.map_or(true, |u| now < u)
+    }
 }
 
 /// One rule's own grace.
@@ -105,6 +132,26 @@ struct Track {
     deadline: Option<u64>,
     warned: bool,
     acted: bool,
+    /// Exempt when last seen: its grace starts anew when next seen
+    /// without its exemption.
+    #[serde(default)]
+    exempted: bool,
+}
+
+impl Track {
+    /// As if first seen at `now`.
+    fn restarted(self, grace: &Grace, now: u64) -> Track {
+        Track {
+            since: now,
+            deadline: grace
+                .of(self.what.rules())
+                .map(|g| now.saturating_add(ms(g))),
+            warned: false,
+            acted: false,
+            exempted: false,
+            ..self
+        }
+    }
 }
 
 /// Where an action stands.
@@ -148,6 +195,9 @@ pub enum Waiting {
         deadline_ms: Option<u64>,
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         warn_only: bool,
+        /// Why it is exempt, if it is: never acted on.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        exempt: Option<String>,
     },
     Detach {
         host: HostId,
@@ -159,6 +209,9 @@ pub enum Waiting {
         deadline_ms: Option<u64>,
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         warn_only: bool,
+        /// Why it is exempt, if it is: never acted on.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        exempt: Option<String>,
     },
 }
 
@@ -213,12 +266,21 @@ impl Ladder {
 
     /// Whether anything ever waits.
     fn immediate(&self) -> bool {
-        self.grace.cycles == 1 && self.grace.after.is_zero() && self.grace.rules.is_empty()
+        self.grace.cycles == 1
+            && self.grace.after.is_zero()
+            && self.grace.rules.is_empty()
+            && self.grace.exempt.is_empty()
     }
 
     /// How an action would stand if seen now (its track carried over).
     fn standing(&self, key: &Key, what: &What, now: u64) -> Track {
         match self.tracks.get(key) {
+            Some(t) if t.exempted => Track {
+                what: what.clone(),
+                seen: t.seen.saturating_add(1),
+                ..t.clone()
+            }
+            .restarted(&self.grace, now),
             Some(t) => Track {
                 what: what.clone(),
                 seen: t.seen.saturating_add(1),
@@ -234,8 +296,18 @@ impl Ladder {
                     .map(|g| now.saturating_add(ms(g))),
                 warned: false,
                 acted: false,
+                exempted: false,
             },
         }
+    }
+
+    /// Why `what` on `host` is not acted on at `now`, if it is exempt.
+    fn exempt(&self, host: &HostId, what: &What, now: u64) -> Option<&str> {
+        self.grace
+            .exempt
+            .iter()
+            .find(|e| e.covers(host, what.user(), now))
+            .map(|e| e.reason.as_str())
     }
 
     fn due(&self, t: &Track, now: u64) -> bool {
@@ -257,7 +329,8 @@ impl Ladder {
                 &what,
                 now,
             );
-            if self.due(&track, now) {
+            let exempt = self.exempt(host, &what, now);
+            if exempt.is_none() && self.due(&track, now) {
                 due.terminate.push(t.clone());
             } else {
                 waiting.push(Waiting::Terminate {
@@ -267,6 +340,7 @@ impl Ladder {
                     needed,
                     deadline_ms: track.deadline.filter(|d| *d > track.since),
                     warn_only: track.deadline.is_none(),
+                    exempt: exempt.map(String::from),
                 });
             }
         }
@@ -274,7 +348,8 @@ impl Ladder {
             let what = What::Detach(d.clone());
             let key = Key::Detach(host.clone(), d.device, d.eid.clone());
             let track = self.standing(&key, &what, now);
-            if self.due(&track, now) {
+            let exempt = self.exempt(host, &what, now);
+            if exempt.is_none() && self.due(&track, now) {
                 due.detach.push(d.clone());
             } else {
                 waiting.push(Waiting::Detach {
@@ -285,6 +360,7 @@ impl Ladder {
                     needed,
                     deadline_ms: track.deadline.filter(|d| *d > track.since),
                     warn_only: track.deadline.is_none(),
+                    exempt: exempt.map(String::from),
                 });
             }
         }
@@ -334,6 +410,15 @@ impl Ladder {
                     )
                 }));
             for (key, what) in keyed {
+                if self.exempt(host, &what, now).is_some() {
+                    // Its grace starts when the exemption ends.
+                    let track = Track {
+                        exempted: true,
+                        ..self.standing(&key, &what, now)
+                    };
+                    tracks.insert(key, track);
+                    continue;
+                }
                 let mut track = self.standing(&key, &what, now);
                 let event = |stage| Event {
                     stage,
@@ -584,5 +669,55 @@ mod tests {
                 ..
             }]
         ));
+    }
+
+    #[test]
+    fn exempt_actions_wait_and_their_grace_starts_when_the_exemption_ends() {
+        let mut p = plan(&[(1, 10), (2, 20)], &[(0, "e")]);
+        p.hosts[0].1.terminate[0].user = Some("alice".into());
+        p.hosts[0].1.terminate[1].user = Some("bob".into());
+        p.hosts[0].1.detach[0].username = Some("alice".into());
+        let mut l = Ladder::new(Grace {
+            after: Duration::from_secs(10),
+            exempt: vec![Exemption {
+                user: Some("alice".into()),
+                host: Some(HostId("h".into())),
+                from_ms: Some(1_000),
+                until_ms: Some(50_000),
+                reason: "maintenance".into(),
+            }],
+            ..Grace::default()
+        });
+        // Before the window: alice's actions warned like bob's.
+        assert_eq!(stages(&l.advance(&p, 0)).len(), 3);
+        // Within it: hers wait, exempt, whatever their deadline; bob's acts.
+        let (due, waiting) = l.split(&p, 20_000);
+        assert_eq!(due.hosts[0].1.terminate.len(), 1);
+        assert_eq!(due.hosts[0].1.terminate[0].pid, Pid(2));
+        assert!(due.hosts[0].1.detach.is_empty());
+        assert_eq!(waiting.len(), 2);
+        assert!(waiting.iter().all(|w| matches!(w,
+            Waiting::Terminate { exempt: Some(r), .. } | Waiting::Detach { exempt: Some(r), .. }
+                if r == "maintenance")));
+        let told = l.advance(&p, 20_000);
+        assert_eq!(stages(&told), [(Stage::Acted, "pid 2".to_string())]);
+        // The window ends at 50 s: hers are warned again, due 10 s later.
+        let after = l.advance(&p, 50_000);
+        assert_eq!(
+            stages(&after),
+            [
+                (Stage::Warned, "pid 1".to_string()),
+                (Stage::Warned, "e on 0".to_string())
+            ]
+        );
+        assert!(after.iter().all(|e| e.deadline_ms == Some(60_000)));
+        assert_eq!(acted_at(&l, &p, 59_999).0, vec![2]);
+        assert_eq!(acted_at(&l, &p, 60_000), (vec![1, 2], vec![0], 0));
+        // Another host, or a user it does not name: not covered.
+        let e = &l.grace.exempt[0];
+        assert!(!e.covers(&HostId("g".into()), Some("alice"), 2_000));
+        assert!(!e.covers(&HostId("h".into()), None, 2_000));
+        assert!(e.covers(&HostId("h".into()), Some("alice"), 1_000));
+        assert!(!e.covers(&HostId("h".into()), Some("alice"), 50_000));
     }
 }

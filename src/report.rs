@@ -397,6 +397,28 @@ fn waiting_line(mode: Mode, w: &Waiting) -> Option<String> {
     };
     Some(match w {
         Waiting::Terminate {
+            host,
+            pid,
+            exempt: Some(why),
+            ..
+        } => format!(
+            "{}[INFO] Process {pid} is exempt ({}): it is not terminated",
+            prefix(mode, host),
+            clean(why)
+        ),
+        Waiting::Detach {
+            host,
+            device,
+            eid,
+            exempt: Some(why),
+            ..
+        } => format!(
+            "{}[INFO] Environment {} is exempt ({}): it is not detached from device {device}",
+            prefix(mode, host),
+            clean(&eid.0),
+            clean(why)
+        ),
+        Waiting::Terminate {
             warn_only: true, ..
         }
         | Waiting::Detach {
