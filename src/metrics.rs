@@ -43,6 +43,11 @@ struct ActionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UserLabel {
+    user: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FailureLabels {
     host: String,
     /// [`FailureKind::name`](crate::model::FailureKind::name).
@@ -66,6 +71,8 @@ pub struct Metrics {
     actions: Family<ActionLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
     host_failures: Family<FailureLabels, Counter>,
+    user_devices: Family<UserLabel, Gauge>,
+    user_memory: Family<UserLabel, Gauge>,
     last_success: Gauge<f64, AtomicU64>,
 }
 
@@ -88,6 +95,8 @@ impl Metrics {
             actions: Family::default(),
             errors: Family::default(),
             host_failures: Family::default(),
+            user_devices: Family::default(),
+            user_memory: Family::default(),
             last_success: Gauge::default(),
             registry: Registry::default(),
         };
@@ -124,6 +133,16 @@ impl Metrics {
             m.host_failures.clone(),
         );
         registry.register(
+            "user_devices",
+            "GPUs the user's processes run on, over all hosts, last cycle",
+            m.user_devices.clone(),
+        );
+        registry.register(
+            "user_gpu_memory_bytes",
+            "GPU memory the user's processes hold, over all hosts, last cycle",
+            m.user_memory.clone(),
+        );
+        registry.register(
             "last_success_timestamp_seconds",
             "When the last cycle without any failure ended (Unix time)",
             m.last_success.clone(),
@@ -134,6 +153,20 @@ impl Metrics {
     /// Counts what a cycle's report says.
     pub fn observe(&self, r: &CycleReport) {
         self.cycles.inc();
+        // Users of the last cycle only: one gone is no longer listed.
+        self.user_devices.clear();
+        self.user_memory.clear();
+        for s in &r.usage {
+            let label = UserLabel {
+                user: s.user.clone(),
+            };
+            self.user_devices
+                .get_or_create(&label)
+                .inc_by(i64::from(s.devices));
+            self.user_memory
+                .get_or_create(&label)
+                .inc_by(i64::try_from(s.memory_bytes).unwrap_or(i64::MAX));
+        }
         if let Some(ms) = r.duration_ms {
             self.duration.observe(ms as f64 / 1000.0);
         }
@@ -341,15 +374,35 @@ mod tests {
                 failed("b", FailureKind::Sudo),
             ],
         );
-        m.observe(&CycleReport::new(a, Vec::new(), None));
+        let mut report = CycleReport::new(a, Vec::new(), None);
+        report.usage = ["h1", "h2"]
+            .into_iter()
+            .map(|h| crate::usage::Sample {
+                host: HostId(h.into()),
+                user: "alice".into(),
+                devices: 2,
+                memory_bytes: 1 << 30,
+                processes: 1,
+            })
+            .collect();
+        m.observe(&report);
         let text = m.render();
         for line in [
             "genv_enforce_host_failures_total{host=\"a\",kind=\"host-key\"} 1",
             "genv_enforce_host_failures_total{host=\"b\",kind=\"sudo\"} 1",
             "genv_enforce_errors_total{kind=\"snapshot\"} 2",
             "genv_enforce_host_up{host=\"a\"} 0",
+            "genv_enforce_user_devices{user=\"alice\"} 4",
+            "genv_enforce_user_gpu_memory_bytes{user=\"alice\"} 2147483648",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in {text}");
         }
+        // Next cycle without her: she is no longer listed.
+        m.observe(&CycleReport::new(
+            statuses(2, Mode::Remote, false, vec![]),
+            Vec::new(),
+            None,
+        ));
+        assert!(!m.render().contains("alice"));
     }
 }

@@ -138,3 +138,42 @@ fn the_binary_tells_systemd_it_is_ready_alive_reloading_and_stopping() {
     let status = child.wait_with_output().unwrap().status;
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn every_metric_the_dashboard_queries_exists() {
+    let text =
+        std::fs::read_to_string(util::repo().join("contrib/grafana-dashboard.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect();
+    assert!(exprs.len() >= 8, "{exprs:?}");
+    let ours = genv_enforce::metrics::Metrics::new().render();
+    let families: Vec<&str> = ours
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let mut queried = 0;
+    for expr in &exprs {
+        for name in expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("genv_enforce_"))
+        {
+            let family = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            assert!(
+                families.contains(&family),
+                "{name} (in `{expr}`) is not one of our metrics: {families:?}"
+            );
+            queried += 1;
+        }
+    }
+    assert!(queried >= 9, "{queried}");
+}
