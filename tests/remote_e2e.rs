@@ -1297,3 +1297,78 @@ fn doctor_finds_what_is_wrong_with_each_host_and_how_to_fix_it() {
     // Nothing was left behind, and the symlink's target was not read.
     assert!(f.host(3).state_dir().join("envs.json").is_symlink());
 }
+
+#[test]
+fn exemptions_by_user_host_and_window_and_warn_only_rules_on_the_fleet() {
+    let Some(mut f) = Fleet::up(2) else { return };
+    // alice is exempt on h1 now; carol's exemption ended yesterday; bob's
+    // starts tomorrow. Every one of them runs a non-env GPU job on h1,
+    // alice one on h2 as well.
+    let day = 86_400;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let at =
+        |s: u64| humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(s));
+    let tail = format!(
+        "\n[[exempt]]\nuser = \"alice\"\nhost = \"h1\"\nreason = \"paper\\u001b[2J deadline\"\n\
+         \n[[exempt]]\nuser = \"carol\"\nfrom = \"{}\"\nuntil = \"{}\"\n\
+         \n[[exempt]]\nuser = \"bob\"\nfrom = \"{}\"\n",
+        at(now - 2 * day),
+        at(now - day),
+        at(now + day)
+    );
+    let inventory = f.inventory(false, &[], &tail);
+    let alice1 = f.host(0).spawn_as("alice", None);
+    let carol = f.host(0).spawn_as("carol", None);
+    let bob = f.host(0).spawn_as("bob", None);
+    f.host(0)
+        .set_apps(&[(alice1, 0, "100"), (carol, 1, "100"), (bob, 2, "100")]);
+    let alice2 = f.host(1).spawn_as("alice", None);
+    f.host(1).set_apps(&[(alice2, 0, "100")]);
+    let run = |f: &Fleet, inventory: &std::path::Path| {
+        f.command(&[
+            "--inventory",
+            &inventory.display().to_string(),
+            "enforce",
+            "--interval",
+            "0",
+            "--non-env-processes",
+        ])
+        .output()
+        .unwrap()
+    };
+    let out = run(&f, &inventory);
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "[h1] [INFO] Process {alice1} is exempt (paper\\u{{1b}}[2J deadline): it is not terminated"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains('\x1b'), "{err}");
+    assert_eq!(f.host(0).wait_signal(carol, WAIT), Some(SIGTERM));
+    assert_eq!(f.host(0).wait_signal(bob, WAIT), Some(SIGTERM));
+    assert_eq!(f.host(1).wait_signal(alice2, WAIT), Some(SIGTERM));
+    assert!(f.host(0).running(alice1), "exempt on h1");
+    // A warn-only rule: nothing is terminated, the warning is said once.
+    let stray = f.host(1).spawn_as("dave", None);
+    f.host(1).set_apps(&[(stray, 1, "100")]);
+    let warn_only = f.inventory(
+        false,
+        &[],
+        "\n[policy.non-env-processes]\naction = \"warn\"\n",
+    );
+    let out = run(&f, &warn_only);
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "[h2] [WARNING] Process {stray} of user dave from environment N/A on GPU(s) 1 violates non-env-processes: warned only, nothing will be done"
+        )),
+        "{err}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(f.host(1).running(stray));
+    assert!(f.host(0).running(alice1));
+}
