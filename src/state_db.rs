@@ -32,6 +32,12 @@ pub enum StateDbError {
     },
     #[error("--state-db {}: {why}: refused", path.display())]
     Unsafe { path: PathBuf, why: String },
+    #[error("--state-db {}: its {what} cannot be read back: {why}", path.display())]
+    Corrupt {
+        path: PathBuf,
+        what: String,
+        why: String,
+    },
     #[error("--state-db {}", path.display())]
     Sql {
         path: PathBuf,
@@ -219,7 +225,13 @@ impl StateDb {
             })
             .optional()
             .map_err(|e| self.sql(e))?;
-        Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
+        text.map(|t| serde_json::from_str(&t))
+            .transpose()
+            .map_err(|e| StateDbError::Corrupt {
+                path: self.path.clone(),
+                what: name.to_string(),
+                why: e.to_string(),
+            })
     }
 
     /// Each action's progress as the last run left it.
@@ -588,5 +600,22 @@ mod tests {
         db.record(12_000, &again.export(), &orphans, &[], &[], &[], 10_000)
             .unwrap();
         assert_eq!((count("events"), count("usage")), (0, 1));
+    }
+
+    #[test]
+    fn kept_state_that_cannot_be_read_back_is_an_error_not_a_silent_reset() {
+        let dir = private_dir();
+        let path = dir.path().join("state.db");
+        let db = StateDb::open(&path).unwrap();
+        db.conn
+            .lock()
+            .unwrap()
+            .execute("INSERT INTO kept VALUES ('ladder', '{not json')", [])
+            .unwrap();
+        match db.ladder() {
+            Err(StateDbError::Corrupt { what, .. }) => assert_eq!(what, "ladder"),
+            other => panic!("{other:?}"),
+        }
+        assert!(db.orphans().unwrap().is_empty());
     }
 }
