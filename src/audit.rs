@@ -390,7 +390,7 @@ pub fn decided<'a>(cycle: u64, host: &'a HostId, plan: &'a HostPlan) -> Vec<Entr
         start_time: None,
         device: Some(d.device),
         eid: Some(&d.eid),
-        user: d.username.as_deref(),
+        user: d.charged.as_deref().or(d.username.as_deref()),
         rules: vec![Rule::MaxDevicesPerUser],
         message: report::detach_line(d),
         outcome: None,
@@ -607,16 +607,19 @@ mod tests {
                     device: GpuIndex(3),
                     eid: EnvId("e".into()),
                     username: Some("u".into()),
+                    charged: None,
                 },
                 Detach {
                     device: GpuIndex(3),
                     eid: EnvId("f".into()),
                     username: Some("u".into()),
+                    charged: None,
                 },
                 Detach {
                     device: GpuIndex(4),
                     eid: EnvId("e".into()),
                     username: Some("u".into()),
+                    charged: None,
                 },
             ],
         };

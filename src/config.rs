@@ -57,6 +57,8 @@ pub struct Settings {
 }
 
 /// What a command line asks for.
+// One per run (and per reload): its size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Job {
     /// Cycles over fleets (see [`crate::service::run`]).
@@ -374,6 +376,9 @@ fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings
             after: c.grace,
             rules: Default::default(),
             exempt: Vec::new(),
+            // A few intervals (and a slow cycle) between sightings still
+            // count as consecutive; a cron run's sightings always do.
+            gap: (!c.interval.is_zero()).then(|| c.interval * 3 + Duration::from_secs(60)),
         },
         state: None,
         retain: c.retain,

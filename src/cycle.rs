@@ -157,7 +157,19 @@ pub async fn cycle(
     }
     let whole = std::mem::take(&mut a.plan);
     (a.plan, a.waiting) = memory.ladder.split(&whole, now);
-    let events = memory.ladder.advance(&whole, now);
+    // A host that did not answer keeps its actions' progress as it was;
+    // `-e`'s abort decides nothing, so nothing moves.
+    let unanswered: Vec<HostId> = a
+        .hosts
+        .iter()
+        .filter(|h| h.error.is_some())
+        .map(|h| h.host.clone())
+        .collect();
+    let events = if abort {
+        Vec::new()
+    } else {
+        memory.ladder.advance(&whole, now, &unanswered)
+    };
     if let Some(log) = &fleet.audit {
         if let Err(e) = log.events(n, &events) {
             tracing::error!(error = %e, "cannot record warnings in the audit log");

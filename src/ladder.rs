@@ -27,6 +27,10 @@ pub struct Grace {
     pub rules: BTreeMap<Rule, RuleGrace>,
     /// What is never acted on (the inventory's `[[exempt]]`).
     pub exempt: Vec<Exemption>,
+    /// The longest time between two sightings of an action that still
+    /// counts as consecutive (a looping run: a few intervals); longer, as
+    /// after a stop, it starts over. `None`: any (cron runs).
+    pub gap: Option<Duration>,
 }
 
 /// An exemption: the actions on a user's jobs or environments, on a host,
@@ -114,7 +118,7 @@ impl What {
     pub fn user(&self) -> Option<&str> {
         match self {
             What::Terminate(t) => t.user.as_deref(),
-            What::Detach(d) => d.username.as_deref(),
+            What::Detach(d) => d.charged.as_deref(),
         }
     }
 }
@@ -136,22 +140,9 @@ struct Track {
     /// without its exemption.
     #[serde(default)]
     exempted: bool,
-}
-
-impl Track {
-    /// As if first seen at `now`.
-    fn restarted(self, grace: &Grace, now: u64) -> Track {
-        Track {
-            since: now,
-            deadline: grace
-                .of(self.what.rules())
-                .map(|g| now.saturating_add(ms(g))),
-            warned: false,
-            acted: false,
-            exempted: false,
-            ..self
-        }
-    }
+    /// When last seen (ms).
+    #[serde(default)]
+    last: u64,
 }
 
 /// Where an action stands.
@@ -274,31 +265,43 @@ impl Ladder {
 
     /// How an action would stand if seen now (its track carried over).
     fn standing(&self, key: &Key, what: &What, now: u64) -> Track {
-        match self.tracks.get(key) {
+        let fresh = Track {
+            what: what.clone(),
+            seen: 1,
+            since: now,
+            deadline: None,
+            warned: false,
+            acted: false,
+            exempted: false,
+            last: now,
+        };
+        let stale = |t: &Track| {
+            self.grace
+                .gap
+                .is_some_and(|g| now.saturating_sub(t.last) > ms(g))
+        };
+        let mut track = match self.tracks.get(key) {
+            // Seen before a stop: it starts over.
+            Some(t) if stale(t) => fresh,
+            // Exempt until now: its grace starts now.
             Some(t) if t.exempted => Track {
-                what: what.clone(),
                 seen: t.seen.saturating_add(1),
-                ..t.clone()
-            }
-            .restarted(&self.grace, now),
+                ..fresh
+            },
             Some(t) => Track {
                 what: what.clone(),
                 seen: t.seen.saturating_add(1),
+                last: now,
                 ..t.clone()
             },
-            None => Track {
-                what: what.clone(),
-                seen: 1,
-                since: now,
-                deadline: self
-                    .grace
-                    .of(what.rules())
-                    .map(|g| now.saturating_add(ms(g))),
-                warned: false,
-                acted: false,
-                exempted: false,
-            },
-        }
+            None => fresh,
+        };
+        // The deadline follows the rules the action is asked for by now.
+        track.deadline = self
+            .grace
+            .of(what.rules())
+            .map(|g| track.since.saturating_add(ms(g)));
+        track
     }
 
     /// Why `what` on `host` is not acted on at `now`, if it is exempt.
@@ -387,8 +390,9 @@ impl Ladder {
     /// first waits on a grace (not on `--confirm-cycles` alone), `acted`
     /// when it is first due, `cleared` when a warned action goes away
     /// before it was due.
-    pub fn advance(&mut self, plan: &Plan, now: u64) -> Vec<Event> {
+    pub fn advance(&mut self, plan: &Plan, now: u64, unanswered: &[HostId]) -> Vec<Event> {
         if self.immediate() {
+            self.tracks.clear();
             return Vec::new();
         }
         let mut events = Vec::new();
@@ -440,7 +444,16 @@ impl Ladder {
             }
         }
         for (key, old) in self.tracks.drain() {
-            if tracks.contains_key(&key) || !old.warned || old.acted {
+            if tracks.contains_key(&key) {
+                continue;
+            }
+            let (Key::Terminate(host, ..) | Key::Detach(host, ..)) = &key;
+            if unanswered.contains(host) {
+                // Not seen this cycle, but not gone either: kept as it was.
+                tracks.insert(key, old);
+                continue;
+            }
+            if !old.warned || old.acted {
                 continue;
             }
             let (Key::Terminate(host, ..) | Key::Detach(host, ..)) = key;
@@ -491,6 +504,7 @@ mod tests {
                             device: GpuIndex(d),
                             eid: EnvId(e.into()),
                             username: None,
+                            charged: None,
                         })
                         .collect(),
                 },
@@ -521,7 +535,7 @@ mod tests {
         let mut c = Ladder::new(Grace::default());
         let p = plan(&[(1, 10)], &[(0, "e")]);
         assert_eq!(acted(&c, &p), (vec![1], vec![0], 0));
-        c.advance(&p, 0);
+        c.advance(&p, 0, &[]);
         assert_eq!(acted(&c, &p), (vec![1], vec![0], 0));
     }
 
@@ -539,18 +553,18 @@ mod tests {
                 ..
             }
         ));
-        c.advance(&first, 0);
+        c.advance(&first, 0, &[]);
         // pid 1 again; pid 2 reused (other start time); the detach again.
         let second = plan(&[(1, 10), (2, 21)], &[(0, "e")]);
         assert_eq!(acted(&c, &second), (vec![1], vec![0], 1));
-        c.advance(&second, 0);
+        c.advance(&second, 0, &[]);
         // A cycle without them starts the count over.
-        c.advance(&plan(&[], &[]), 0);
+        c.advance(&plan(&[], &[]), 0, &[]);
         assert_eq!(acted(&c, &second), (vec![], vec![], 3));
         let mut three = Ladder::new(cycles(3));
         for expected in [0, 0, 2, 2] {
             assert_eq!(acted(&three, &first).0.len(), expected);
-            three.advance(&first, 0);
+            three.advance(&first, 0, &[]);
         }
     }
 
@@ -575,7 +589,7 @@ mod tests {
         });
         let p = plan(&[(1, 10)], &[(0, "e")]);
         assert_eq!(acted_at(&l, &p, 1_000), (vec![], vec![], 2));
-        let warned = l.advance(&p, 1_000);
+        let warned = l.advance(&p, 1_000, &[]);
         assert_eq!(
             stages(&warned),
             [
@@ -586,14 +600,14 @@ mod tests {
         assert!(warned.iter().all(|e| e.deadline_ms == Some(6_000)));
         // Still within the grace: nothing done, nothing said again.
         assert_eq!(acted_at(&l, &p, 5_999), (vec![], vec![], 2));
-        assert!(l.advance(&p, 5_999).is_empty());
+        assert!(l.advance(&p, 5_999, &[]).is_empty());
         // Due: acted on, said once; acted on again while it holds.
         assert_eq!(acted_at(&l, &p, 6_000), (vec![1], vec![0], 0));
-        assert_eq!(stages(&l.advance(&p, 6_000)).len(), 2);
+        assert_eq!(stages(&l.advance(&p, 6_000, &[])).len(), 2);
         assert_eq!(acted_at(&l, &p, 7_000), (vec![1], vec![0], 0));
-        assert!(l.advance(&p, 7_000).is_empty());
+        assert!(l.advance(&p, 7_000, &[]).is_empty());
         // Acted on, then gone: no clearing.
-        assert!(l.advance(&plan(&[], &[]), 8_000).is_empty());
+        assert!(l.advance(&plan(&[], &[]), 8_000, &[]).is_empty());
     }
 
     #[test]
@@ -603,17 +617,17 @@ mod tests {
             ..Grace::default()
         });
         let p = plan(&[(1, 10), (2, 20)], &[]);
-        l.advance(&p, 0);
+        l.advance(&p, 0, &[]);
         let fixed = plan(&[(2, 20)], &[]);
         assert_eq!(
-            stages(&l.advance(&fixed, 1_000)),
+            stages(&l.advance(&fixed, 1_000, &[])),
             [(Stage::Cleared, "pid 1".to_string())]
         );
-        assert!(l.advance(&fixed, 2_000).is_empty());
+        assert!(l.advance(&fixed, 2_000, &[]).is_empty());
         // The same pid with another start time is another process: new.
         let reused = plan(&[(1, 11), (2, 20)], &[]);
         assert_eq!(
-            stages(&l.advance(&reused, 3_000)),
+            stages(&l.advance(&reused, 3_000, &[])),
             [(Stage::Warned, "pid 1".to_string())]
         );
         assert_eq!(acted_at(&l, &reused, 60_000), (vec![2], vec![], 1));
@@ -676,7 +690,7 @@ mod tests {
         let mut p = plan(&[(1, 10), (2, 20)], &[(0, "e")]);
         p.hosts[0].1.terminate[0].user = Some("alice".into());
         p.hosts[0].1.terminate[1].user = Some("bob".into());
-        p.hosts[0].1.detach[0].username = Some("alice".into());
+        p.hosts[0].1.detach[0].charged = Some("alice".into());
         let mut l = Ladder::new(Grace {
             after: Duration::from_secs(10),
             exempt: vec![Exemption {
@@ -689,7 +703,7 @@ mod tests {
             ..Grace::default()
         });
         // Before the window: alice's actions warned like bob's.
-        assert_eq!(stages(&l.advance(&p, 0)).len(), 3);
+        assert_eq!(stages(&l.advance(&p, 0, &[])).len(), 3);
         // Within it: hers wait, exempt, whatever their deadline; bob's acts.
         let (due, waiting) = l.split(&p, 20_000);
         assert_eq!(due.hosts[0].1.terminate.len(), 1);
@@ -699,10 +713,10 @@ mod tests {
         assert!(waiting.iter().all(|w| matches!(w,
             Waiting::Terminate { exempt: Some(r), .. } | Waiting::Detach { exempt: Some(r), .. }
                 if r == "maintenance")));
-        let told = l.advance(&p, 20_000);
+        let told = l.advance(&p, 20_000, &[]);
         assert_eq!(stages(&told), [(Stage::Acted, "pid 2".to_string())]);
         // The window ends at 50 s: hers are warned again, due 10 s later.
-        let after = l.advance(&p, 50_000);
+        let after = l.advance(&p, 50_000, &[]);
         assert_eq!(
             stages(&after),
             [
@@ -719,5 +733,94 @@ mod tests {
         assert!(!e.covers(&HostId("h".into()), None, 2_000));
         assert!(e.covers(&HostId("h".into()), Some("alice"), 1_000));
         assert!(!e.covers(&HostId("h".into()), Some("alice"), 50_000));
+    }
+
+    #[test]
+    fn a_deadline_follows_the_rules_an_action_is_asked_for_by_now() {
+        let grace = Grace {
+            after: Duration::from_secs(10),
+            rules: [(
+                Rule::EnvMemory,
+                RuleGrace {
+                    warn_only: true,
+                    after: None,
+                },
+            )]
+            .into_iter()
+            .collect(),
+            ..Grace::default()
+        };
+        let mut l = Ladder::new(grace);
+        let with = |rules: &[Rule]| {
+            let mut p = plan(&[(1, 10)], &[]);
+            p.hosts[0].1.terminate[0].rules = rules.iter().copied().collect();
+            p
+        };
+        // Warn-only first: no deadline.
+        let memory = with(&[Rule::EnvMemory]);
+        assert_eq!(l.advance(&memory, 0, &[])[0].deadline_ms, None);
+        // Then also env-devices: due 10 s after it was first seen.
+        let both = with(&[Rule::EnvMemory, Rule::EnvDevices]);
+        assert_eq!(acted_at(&l, &both, 9_999).0, Vec::<u32>::new());
+        assert_eq!(acted_at(&l, &both, 10_000).0, vec![1]);
+        // Back to warn-only: never acted on, whatever time it is.
+        l.advance(&both, 5_000, &[]);
+        assert_eq!(acted_at(&l, &memory, 1_000_000).0, Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_host_that_did_not_answer_keeps_its_actions_as_they_were() {
+        let mut l = Ladder::new(Grace {
+            after: Duration::from_secs(10),
+            gap: Some(Duration::from_secs(60)),
+            ..Grace::default()
+        });
+        let p = plan(&[(1, 10)], &[]);
+        let h = HostId("h".into());
+        assert_eq!(l.advance(&p, 0, &[]).len(), 1);
+        // h fails (or a user makes its state unreadable): nothing cleared.
+        assert!(l
+            .advance(&plan(&[], &[]), 5_000, std::slice::from_ref(&h))
+            .is_empty());
+        // Back: no second warning, the same deadline.
+        assert!(l.advance(&p, 9_000, &[]).is_empty());
+        assert_eq!(acted_at(&l, &p, 10_000).0, vec![1]);
+    }
+
+    #[test]
+    fn sightings_far_apart_start_over_and_nothing_is_kept_when_nothing_waits() {
+        let grace = Grace {
+            after: Duration::from_secs(10),
+            gap: Some(Duration::from_secs(60)),
+            ..Grace::default()
+        };
+        let mut l = Ladder::new(grace.clone());
+        let p = plan(&[(1, 10)], &[]);
+        l.advance(&p, 0, &[]);
+        // Restored after a long stop: warned again, its grace anew.
+        let mut l = Ladder::restore(grace, l.export());
+        let again = l.advance(&p, 3_600_000, &[]);
+        assert_eq!(stages(&again), [(Stage::Warned, "pid 1".to_string())]);
+        assert_eq!(again[0].deadline_ms, Some(3_610_000));
+        let mut now = Ladder::restore(Grace::default(), l.export());
+        now.advance(&p, 3_700_000, &[]);
+        assert!(now.export().is_empty());
+    }
+
+    #[test]
+    fn an_exemption_goes_by_the_charged_user_not_the_record() {
+        let mut p = plan(&[], &[(0, "e")]);
+        // mallory wrote alice's name into her record; it is charged to her.
+        p.hosts[0].1.detach[0].username = Some("alice".into());
+        p.hosts[0].1.detach[0].charged = Some("mallory".into());
+        let l = Ladder::new(Grace {
+            exempt: vec![Exemption {
+                user: Some("alice".into()),
+                reason: "alice's deadline".into(),
+                ..Exemption::default()
+            }],
+            ..Grace::default()
+        });
+        assert_eq!(acted_at(&l, &p, 0), (vec![], vec![0], 0));
     }
 }

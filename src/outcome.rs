@@ -211,7 +211,7 @@ pub fn attributed(
                 } => (
                     detaches
                         .get(&(host, *device, eid))
-                        .and_then(|d| d.username.clone()),
+                        .and_then(|d| d.charged.clone()),
                     vec![crate::rules::Rule::MaxDevicesPerUser],
                 ),
             };
@@ -272,6 +272,7 @@ mod tests {
                 device: GpuIndex(0),
                 eid: EnvId("e".into()),
                 username: None,
+                charged: None,
             }],
         };
         let out = failed(&h, &plan, "no audit");
@@ -307,6 +308,7 @@ mod tests {
                         device: GpuIndex(0),
                         eid: EnvId("e".into()),
                         username: None,
+                        charged: None,
                     }],
                 },
             )],

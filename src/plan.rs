@@ -57,7 +57,12 @@ pub enum Signal {
 pub struct Detach {
     pub device: GpuIndex,
     pub eid: EnvId,
+    /// The record's username, as genv's line says it (anyone can write it).
     pub username: Option<String>,
+    /// The user whose cap it is detached for, as attribution charges it
+    /// (what exemptions and reports go by); not in the JSON plan.
+    #[serde(skip)]
+    pub charged: Option<String>,
 }
 
 /// Everything to do on one host.
@@ -103,6 +108,8 @@ struct Wanted {
     detach: Vec<(GpuIndex, BTreeSet<EnvId>)>,
     /// Each device's place in `detach`.
     slots: HashMap<GpuIndex, usize>,
+    /// The user each environment is detached for.
+    charged: HashMap<EnvId, String>,
 }
 
 impl Wanted {
@@ -136,6 +143,11 @@ pub fn build(cluster: &Cluster, violations: &[Violation]) -> Plan {
                 } => {
                     let w = wanted.entry(host).or_default();
                     w.detach(*device, eids);
+                    if let crate::rules::Finding::MaxDevices { user, .. } = &v.finding {
+                        for e in eids {
+                            w.charged.insert(e.clone(), user.clone());
+                        }
+                    }
                     for pid in pids {
                         w.terminate(*pid, v.rule);
                     }
@@ -229,6 +241,7 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
                 device: *device,
                 eid: snap.envs[i].eid.clone(),
                 username: snap.envs[i].username.clone(),
+                charged: w.charged.get(&snap.envs[i].eid).cloned(),
             })
         })
         .collect();

@@ -633,6 +633,7 @@ mod tests {
             device: GpuIndex(0),
             eid: crate::model::EnvId("x\ny".into()),
             username: Some("u\r".into()),
+            charged: None,
         };
         assert!(!detach_line(&d).contains('\n') && !detach_line(&d).contains('\r'));
     }

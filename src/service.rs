@@ -150,7 +150,7 @@ pub async fn run(
             m.observe(&report);
         }
         if let Some(db) = &settings.state {
-            record(db, &memory, &report, settings.retain).await;
+            record(db, &memory, &report, settings.retain, settings.interval).await;
         }
         if n == 1 {
             notify(&[sd_notify::NotifyState::Ready]);
@@ -229,7 +229,13 @@ pub async fn run(
 
 /// Writes the cycle of `report` to `db`, off the async workers; a failure
 /// is said and enforcement goes on.
-async fn record(db: &Arc<StateDb>, memory: &Memory, report: &CycleReport, retain: Duration) {
+async fn record(
+    db: &Arc<StateDb>,
+    memory: &Memory,
+    report: &CycleReport,
+    retain: Duration,
+    interval: Duration,
+) {
     let db = Arc::clone(db);
     let ladder = memory.ladder.export();
     let orphans = memory.orphans.clone();
@@ -238,10 +244,19 @@ async fn record(db: &Arc<StateDb>, memory: &Memory, report: &CycleReport, retain
         crate::outcome::attributed(&report.plan, &report.outcomes),
         report.usage.clone(),
     );
-    let retain = u64::try_from(retain.as_millis()).unwrap_or(u64::MAX);
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let retain = ms(retain);
+    // Two intervals (and a slow cycle) between samples still count.
+    let max_gap = ms(if interval.is_zero() {
+        crate::state_db::MAX_SAMPLE_GAP
+    } else {
+        interval * 2 + Duration::from_secs(60)
+    });
     let now = crate::cycle::now_ms();
     let written = crate::host::off_workers("recording the cycle", move || {
-        db.record(now, &ladder, &orphans, &events, &outcomes, &usage, retain)
+        db.record(
+            now, &ladder, &orphans, &events, &outcomes, &usage, retain, max_gap,
+        )
     })
     .await;
     match written {

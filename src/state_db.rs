@@ -66,15 +66,45 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE actions ADD COLUMN rules TEXT NOT NULL DEFAULT '';",
 ];
 
-/// The longest a usage sample counts for: a gap longer than this (the
-/// enforcer was stopped) is not usage seen.
-const MAX_SAMPLE_SECONDS: f64 = 3600.0;
+/// The longest gap between two samples that counts as usage when the
+/// caller gives none (cron runs): longer, the enforcer was stopped and
+/// what happened meanwhile was not seen.
+pub const MAX_SAMPLE_GAP: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// An open state database.
 #[derive(Debug)]
 pub struct StateDb {
     path: PathBuf,
     conn: Mutex<Connection>,
+    /// A writer holds the file locked (flock) for as long as it runs: two
+    /// runs never both write it (a dry run beside the service included).
+    _lock: Option<std::os::fd::OwnedFd>,
+}
+
+/// Checks that no one but root (or us) can replace a directory on the way
+/// to `dir`: each one above it is ours or root's, and writable by others
+/// only if sticky.
+fn ancestors(dir: &Path, path: &Path) -> Result<(), StateDbError> {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::geteuid().as_raw();
+    let full = std::fs::canonicalize(dir).map_err(|source| StateDbError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    for a in full.ancestors().skip(1) {
+        let m = std::fs::metadata(a).map_err(|source| StateDbError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let others_write = m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0;
+        if (m.uid() != 0 && m.uid() != me) || others_write {
+            return Err(StateDbError::Unsafe {
+                path: path.to_path_buf(),
+                why: format!("{} above it could be replaced by another user", a.display()),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Checks that `fd` (at `path`) is a `kind` of ours that no one else may
@@ -173,14 +203,29 @@ impl StateDb {
             e => io(e.into()),
         })?;
         private(&file, path, FileType::RegularFile)?;
-        drop(file);
+        let lock = if create {
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                .map_err(|e| match e {
+                    rustix::io::Errno::WOULDBLOCK => {
+                        unsafe_("in use by another run of genv-enforce")
+                    }
+                    e => io(e.into()),
+                })?;
+            Some(file)
+        } else {
+            drop(file);
+            None
+        };
+        ancestors(parent, path)?;
         let sql = |source| StateDbError::Sql {
             path: path.to_path_buf(),
             source,
         };
         let conn = Connection::open_with_flags(
             path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_NOFOLLOW,
         )
         .map_err(sql)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
@@ -207,6 +252,7 @@ impl StateDb {
         Ok(StateDb {
             path: path.to_path_buf(),
             conn: Mutex::new(conn),
+            _lock: lock,
         })
     }
 
@@ -266,6 +312,7 @@ impl StateDb {
         outcomes: &[(Outcome, Option<String>, Vec<Rule>)],
         usage: &[Sample],
         retain_ms: u64,
+        max_gap_ms: u64,
     ) -> Result<(), StateDbError> {
         let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         let tx = conn.transaction().map_err(|e| self.sql(e))?;
@@ -278,9 +325,14 @@ impl StateDb {
                 )
                 .optional()?
                 .and_then(|t| t.parse().ok());
-            let seconds = last.map_or(0.0, |l| {
-                ((now as i64 - l) as f64 / 1000.0).clamp(0.0, MAX_SAMPLE_SECONDS)
-            });
+            // Usage since the sample before, if it was seen: a gap longer
+            // than `max_gap_ms` (a stop) counts nothing.
+            let seconds = match last {
+                Some(l) if (0..=max_gap_ms as i64).contains(&(now as i64 - l)) => {
+                    (now as i64 - l) as f64 / 1000.0
+                }
+                _ => 0.0,
+            };
             let mut keep = tx.prepare_cached(
                 "INSERT INTO kept (name, value) VALUES (?1, ?2)
                  ON CONFLICT (name) DO UPDATE SET value = excluded.value",
@@ -326,7 +378,7 @@ impl StateDb {
                     e.what.user(),
                     rules.join(","),
                     e.since_ms as i64,
-                    e.deadline_ms.map(|d| d as i64),
+                    e.deadline_ms.map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
                 ])?;
             }
             let mut action = tx.prepare_cached(
@@ -487,7 +539,14 @@ mod tests {
     fn only_a_private_file_in_a_private_directory_is_used() {
         let dir = private_dir();
         let path = dir.path().join("state.db");
-        StateDb::open(&path).unwrap();
+        let writer = StateDb::open(&path).unwrap();
+        // One writer at a time; a reader (report) beside it is fine.
+        match StateDb::open(&path) {
+            Err(StateDbError::Unsafe { why, .. }) => assert!(why.contains("in use"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        StateDb::open_existing(&path).unwrap();
+        drop(writer);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         let refused = |path: &Path| match StateDb::open(path) {
@@ -546,7 +605,7 @@ mod tests {
                 },
             )],
         };
-        let warned = ladder.advance(&plan, 1_000);
+        let warned = ladder.advance(&plan, 1_000, &[]);
         assert_eq!(warned.len(), 1);
         let orphans: HashMap<HostId, Orphans> =
             [(host.clone(), [(Pid(9), 90)].into_iter().collect())]
@@ -567,16 +626,26 @@ mod tests {
             &[],
             &usage,
             10_000,
+            60_000,
         )
         .unwrap();
-        db.record(5_000, &ladder.export(), &orphans, &[], &[], &usage, 10_000)
-            .unwrap();
+        db.record(
+            5_000,
+            &ladder.export(),
+            &orphans,
+            &[],
+            &[],
+            &usage,
+            10_000,
+            60_000,
+        )
+        .unwrap();
         drop(db);
         let db = StateDb::open(&path).unwrap();
         assert_eq!(db.orphans().unwrap(), orphans);
         let mut again = Ladder::restore(grace, db.ladder().unwrap());
         // Not warned again; due at the same deadline.
-        assert!(again.advance(&plan, 30_000).is_empty());
+        assert!(again.advance(&plan, 30_000, &[]).is_empty());
         assert!(again.split(&plan, 60_999).0.hosts.is_empty());
         assert_eq!(again.split(&plan, 61_000).0.hosts.len(), 1);
         let count = |table: &str| -> i64 {
@@ -596,10 +665,41 @@ mod tests {
                 .collect()
         };
         assert_eq!(seconds, [0.0, 4.0]);
+
         // Past --retain: the first cycle's rows go.
-        db.record(12_000, &again.export(), &orphans, &[], &[], &[], 10_000)
-            .unwrap();
+        db.record(
+            12_000,
+            &again.export(),
+            &orphans,
+            &[],
+            &[],
+            &[],
+            10_000,
+            60_000,
+        )
+        .unwrap();
         assert_eq!((count("events"), count("usage")), (0, 1));
+        // After a stop longer than the gap allowed, nothing is counted.
+        db.record(
+            200_000,
+            &again.export(),
+            &orphans,
+            &[],
+            &[],
+            &usage,
+            1_000_000,
+            60_000,
+        )
+        .unwrap();
+        let last: f64 = db
+            .conn
+            .lock()
+            .unwrap()
+            .query_row("SELECT seconds FROM usage ORDER BY time_ms DESC", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(last, 0.0);
     }
 
     #[test]

@@ -32,10 +32,10 @@ pub fn samples(cluster: &Cluster) -> Vec<Sample> {
                 continue;
             };
             let entry = by_user.entry(user).or_default();
-            entry.2 += 1;
+            entry.2 = entry.2.saturating_add(1);
             for g in &p.gpus {
                 entry.0.insert(g.index.0);
-                entry.1 += g.usage.bytes().unwrap_or(0);
+                entry.1 = entry.1.saturating_add(g.usage.bytes().unwrap_or(0));
             }
         }
         out.extend(
@@ -123,7 +123,7 @@ pub fn summarize(r: &Recorded, by_host: bool) -> Vec<Line> {
     struct Acc {
         line: Line,
         /// Per sample time: GPUs and memory then.
-        at: BTreeMap<u64, (u32, u64)>,
+        at: BTreeMap<u64, (u32, u128)>,
         seen: BTreeSet<(String, String, String)>,
     }
     let unknown = "(unknown)".to_string();
@@ -133,8 +133,8 @@ pub fn summarize(r: &Recorded, by_host: bool) -> Vec<Line> {
         let a = acc.entry(key.clone()).or_default();
         a.line.gpu_hours += f64::from(u.devices) * u.seconds / 3600.0;
         let at = a.at.entry(u.time_ms).or_default();
-        at.0 += u.devices;
-        at.1 += u.memory_bytes;
+        at.0 = at.0.saturating_add(u.devices);
+        at.1 = at.1.saturating_add(u128::from(u.memory_bytes));
     }
     let violation = |a: &mut Acc, host: &str, rules: &str, target: &str| {
         for rule in rules.split(',').filter(|r| !r.is_empty()) {
@@ -177,7 +177,10 @@ pub fn summarize(r: &Recorded, by_host: bool) -> Vec<Line> {
             Line {
                 name,
                 peak_gpus: a.at.values().map(|(d, _)| *d).max().unwrap_or(0),
-                mean_gpu_memory_bytes: a.at.values().map(|(_, m)| *m).sum::<u64>() / cycles.max(1),
+                mean_gpu_memory_bytes: u64::try_from(
+                    a.at.values().map(|(_, m)| *m).sum::<u128>() / u128::from(cycles.max(1)),
+                )
+                .unwrap_or(u64::MAX),
                 ..a.line
             }
         })

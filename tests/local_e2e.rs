@@ -227,6 +227,7 @@ fn concurrent_genv_attach_loses_nothing_to_our_detach() {
                 device: GpuIndex(i),
                 eid: EnvId("victim".into()),
                 username: None,
+                charged: None,
             }],
         };
         let out = util::execute(&host, &plan);
