@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-use rustix::fs::{FileType, Mode, OFlags};
+use rustix::fs::{Mode, OFlags};
 use serde::Serialize;
 use thiserror::Error;
 
@@ -22,6 +22,7 @@ use crate::ladder::{Event, Stage, What};
 use crate::model::{EnvId, FailureKind, GpuIndex, HostId, Pid};
 use crate::outcome::Outcome;
 use crate::plan::{HostPlan, Termination};
+use crate::private::{own_file, Refusal};
 use crate::report;
 use crate::rules::{Notice, Rule};
 
@@ -125,6 +126,10 @@ impl AuditLog {
             path: path.to_path_buf(),
             why,
         };
+        let refused = |r: Refusal| match r {
+            Refusal::Unsafe(why) => unsafe_(why),
+            Refusal::Io(e) => io(e),
+        };
         let fd: OwnedFd = rustix::fs::open(
             path,
             OFlags::WRONLY
@@ -136,18 +141,8 @@ impl AuditLog {
                 | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )
-        .map_err(|e| match e {
-            rustix::io::Errno::LOOP => unsafe_("a symbolic link"),
-            rustix::io::Errno::NXIO => unsafe_("a socket or FIFO"),
-            e => io(e.into()),
-        })?;
-        let stat = rustix::fs::fstat(&fd).map_err(|e| io(e.into()))?;
-        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
-            return Err(unsafe_("not a regular file"));
-        }
-        if stat.st_uid != rustix::process::geteuid().as_raw() {
-            return Err(unsafe_("not owned by us"));
-        }
+        .map_err(|e| refused(e.into()))?;
+        let stat = own_file(&fd).map_err(refused)?;
         if stat.st_mode & 0o022 != 0 {
             return Err(unsafe_("writable by others"));
         }

@@ -51,6 +51,7 @@ mod noninterference;
 pub mod outcome;
 pub mod output;
 pub mod plan;
+pub mod private;
 #[cfg(test)]
 mod properties;
 pub mod report;

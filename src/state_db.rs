@@ -18,6 +18,7 @@ use thiserror::Error;
 use crate::ladder::{Event, Saved, Stage, What};
 use crate::model::HostId;
 use crate::outcome::Outcome;
+use crate::private::{own_file, Refusal};
 use crate::rules::{Orphans, Rule};
 use crate::usage::{ActionRow, EventRow, Recorded, Sample, UsageRow};
 
@@ -107,9 +108,9 @@ fn ancestors(dir: &Path, path: &Path) -> Result<(), StateDbError> {
     Ok(())
 }
 
-/// Checks that `fd` (at `path`) is a `kind` of ours that no one else may
-/// write or read.
-fn private(fd: impl AsFd, path: &Path, kind: FileType) -> Result<(), StateDbError> {
+/// Checks that `fd` (at `path`) is a directory of ours that no one else
+/// may enter.
+fn private_dir(fd: impl AsFd, path: &Path) -> Result<(), StateDbError> {
     let unsafe_ = |why: &str| StateDbError::Unsafe {
         path: path.to_path_buf(),
         why: why.into(),
@@ -118,20 +119,14 @@ fn private(fd: impl AsFd, path: &Path, kind: FileType) -> Result<(), StateDbErro
         path: path.to_path_buf(),
         source: e.into(),
     })?;
-    if FileType::from_raw_mode(stat.st_mode) != kind {
-        return Err(unsafe_(match kind {
-            FileType::Directory => "its directory is not a directory",
-            _ => "not a regular file",
-        }));
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
+        return Err(unsafe_("its directory is not a directory"));
     }
     if stat.st_uid != rustix::process::geteuid().as_raw() {
-        return Err(unsafe_("not owned by us"));
+        return Err(unsafe_("its directory is not owned by us"));
     }
     if stat.st_mode & 0o077 != 0 {
-        return Err(unsafe_(match kind {
-            FileType::Directory => "its directory is open to others (must be 0700)",
-            _ => "open to others (must be 0600)",
-        }));
+        return Err(unsafe_("its directory is open to others (must be 0700)"));
     }
     Ok(())
 }
@@ -165,6 +160,10 @@ impl StateDb {
             path: path.to_path_buf(),
             why: why.into(),
         };
+        let refused = |r: Refusal| match r {
+            Refusal::Unsafe(why) => unsafe_(why),
+            Refusal::Io(e) => io(e),
+        };
         let name = path.file_name().ok_or_else(|| unsafe_("not a file name"))?;
         let parent = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
@@ -181,7 +180,7 @@ impl StateDb {
             }
             e => io(e.into()),
         })?;
-        private(&dir, path, FileType::Directory)?;
+        private_dir(&dir, path)?;
         // The directory is ours alone: what we check here stays so.
         let file = rustix::fs::openat(
             &dir,
@@ -197,12 +196,11 @@ impl StateDb {
                 | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )
-        .map_err(|e| match e {
-            rustix::io::Errno::LOOP => unsafe_("a symbolic link"),
-            rustix::io::Errno::NXIO => unsafe_("a socket or FIFO"),
-            e => io(e.into()),
-        })?;
-        private(&file, path, FileType::RegularFile)?;
+        .map_err(|e| refused(e.into()))?;
+        let stat = own_file(&file).map_err(refused)?;
+        if stat.st_mode & 0o077 != 0 {
+            return Err(unsafe_("open to others (must be 0600)"));
+        }
         let lock = if create {
             rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
                 .map_err(|e| match e {
