@@ -54,6 +54,9 @@ pub struct Settings {
     pub state: Option<Arc<crate::state_db::StateDb>>,
     /// `--retain`: how long the database keeps events, actions and usage.
     pub retain: Duration,
+    /// Whether cycles sample who uses what (for `--state-db` and the
+    /// per-user metrics).
+    pub sample_usage: bool,
 }
 
 /// What a command line asks for.
@@ -382,6 +385,7 @@ fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings
         },
         state: None,
         retain: c.retain,
+        sample_usage: c.state_db.is_some() || c.metrics_listen.is_some(),
     }
 }
 

@@ -27,7 +27,7 @@ pub fn now_ms() -> u64 {
 }
 
 /// Whole milliseconds of `d`, for reports.
-fn millis(d: Duration) -> u64 {
+pub fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -204,7 +204,12 @@ pub async fn cycle(
     timing.total_ms = millis(start.elapsed());
     // A replay's report is the same every time: no clock in it.
     let timing = (!fleet.is_recorded()).then_some(timing);
-    let usage = crate::usage::samples(&a.cluster);
+    // Only a run that keeps or serves them samples usage.
+    let usage = if settings.sample_usage {
+        crate::usage::samples(&a.cluster)
+    } else {
+        Vec::new()
+    };
     let mut report = CycleReport::new(a, outcomes, timing);
     report.events = events;
     report.usage = usage;

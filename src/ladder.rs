@@ -221,6 +221,24 @@ pub struct Saved {
     track: Track,
 }
 
+/// A host plan's actions with what identifies each from cycle to cycle,
+/// in plan order (terminations, then detaches).
+fn keyed<'a>(host: &'a HostId, p: &'a HostPlan) -> impl Iterator<Item = (Key, What)> + 'a {
+    let terminations = p.terminate.iter().map(move |t| {
+        (
+            Key::Terminate(host.clone(), t.pid, t.start_time),
+            What::Terminate(t.clone()),
+        )
+    });
+    let detaches = p.detach.iter().map(move |d| {
+        (
+            Key::Detach(host.clone(), d.device, d.eid.clone()),
+            What::Detach(d.clone()),
+        )
+    });
+    terminations.chain(detaches)
+}
+
 /// Milliseconds of `d`.
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -322,50 +340,43 @@ impl Ladder {
         if self.immediate() {
             return (plan.clone(), Vec::new());
         }
-        let needed = self.grace.cycles;
         let mut due = HostPlan::default();
         let mut waiting = Vec::new();
-        for t in &plan.terminate {
-            let what = What::Terminate(t.clone());
-            let track = self.standing(
-                &Key::Terminate(host.clone(), t.pid, t.start_time),
-                &what,
-                now,
-            );
-            let exempt = self.exempt(host, &what, now);
-            if exempt.is_none() && self.due(&track, now) {
-                due.terminate.push(t.clone());
-            } else {
-                waiting.push(Waiting::Terminate {
-                    host: host.clone(),
-                    pid: t.pid,
-                    seen: track.seen,
-                    needed,
-                    deadline_ms: track.deadline.filter(|d| *d > track.since),
-                    warn_only: track.deadline.is_none(),
-                    exempt: exempt.map(String::from),
-                });
-            }
-        }
-        for d in &plan.detach {
-            let what = What::Detach(d.clone());
-            let key = Key::Detach(host.clone(), d.device, d.eid.clone());
+        for (key, what) in keyed(host, plan) {
             let track = self.standing(&key, &what, now);
             let exempt = self.exempt(host, &what, now);
             if exempt.is_none() && self.due(&track, now) {
-                due.detach.push(d.clone());
-            } else {
-                waiting.push(Waiting::Detach {
-                    host: host.clone(),
-                    device: d.device,
-                    eid: d.eid.clone(),
-                    seen: track.seen,
-                    needed,
-                    deadline_ms: track.deadline.filter(|d| *d > track.since),
-                    warn_only: track.deadline.is_none(),
-                    exempt: exempt.map(String::from),
-                });
+                match what {
+                    What::Terminate(t) => due.terminate.push(t),
+                    What::Detach(d) => due.detach.push(d),
+                }
+                continue;
             }
+            let (seen, needed) = (track.seen, self.grace.cycles);
+            let deadline_ms = track.deadline.filter(|d| *d > track.since);
+            let (warn_only, exempt) = (track.deadline.is_none(), exempt.map(String::from));
+            let host = host.clone();
+            waiting.push(match what {
+                What::Terminate(t) => Waiting::Terminate {
+                    host,
+                    pid: t.pid,
+                    seen,
+                    needed,
+                    deadline_ms,
+                    warn_only,
+                    exempt,
+                },
+                What::Detach(d) => Waiting::Detach {
+                    host,
+                    device: d.device,
+                    eid: d.eid,
+                    seen,
+                    needed,
+                    deadline_ms,
+                    warn_only,
+                    exempt,
+                },
+            });
         }
         (due, waiting)
     }
@@ -398,22 +409,7 @@ impl Ladder {
         let mut events = Vec::new();
         let mut tracks = HashMap::with_capacity(self.tracks.len());
         for (host, p) in &plan.hosts {
-            let keyed = p
-                .terminate
-                .iter()
-                .map(|t| {
-                    (
-                        Key::Terminate(host.clone(), t.pid, t.start_time),
-                        What::Terminate(t.clone()),
-                    )
-                })
-                .chain(p.detach.iter().map(|d| {
-                    (
-                        Key::Detach(host.clone(), d.device, d.eid.clone()),
-                        What::Detach(d.clone()),
-                    )
-                }));
-            for (key, what) in keyed {
+            for (key, what) in keyed(host, p) {
                 if self.exempt(host, &what, now).is_some() {
                     // Its grace starts when the exemption ends.
                     let track = Track {

@@ -244,7 +244,7 @@ async fn record(
         crate::outcome::attributed(&report.plan, &report.outcomes),
         report.usage.clone(),
     );
-    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let ms = crate::cycle::millis;
     let retain = ms(retain);
     // Two intervals (and a slow cycle) between samples still count.
     let max_gap = ms(if interval.is_zero() {

@@ -168,6 +168,7 @@ async fn process_of_unknown_ownership_is_reported_never_terminated() {
         grace: Default::default(),
         state: None,
         retain: std::time::Duration::from_secs(3600),
+        sample_usage: false,
     };
     let fleet =
         genv_enforce::fleet::Fleet::new(vec![genv_enforce::host::Host::Local(Box::new(host))], 1);
