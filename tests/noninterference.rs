@@ -287,16 +287,21 @@ fn row3_a_record_listing_alices_job_counts_toward_its_writer_on_a_fleet_host() {
 
 fn a_borrowed_id_gets_nobody_killed(mut p: Place) {
     let shell = p.host().spawn_as("alice", None);
-    let job = p.host().spawn_as("alice", Some("a"));
     // bob's job after hers in genv's (CPython set) order of the pids, so
-    // that genv's greedy choice takes hers first.
-    let bob_job = loop {
-        let b = p.host().spawn_as("bob", Some("a"));
-        if genv_enforce::snapshot::pyset::set_order(&[job, b])[0] == job {
-            break b;
-        }
-        p.host().end(b);
-    };
+    // that genv's greedy choice takes hers first. Both are drawn again
+    // until it is so: no pid of bob's comes after a pid in slot 7.
+    let (job, bob_job) = (0..64)
+        .find_map(|_| {
+            let a = p.host().spawn_as("alice", Some("a"));
+            let b = p.host().spawn_as("bob", Some("a"));
+            if genv_enforce::snapshot::pyset::set_order(&[a, b])[0] == a {
+                return Some((a, b));
+            }
+            p.host().end(a);
+            p.host().end(b);
+            None
+        })
+        .expect("64 draws of two pids, none in the order wanted");
     p.host().set_apps(&[(job, 0, "1000"), (bob_job, 0, "1000")]);
     p.host()
         .write_envs(&[env("a", Some("alice"), Some("1gi"), shell)]);

@@ -164,12 +164,16 @@ impl Host {
     /// nvidia-smi's line order.
     pub fn spawn_pair_in_set_order(&mut self, user: &str, eid: &str) -> (u32, u32) {
         let first = self.spawn_as(user, Some(eid));
-        let second = loop {
-            let p = self.spawn_as(user, Some(eid));
-            if p % 8 != first % 8 {
-                break p;
-            }
-        };
+        let second = (0..64)
+            .find_map(|_| {
+                let p = self.spawn_as(user, Some(eid));
+                if p % 8 != first % 8 {
+                    return Some(p);
+                }
+                self.end(p);
+                None
+            })
+            .expect("64 pids, all in the first one's slot");
         let order = genv_enforce::snapshot::pyset::set_order(&[first, second]);
         (order[0], order[1])
     }
