@@ -73,7 +73,8 @@ pub struct Entry<'a> {
     /// The outcome (`done` lines only), as in the JSON report.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outcome: Option<serde_json::Value>,
-    /// The kind of step that failed (`failed` lines only).
+    /// The kind of step that failed (`failed` lines), or the channel
+    /// (`unsent` lines).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure: Option<&'static str>,
     /// When the action is due (`warned` lines with a grace), RFC 3339.
@@ -97,6 +98,9 @@ pub enum Phase {
     Warned,
     /// A warned action whose violation ended before it was due.
     Cleared,
+    /// A notification that could not be sent (`failure`: its channel,
+    /// `message`: why).
+    Unsent,
 }
 
 /// The action a line is about.
@@ -289,43 +293,67 @@ impl AuditLog {
                     Stage::Cleared => Phase::Cleared,
                     Stage::Acted => return None,
                 };
-                let base = Entry {
-                    time: time.clone(),
-                    cycle,
-                    host: &e.host,
-                    phase,
-                    action: Action::None,
-                    pid: None,
-                    start_time: None,
-                    device: None,
-                    eid: None,
-                    user: e.what.user(),
-                    rules: e.what.rules(),
-                    message: report::event_line(crate::model::Mode::Local, e)
-                        .map(|l| l.split_once("] ").map_or(l.clone(), |(_, m)| m.to_string()))
-                        .unwrap_or_default(),
-                    outcome: None,
-                    failure: None,
-                    deadline: e.deadline_ms.map(report::when),
-                };
-                Some(match &e.what {
-                    What::Terminate(t) => Entry {
-                        action: Action::Terminate,
-                        pid: Some(t.pid),
-                        start_time: t.start_time,
-                        eid: t.eid.as_ref(),
-                        ..base
-                    },
-                    What::Detach(d) => Entry {
-                        action: Action::Detach,
-                        device: Some(d.device),
-                        eid: Some(&d.eid),
-                        ..base
-                    },
-                })
+                let message = report::event_line(crate::model::Mode::Local, e)
+                    .map(|l| l.split_once("] ").map_or(l.clone(), |(_, m)| m.to_string()))
+                    .unwrap_or_default();
+                Some(event_entry(time.clone(), cycle, e, phase, message))
             })
             .collect();
         self.write(&entries)
+    }
+
+    /// Records that the notification of `e` through `channel` could not
+    /// be sent, and why: an `unsent` line.
+    ///
+    /// # Errors
+    /// The write or the flush failed.
+    pub fn unsent(
+        &self,
+        cycle: u64,
+        e: &Event,
+        channel: &'static str,
+        why: &str,
+    ) -> std::io::Result<()> {
+        let mut entry = event_entry(now(), cycle, e, Phase::Unsent, why.to_string());
+        entry.failure = Some(channel);
+        entry.deadline = None;
+        self.write(&[entry])
+    }
+}
+
+/// The line of event `e`, saying `message`.
+fn event_entry(time: String, cycle: u64, e: &Event, phase: Phase, message: String) -> Entry<'_> {
+    let base = Entry {
+        time,
+        cycle,
+        host: &e.host,
+        phase,
+        action: Action::None,
+        pid: None,
+        start_time: None,
+        device: None,
+        eid: None,
+        user: e.what.user(),
+        rules: e.what.rules(),
+        message,
+        outcome: None,
+        failure: None,
+        deadline: e.deadline_ms.map(report::when),
+    };
+    match &e.what {
+        What::Terminate(t) => Entry {
+            action: Action::Terminate,
+            pid: Some(t.pid),
+            start_time: t.start_time,
+            eid: t.eid.as_ref(),
+            ..base
+        },
+        What::Detach(d) => Entry {
+            action: Action::Detach,
+            device: Some(d.device),
+            eid: Some(&d.eid),
+            ..base
+        },
     }
 }
 

@@ -337,6 +337,45 @@ pub struct CycleArgs {
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,
 
+    /// Mail each warning, action and clearing to the job's owner through
+    /// this SMTP server: smtp://HOST:PORT (plain; add ?tls=required for
+    /// STARTTLS) or smtps://HOST:PORT (implicit TLS). Not in a dry run.
+    #[arg(long, value_name = "URL", help_heading = "Notifications")]
+    pub smtp: Option<String>,
+
+    /// The SMTP user name (first line) and password (second line); the
+    /// file must be ours and readable by no one else.
+    #[arg(long, value_name = "FILE", help_heading = "Notifications")]
+    pub smtp_credentials: Option<PathBuf>,
+
+    /// The mails' sender, e.g. 'GPU police <gpu-admin@example.edu>'.
+    #[arg(long, value_name = "ADDR", help_heading = "Notifications")]
+    pub mail_from: Option<String>,
+
+    /// The owner's address, {user} standing for the user name (e.g.
+    /// '{user}@example.edu'); the inventory's [users.NAME] email wins.
+    #[arg(long, value_name = "TEMPLATE", help_heading = "Notifications")]
+    pub mail_to: Option<String>,
+
+    /// Copy every mail to ADDR too (repeatable).
+    #[arg(long, value_name = "ADDR", help_heading = "Notifications")]
+    pub mail_admin: Vec<String>,
+
+    /// Post each warning, action and clearing as JSON to URL: a `text`
+    /// that Slack and Mattermost incoming webhooks show, and the event.
+    /// Not in a dry run.
+    #[arg(long, value_name = "URL", help_heading = "Notifications")]
+    pub webhook: Option<String>,
+
+    /// At most N messages per user and channel in any hour.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 20,
+        help_heading = "Notifications"
+    )]
+    pub notify_rate: u32,
+
     /// Refuse a host's genv state file holding more than N records
     /// (environments, their pids and kernel ids; devices and attachments):
     /// that host fails the cycle, the others are enforced. Real state holds

@@ -57,6 +57,9 @@ pub struct Settings {
     /// Whether cycles sample who uses what (for `--state-db` and the
     /// per-user metrics).
     pub sample_usage: bool,
+    /// Where warnings, actions and clearings are told (`--smtp`,
+    /// `--webhook`); none in a dry run.
+    pub notify: Option<Arc<crate::notify::Notify>>,
 }
 
 /// What a command line asks for.
@@ -118,6 +121,8 @@ pub enum ConfigError {
     TempDir(#[source] std::io::Error),
     #[error(transparent)]
     Audit(#[from] AuditError),
+    #[error(transparent)]
+    Notify(#[from] crate::notify::NotifyError),
 }
 
 /// Resolves a parsed command line.
@@ -156,12 +161,16 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
             Ok(Job::Enforce {
                 metrics: args.cycle.metrics_listen,
                 fleets: with_audit(fleets, &args.cycle)?,
-                settings: with_state(
-                    Settings {
-                        failures: Failures::default(),
-                        ..settings
-                    },
+                settings: with_notify(
+                    with_state(
+                        Settings {
+                            failures: Failures::default(),
+                            ..settings
+                        },
+                        &args.cycle,
+                    )?,
                     &args.cycle,
+                    &Default::default(),
                 )?,
                 control_dir: None,
             })
@@ -224,10 +233,15 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
             enforce.snapshot_dir.is_some(),
         )
     };
+    let emails = inventory
+        .as_ref()
+        .map(|i| i.emails.clone())
+        .unwrap_or_default();
     if let Some(inv) = &inventory {
         settings.grace.rules = inv.policy.clone();
         settings.grace.exempt = inv.exempt.clone();
     }
+    let settings = with_notify(settings, &enforce.cycle, &emails)?;
     if let Some(dir) = &enforce.snapshot_dir {
         let ids = match inventory {
             Some(i) => i.hosts.into_iter().map(|h| h.id).collect(),
@@ -386,7 +400,86 @@ fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings
         state: None,
         retain: c.retain,
         sample_usage: c.state_db.is_some() || c.metrics_listen.is_some(),
+        notify: None,
     }
+}
+
+/// The notification channels of the flags, each checked (addresses,
+/// URLs, the credentials file); `users`: the inventory's addresses.
+fn with_notify(
+    mut settings: Settings,
+    c: &CycleArgs,
+    users: &std::collections::BTreeMap<String, String>,
+) -> Result<Settings, ConfigError> {
+    use crate::notify::{mail, MailSpec, Notify, NotifyError, WebhookSpec};
+    let mail = match &c.smtp {
+        None => {
+            let stray = [
+                (c.smtp_credentials.is_some(), "--smtp-credentials"),
+                (c.mail_from.is_some(), "--mail-from"),
+                (c.mail_to.is_some(), "--mail-to"),
+                (!c.mail_admin.is_empty(), "--mail-admin"),
+            ];
+            if let Some((_, flag)) = stray.iter().find(|(given, _)| *given) {
+                return Err(NotifyError::NoSmtp(flag).into());
+            }
+            None
+        }
+        Some(url) => {
+            let from = c.mail_from.as_deref().ok_or(NotifyError::NoSender)?;
+            if let Some(t) = &c.mail_to {
+                mail::mailbox("--mail-to", &t.replace("{user}", "user"))?;
+            }
+            for (name, a) in users {
+                mail::mailbox("[users] email", a).map_err(|e| match e {
+                    NotifyError::Address { value, why, .. } => NotifyError::Address {
+                        flag: "[users] email",
+                        value: format!("{value} (user {name})"),
+                        why,
+                    },
+                    e => e,
+                })?;
+            }
+            let credentials = match &c.smtp_credentials {
+                None => None,
+                Some(path) => Some(mail::credentials(
+                    &path.display().to_string(),
+                    &crate::private::read_secret(path).map_err(|why| NotifyError::Credentials {
+                        path: path.display().to_string(),
+                        why,
+                    })?,
+                )?),
+            };
+            Some(MailSpec {
+                url: url.clone(),
+                credentials,
+                from: mail::mailbox("--mail-from", from)?,
+                to: c.mail_to.clone(),
+                users: users.clone(),
+                admins: c
+                    .mail_admin
+                    .iter()
+                    .map(|a| mail::mailbox("--mail-admin", a))
+                    .collect::<Result<_, _>>()?,
+            })
+        }
+    };
+    let webhook = c.webhook.as_ref().map(|url| WebhookSpec {
+        url: url.clone(),
+        timeout: std::time::Duration::from_secs(10),
+        attempts: 4,
+    });
+    let notify = Notify {
+        mail,
+        webhook,
+        per_user_hour: c.notify_rate,
+    };
+    // Set up once here, so that a bad URL is a usage error before anything runs.
+    crate::notify::check(&notify)?;
+    if notify.any() && !settings.dry_run {
+        settings.notify = Some(Arc::new(notify));
+    }
+    Ok(settings)
 }
 
 /// Opens `--state-db`, if given, for `settings`.

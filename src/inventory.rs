@@ -50,6 +50,8 @@ pub struct Inventory {
     pub caps: Caps,
     pub policy: BTreeMap<Rule, RuleGrace>,
     pub exempt: Vec<Exemption>,
+    /// `[users.<name>] email`: each user's mail address.
+    pub emails: BTreeMap<String, String>,
 }
 
 /// An inventory that cannot be used, naming the file and where.
@@ -187,6 +189,17 @@ struct File {
     /// `[[exempt]]`.
     #[serde(default)]
     exempt: Vec<ExemptEntry>,
+    /// `[users.<name>]`: what the inventory knows of a user.
+    #[serde(default)]
+    users: BTreeMap<String, UserEntry>,
+}
+
+/// `[users.<name>]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UserEntry {
+    /// Where their notifications are mailed.
+    email: Option<String>,
 }
 
 /// `[[exempt]]`: actions on a user's jobs, on a host, within a window.
@@ -580,10 +593,16 @@ pub fn parse_inventory(
                 .unwrap_or_else(|| "exempt in the inventory".into()),
         });
     }
+    let emails = parsed
+        .users
+        .into_iter()
+        .filter_map(|(name, u)| Some((name, u.email?)))
+        .collect();
     Ok(Inventory {
         hosts,
         policy,
         exempt,
+        emails,
         caps: Caps {
             max_devices_per_user: parsed.limits.max_devices_per_user,
             max_devices_for_user: parsed.limits.max_devices_for_user,
@@ -702,6 +721,10 @@ mod tests {
         let inv = parse_inventory(text, "hosts.example.toml", &Overrides::default()).unwrap();
         assert!(inv.hosts.len() >= 3);
         assert!(inv.caps.max_devices_per_user.is_some());
+        assert_eq!(
+            inv.emails.get("alice").map(String::as_str),
+            Some("alice.smith@lab.example.org")
+        );
     }
 
     #[test]

@@ -51,10 +51,10 @@ pub struct Exemption {
 impl Exemption {
     /// Whether it covers an action on `host` charged to `user` at `now`.
     pub fn covers(&self, host: &HostId, user: Option<&str>, now: u64) -> bool {
-        self.user.as_deref().map_or(true, |u| user == Some(u))
-            && self.host.as_ref().map_or(true, |h| h == host)
-            && self.from_ms.map_or(true, |f| now >= f)
-            && self.until_ms.map_or(true, |u| now < u)
+        self.user.as_deref().is_none_or(|u| user == Some(u))
+            && self.host.as_ref().is_none_or(|h| h == host)
+            && self.from_ms.is_none_or(|f| now >= f)
+            && self.until_ms.is_none_or(|u| now < u)
     }
 }
 

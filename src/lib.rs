@@ -48,6 +48,7 @@ pub mod metrics;
 pub mod model;
 #[cfg(test)]
 mod noninterference;
+pub mod notify;
 pub mod outcome;
 pub mod output;
 pub mod plan;

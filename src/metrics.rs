@@ -43,6 +43,14 @@ struct ActionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NotifyLabels {
+    /// `mail` or `webhook`.
+    channel: String,
+    /// `sent`, `nobody`, `failed`, `dropped`, `rate_limited`.
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UserLabel {
     user: String,
 }
@@ -73,6 +81,7 @@ pub struct Metrics {
     host_failures: Family<FailureLabels, Counter>,
     user_devices: Family<UserLabel, Gauge>,
     user_memory: Family<UserLabel, Gauge>,
+    notifications: Family<NotifyLabels, Counter>,
     last_success: Gauge<f64, AtomicU64>,
 }
 
@@ -97,6 +106,7 @@ impl Metrics {
             host_failures: Family::default(),
             user_devices: Family::default(),
             user_memory: Family::default(),
+            notifications: Family::default(),
             last_success: Gauge::default(),
             registry: Registry::default(),
         };
@@ -143,11 +153,26 @@ impl Metrics {
             m.user_memory.clone(),
         );
         registry.register(
+            "notifications",
+            "Notifications, by channel and result (sent, nobody to send to, failed, dropped from a full queue, rate_limited)",
+            m.notifications.clone(),
+        );
+        registry.register(
             "last_success_timestamp_seconds",
             "When the last cycle without any failure ended (Unix time)",
             m.last_success.clone(),
         );
         Metrics { registry, ..m }
+    }
+
+    /// Counts `n` notifications of `channel` that ended as `result`.
+    pub fn notified(&self, channel: &str, result: &str, n: u64) {
+        self.notifications
+            .get_or_create(&NotifyLabels {
+                channel: channel.to_string(),
+                result: result.to_string(),
+            })
+            .inc_by(n);
     }
 
     /// Counts what a cycle's report says.

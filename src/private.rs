@@ -40,3 +40,36 @@ pub fn own_file(fd: impl AsFd) -> Result<Stat, Refusal> {
     }
     Ok(stat)
 }
+
+/// The text of a secret of ours (`--smtp-credentials`): a regular file,
+/// not through a symlink, ours, that no one else may read or write; at
+/// most 4 KiB.
+///
+/// # Errors
+/// Why it is refused or cannot be read, in words.
+pub fn read_secret(path: &std::path::Path) -> Result<String, String> {
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Read;
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )
+    .map_err(|e| match Refusal::from(e) {
+        Refusal::Unsafe(why) => format!("{why}: refused"),
+        Refusal::Io(e) => e.to_string(),
+    })?;
+    let stat = own_file(&fd).map_err(|r| match r {
+        Refusal::Unsafe(why) => format!("{why}: refused"),
+        Refusal::Io(e) => e.to_string(),
+    })?;
+    if stat.st_mode & 0o077 != 0 {
+        return Err("others may read or write it: refused (chmod 600)".into());
+    }
+    let mut text = String::new();
+    std::fs::File::from(fd)
+        .take(4096)
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
+    Ok(text)
+}

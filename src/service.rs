@@ -17,6 +17,7 @@ use crate::error;
 use crate::fleet::Fleet;
 use crate::ladder::Ladder;
 use crate::metrics::Metrics;
+use crate::notify::Notifier;
 use crate::output::{complain, emit, header, print_stdout};
 use crate::report::{CycleReport, Format};
 use crate::state_db::StateDb;
@@ -126,6 +127,7 @@ pub async fn run(
             }
         }
     }
+    let mut notifier = notifier(&settings, &fleets, &service);
     for n in 1.. {
         let fleet = if each {
             match fleets.get(n as usize - 1) {
@@ -148,6 +150,9 @@ pub async fn run(
         };
         if let Some(m) = &service.metrics {
             m.observe(&report);
+        }
+        if let Some(tell) = &notifier {
+            tell.send(n, &crate::notify::told(&report.events, &report.outcomes));
         }
         if let Some(db) = &settings.state {
             record(db, &memory, &report, settings.retain, settings.interval).await;
@@ -201,6 +206,7 @@ pub async fn run(
                                 let old = std::mem::take(&mut fleets);
                                 fleets = merge(old, new.fleets).await;
                                 settings = new.settings;
+                                notifier = self::notifier(&settings, &fleets, &service);
                                 memory.ladder = Ladder::restore(settings.grace.clone(), memory.ladder.export());
                                 kept.extend(new.keep);
                                 tracing::info!(hosts = fleets.first().map_or(0, |f| f.hosts.len()), "configuration reloaded");
@@ -225,6 +231,20 @@ pub async fn run(
     }
     drop(kept);
     Ok(ending)
+}
+
+/// The notification channels of `settings`, started; a channel that
+/// cannot start is said and the others run.
+fn notifier(settings: &Settings, fleets: &[Fleet], service: &Service) -> Option<Notifier> {
+    let spec = settings.notify.as_ref()?;
+    let audit = fleets.first().and_then(|f| f.audit.clone());
+    match Notifier::start(spec, audit, service.metrics.clone()) {
+        Ok(n) => Some(n),
+        Err(e) => {
+            complain(&format!("{}: no notifications", error::chain(&e)));
+            None
+        }
+    }
 }
 
 /// Writes the cycle of `report` to `db`, off the async workers; a failure

@@ -497,7 +497,13 @@ fn a_process_named_with_odd_bytes_is_terminated() {
         "--output",
         "json",
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        out.status.success(),
+        "{:?}\nstderr: {}\nstdout: {}",
+        out.status,
+        stderr(&out),
+        String::from_utf8_lossy(&out.stdout)
+    );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         report["outcomes"][0]["outcome"]["result"], "signalled",

@@ -593,7 +593,7 @@ fn a_grace_warns_first_acts_on_what_still_holds_at_its_deadline_and_clears_the_r
         if !r["outcomes"].as_array().unwrap().is_empty() {
             break r;
         }
-        assert!(r["events"].as_array().map_or(true, Vec::is_empty), "{r:#}");
+        assert!(r["events"].as_array().is_none_or(Vec::is_empty), "{r:#}");
         assert!(started.elapsed() < Duration::from_secs(20), "never acted");
     };
     assert!(started.elapsed() >= Duration::from_secs(4));

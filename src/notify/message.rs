@@ -1,0 +1,324 @@
+//! What a notification says: one event of the ladder (warned, acted,
+//! cleared) told to the job's owner, rendered for each medium with the
+//! user's text (environment ids, user and host names) escaped for it.
+//! Pure: no I/O.
+
+use crate::ladder::{Event, Stage, What};
+use crate::model::GpuIndex;
+use crate::report::{clean, when};
+use crate::rules::Rule;
+
+/// How user text is made safe for a medium.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Medium {
+    /// A terminal or a plain-text mail: controls, bidi overrides and
+    /// zero-width characters escaped (they cannot drive the terminal or
+    /// forge lines).
+    Plain,
+    /// Slack's and Mattermost's `text`: as [`Medium::Plain`], then `&`,
+    /// `<` and `>` as entities (no `<!channel>`, no link) and each value
+    /// in a code span (no formatting), its backticks replaced.
+    Chat,
+}
+
+impl Medium {
+    /// `text`, a value a user or a host chose, safe in this medium.
+    pub fn value(self, text: &str) -> String {
+        let plain = clean(text);
+        match self {
+            Medium::Plain => plain.into_owned(),
+            Medium::Chat => {
+                let mut out = String::with_capacity(plain.len() + 2);
+                out.push('`');
+                for c in plain.chars() {
+                    match c {
+                        '&' => out.push_str("&amp;"),
+                        '<' => out.push_str("&lt;"),
+                        '>' => out.push_str("&gt;"),
+                        '`' => out.push('\''),
+                        c => out.push(c),
+                    }
+                }
+                out.push('`');
+                out
+            }
+        }
+    }
+}
+
+/// One event, said: a subject line and a few lines of text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Said {
+    pub subject: String,
+    pub body: String,
+}
+
+/// Who an event is for: the user the action is charged to (from the
+/// kernel's uid, or the attribution's), never a record's `username`.
+pub fn recipient(e: &Event) -> Option<&str> {
+    e.what.user()
+}
+
+fn gpus(list: &[GpuIndex]) -> String {
+    list.iter()
+        .map(|g| g.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Why a process breaks `rule`, in words.
+fn why(rule: Rule) -> &'static str {
+    match rule {
+        Rule::NonEnvProcesses => "it uses GPUs outside any genv environment",
+        Rule::EnvDevices => "it uses GPUs its environment is not attached to",
+        Rule::EnvMemory => "its environment uses more GPU memory than it set aside",
+        Rule::MaxDevicesPerUser => "its user has more GPUs attached than the cap allows",
+    }
+}
+
+/// How its owner fixes it.
+fn fix(rule: Rule, eid: &str, gpus: &str) -> String {
+    match rule {
+        Rule::NonEnvProcesses => {
+            "run it in a genv environment with those GPUs attached (`genv activate`, `genv attach`), or stop it".into()
+        }
+        Rule::EnvDevices => format!(
+            "attach GPU(s) {gpus} to environment {eid} (`genv attach --index {gpus}`), or stop the process"
+        ),
+        Rule::EnvMemory => format!(
+            "keep environment {eid}'s processes within its GPU memory (`genv config gpu-memory`), or stop some of them"
+        ),
+        Rule::MaxDevicesPerUser => {
+            "detach the GPUs you do not need (`genv detach --index N` in their environment)".into()
+        }
+    }
+}
+
+/// What `e` says in `medium`, times in UTC (RFC 3339).
+pub fn say(e: &Event, medium: Medium) -> Said {
+    let v = |s: &str| medium.value(s);
+    let host = v(&e.host.0);
+    let user = e.what.user().map_or_else(|| "unknown".into(), v);
+    let rules = e.what.rules();
+    let names = rules
+        .iter()
+        .map(|r| r.name())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let due = |what: &str| match e.deadline_ms {
+        Some(d) => format!("{what} at {} unless this ends first.", when(d)),
+        None => "This is a warning only: nothing will be done, but please fix it.".into(),
+    };
+    match &e.what {
+        What::Terminate(t) => {
+            let eid = t.eid.as_ref().map_or_else(|| "none".into(), |x| v(&x.0));
+            let gpus = gpus(&t.gpus);
+            let seen = format!(
+                "Process {} of user {user} (environment {eid}) on host {host}, GPU(s) {gpus}, breaks the rule {names}: {}.",
+                t.pid,
+                rules.iter().map(|r| why(*r)).collect::<Vec<_>>().join("; ")
+            );
+            let fixes = rules
+                .iter()
+                .map(|r| fix(*r, &eid, &gpus))
+                .collect::<Vec<_>>()
+                .join("; or ");
+            match e.stage {
+                Stage::Warned => Said {
+                    subject: format!("[genv-enforce] {host}: process {} breaks {names}", t.pid),
+                    body: format!(
+                        "{seen}\n{}\nTo fix it: {fixes}.\n",
+                        due("It will be terminated (SIGTERM)")
+                    ),
+                },
+                Stage::Acted => Said {
+                    subject: format!("[genv-enforce] {host}: process {} terminated", t.pid),
+                    body: format!("{seen}\nIt was terminated (SIGTERM).\n"),
+                },
+                Stage::Cleared => Said {
+                    subject: format!("[genv-enforce] {host}: process {} is fine now", t.pid),
+                    body: format!(
+                        "Process {} of user {user} on host {host} no longer breaks {names}: nothing will be done.\n",
+                        t.pid
+                    ),
+                },
+            }
+        }
+        What::Detach(d) => {
+            let eid = v(&d.eid.0);
+            let seen = format!(
+                "User {user} has more GPUs attached than the cap allows; environment {eid} is attached to GPU {} on host {host}.",
+                d.device
+            );
+            let fixes = fix(Rule::MaxDevicesPerUser, &eid, "");
+            match e.stage {
+                Stage::Warned => Said {
+                    subject: format!(
+                        "[genv-enforce] {host}: environment {eid} is over the GPU cap"
+                    ),
+                    body: format!(
+                        "{seen}\n{}\nTo fix it: {fixes}.\n",
+                        due(&format!("It will be detached from GPU {}", d.device))
+                    ),
+                },
+                Stage::Acted => Said {
+                    subject: format!(
+                        "[genv-enforce] {host}: environment {eid} detached from GPU {}",
+                        d.device
+                    ),
+                    body: format!("{seen}\nIt was detached from GPU {}.\n", d.device),
+                },
+                Stage::Cleared => Said {
+                    subject: format!("[genv-enforce] {host}: environment {eid} is fine now"),
+                    body: format!(
+                        "Environment {eid} of user {user} on host {host} no longer needs detaching from GPU {}: nothing will be done.\n",
+                        d.device
+                    ),
+                },
+            }
+        }
+    }
+}
+
+/// A terminal's few lines: the subject's words and the body, each line
+/// prefixed, as `write(1)` does with its banner.
+pub fn terminal(e: &Event) -> String {
+    let s = say(e, Medium::Plain);
+    let mut out = String::from("\r\n*** genv-enforce ***\r\n");
+    for line in s.body.lines() {
+        out.push_str(line);
+        out.push_str("\r\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{EnvId, HostId, Pid};
+    use crate::plan::{Detach, Termination};
+
+    fn termination(eid: &str, user: &str) -> What {
+        let mut t = Termination::of(Pid(4242), Some(7));
+        t.eid = Some(EnvId(eid.into()));
+        t.gpus = vec![GpuIndex(0), GpuIndex(2)];
+        t.user = Some(user.into());
+        t.rules = [Rule::EnvDevices].into_iter().collect();
+        What::Terminate(t)
+    }
+
+    fn event(stage: Stage, what: What, deadline: Option<u64>) -> Event {
+        Event {
+            stage,
+            host: HostId("gpu-01".into()),
+            what,
+            since_ms: 0,
+            deadline_ms: deadline,
+        }
+    }
+
+    #[test]
+    fn a_warning_says_what_was_seen_when_it_is_due_and_how_to_fix_it() {
+        let e = event(Stage::Warned, termination("exp1", "alice"), Some(900_000));
+        let s = say(&e, Medium::Plain);
+        assert_eq!(
+            s.subject,
+            "[genv-enforce] gpu-01: process 4242 breaks env-devices"
+        );
+        assert_eq!(
+            s.body,
+            "Process 4242 of user alice (environment exp1) on host gpu-01, GPU(s) 0,2, breaks the rule env-devices: it uses GPUs its environment is not attached to.\n\
+             It will be terminated (SIGTERM) at 1970-01-01T00:15:00Z unless this ends first.\n\
+             To fix it: attach GPU(s) 0,2 to environment exp1 (`genv attach --index 0,2`), or stop the process.\n"
+        );
+        let w = say(
+            &event(Stage::Warned, termination("exp1", "alice"), None),
+            Medium::Plain,
+        );
+        assert!(
+            w.body.contains("a warning only: nothing will be done"),
+            "{}",
+            w.body
+        );
+    }
+
+    #[test]
+    fn acting_and_clearing_say_what_was_done() {
+        let acted = say(
+            &event(Stage::Acted, termination("e", "bob"), Some(1)),
+            Medium::Plain,
+        );
+        assert_eq!(
+            acted.subject,
+            "[genv-enforce] gpu-01: process 4242 terminated"
+        );
+        assert!(
+            acted.body.ends_with("It was terminated (SIGTERM).\n"),
+            "{}",
+            acted.body
+        );
+        let cleared = say(
+            &event(Stage::Cleared, termination("e", "bob"), Some(1)),
+            Medium::Plain,
+        );
+        assert!(cleared
+            .body
+            .contains("no longer breaks env-devices: nothing will be done"));
+        let d = What::Detach(Detach {
+            device: GpuIndex(3),
+            eid: EnvId("big".into()),
+            username: Some("mallory".into()),
+            charged: Some("carol".into()),
+        });
+        let warned = say(
+            &event(Stage::Warned, d.clone(), Some(60_000)),
+            Medium::Plain,
+        );
+        assert!(
+            warned.body.starts_with("User carol has more GPUs"),
+            "{}",
+            warned.body
+        );
+        assert!(warned
+            .body
+            .contains("It will be detached from GPU 3 at 1970-01-01T00:01:00Z"));
+        let acted = say(&event(Stage::Acted, d.clone(), Some(60_000)), Medium::Plain);
+        assert!(acted.body.ends_with("It was detached from GPU 3.\n"));
+        let cleared = say(&event(Stage::Cleared, d, None), Medium::Plain);
+        assert!(cleared
+            .body
+            .contains("no longer needs detaching from GPU 3"));
+        assert_eq!(
+            recipient(&event(Stage::Acted, termination("e", "bob"), None)),
+            Some("bob")
+        );
+    }
+
+    #[test]
+    fn user_text_is_escaped_for_each_medium() {
+        let hostile = "x\u{1b}[2J\n<!channel> `rm` & *b*\u{202e}";
+        let e = event(Stage::Warned, termination(hostile, "alice"), Some(1));
+        let plain = say(&e, Medium::Plain);
+        assert!(!plain.body.contains('\u{1b}') && !plain.body.contains('\u{202e}'));
+        assert_eq!(plain.body.lines().count(), 3, "{}", plain.body);
+        assert!(
+            plain.body.contains(r"x\u{1b}[2J\n<!channel>"),
+            "{}",
+            plain.body
+        );
+        let chat = say(&e, Medium::Chat);
+        assert!(!chat.body.contains("<!channel>") && !chat.body.contains('\u{1b}'));
+        assert!(
+            chat.body
+                .contains(r"`x\u{1b}[2J\n&lt;!channel&gt; 'rm' &amp; *b*\u{202e}`"),
+            "{}",
+            chat.body
+        );
+        let t = terminal(&e);
+        assert!(!t.contains('\u{1b}'));
+        assert!(
+            t.starts_with("\r\n*** genv-enforce ***\r\nProcess 4242"),
+            "{t}"
+        );
+    }
+}

@@ -1,0 +1,362 @@
+//! Telling a job's owner, and the admins, what the ladder does: each
+//! event (warned, acted, cleared) goes once to each channel (mail,
+//! webhook), beside the cycle. A cycle only hands its events to each
+//! channel's bounded queue and never waits: a dead mail server or a
+//! hanging webhook delays no enforcement; what cannot be queued or sent is
+//! counted in the metrics, logged and written to the audit log.
+
+pub mod limit;
+pub mod mail;
+pub mod message;
+mod webhook;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio::sync::mpsc;
+
+use crate::audit::AuditLog;
+use crate::ladder::{Event, Stage, What};
+use crate::metrics::Metrics;
+use crate::outcome::{DetachResult, Outcome, TerminateResult};
+
+pub use mail::MailSpec;
+pub use webhook::WebhookSpec;
+
+/// Events each channel holds before more are dropped (counted).
+pub const QUEUE: usize = 1024;
+
+/// Where notifications go, from the flags and the inventory.
+#[derive(Debug, Clone, Default)]
+pub struct Notify {
+    pub mail: Option<MailSpec>,
+    pub webhook: Option<WebhookSpec>,
+    /// Messages per user and channel in any hour, at most.
+    pub per_user_hour: u32,
+}
+
+impl Notify {
+    /// Whether any channel is set.
+    pub fn any(&self) -> bool {
+        self.mail.is_some() || self.webhook.is_some()
+    }
+}
+
+/// A channel that cannot be set up (before anything runs).
+#[derive(Debug, Error)]
+pub enum NotifyError {
+    #[error("--smtp {url}: {why}")]
+    Smtp { url: String, why: String },
+    #[error("--smtp-credentials {path}: {why}")]
+    Credentials { path: String, why: String },
+    #[error("{flag} {value}: not a mail address ({why})")]
+    Address {
+        flag: &'static str,
+        value: String,
+        why: String,
+    },
+    #[error("--webhook {url}: {why}")]
+    Webhook { url: String, why: String },
+    #[error("--smtp needs --mail-from")]
+    NoSender,
+    #[error("{0} needs --smtp")]
+    NoSmtp(&'static str),
+}
+
+/// How one delivery went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    Sent,
+    /// No one to send it to (an owner without an address and no admins).
+    Nobody,
+}
+
+/// A channel, ready to deliver.
+enum Channel {
+    Mail(Box<mail::Mailer>),
+    Webhook(webhook::Hook),
+}
+
+impl Channel {
+    fn name(&self) -> &'static str {
+        match self {
+            Channel::Mail(_) => "mail",
+            Channel::Webhook(_) => "webhook",
+        }
+    }
+
+    async fn deliver(&self, e: &Event) -> Result<Delivery, String> {
+        match self {
+            Channel::Mail(m) => m.deliver(e).await,
+            Channel::Webhook(h) => h.deliver(e).await,
+        }
+    }
+}
+
+/// Sets up every channel of `spec` once, for its errors (a URL that
+/// cannot be used).
+///
+/// # Errors
+/// The first channel that cannot be set up.
+pub fn check(spec: &Notify) -> Result<(), NotifyError> {
+    if let Some(m) = &spec.mail {
+        mail::Mailer::new(m)?;
+    }
+    if let Some(w) = &spec.webhook {
+        webhook::Hook::new(w)?;
+    }
+    Ok(())
+}
+
+/// The running channels: one queue and one worker task each.
+pub struct Notifier {
+    queues: Vec<(&'static str, mpsc::Sender<(u64, Event)>)>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl Notifier {
+    /// Starts a worker per channel of `spec` (in the current runtime).
+    ///
+    /// # Errors
+    /// A channel cannot be set up (its URL, TLS).
+    pub fn start(
+        spec: &Notify,
+        audit: Option<Arc<AuditLog>>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Result<Self, NotifyError> {
+        let mut channels = Vec::new();
+        if let Some(m) = &spec.mail {
+            channels.push(Channel::Mail(Box::new(mail::Mailer::new(m)?)));
+        }
+        if let Some(w) = &spec.webhook {
+            channels.push(Channel::Webhook(webhook::Hook::new(w)?));
+        }
+        let queues = channels
+            .into_iter()
+            .map(|channel| {
+                let (tx, rx) = mpsc::channel(QUEUE);
+                let name = channel.name();
+                tokio::spawn(work(
+                    rx,
+                    channel,
+                    limit::RateLimit::new(spec.per_user_hour),
+                    audit.clone(),
+                    metrics.clone(),
+                ));
+                (name, tx)
+            })
+            .collect();
+        Ok(Notifier { queues, metrics })
+    }
+
+    /// Hands `events` of cycle `n` to every channel; never waits. An event
+    /// a full queue cannot take is dropped and counted.
+    pub fn send(&self, n: u64, events: &[&Event]) {
+        for (name, tx) in &self.queues {
+            let mut dropped = 0u64;
+            for e in events {
+                if tx.try_send((n, (*e).clone())).is_err() {
+                    dropped += 1;
+                }
+            }
+            if dropped > 0 {
+                tracing::warn!(
+                    channel = name,
+                    dropped,
+                    "notification queue full: events dropped"
+                );
+                if let Some(m) = &self.metrics {
+                    m.notified(name, "dropped", dropped);
+                }
+            }
+        }
+    }
+}
+
+/// Delivers what comes on `rx`, one at a time, each within the channel's
+/// own time limits.
+async fn work(
+    mut rx: mpsc::Receiver<(u64, Event)>,
+    channel: Channel,
+    mut limit: limit::RateLimit,
+    audit: Option<Arc<AuditLog>>,
+    metrics: Option<Arc<Metrics>>,
+) {
+    let name = channel.name();
+    let count = |result: &str| {
+        if let Some(m) = &metrics {
+            m.notified(name, result, 1);
+        }
+    };
+    while let Some((n, e)) = rx.recv().await {
+        // Owners unknown share one allowance.
+        let who = message::recipient(&e).unwrap_or_default();
+        if !limit.allow(who, crate::cycle::now_ms()) {
+            count("rate_limited");
+            continue;
+        }
+        match channel.deliver(&e).await {
+            Ok(Delivery::Sent) => count("sent"),
+            Ok(Delivery::Nobody) => count("nobody"),
+            Err(why) => {
+                count("failed");
+                tracing::warn!(channel = name, host = %e.host, error = %why, "notification not sent");
+                if let Some(log) = &audit {
+                    let log = Arc::clone(log);
+                    let written =
+                        tokio::task::spawn_blocking(move || log.unsent(n, &e, name, &why)).await;
+                    if let Ok(Err(err)) = written {
+                        tracing::error!(error = %err, "cannot record an unsent notification in the audit log");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The backoff before retry `attempt` (1-based): 1 s, 2 s, 4 s, ... up to
+/// 30 s.
+pub fn backoff(attempt: u32) -> Duration {
+    Duration::from_secs(1u64 << attempt.saturating_sub(1).min(5)).min(Duration::from_secs(30))
+}
+
+/// The events worth telling: warnings and clearings, and actions that
+/// were carried out (an action that failed, or found its pid reused or
+/// gone, is not said to be done).
+pub fn told<'a>(events: &'a [Event], outcomes: &[Outcome]) -> Vec<&'a Event> {
+    events
+        .iter()
+        .filter(|e| e.stage != Stage::Acted || carried_out(e, outcomes))
+        .collect()
+}
+
+fn carried_out(e: &Event, outcomes: &[Outcome]) -> bool {
+    outcomes.iter().any(|o| match (&e.what, o) {
+        (
+            What::Terminate(t),
+            Outcome::Terminate {
+                host,
+                pid,
+                outcome: TerminateResult::Signalled,
+            },
+        ) => *host == e.host && *pid == t.pid,
+        (
+            What::Detach(d),
+            Outcome::Detach {
+                host,
+                device,
+                eid,
+                outcome: DetachResult::Detached,
+            },
+        ) => *host == e.host && *device == d.device && *eid == d.eid,
+        _ => false,
+    })
+}
+
+/// A user's address: the inventory's `[users]` entry, else `template`
+/// with `{user}` replaced by the name.
+pub fn address_of(
+    user: &str,
+    users: &BTreeMap<String, String>,
+    template: Option<&str>,
+) -> Option<String> {
+    users
+        .get(user)
+        .cloned()
+        .or_else(|| template.map(|t| t.replace("{user}", user)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_thirty_seconds() {
+        let secs: Vec<u64> = (1..=8).map(|a| backoff(a).as_secs()).collect();
+        assert_eq!(secs, vec![1, 2, 4, 8, 16, 30, 30, 30]);
+    }
+
+    #[test]
+    fn an_action_is_told_only_once_carried_out() {
+        use crate::model::{EnvId, GpuIndex, HostId, Pid};
+        use crate::plan::{Detach, Termination};
+        let h = HostId("h".into());
+        let ev = |stage, what| Event {
+            stage,
+            host: h.clone(),
+            what,
+            since_ms: 0,
+            deadline_ms: None,
+        };
+        let term = |pid| What::Terminate(Termination::of(Pid(pid), Some(1)));
+        let det = |device| {
+            What::Detach(Detach {
+                device: GpuIndex(device),
+                eid: EnvId("e".into()),
+                username: None,
+                charged: None,
+            })
+        };
+        let events = vec![
+            ev(Stage::Acted, term(1)),
+            ev(Stage::Acted, term(2)),
+            ev(Stage::Acted, det(0)),
+            ev(Stage::Acted, det(1)),
+            ev(Stage::Warned, term(3)),
+            ev(Stage::Cleared, det(2)),
+            ev(Stage::Acted, term(4)),
+        ];
+        let outcomes = vec![
+            Outcome::Terminate {
+                host: h.clone(),
+                pid: Pid(1),
+                outcome: TerminateResult::Signalled,
+            },
+            Outcome::Terminate {
+                host: h.clone(),
+                pid: Pid(2),
+                outcome: TerminateResult::PidReused {
+                    expected: 1,
+                    found: 2,
+                },
+            },
+            Outcome::Detach {
+                host: h.clone(),
+                device: GpuIndex(0),
+                eid: EnvId("e".into()),
+                outcome: DetachResult::Detached,
+            },
+            Outcome::Detach {
+                host: h.clone(),
+                device: GpuIndex(1),
+                eid: EnvId("e".into()),
+                outcome: DetachResult::Failed { error: "x".into() },
+            },
+            // Another host's pid 4.
+            Outcome::Terminate {
+                host: HostId("other".into()),
+                pid: Pid(4),
+                outcome: TerminateResult::Signalled,
+            },
+        ];
+        let kept: Vec<&Event> = told(&events, &outcomes);
+        let want: Vec<&Event> = [0, 2, 4, 5].iter().map(|i| &events[*i]).collect();
+        assert_eq!(kept, want);
+    }
+
+    #[test]
+    fn the_inventory_names_an_address_before_the_template() {
+        let users = BTreeMap::from([("alice".to_string(), "a.smith@lab.example".to_string())]);
+        assert_eq!(
+            address_of("alice", &users, Some("{user}@uni.example")).as_deref(),
+            Some("a.smith@lab.example")
+        );
+        assert_eq!(
+            address_of("bob", &users, Some("{user}@uni.example")).as_deref(),
+            Some("bob@uni.example")
+        );
+        assert_eq!(address_of("bob", &users, None), None);
+    }
+}

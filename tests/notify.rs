@@ -1,0 +1,462 @@
+//! Notifications (issue 16), end to end on this machine: real jobs of a
+//! real user, a real SMTP server (aiosmtpd) and a real HTTP receiver on
+//! loopback receive the warnings, the clearing and the actions; a mail
+//! server that never answers and a webhook that hangs delay no cycle.
+
+mod util;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use util::{env, prerequisite, repo, Host};
+
+/// A receiver (`tests/util/sinks.py`), stopped when dropped.
+struct Sink {
+    child: Child,
+    port: u16,
+    file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Sink {
+    /// Starts `sinks.py kind` on a free loopback port; `None` (after
+    /// [`prerequisite`]) where aiosmtpd is missing.
+    fn start(kind: &str) -> Option<Sink> {
+        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        if kind == "smtp" {
+            let has = Command::new(&python)
+                .args(["-c", "import aiosmtpd"])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !prerequisite(
+                has,
+                "aiosmtpd (pip install aiosmtpd) for a real SMTP server",
+            ) {
+                return None;
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("received.jsonl");
+        let port = free_port();
+        let mut child = Command::new(&python)
+            .arg(repo().join("tests/util/sinks.py"))
+            .args([kind, &port.to_string(), file.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "{kind} sink did not start");
+        Some(Sink {
+            child,
+            port,
+            file,
+            _dir: dir,
+        })
+    }
+
+    /// What it received so far, one JSON value each.
+    fn received(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.file)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// Waits (up to 20 s) until it received `n`.
+    fn wait_for(&self, n: usize) -> Vec<Value> {
+        let start = Instant::now();
+        loop {
+            let got = self.received();
+            if got.len() >= n || start.elapsed() > Duration::from_secs(20) {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The enforcer's JSON reports, one per cycle.
+struct Run {
+    child: Child,
+    reports: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Run {
+    fn start(h: &Host, args: &[&str]) -> Run {
+        let mut child = h
+            .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+            .args(["enforce", "--interval", "1s", "--output", "json"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let reports = BufReader::new(child.stdout.take().unwrap()).lines();
+        Run { child, reports }
+    }
+
+    fn next(&mut self) -> Value {
+        serde_json::from_str(&self.reports.next().unwrap().unwrap()).unwrap()
+    }
+
+    /// SIGTERM; how long it took to exit.
+    fn stop(mut self) -> Duration {
+        let start = Instant::now();
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "{status:?}");
+        start.elapsed()
+    }
+}
+
+const EVIL: &str = "ev\u{1b}[2J<!channel> `x` *b*";
+
+#[test]
+fn the_owner_and_the_admins_are_told_once_of_each_warning_clearing_and_action() {
+    let Some(smtp) = Sink::start("smtp") else {
+        return;
+    };
+    let hook = Sink::start("http").unwrap();
+    let mut h = Host::new(4);
+    let stray = h.spawn_as("alice", None);
+    let fixed = h.spawn_as("alice", None);
+    let shell = h.spawn_as("alice", Some(EVIL));
+    let job = h.spawn_as("alice", Some(EVIL));
+    h.write_envs(&[env(EVIL, Some("alice"), None, shell)]);
+    h.write_devices(4, &[(3, EVIL)]);
+    h.set_apps(&[(stray, 0, "100"), (fixed, 1, "100"), (job, 2, "100")]);
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.log");
+    let smtp_url = format!("smtp://127.0.0.1:{}", smtp.port);
+    let hook_url = format!("http://127.0.0.1:{}/hooks/gpu", hook.port);
+    let mut run = Run::start(
+        &h,
+        &[
+            "--non-env-processes",
+            "--env-devices",
+            "--grace",
+            "3s",
+            "--audit-log",
+            audit.to_str().unwrap(),
+            "--smtp",
+            &smtp_url,
+            "--mail-from",
+            "GPU police <gpu-police@lab.example>",
+            "--mail-to",
+            "{user}@lab.example",
+            "--mail-admin",
+            "admin@lab.example",
+            "--webhook",
+            &hook_url,
+        ],
+    );
+    let first = run.next();
+    assert_eq!(first["events"].as_array().unwrap().len(), 3, "{first:#}");
+    // Warned: the jobs live on.
+    assert!(h.running(stray) && h.running(fixed) && h.running(job));
+    // One is fixed within the grace.
+    h.set_apps(&[(stray, 0, "100"), (job, 2, "100")]);
+    let started = Instant::now();
+    loop {
+        let r = run.next();
+        if !r["outcomes"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "never acted");
+    }
+    // A few cycles more: nothing is told twice.
+    run.next();
+    run.next();
+    run.stop();
+    let mails = smtp.wait_for(6);
+    let posts = hook.wait_for(6);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(smtp.received().len(), 6, "{mails:#?}");
+    assert_eq!(hook.received().len(), 6, "{posts:#?}");
+
+    // Mail: to the owner, the admin in copy, plain text.
+    for m in &mails {
+        assert_eq!(
+            m["rcpt_tos"],
+            serde_json::json!(["alice@lab.example", "admin@lab.example"]),
+            "{m:#}"
+        );
+        assert_eq!(m["to"], "alice@lab.example");
+        assert_eq!(m["cc"], "admin@lab.example");
+        assert_eq!(m["from"], "GPU police <gpu-police@lab.example>");
+        assert_eq!(m["content_type"], "text/plain");
+    }
+    let subjects: Vec<String> = {
+        let mut s: Vec<String> = mails
+            .iter()
+            .map(|m| m["subject"].as_str().unwrap().to_string())
+            .collect();
+        s.sort();
+        s
+    };
+    let host = genv_enforce::host::local::hostname().0;
+    let mut want = vec![
+        format!("[genv-enforce] {host}: process {stray} breaks non-env-processes"),
+        format!("[genv-enforce] {host}: process {fixed} breaks non-env-processes"),
+        format!("[genv-enforce] {host}: process {job} breaks env-devices"),
+        format!("[genv-enforce] {host}: process {fixed} is fine now"),
+        format!("[genv-enforce] {host}: process {stray} terminated"),
+        format!("[genv-enforce] {host}: process {job} terminated"),
+    ];
+    want.sort();
+    assert_eq!(subjects, want);
+    let warning = mails
+        .iter()
+        .find(|m| {
+            m["subject"] == format!("[genv-enforce] {host}: process {job} breaks env-devices")
+        })
+        .unwrap()["body"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        warning.contains(&format!("Process {job} of user alice (environment ")),
+        "{warning}"
+    );
+    assert!(
+        warning.contains("It will be terminated (SIGTERM) at "),
+        "{warning}"
+    );
+    assert!(
+        warning.contains("To fix it: attach GPU(s) 2 to environment "),
+        "{warning}"
+    );
+    // Hostile text arrives escaped: no escape sequence, no forged line.
+    assert!(!warning.contains('\u{1b}'), "{warning:?}");
+    assert!(
+        warning.contains(r"ev\u{1b}[2J<!channel> `x` *b*"),
+        "{warning}"
+    );
+    assert_eq!(warning.trim_end().lines().count(), 3, "{warning}");
+
+    // Webhook: JSON with a chat-safe `text` and the event itself.
+    let mut stages = Vec::new();
+    for p in &posts {
+        assert_eq!(p["path"], "/hooks/gpu");
+        assert_eq!(p["content_type"], "application/json");
+        let body: Value = serde_json::from_str(p["body"].as_str().unwrap()).unwrap();
+        let text = body["text"].as_str().unwrap();
+        assert!(
+            !text.contains("<!channel>") && !text.contains('\u{1b}'),
+            "{text}"
+        );
+        assert_eq!(body["event"]["host"], host.as_str());
+        stages.push((
+            body["event"]["stage"].as_str().unwrap().to_string(),
+            body["event"]["pid"].as_u64().unwrap(),
+        ));
+        if body["event"]["pid"] == job {
+            assert_eq!(
+                body["event"]["eid"], EVIL,
+                "the event carries the id as it is"
+            );
+            assert!(
+                text.contains(r"`ev\u{1b}[2J&lt;!channel&gt; 'x' *b*`"),
+                "{text}"
+            );
+        }
+    }
+    stages.sort();
+    let mut want = vec![
+        ("acted".to_string(), u64::from(job)),
+        ("acted".into(), u64::from(stray)),
+        ("cleared".into(), u64::from(fixed)),
+        ("warned".into(), u64::from(job)),
+        ("warned".into(), u64::from(stray)),
+        ("warned".into(), u64::from(fixed)),
+    ];
+    want.sort();
+    assert_eq!(stages, want);
+    // Nothing failed, so the audit log has no `unsent` line.
+    let log = std::fs::read_to_string(&audit).unwrap();
+    assert!(!log.contains("\"unsent\""), "{log}");
+}
+
+/// Each cycle's `timing.total_ms` over `cycles` cycles of a run whose
+/// 12 strays are warned in the first cycle and terminated 2 s later.
+fn cycle_times(h: &mut Host, extra: &[&str], cycles: usize) -> (Vec<u64>, Run) {
+    let strays: Vec<u32> = (0..12).map(|_| h.spawn_as("alice", None)).collect();
+    let apps: Vec<(u32, u32, &str)> = strays.iter().map(|p| (*p, 0, "100")).collect();
+    h.set_apps(&apps);
+    let mut args = vec!["--non-env-processes", "--grace", "2s"];
+    args.extend_from_slice(extra);
+    let mut run = Run::start(h, &args);
+    let mut times = Vec::new();
+    let mut acted = false;
+    for _ in 0..cycles {
+        let r = run.next();
+        acted |= !r["outcomes"].as_array().unwrap().is_empty();
+        times.push(r["timing"]["total_ms"].as_u64().unwrap());
+    }
+    assert!(acted, "the strays were never terminated");
+    (times, run)
+}
+
+#[test]
+fn a_mail_server_that_never_answers_and_a_hanging_webhook_delay_no_cycle() {
+    let Some(_smtp) = Sink::start("smtp") else {
+        return;
+    };
+    let hook = Sink::start("hang").unwrap();
+    // Accepts connections and never says a word.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("smtp://127.0.0.1:{}", silent.local_addr().unwrap().port());
+    let hook_url = format!("http://127.0.0.1:{}/", hook.port);
+    let mut h = Host::new(1);
+    let (quiet, run) = cycle_times(&mut h, &[], 5);
+    run.stop();
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.log");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let (told, run) = cycle_times(
+        &mut h,
+        &[
+            "--smtp",
+            &silent_url,
+            "--mail-from",
+            "gpu-police@lab.example",
+            "--mail-to",
+            "{user}@lab.example",
+            "--webhook",
+            &hook_url,
+            "--audit-log",
+            audit.to_str().unwrap(),
+            "--metrics-listen",
+            &listen,
+        ],
+        5,
+    );
+    eprintln!("cycle total_ms without notifications: {quiet:?}; with a silent mail server and a hanging webhook: {told:?}");
+    // A delivery waited on would cost a cycle 10 s (the SMTP timeout).
+    let worst = |t: &[u64]| t.iter().copied().max().unwrap();
+    assert!(worst(&told) < 2_000, "{told:?} vs {quiet:?}");
+    // The mail server's silence is found out (10 s), logged in the audit
+    // log and counted; enforcement went on meanwhile.
+    let start = Instant::now();
+    let unsent = loop {
+        let lines: Vec<Value> = std::fs::read_to_string(&audit)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .filter(|l: &Value| l["phase"] == "unsent")
+            .collect();
+        if !lines.is_empty() || start.elapsed() > Duration::from_secs(40) {
+            break lines;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(!unsent.is_empty(), "no unsent line");
+    assert_eq!(unsent[0]["failure"], "mail", "{:#}", unsent[0]);
+    assert_eq!(unsent[0]["user"], "alice");
+    let metrics = http_get(port, "/metrics");
+    assert!(
+        metrics.contains("genv_enforce_notifications_total{channel=\"mail\",result=\"failed\"}"),
+        "{metrics}"
+    );
+    // Deliveries still hanging do not hold SIGTERM.
+    let took = run.stop();
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    drop(silent);
+}
+
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn bad_notification_flags_are_usage_errors_before_anything_runs() {
+    let h = Host::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("smtp");
+    std::fs::write(&secret, "mailer\nhunter2\n").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let secret = secret.to_str().unwrap();
+    let smtp = [
+        "--smtp",
+        "smtp://127.0.0.1:1",
+        "--mail-from",
+        "gpu@lab.example",
+    ];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--mail-to", "{user}@lab.example"],
+            "--mail-to needs --smtp",
+        ),
+        (
+            vec!["--smtp", "smtp://127.0.0.1:1"],
+            "--smtp needs --mail-from",
+        ),
+        (
+            vec!["--smtp", "gopher://x", "--mail-from", "gpu@lab.example"],
+            "--smtp gopher://x: ",
+        ),
+        (
+            vec![
+                "--smtp",
+                "smtp://127.0.0.1:1",
+                "--mail-from",
+                "not an address",
+            ],
+            "--mail-from not an address: not a mail address",
+        ),
+        (
+            [&smtp[..], &["--mail-admin", "root@"]].concat(),
+            "--mail-admin root@: not a mail address",
+        ),
+        (
+            [&smtp[..], &["--smtp-credentials", secret]].concat(),
+            "others may read or write it: refused (chmod 600)",
+        ),
+        (
+            vec!["--webhook", "ftp://x/"],
+            "--webhook ftp://x/: not an http:// or https:// URL",
+        ),
+        (vec!["--webhook", "not a url"], "--webhook not a url: "),
+    ];
+    for (flags, want) in cases {
+        let mut args = vec!["enforce", "--interval", "0"];
+        args.extend_from_slice(&flags);
+        let out = h.ours(&args);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{flags:?}: {err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+}
