@@ -165,10 +165,13 @@ pub async fn cycle(
         .filter(|h| h.error.is_some())
         .map(|h| h.host.clone())
         .collect();
-    let events = if abort {
-        Vec::new()
+    let (events, at_once) = if abort {
+        (Vec::new(), Vec::new())
     } else {
-        memory.ladder.advance(&whole, now, &unanswered)
+        (
+            memory.ladder.advance(&whole, now, &unanswered),
+            memory.ladder.acted_at_once(&a.plan, now),
+        )
     };
     if let Some(log) = &fleet.audit {
         if let Err(e) = log.events(n, &events) {
@@ -212,6 +215,7 @@ pub async fn cycle(
     };
     let mut report = CycleReport::new(a, outcomes, timing);
     report.events = events;
+    report.at_once = at_once;
     report.usage = usage;
     (report, abort)
 }

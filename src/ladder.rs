@@ -397,6 +397,26 @@ impl Ladder {
 
     /// Ends a cycle whose whole (unsplit) plan was `plan`, at `now` (ms):
     /// what it holds has been seen once more, what it lacks starts over.
+    /// When nothing waits (genv's way, no ladder events): an `acted`
+    /// event for each action of `plan`, to tell its owner what was done.
+    pub fn acted_at_once(&self, plan: &Plan, now: u64) -> Vec<Event> {
+        if !self.immediate() {
+            return Vec::new();
+        }
+        plan.hosts
+            .iter()
+            .flat_map(|(host, p)| {
+                keyed(host, p).map(move |(_, what)| Event {
+                    stage: Stage::Acted,
+                    host: host.clone(),
+                    what,
+                    since_ms: now,
+                    deadline_ms: Some(now),
+                })
+            })
+            .collect()
+    }
+
     /// Returns what to tell, each once per action: `warned` when an action
     /// first waits on a grace (not on `--confirm-cycles` alone), `acted`
     /// when it is first due, `cleared` when a warned action goes away
@@ -524,6 +544,24 @@ mod tests {
             hp.detach.iter().map(|d| d.device.0).collect(),
             waiting.len(),
         )
+    }
+
+    #[test]
+    fn acting_at_once_tells_each_action_and_a_ladder_tells_its_own() {
+        let p = plan(&[(7, 1)], &[(2, "e")]);
+        let at_once = Ladder::new(cycles(1)).acted_at_once(&p, 50);
+        assert_eq!(at_once.len(), 2);
+        assert!(at_once
+            .iter()
+            .all(|e| e.stage == Stage::Acted && e.since_ms == 50 && e.deadline_ms == Some(50)));
+        assert!(matches!(&at_once[0].what, What::Terminate(t) if t.pid == Pid(7)));
+        assert!(matches!(&at_once[1].what, What::Detach(d) if d.device == GpuIndex(2)));
+        assert!(Ladder::new(cycles(2)).acted_at_once(&p, 50).is_empty());
+        let graced = Grace {
+            after: Duration::from_secs(1),
+            ..Grace::default()
+        };
+        assert!(Ladder::new(graced).acted_at_once(&p, 50).is_empty());
     }
 
     #[test]

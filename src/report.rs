@@ -41,6 +41,10 @@ pub struct CycleReport {
     /// Who uses what, per host and user (kept by `--state-db`).
     #[serde(skip)]
     pub usage: Vec<crate::usage::Sample>,
+    /// Actions carried out at once (no grace, nothing waits: no ladder
+    /// events), as `acted` events, for notifications only.
+    #[serde(skip)]
+    pub at_once: Vec<Event>,
     pub outcomes: Vec<Outcome>,
     /// Wall time of the cycle (none for a replay).
     pub duration_ms: Option<u64>,
@@ -72,6 +76,7 @@ impl CycleReport {
             waiting: a.waiting,
             events: Vec::new(),
             usage: Vec::new(),
+            at_once: Vec::new(),
             duration_ms: timing.as_ref().map(|t| t.total_ms),
             timing,
         }

@@ -22,6 +22,11 @@ use crate::output::{complain, emit, header, print_stdout};
 use crate::report::{CycleReport, Format};
 use crate::state_db::StateDb;
 
+/// How long a run that ends by itself waits for its notifications to go.
+const DRAIN: Duration = Duration::from_secs(30);
+/// How long a run ended by a signal does.
+const DRAIN_SIGNALLED: Duration = Duration::from_millis(500);
+
 /// What ended a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ending {
@@ -128,6 +133,7 @@ pub async fn run(
         }
     }
     let mut notifier = notifier(&settings, &fleets, &service);
+    let mut signalled = false;
     for n in 1.. {
         let fleet = if each {
             match fleets.get(n as usize - 1) {
@@ -145,14 +151,20 @@ pub async fn run(
         }
         let (report, abort) = tokio::select! {
             r = cycle(fleet, &settings, n, &mut memory) => r,
-            _ = term.recv() => break,
-            _ = interrupt.recv() => break,
+            _ = term.recv() => { signalled = true; break },
+            _ = interrupt.recv() => { signalled = true; break },
         };
         if let Some(m) = &service.metrics {
             m.observe(&report);
         }
         if let Some(tell) = &notifier {
-            tell.send(n, &crate::notify::told(&report.events, &report.outcomes));
+            let events: Vec<_> = report
+                .events
+                .iter()
+                .chain(&report.at_once)
+                .cloned()
+                .collect();
+            tell.send(n, &crate::notify::told(&events, &report.outcomes));
         }
         if let Some(db) = &settings.state {
             record(db, &memory, &report, settings.retain, settings.interval).await;
@@ -220,10 +232,17 @@ pub async fn run(
             }
         };
         if stop {
+            signalled = true;
             break;
         }
     }
     notify(&[sd_notify::NotifyState::Stopping]);
+    if let Some(tell) = notifier {
+        // A signal is honoured within 2 s; a run that ends by itself (cron)
+        // lets its mail go first.
+        tell.close(if signalled { DRAIN_SIGNALLED } else { DRAIN })
+            .await;
+    }
     for fleet in &fleets {
         for (host, e) in fleet.close().await {
             tracing::warn!(%host, error = %error::chain(&e), "closing the host's connection failed");

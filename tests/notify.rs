@@ -359,10 +359,10 @@ fn a_mail_server_that_never_answers_and_a_hanging_webhook_delay_no_cycle() {
         5,
     );
     eprintln!("cycle total_ms without notifications: {quiet:?}; with a silent mail server and a hanging webhook: {told:?}");
-    // A delivery waited on would cost a cycle 10 s (the SMTP timeout).
+    // A delivery waited on would cost a cycle 30 s (a mail's deadline).
     let worst = |t: &[u64]| t.iter().copied().max().unwrap();
     assert!(worst(&told) < 2_000, "{told:?} vs {quiet:?}");
-    // The mail server's silence is found out (10 s), logged in the audit
+    // The mail server's silence is found out (30 s), logged in the audit
     // log and counted; enforcement went on meanwhile.
     let start = Instant::now();
     let unsent = loop {
@@ -459,4 +459,126 @@ fn bad_notification_flags_are_usage_errors_before_anything_runs() {
         assert!(err.contains(want), "{flags:?}: {err}");
         assert!(!err.contains("hunter2"), "{err}");
     }
+}
+
+#[test]
+fn a_fleet_hosts_owner_is_mailed_at_the_inventorys_address_before_a_cron_run_exits() {
+    let Some(smtp) = Sink::start("smtp") else {
+        return;
+    };
+    let Some(mut f) = util::fleet::Fleet::up(1) else {
+        return;
+    };
+    let job = f.host(0).spawn_as("carol", None);
+    f.host(0).set_apps(&[(job, 0, "100")]);
+    let inventory = f.inventory(
+        false,
+        &[],
+        "\n[users.carol]\nemail = \"carol.c@lab.example\"\n",
+    );
+    let smtp_url = format!("smtp://127.0.0.1:{}", smtp.port);
+    let out = f
+        .command(&[
+            "--inventory",
+            inventory.to_str().unwrap(),
+            "enforce",
+            "--interval",
+            "0",
+            "--non-env-processes",
+            "--smtp",
+            &smtp_url,
+            "--mail-from",
+            "gpu-police@lab.example",
+            "--mail-to",
+            "{user}@fallback.example",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Sent before the run exited.
+    let mails = smtp.received();
+    assert_eq!(
+        mails.len(),
+        1,
+        "{mails:#?}\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        mails[0]["rcpt_tos"],
+        serde_json::json!(["carol.c@lab.example"])
+    );
+    assert_eq!(
+        mails[0]["subject"],
+        format!("[genv-enforce] h1: process {job} terminated")
+    );
+    assert!(mails[0]["body"]
+        .as_str()
+        .unwrap()
+        .contains(&format!("Process {job} of user carol (environment none) on host h1, GPU(s) 0, breaks the rule non-env-processes")));
+}
+
+#[test]
+fn a_restart_mid_grace_mails_nothing_twice() {
+    let Some(smtp) = Sink::start("smtp") else {
+        return;
+    };
+    let mut h = Host::new(1);
+    let stray = h.spawn_as("alice", None);
+    h.set_apps(&[(stray, 0, "100")]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let db = dir.path().join("state.db");
+    let smtp_url = format!("smtp://127.0.0.1:{}", smtp.port);
+    let args = [
+        "--non-env-processes",
+        "--grace",
+        "4s",
+        "--state-db",
+        db.to_str().unwrap(),
+        "--smtp",
+        &smtp_url,
+        "--mail-from",
+        "gpu-police@lab.example",
+        "--mail-to",
+        "{user}@lab.example",
+    ];
+    let mut first = Run::start(&h, &args);
+    assert_eq!(first.next()["events"][0]["stage"], "warned");
+    first.stop();
+    assert_eq!(smtp.wait_for(1).len(), 1);
+    let mut second = Run::start(&h, &args);
+    let started = Instant::now();
+    loop {
+        let r = second.next();
+        if !r["outcomes"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "never acted");
+    }
+    second.next();
+    second.stop();
+    let mails = smtp.wait_for(2);
+    std::thread::sleep(Duration::from_millis(300));
+    let subjects: Vec<&str> = mails
+        .iter()
+        .map(|m| m["subject"].as_str().unwrap())
+        .collect();
+    let host = genv_enforce::host::local::hostname().0;
+    assert_eq!(
+        subjects,
+        vec![
+            format!("[genv-enforce] {host}: process {stray} breaks non-env-processes"),
+            format!("[genv-enforce] {host}: process {stray} terminated"),
+        ]
+    );
+    assert_eq!(smtp.received().len(), 2);
 }

@@ -113,6 +113,7 @@ pub fn check(spec: &Notify) -> Result<(), NotifyError> {
 /// The running channels: one queue and one worker task each.
 pub struct Notifier {
     queues: Vec<(&'static str, mpsc::Sender<(u64, Event)>)>,
+    workers: Vec<tokio::task::JoinHandle<()>>,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -133,22 +134,41 @@ impl Notifier {
         if let Some(w) = &spec.webhook {
             channels.push(Channel::Webhook(webhook::Hook::new(w)?));
         }
-        let queues = channels
-            .into_iter()
-            .map(|channel| {
-                let (tx, rx) = mpsc::channel(QUEUE);
-                let name = channel.name();
-                tokio::spawn(work(
-                    rx,
-                    channel,
-                    limit::RateLimit::new(spec.per_user_hour),
-                    audit.clone(),
-                    metrics.clone(),
-                ));
-                (name, tx)
-            })
-            .collect();
-        Ok(Notifier { queues, metrics })
+        let (mut queues, mut workers) = (Vec::new(), Vec::new());
+        for channel in channels {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            queues.push((channel.name(), tx));
+            workers.push(tokio::spawn(work(
+                rx,
+                channel,
+                limit::RateLimit::new(spec.per_user_hour),
+                audit.clone(),
+                metrics.clone(),
+            )));
+        }
+        Ok(Notifier {
+            queues,
+            workers,
+            metrics,
+        })
+    }
+
+    /// Lets what is queued go out, for at most `within` (a run ending:
+    /// a cron run's mail must leave before it exits); what is left then is
+    /// said and abandoned.
+    pub async fn close(self, within: Duration) {
+        drop(self.queues);
+        let waiting = futures::future::join_all(self.workers);
+        if tokio::time::timeout(within, waiting).await.is_err() {
+            tracing::warn!(
+                seconds = within.as_secs_f64(),
+                "notifications still undelivered at exit are abandoned"
+            );
+            crate::output::complain(&format!(
+                "notifications still undelivered after {}s are abandoned",
+                within.as_secs_f64()
+            ));
+        }
     }
 
     /// Hands `events` of cycle `n` to every channel; never waits. An event
