@@ -631,18 +631,21 @@ mod tests {
                     eid: EnvId("e".into()),
                     username: Some("u".into()),
                     charged: None,
+                    owner: None,
                 },
                 Detach {
                     device: GpuIndex(3),
                     eid: EnvId("f".into()),
                     username: Some("u".into()),
                     charged: None,
+                    owner: None,
                 },
                 Detach {
                     device: GpuIndex(4),
                     eid: EnvId("e".into()),
                     username: Some("u".into()),
                     charged: None,
+                    owner: None,
                 },
             ],
         };

@@ -363,17 +363,23 @@ pub struct CycleArgs {
 
     /// Post each warning, action and clearing as JSON to URL: a `text`
     /// that Slack and Mattermost incoming webhooks show, and the event.
-    /// Not in a dry run.
+    /// Not in a dry run. Any local user can read a command line: for a
+    /// URL that holds a token, use --webhook-file.
     #[arg(long, value_name = "URL", help_heading = "Notifications")]
     pub webhook: Option<String>,
 
-    /// At most N messages per user and channel in any hour.
+    /// As --webhook, the URL read from FILE (ours, readable by no one else).
     #[arg(
         long,
-        value_name = "N",
-        default_value_t = 20,
+        value_name = "FILE",
+        conflicts_with = "webhook",
         help_heading = "Notifications"
     )]
+    pub webhook_file: Option<PathBuf>,
+
+    /// At most N messages per user and channel in any hour.
+    #[arg(long, value_name = "N", default_value_t = 20, help_heading = "Notifications",
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub notify_rate: u32,
 
     /// Refuse a host's genv state file holding more than N records

@@ -428,6 +428,14 @@ fn with_notify(
         Some(url) => {
             let from = c.mail_from.as_deref().ok_or(NotifyError::NoSender)?;
             if let Some(t) = &c.mail_to {
+                if !t.contains("{user}") {
+                    return Err(NotifyError::Address {
+                        flag: "--mail-to",
+                        value: t.clone(),
+                        why: "no {user} in it: every owner would get the same address".into(),
+                    }
+                    .into());
+                }
                 mail::mailbox("--mail-to", &t.replace("{user}", "user"))?;
             }
             for (name, a) in users {
@@ -464,8 +472,20 @@ fn with_notify(
             })
         }
     };
-    let webhook = c.webhook.as_ref().map(|url| WebhookSpec {
-        url: url.clone(),
+    let url = match (&c.webhook, &c.webhook_file) {
+        (Some(url), _) => Some(url.clone()),
+        (None, Some(path)) => {
+            let text =
+                crate::private::read_secret(path).map_err(|why| NotifyError::WebhookFile {
+                    path: path.display().to_string(),
+                    why,
+                })?;
+            Some(text.trim().to_string())
+        }
+        (None, None) => None,
+    };
+    let webhook = url.map(|url| WebhookSpec {
+        url,
         timeout: std::time::Duration::from_secs(10),
         attempts: 4,
     });

@@ -121,6 +121,16 @@ impl What {
             What::Detach(d) => d.charged.as_deref(),
         }
     }
+
+    /// The user the kernel says it is about (the process's uid; for a
+    /// detach, a live process of the charged user carrying the
+    /// environment), if any: whom to tell.
+    pub fn owner(&self) -> Option<&str> {
+        match self {
+            What::Terminate(t) => t.uid.and(t.user.as_deref()),
+            What::Detach(d) => d.owner.as_deref(),
+        }
+    }
 }
 
 /// One action's progress.
@@ -521,6 +531,7 @@ mod tests {
                             eid: EnvId(e.into()),
                             username: None,
                             charged: None,
+                            owner: None,
                         })
                         .collect(),
                 },

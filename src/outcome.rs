@@ -273,6 +273,7 @@ mod tests {
                 eid: EnvId("e".into()),
                 username: None,
                 charged: None,
+                owner: None,
             }],
         };
         let out = failed(&h, &plan, "no audit");
@@ -309,6 +310,7 @@ mod tests {
                         eid: EnvId("e".into()),
                         username: None,
                         charged: None,
+                        owner: None,
                     }],
                 },
             )],

@@ -7,7 +7,7 @@
 //! there. A process whose ownership is unknown is never planned, whatever
 //! named it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -63,6 +63,12 @@ pub struct Detach {
     /// (what exemptions and reports go by); not in the JSON plan.
     #[serde(skip)]
     pub charged: Option<String>,
+    /// The charged user when the kernel vouches for it (a live process
+    /// of theirs carries the environment), else none: whom notifications
+    /// tell (an idle environment is charged by its record's `username`,
+    /// which anyone writes). Not in the JSON plan.
+    #[serde(skip)]
+    pub owner: Option<String>,
 }
 
 /// Everything to do on one host.
@@ -221,10 +227,20 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
     // Each eid's first record (genv's environment of that id), when
     // something is to be detached.
     let mut records: HashMap<&EnvId, usize> = HashMap::new();
+    // Who the kernel says carries each environment (live hosts only).
+    let mut carried: HashSet<(&EnvId, &str)> = HashSet::new();
     if !w.detach.is_empty() {
         records.reserve(snap.envs.len());
         for (i, e) in snap.envs.iter().enumerate() {
             records.entry(&e.eid).or_insert(i);
+        }
+        if snap.truth.is_some() {
+            for p in &snap.processes {
+                if let (Some(eid), Some(user), Some(_)) = (p.owner.eid(), p.user.as_deref(), p.uid)
+                {
+                    carried.insert((eid, user));
+                }
+            }
         }
     }
     let detach = w
@@ -237,11 +253,19 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
                 .filter_map(|e| records.get(e).copied())
                 .collect();
             order.sort_unstable();
-            order.into_iter().map(|i| Detach {
-                device: *device,
-                eid: snap.envs[i].eid.clone(),
-                username: snap.envs[i].username.clone(),
-                charged: w.charged.get(&snap.envs[i].eid).cloned(),
+            let (w, carried) = (&w, &carried);
+            order.into_iter().map(move |i| {
+                let eid = &snap.envs[i].eid;
+                let charged = w.charged.get(eid).cloned();
+                Detach {
+                    device: *device,
+                    eid: eid.clone(),
+                    username: snap.envs[i].username.clone(),
+                    owner: charged
+                        .clone()
+                        .filter(|u| carried.contains(&(eid, u.as_str()))),
+                    charged,
+                }
             })
         })
         .collect();

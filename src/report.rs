@@ -639,6 +639,7 @@ mod tests {
             eid: crate::model::EnvId("x\ny".into()),
             username: Some("u\r".into()),
             charged: None,
+            owner: None,
         };
         assert!(!detach_line(&d).contains('\n') && !detach_line(&d).contains('\r'));
     }

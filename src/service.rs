@@ -134,6 +134,8 @@ pub async fn run(
     }
     let mut notifier = notifier(&settings, &fleets, &service);
     let mut signalled = false;
+    // Channels replaced by a reload, letting their queues go.
+    let mut draining = Vec::new();
     for n in 1.. {
         let fleet = if each {
             match fleets.get(n as usize - 1) {
@@ -217,8 +219,14 @@ pub async fn run(
                             Ok(new) => {
                                 let old = std::mem::take(&mut fleets);
                                 fleets = merge(old, new.fleets).await;
+                                // Unchanged channels keep their queues and rate limits.
+                                if new.settings.notify != settings.notify {
+                                    if let Some(old) = notifier.take() {
+                                        draining.push(tokio::spawn(old.close(DRAIN)));
+                                    }
+                                    notifier = self::notifier(&new.settings, &fleets, &service);
+                                }
                                 settings = new.settings;
-                                notifier = self::notifier(&settings, &fleets, &service);
                                 memory.ladder = Ladder::restore(settings.grace.clone(), memory.ladder.export());
                                 kept.extend(new.keep);
                                 tracing::info!(hosts = fleets.first().map_or(0, |f| f.hosts.len()), "configuration reloaded");
@@ -243,6 +251,8 @@ pub async fn run(
         tell.close(if signalled { DRAIN_SIGNALLED } else { DRAIN })
             .await;
     }
+    let within = if signalled { DRAIN_SIGNALLED } else { DRAIN };
+    let _ = tokio::time::timeout(within, futures::future::join_all(draining)).await;
     for fleet in &fleets {
         for (host, e) in fleet.close().await {
             tracing::warn!(%host, error = %error::chain(&e), "closing the host's connection failed");

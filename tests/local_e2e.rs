@@ -230,6 +230,7 @@ fn concurrent_genv_attach_loses_nothing_to_our_detach() {
                 eid: EnvId("victim".into()),
                 username: None,
                 charged: None,
+                owner: None,
             }],
         };
         let out = util::execute(&host, &plan);

@@ -154,7 +154,18 @@ fn the_owner_and_the_admins_are_told_once_of_each_warning_clearing_and_action() 
     let dir = tempfile::tempdir().unwrap();
     let audit = dir.path().join("audit.log");
     let smtp_url = format!("smtp://127.0.0.1:{}", smtp.port);
-    let hook_url = format!("http://127.0.0.1:{}/hooks/gpu", hook.port);
+    // The hook's URL is a secret: read from a file of ours.
+    let hook_file = dir.path().join("webhook");
+    std::fs::write(
+        &hook_file,
+        format!("http://127.0.0.1:{}/hooks/gpu\n", hook.port),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &hook_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let mut run = Run::start(
         &h,
         &[
@@ -172,8 +183,8 @@ fn the_owner_and_the_admins_are_told_once_of_each_warning_clearing_and_action() 
             "{user}@lab.example",
             "--mail-admin",
             "admin@lab.example",
-            "--webhook",
-            &hook_url,
+            "--webhook-file",
+            hook_file.to_str().unwrap(),
         ],
     );
     let first = run.next();
@@ -446,9 +457,28 @@ fn bad_notification_flags_are_usage_errors_before_anything_runs() {
         ),
         (
             vec!["--webhook", "ftp://x/"],
-            "--webhook ftp://x/: not an http:// or https:// URL",
+            "--webhook ftp://x/...: not an http:// or https:// URL",
         ),
-        (vec!["--webhook", "not a url"], "--webhook not a url: "),
+        (vec!["--webhook", "not a url"], "--webhook (not a URL): "),
+        (
+            vec!["--webhook", "https://u:hunter2@hooks.example/T0/B0/hunter2"],
+            "--webhook https://hooks.example/...: credentials in the URL: refused",
+        ),
+        (vec!["--webhook-file", secret], "--webhook-file "),
+        (
+            vec![
+                "--smtp",
+                "smtp://mailer:hunter2@127.0.0.1:25",
+                "--mail-from",
+                "gpu@lab.example",
+            ],
+            "--smtp smtp://127.0.0.1: credentials in the URL: refused (use --smtp-credentials)",
+        ),
+        (
+            [&smtp[..], &["--mail-to", "gpu-users@lab.example"]].concat(),
+            "--mail-to gpu-users@lab.example: not a mail address (no {user} in it",
+        ),
+        (vec!["--notify-rate", "0"], "--notify-rate"),
     ];
     for (flags, want) in cases {
         let mut args = vec!["enforce", "--interval", "0"];

@@ -61,6 +61,11 @@ mod tests {
         assert!(l.allow("bob", 2_000));
         // An hour after the first, one more may go.
         assert!(!l.allow("alice", HOUR_MS - 1));
+        // Exactly an hour after the first: it no longer counts.
+        let mut edge = RateLimit::new(1);
+        assert!(edge.allow("alice", 5));
+        assert!(!edge.allow("alice", HOUR_MS + 4));
+        assert!(edge.allow("alice", HOUR_MS + 5));
         assert!(l.allow("alice", HOUR_MS + 1));
         assert!(!l.allow("alice", HOUR_MS + 2));
         assert!(l.allow("alice", HOUR_MS + 1_001));

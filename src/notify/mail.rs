@@ -18,7 +18,7 @@ use crate::ladder::Event;
 const DEADLINE: Duration = Duration::from_secs(30);
 
 /// `--smtp` and what goes with it.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct MailSpec {
     /// `smtp://host:port` (plain; `?tls=required` for STARTTLS) or
     /// `smtps://host:port` (implicit TLS).
@@ -90,6 +90,16 @@ pub struct Mailer {
 
 impl Mailer {
     pub fn new(spec: &MailSpec) -> Result<Self, NotifyError> {
+        let parsed = reqwest::Url::parse(&spec.url).map_err(|e| NotifyError::Smtp {
+            url: spec.url.clone(),
+            why: e.to_string(),
+        })?;
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(NotifyError::Smtp {
+                url: format!("{}://{}", parsed.scheme(), parsed.host_str().unwrap_or("")),
+                why: "credentials in the URL: refused (use --smtp-credentials)".into(),
+            });
+        }
         let mut builder = AsyncSmtpTransport::<Tokio1Executor>::from_url(&spec.url)
             .map_err(|e| NotifyError::Smtp {
                 url: spec.url.clone(),

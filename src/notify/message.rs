@@ -53,10 +53,12 @@ pub struct Said {
     pub body: String,
 }
 
-/// Who an event is for: the user the action is charged to (from the
-/// kernel's uid, or the attribution's), never a record's `username`.
+/// Who an event is for: the user the kernel says the action is about
+/// (see [`What::owner`]); never a name only a record gives (a record's
+/// `username`, which anyone writes), so that nobody can have mail sent to
+/// someone else. None: the admins alone are told.
 pub fn recipient(e: &Event) -> Option<&str> {
-    e.what.user()
+    e.what.owner()
 }
 
 fn gpus(list: &[GpuIndex]) -> String {
@@ -180,18 +182,6 @@ pub fn say(e: &Event, medium: Medium) -> Said {
     }
 }
 
-/// A terminal's few lines: the subject's words and the body, each line
-/// prefixed, as `write(1)` does with its banner.
-pub fn terminal(e: &Event) -> String {
-    let s = say(e, Medium::Plain);
-    let mut out = String::from("\r\n*** genv-enforce ***\r\n");
-    for line in s.body.lines() {
-        out.push_str(line);
-        out.push_str("\r\n");
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,6 +192,7 @@ mod tests {
         let mut t = Termination::of(Pid(4242), Some(7));
         t.eid = Some(EnvId(eid.into()));
         t.gpus = vec![GpuIndex(0), GpuIndex(2)];
+        t.uid = Some(1000);
         t.user = Some(user.into());
         t.rules = [Rule::EnvDevices].into_iter().collect();
         What::Terminate(t)
@@ -269,6 +260,7 @@ mod tests {
             eid: EnvId("big".into()),
             username: Some("mallory".into()),
             charged: Some("carol".into()),
+            owner: Some("carol".into()),
         });
         let warned = say(
             &event(Stage::Warned, d.clone(), Some(60_000)),
@@ -313,12 +305,6 @@ mod tests {
                 .contains(r"`x\u{1b}[2J\n&lt;!channel&gt; 'rm' &amp; *b*\u{202e}`"),
             "{}",
             chat.body
-        );
-        let t = terminal(&e);
-        assert!(!t.contains('\u{1b}'));
-        assert!(
-            t.starts_with("\r\n*** genv-enforce ***\r\nProcess 4242"),
-            "{t}"
         );
     }
 }

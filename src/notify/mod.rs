@@ -29,7 +29,7 @@ pub use webhook::WebhookSpec;
 pub const QUEUE: usize = 1024;
 
 /// Where notifications go, from the flags and the inventory.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Notify {
     pub mail: Option<MailSpec>,
     pub webhook: Option<WebhookSpec>,
@@ -59,6 +59,8 @@ pub enum NotifyError {
     },
     #[error("--webhook {url}: {why}")]
     Webhook { url: String, why: String },
+    #[error("--webhook-file {path}: {why}")]
+    WebhookFile { path: String, why: String },
     #[error("--smtp needs --mail-from")]
     NoSender,
     #[error("{0} needs --smtp")]
@@ -215,6 +217,7 @@ async fn work(
         let who = message::recipient(&e).unwrap_or_default();
         if !limit.allow(who, crate::cycle::now_ms()) {
             count("rate_limited");
+            unsent(&audit, n, e, name, "rate limited (--notify-rate)".into()).await;
             continue;
         }
         match channel.deliver(&e).await {
@@ -223,15 +226,25 @@ async fn work(
             Err(why) => {
                 count("failed");
                 tracing::warn!(channel = name, host = %e.host, error = %why, "notification not sent");
-                if let Some(log) = &audit {
-                    let log = Arc::clone(log);
-                    let written =
-                        tokio::task::spawn_blocking(move || log.unsent(n, &e, name, &why)).await;
-                    if let Ok(Err(err)) = written {
-                        tracing::error!(error = %err, "cannot record an unsent notification in the audit log");
-                    }
-                }
+                unsent(&audit, n, e, name, why).await;
             }
+        }
+    }
+}
+
+/// An `unsent` line in the audit log, if there is one.
+async fn unsent(
+    audit: &Option<Arc<AuditLog>>,
+    n: u64,
+    e: Event,
+    channel: &'static str,
+    why: String,
+) {
+    if let Some(log) = audit {
+        let log = Arc::clone(log);
+        let written = tokio::task::spawn_blocking(move || log.unsent(n, &e, channel, &why)).await;
+        if let Ok(Err(err)) = written {
+            tracing::error!(error = %err, "cannot record an unsent notification in the audit log");
         }
     }
 }
@@ -282,10 +295,18 @@ pub fn address_of(
     users: &BTreeMap<String, String>,
     template: Option<&str>,
 ) -> Option<String> {
-    users
-        .get(user)
-        .cloned()
-        .or_else(|| template.map(|t| t.replace("{user}", user)))
+    if let Some(a) = users.get(user) {
+        return Some(a.clone());
+    }
+    // Only a plain user name goes into an address.
+    let plain = user
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+        && !user.is_empty()
+        && !user.starts_with(['-', '.']);
+    template
+        .filter(|_| plain)
+        .map(|t| t.replace("{user}", user))
 }
 
 #[cfg(test)]
@@ -317,6 +338,7 @@ mod tests {
                 eid: EnvId("e".into()),
                 username: None,
                 charged: None,
+                owner: None,
             })
         };
         let events = vec![
@@ -378,5 +400,16 @@ mod tests {
             Some("bob@uni.example")
         );
         assert_eq!(address_of("bob", &users, None), None);
+        for odd in ["", "a,b", "a@evil.example", "a b", "-x", ".x", "a\nb"] {
+            assert_eq!(
+                address_of(odd, &users, Some("{user}@uni.example")),
+                None,
+                "{odd:?}"
+            );
+        }
+        assert_eq!(
+            address_of("j.doe-2_x", &users, Some("{user}@uni.example")).as_deref(),
+            Some("j.doe-2_x@uni.example")
+        );
     }
 }

@@ -9,14 +9,34 @@ use super::message::{self, Medium};
 use super::{backoff, Delivery, NotifyError};
 use crate::ladder::Event;
 
-/// `--webhook` and how hard to try.
-#[derive(Debug, Clone)]
+/// `--webhook` and how hard to try. Its URL is a secret (whoever has it
+/// can post to the admins' channel): never printed whole.
+#[derive(Clone, PartialEq, Eq)]
 pub struct WebhookSpec {
     pub url: String,
     /// Per attempt.
     pub timeout: Duration,
     /// Attempts in all (a 5xx, a 429 or no answer is tried again).
     pub attempts: u32,
+}
+
+impl std::fmt::Debug for WebhookSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookSpec")
+            .field("url", &redacted(&self.url))
+            .field("timeout", &self.timeout)
+            .field("attempts", &self.attempts)
+            .finish()
+    }
+}
+
+/// A URL as it may be printed: its scheme and host, the rest (path,
+/// query, credentials: where hooks keep their token) left out.
+pub fn redacted(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(u) => format!("{}://{}/...", u.scheme(), u.host_str().unwrap_or("")),
+        Err(_) => "(not a URL)".into(),
+    }
 }
 
 /// A ready HTTP client for one URL.
@@ -29,10 +49,13 @@ pub struct Hook {
 impl Hook {
     pub fn new(spec: &WebhookSpec) -> Result<Self, NotifyError> {
         let bad = |why: String| NotifyError::Webhook {
-            url: spec.url.clone(),
+            url: redacted(&spec.url),
             why,
         };
         let url = reqwest::Url::parse(&spec.url).map_err(|e| bad(e.to_string()))?;
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(bad("credentials in the URL: refused".into()));
+        }
         if !matches!(url.scheme(), "http" | "https") {
             return Err(bad("not an http:// or https:// URL".into()));
         }
@@ -40,7 +63,7 @@ impl Hook {
             .timeout(spec.timeout)
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| bad(crate::error::chain(&e)))?;
+            .map_err(|e| bad(crate::error::chain(&e.without_url())))?;
         Ok(Hook {
             client,
             url,
@@ -70,7 +93,8 @@ impl Hook {
                         return Err(last);
                     }
                 }
-                Err(err) => last = crate::error::chain(&err),
+                // Without the URL: it is a secret.
+                Err(err) => last = crate::error::chain(&err.without_url()),
             }
         }
         Err(format!("{last} (after {} attempts)", self.attempts))

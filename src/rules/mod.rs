@@ -595,4 +595,48 @@ mod tests {
             .iter()
             .any(|v| v.rule == Rule::MaxDevicesPerUser && v.finding.host().is_none()));
     }
+
+    #[test]
+    fn a_detach_is_told_to_its_user_only_when_the_kernel_vouches_for_them() {
+        let (host, mut snap) = noticed();
+        snap.envs.push(env("idle", Some("carol"), None));
+        snap.devices = devices(
+            4,
+            &[
+                (0, "m"),
+                (3, "n"),
+                (1, "r"),
+                (2, "u"),
+                (2, "c"),
+                (1, "idle"),
+            ],
+        );
+        let policy = Policy {
+            max_devices_per_user: Some(0),
+            ..Policy::default()
+        };
+        let cluster = Cluster {
+            mode: Mode::Remote,
+            hosts: vec![(host.clone(), snap)],
+        };
+        let v = assess_cluster(&cluster, &policy).0;
+        let plan = crate::plan::build(&cluster, &v);
+        let detach = &plan.hosts[0].1.detach;
+        let of = |eid: &str| {
+            detach
+                .iter()
+                .find(|d| d.eid.0 == eid)
+                .unwrap_or_else(|| panic!("{eid} not in {detach:?}"))
+        };
+        // `n`: alice's job (uid 1000) carries it: she is told.
+        assert_eq!(of("n").charged.as_deref(), Some("alice"));
+        assert_eq!(of("n").owner.as_deref(), Some("alice"));
+        // `idle`: no process, charged by its record's username alone: the
+        // admins only.
+        assert_eq!(of("idle").charged.as_deref(), Some("carol"));
+        assert_eq!(of("idle").owner, None);
+        // `r`: recorded as bob's, carried by alice's job: alice.
+        assert_eq!(of("r").charged.as_deref(), Some("alice"));
+        assert_eq!(of("r").owner.as_deref(), Some("alice"));
+    }
 }
