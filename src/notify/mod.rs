@@ -412,4 +412,72 @@ mod tests {
             Some("j.doe-2_x@uni.example")
         );
     }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_and_counts_and_never_waits() {
+        let metrics = Arc::new(Metrics::new());
+        let (tx, mut rx) = mpsc::channel(2);
+        let n = Notifier {
+            queues: vec![("mail", tx)],
+            workers: Vec::new(),
+            metrics: Some(Arc::clone(&metrics)),
+        };
+        let e = Event {
+            stage: Stage::Warned,
+            host: crate::model::HostId("h".into()),
+            what: What::Terminate(crate::plan::Termination::of(crate::model::Pid(1), Some(1))),
+            since_ms: 0,
+            deadline_ms: None,
+        };
+        let events = vec![&e, &e, &e, &e, &e];
+        n.send(7, &events[..1]);
+        let text = metrics.render();
+        assert!(!text.contains("result=\"dropped\""), "{text}");
+        n.send(7, &events);
+        let text = metrics.render();
+        assert!(
+            text.contains(
+                "genv_enforce_notifications_total{channel=\"mail\",result=\"dropped\"} 4"
+            ),
+            "{text}"
+        );
+        assert_eq!(rx.recv().await.map(|(c, _)| c), Some(7));
+        n.close(Duration::from_secs(1)).await;
+        assert!(rx.recv().await.is_some());
+        assert!(rx.recv().await.is_none(), "closed: the queue ends");
+    }
+
+    #[test]
+    fn any_channel_is_one_of_them() {
+        let mail = Notify {
+            mail: Some(MailSpec {
+                url: "smtp://127.0.0.1:25".into(),
+                credentials: None,
+                from: "a@b.example".parse().unwrap(),
+                to: None,
+                users: BTreeMap::new(),
+                admins: Vec::new(),
+            }),
+            ..Notify::default()
+        };
+        let hook = Notify {
+            webhook: Some(WebhookSpec {
+                url: "http://127.0.0.1/".into(),
+                timeout: Duration::from_secs(1),
+                attempts: 1,
+            }),
+            ..Notify::default()
+        };
+        assert!(mail.any() && hook.any() && !Notify::default().any());
+        check(&mail).unwrap();
+        let bad = Notify {
+            webhook: Some(WebhookSpec {
+                url: "ftp://x/".into(),
+                timeout: Duration::from_secs(1),
+                attempts: 1,
+            }),
+            ..Notify::default()
+        };
+        assert!(check(&bad).is_err());
+    }
 }
