@@ -134,6 +134,7 @@ pub async fn run(
     }
     let mut notifier = notifier(&settings, &fleets, &service);
     let mut signalled = false;
+    let mut repeats = crate::notify::Repeats::default();
     // Channels replaced by a reload, letting their queues go.
     let mut draining = Vec::new();
     for n in 1.. {
@@ -160,13 +161,9 @@ pub async fn run(
             m.observe(&report);
         }
         if let Some(tell) = &notifier {
-            let events: Vec<_> = report
-                .events
-                .iter()
-                .chain(&report.at_once)
-                .cloned()
-                .collect();
-            tell.send(n, &crate::notify::told(&events, &report.outcomes));
+            let mut events = crate::notify::told(&report.events, &report.outcomes);
+            events.extend(repeats.fresh(crate::notify::told(&report.at_once, &report.outcomes)));
+            tell.send(n, &events);
         }
         if let Some(db) = &settings.state {
             record(db, &memory, &report, settings.retain, settings.interval).await;

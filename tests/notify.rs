@@ -345,9 +345,22 @@ fn a_mail_server_that_never_answers_and_a_hanging_webhook_delay_no_cycle() {
     let silent_url = format!("smtp://127.0.0.1:{}", silent.local_addr().unwrap().port());
     let hook_url = format!("http://127.0.0.1:{}/", hook.port);
     let mut h = Host::new(1);
-    let (quiet, run) = cycle_times(&mut h, &[], 5);
-    run.stop();
     let dir = tempfile::tempdir().unwrap();
+    // The same run but for the channels: an audit log (fsync'd lines on
+    // the cycles that warn and act) and metrics in both.
+    let quiet_audit = dir.path().join("quiet.log");
+    let quiet_listen = format!("127.0.0.1:{}", free_port());
+    let (quiet, run) = cycle_times(
+        &mut h,
+        &[
+            "--audit-log",
+            quiet_audit.to_str().unwrap(),
+            "--metrics-listen",
+            &quiet_listen,
+        ],
+        5,
+    );
+    run.stop();
     let audit = dir.path().join("audit.log");
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");

@@ -10,7 +10,7 @@ pub mod mail;
 pub mod message;
 mod webhook;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use crate::audit::AuditLog;
 use crate::ladder::{Event, Stage, What};
 use crate::metrics::Metrics;
+use crate::model::{EnvId, GpuIndex, HostId, Pid};
 use crate::outcome::{DetachResult, Outcome, TerminateResult};
 
 pub use mail::MailSpec;
@@ -288,6 +289,44 @@ fn carried_out(e: &Event, outcomes: &[Outcome]) -> bool {
     })
 }
 
+/// What identifies an action from cycle to cycle.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Told {
+    Terminate(HostId, Pid, Option<u64>),
+    Detach(HostId, GpuIndex, EnvId),
+}
+
+impl Told {
+    fn of(e: &Event) -> Told {
+        match &e.what {
+            What::Terminate(t) => Told::Terminate(e.host.clone(), t.pid, t.start_time),
+            What::Detach(d) => Told::Detach(e.host.clone(), d.device, d.eid.clone()),
+        }
+    }
+}
+
+/// Actions carried out at once (no grace, genv's way) told once each: one
+/// carried out again the next cycle (a process that ignores SIGTERM is
+/// signalled each cycle, as genv does) is not told again.
+#[derive(Debug, Default)]
+pub struct Repeats {
+    last: HashSet<Told>,
+}
+
+impl Repeats {
+    /// Those of `acted` (this cycle's) not told last cycle; remembers
+    /// this cycle's.
+    pub fn fresh<'a>(&mut self, acted: Vec<&'a Event>) -> Vec<&'a Event> {
+        let now: HashSet<Told> = acted.iter().map(|e| Told::of(e)).collect();
+        let fresh = acted
+            .into_iter()
+            .filter(|e| !self.last.contains(&Told::of(e)))
+            .collect();
+        self.last = now;
+        fresh
+    }
+}
+
 /// A user's address: the inventory's `[users]` entry, else `template`
 /// with `{user}` replaced by the name.
 pub fn address_of(
@@ -321,7 +360,6 @@ mod tests {
 
     #[test]
     fn an_action_is_told_only_once_carried_out() {
-        use crate::model::{EnvId, GpuIndex, HostId, Pid};
         use crate::plan::{Detach, Termination};
         let h = HostId("h".into());
         let ev = |stage, what| Event {
@@ -386,6 +424,27 @@ mod tests {
         let kept: Vec<&Event> = told(&events, &outcomes);
         let want: Vec<&Event> = [0, 2, 4, 5].iter().map(|i| &events[*i]).collect();
         assert_eq!(kept, want);
+    }
+
+    #[test]
+    fn an_action_carried_out_cycle_after_cycle_is_told_once() {
+        let ev = |pid, start| Event {
+            stage: Stage::Acted,
+            host: HostId("h".into()),
+            what: What::Terminate(crate::plan::Termination::of(Pid(pid), Some(start))),
+            since_ms: 0,
+            deadline_ms: None,
+        };
+        let (a, b, a_again, a_new) = (ev(1, 10), ev(2, 10), ev(1, 10), ev(1, 11));
+        let mut r = Repeats::default();
+        assert_eq!(r.fresh(vec![&a]), vec![&a]);
+        // Signalled again: not told; another one is.
+        assert_eq!(r.fresh(vec![&a_again, &b]), vec![&b]);
+        // The same pid, another process: told.
+        assert_eq!(r.fresh(vec![&a_new, &b]), vec![&a_new]);
+        // A cycle without it, then it again: told again.
+        assert_eq!(r.fresh(vec![]), Vec::<&Event>::new());
+        assert_eq!(r.fresh(vec![&b]), vec![&b]);
     }
 
     #[test]
