@@ -625,3 +625,59 @@ fn a_restart_mid_grace_mails_nothing_twice() {
     );
     assert_eq!(smtp.received().len(), 2);
 }
+
+#[test]
+fn a_webhook_is_tried_again_after_a_5xx_and_never_after_a_4xx() {
+    let flaky = Sink::start("flaky").unwrap();
+    let reject = Sink::start("reject").unwrap();
+    let mut h = Host::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = |hook: &Sink, audit: &Path| {
+        let stray = h.spawn_as("alice", None);
+        h.set_apps(&[(stray, 0, "100")]);
+        let url = format!("http://127.0.0.1:{}/", hook.port);
+        // A cron run: it lets its queue go before it exits.
+        let out = h.ours(&[
+            "enforce",
+            "--interval",
+            "0",
+            "--non-env-processes",
+            "--webhook",
+            &url,
+            "--audit-log",
+            audit.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stray
+    };
+    let flaky_audit = dir.path().join("flaky.log");
+    let stray = run(&flaky, &flaky_audit);
+    let statuses: Vec<u64> = flaky
+        .received()
+        .iter()
+        .map(|p| p["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, vec![503, 503, 200], "two 503s, then delivered");
+    let last: Value = serde_json::from_str(flaky.received()[2]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(last["event"]["stage"], "acted");
+    assert_eq!(last["event"]["pid"], stray);
+    assert!(!std::fs::read_to_string(&flaky_audit)
+        .unwrap()
+        .contains("\"unsent\""));
+    let reject_audit = dir.path().join("reject.log");
+    run(&reject, &reject_audit);
+    assert_eq!(reject.received().len(), 1, "a 4xx is not tried again");
+    let unsent: Vec<Value> = std::fs::read_to_string(&reject_audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|l: &Value| l["phase"] == "unsent")
+        .collect();
+    assert_eq!(unsent.len(), 1, "{unsent:?}");
+    assert_eq!(unsent[0]["failure"], "webhook");
+    assert_eq!(unsent[0]["message"], "HTTP 400 Bad Request");
+}

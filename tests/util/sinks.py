@@ -5,6 +5,8 @@
     sinks.py http PORT FILE      an HTTP server: each POST's body is appended
                                  to FILE as one line, answered 200
     sinks.py hang PORT FILE      an HTTP server that never answers a POST
+    sinks.py flaky PORT FILE     as http, but the first two POSTs get 503
+    sinks.py reject PORT FILE    as http, but every POST gets 400
 
 Each prints "ready" on stdout once it listens.
 """
@@ -46,18 +48,25 @@ def smtp(port, path):
         time.sleep(3600)
 
 
-def web(port, path, hang):
+def web(port, path, kind):
+    posts = [0]
+
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            if hang:
+            if kind == "hang":
                 time.sleep(3600)
+            posts[0] += 1
+            status = 200
+            if kind == "reject" or (kind == "flaky" and posts[0] <= 2):
+                status = 400 if kind == "reject" else 503
             append(path, json.dumps({
                 "path": self.path,
+                "status": status,
                 "content_type": self.headers.get("Content-Type"),
                 "body": body.decode("utf-8", "replace"),
             }))
-            self.send_response(200)
+            self.send_response(status)
             self.send_header("Content-Length", "2")
             self.end_headers()
             self.wfile.write(b"ok")
@@ -75,4 +84,4 @@ if __name__ == "__main__":
     if kind == "smtp":
         smtp(port, path)
     else:
-        web(port, path, kind == "hang")
+        web(port, path, kind)
