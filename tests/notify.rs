@@ -662,6 +662,17 @@ fn a_webhook_is_tried_again_after_a_5xx_and_never_after_a_4xx() {
         .map(|p| p["status"].as_u64().unwrap())
         .collect();
     assert_eq!(statuses, vec![503, 503, 200], "two 503s, then delivered");
+    // After a backoff of 1 s, then 2 s.
+    let at: Vec<f64> = flaky
+        .received()
+        .iter()
+        .map(|p| p["at"].as_f64().unwrap())
+        .collect();
+    let gaps = (at[1] - at[0], at[2] - at[1]);
+    assert!(
+        (0.95..1.9).contains(&gaps.0) && (1.95..3.9).contains(&gaps.1),
+        "{gaps:?}"
+    );
     let last: Value = serde_json::from_str(flaky.received()[2]["body"].as_str().unwrap()).unwrap();
     assert_eq!(last["event"]["stage"], "acted");
     assert_eq!(last["event"]["pid"], stray);

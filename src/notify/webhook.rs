@@ -100,3 +100,24 @@ impl Hook {
         Err(format!("{last} (after {} attempts)", self.attempts))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_url_is_never_printed_past_its_host() {
+        let spec = WebhookSpec {
+            url: "https://hooks.example/services/T0/B0/s3cr3t?x=1".into(),
+            timeout: Duration::from_secs(10),
+            attempts: 4,
+        };
+        let shown = format!("{spec:?}");
+        assert!(shown.contains("\"https://hooks.example/...\""), "{shown}");
+        assert!(
+            !shown.contains("s3cr3t") && shown.contains("attempts: 4"),
+            "{shown}"
+        );
+        assert_eq!(redacted("not a url"), "(not a URL)");
+    }
+}

@@ -63,6 +63,7 @@ def web(port, path, kind):
             append(path, json.dumps({
                 "path": self.path,
                 "status": status,
+                "at": time.monotonic(),
                 "content_type": self.headers.get("Content-Type"),
                 "body": body.decode("utf-8", "replace"),
             }))
