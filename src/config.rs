@@ -439,14 +439,14 @@ fn with_notify(
                 mail::mailbox("--mail-to", &t.replace("{user}", "user"))?;
             }
             for (name, a) in users {
-                mail::mailbox("[users] email", a).map_err(|e| match e {
-                    NotifyError::Address { value, why, .. } => NotifyError::Address {
+                if let Err(e) = a.parse::<lettre::message::Mailbox>() {
+                    return Err(NotifyError::Address {
                         flag: "[users] email",
-                        value: format!("{value} (user {name})"),
-                        why,
-                    },
-                    e => e,
-                })?;
+                        value: format!("{a} (user {name})"),
+                        why: e.to_string(),
+                    }
+                    .into());
+                }
             }
             let credentials = match &c.smtp_credentials {
                 None => None,

@@ -25,6 +25,16 @@ impl From<Errno> for Refusal {
     }
 }
 
+impl std::fmt::Display for Refusal {
+    /// In words: why it is refused, or the I/O error.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Unsafe(why) => write!(f, "{why}: refused"),
+            Refusal::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
 /// Checks that `fd` is a regular file owned by us; its status, for more
 /// checks.
 ///
@@ -55,14 +65,8 @@ pub fn read_secret(path: &std::path::Path) -> Result<String, String> {
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
         Mode::empty(),
     )
-    .map_err(|e| match Refusal::from(e) {
-        Refusal::Unsafe(why) => format!("{why}: refused"),
-        Refusal::Io(e) => e.to_string(),
-    })?;
-    let stat = own_file(&fd).map_err(|r| match r {
-        Refusal::Unsafe(why) => format!("{why}: refused"),
-        Refusal::Io(e) => e.to_string(),
-    })?;
+    .map_err(|e| Refusal::from(e).to_string())?;
+    let stat = own_file(&fd).map_err(|r| r.to_string())?;
     if stat.st_mode & 0o077 != 0 {
         return Err("others may read or write it: refused (chmod 600)".into());
     }

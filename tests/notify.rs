@@ -121,6 +121,14 @@ impl Run {
         serde_json::from_str(&self.reports.next().unwrap().unwrap()).unwrap()
     }
 
+    /// Reads reports until one with outcomes (within 20 s).
+    fn until_acted(&mut self) {
+        let started = Instant::now();
+        while self.next()["outcomes"].as_array().unwrap().is_empty() {
+            assert!(started.elapsed() < Duration::from_secs(20), "never acted");
+        }
+    }
+
     /// SIGTERM; how long it took to exit.
     fn stop(mut self) -> Duration {
         let start = Instant::now();
@@ -193,14 +201,7 @@ fn the_owner_and_the_admins_are_told_once_of_each_warning_clearing_and_action() 
     assert!(h.running(stray) && h.running(fixed) && h.running(job));
     // One is fixed within the grace.
     h.set_apps(&[(stray, 0, "100"), (job, 2, "100")]);
-    let started = Instant::now();
-    loop {
-        let r = run.next();
-        if !r["outcomes"].as_array().unwrap().is_empty() {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "never acted");
-    }
+    run.until_acted();
     // A few cycles more: nothing is told twice.
     run.next();
     run.next();
@@ -599,14 +600,7 @@ fn a_restart_mid_grace_mails_nothing_twice() {
     first.stop();
     assert_eq!(smtp.wait_for(1).len(), 1);
     let mut second = Run::start(&h, &args);
-    let started = Instant::now();
-    loop {
-        let r = second.next();
-        if !r["outcomes"].as_array().unwrap().is_empty() {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "never acted");
-    }
+    second.until_acted();
     second.next();
     second.stop();
     let mails = smtp.wait_for(2);

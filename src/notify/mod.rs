@@ -98,8 +98,9 @@ impl Channel {
     }
 }
 
-/// Sets up every channel of `spec` once, for its errors (a URL that
-/// cannot be used).
+/// Checks every channel of `spec` for errors (a URL that cannot be used)
+/// before anything runs. The webhook's client (it reads the system's CA
+/// store) is built once, when the channels start.
 ///
 /// # Errors
 /// The first channel that cannot be set up.
@@ -108,7 +109,7 @@ pub fn check(spec: &Notify) -> Result<(), NotifyError> {
         mail::Mailer::new(m)?;
     }
     if let Some(w) = &spec.webhook {
-        webhook::Hook::new(w)?;
+        webhook::url(w)?;
     }
     Ok(())
 }

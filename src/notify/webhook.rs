@@ -46,19 +46,32 @@ pub struct Hook {
     attempts: u32,
 }
 
+/// `spec`'s URL, if one we post to (http or https, no credentials in it).
+///
+/// # Errors
+/// Why not.
+pub fn url(spec: &WebhookSpec) -> Result<reqwest::Url, NotifyError> {
+    let bad = |why: String| NotifyError::Webhook {
+        url: redacted(&spec.url),
+        why,
+    };
+    let url = reqwest::Url::parse(&spec.url).map_err(|e| bad(e.to_string()))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(bad("credentials in the URL: refused".into()));
+    }
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(bad("not an http:// or https:// URL".into()));
+    }
+    Ok(url)
+}
+
 impl Hook {
     pub fn new(spec: &WebhookSpec) -> Result<Self, NotifyError> {
         let bad = |why: String| NotifyError::Webhook {
             url: redacted(&spec.url),
             why,
         };
-        let url = reqwest::Url::parse(&spec.url).map_err(|e| bad(e.to_string()))?;
-        if !url.username().is_empty() || url.password().is_some() {
-            return Err(bad("credentials in the URL: refused".into()));
-        }
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(bad("not an http:// or https:// URL".into()));
-        }
+        let url = url(spec)?;
         let client = reqwest::Client::builder()
             .timeout(spec.timeout)
             .redirect(reqwest::redirect::Policy::none())
