@@ -627,6 +627,7 @@ mod tests {
             ],
             detach: vec![
                 Detach {
+                    groups: Default::default(),
                     device: GpuIndex(3),
                     eid: EnvId("e".into()),
                     username: Some("u".into()),
@@ -634,6 +635,7 @@ mod tests {
                     owner: None,
                 },
                 Detach {
+                    groups: Default::default(),
                     device: GpuIndex(3),
                     eid: EnvId("f".into()),
                     username: Some("u".into()),
@@ -641,6 +643,7 @@ mod tests {
                     owner: None,
                 },
                 Detach {
+                    groups: Default::default(),
                     device: GpuIndex(4),
                     eid: EnvId("e".into()),
                     username: Some("u".into()),

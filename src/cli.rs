@@ -377,6 +377,11 @@ pub struct CycleArgs {
     )]
     pub webhook_file: Option<PathBuf>,
 
+    /// Tell the job's owner on the host too: a short message on the job's
+    /// terminal and the owner's login terminals there, as write(1) does.
+    #[arg(long, help_heading = "Notifications")]
+    pub notify_terminal: bool,
+
     /// At most N messages per user and channel in any hour.
     #[arg(long, value_name = "N", default_value_t = 20, help_heading = "Notifications",
           value_parser = clap::value_parser!(u32).range(1..=100_000))]

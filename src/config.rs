@@ -296,6 +296,7 @@ fn ssh_fleet(
     max_records: usize,
 ) -> Result<(Fleet, Option<tempfile::TempDir>), ConfigError> {
     let mut inventory = inventory.ok_or(ConfigError::NoHostsGiven)?;
+    let groups = inventory.exempt.iter().any(|e| e.group.is_some());
     for h in &mut inventory.hosts {
         h.identity_file = h
             .identity_file
@@ -346,6 +347,7 @@ fn ssh_fleet(
                 command_timeout: args.command_timeout,
                 lifetime,
                 max_records,
+                groups,
             }))
         })
         .collect();
@@ -492,6 +494,7 @@ fn with_notify(
     let notify = Notify {
         mail,
         webhook,
+        terminal: c.notify_terminal,
         per_user_hour: c.notify_rate,
     };
     // Set up once here, so that a bad URL is a usage error before anything runs.

@@ -539,14 +539,13 @@ pub fn parse_inventory(
             located(Located::at(v, format!("[[exempt]] #{n}: {m}")))
         };
         if let Some(g) = &e.group {
-            return Err(at(
-                g,
-                "key `group`: group exemptions are not supported yet (name the users)".into(),
-            ));
+            if !crate::notify::plain_name(g.get_ref()) {
+                return Err(at(g, "key `group`: not a group name".into()));
+            }
         }
-        if e.user.is_none() && e.host.is_none() {
+        if e.user.is_none() && e.host.is_none() && e.group.is_none() {
             return Err(err(format!(
-                "[[exempt]] #{n}: name a `user` or a `host` (an exemption of everything is --dry-run)"
+                "[[exempt]] #{n}: name a `user`, a `group` or a `host` (an exemption of everything is --dry-run)"
             )));
         }
         let time = |v: &Option<Spanned<String>>, key: &str| match v {
@@ -584,6 +583,7 @@ pub fn parse_inventory(
         }
         exempt.push(Exemption {
             user: e.user.as_ref().map(|u| u.get_ref().clone()),
+            group: e.group.as_ref().map(|g| g.get_ref().clone()),
             host,
             from_ms,
             until_ms,
@@ -902,9 +902,13 @@ max_devices_for_user = { alice = 4 }
             (inv.exempt[1].from_ms, inv.exempt[1].host.as_ref()),
             (None, None)
         );
+        let text = "[[host]]\nname = \"gpu1\"\n\n[[exempt]]\ngroup = \"lab-gpu\"\n";
+        let inv = parse_inventory(text, "hosts.toml", &Overrides::default()).unwrap();
+        assert_eq!(inv.exempt[0].group.as_deref(), Some("lab-gpu"));
+        assert_eq!(inv.exempt[0].user, None);
         for (bad, says) in [
-            ("group = \"lab\"", "group exemptions are not supported yet"),
-            ("reason = \"x\"", "name a `user` or a `host`"),
+            ("group = \"lab gpu\"", "key `group`: not a group name"),
+            ("reason = \"x\"", "name a `user`, a `group` or a `host`"),
             (
                 "user = \"a\"\nfrom = \"tomorrow\"",
                 "key `from`: not a time",

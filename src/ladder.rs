@@ -39,6 +39,8 @@ pub struct Grace {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Exemption {
     pub user: Option<String>,
+    /// A Unix group, as each host resolves its members.
+    pub group: Option<String>,
     pub host: Option<HostId>,
     /// From (ms since the Unix epoch), inclusive.
     pub from_ms: Option<u64>,
@@ -49,9 +51,11 @@ pub struct Exemption {
 }
 
 impl Exemption {
-    /// Whether it covers an action on `host` charged to `user` at `now`.
-    pub fn covers(&self, host: &HostId, user: Option<&str>, now: u64) -> bool {
+    /// Whether it covers an action on `host` charged to `user`, a member
+    /// of `groups` there, at `now`.
+    pub fn covers(&self, host: &HostId, user: Option<&str>, groups: &[String], now: u64) -> bool {
         self.user.as_deref().is_none_or(|u| user == Some(u))
+            && self.group.as_ref().is_none_or(|g| groups.contains(g))
             && self.host.as_ref().is_none_or(|h| h == host)
             && self.from_ms.is_none_or(|f| now >= f)
             && self.until_ms.is_none_or(|u| now < u)
@@ -119,6 +123,15 @@ impl What {
         match self {
             What::Terminate(t) => t.user.as_deref(),
             What::Detach(d) => d.charged.as_deref(),
+        }
+    }
+
+    /// The groups of the user it is charged to on its host, as far as the
+    /// host said (asked only for group exemptions).
+    pub fn groups(&self) -> &[String] {
+        match self {
+            What::Terminate(t) => &t.groups,
+            What::Detach(d) => &d.groups,
         }
     }
 
@@ -337,7 +350,7 @@ impl Ladder {
         self.grace
             .exempt
             .iter()
-            .find(|e| e.covers(host, what.user(), now))
+            .find(|e| e.covers(host, what.user(), what.groups(), now))
             .map(|e| e.reason.as_str())
     }
 
@@ -527,6 +540,7 @@ mod tests {
                     detach: detach
                         .iter()
                         .map(|&(d, e)| Detach {
+                            groups: Default::default(),
                             device: GpuIndex(d),
                             eid: EnvId(e.into()),
                             username: None,
@@ -740,6 +754,7 @@ mod tests {
             after: Duration::from_secs(10),
             exempt: vec![Exemption {
                 user: Some("alice".into()),
+                group: None,
                 host: Some(HostId("h".into())),
                 from_ms: Some(1_000),
                 until_ms: Some(50_000),
@@ -774,10 +789,53 @@ mod tests {
         assert_eq!(acted_at(&l, &p, 60_000), (vec![1, 2], vec![0], 0));
         // Another host, or a user it does not name: not covered.
         let e = &l.grace.exempt[0];
-        assert!(!e.covers(&HostId("g".into()), Some("alice"), 2_000));
-        assert!(!e.covers(&HostId("h".into()), None, 2_000));
-        assert!(e.covers(&HostId("h".into()), Some("alice"), 1_000));
-        assert!(!e.covers(&HostId("h".into()), Some("alice"), 50_000));
+        assert!(!e.covers(&HostId("g".into()), Some("alice"), &[], 2_000));
+        assert!(!e.covers(&HostId("h".into()), None, &[], 2_000));
+        assert!(e.covers(&HostId("h".into()), Some("alice"), &[], 1_000));
+        assert!(!e.covers(&HostId("h".into()), Some("alice"), &[], 50_000));
+    }
+
+    #[test]
+    fn a_group_exemption_covers_the_members_the_host_names() {
+        let mut p = plan(&[(1, 10), (2, 20), (3, 30)], &[(0, "e"), (1, "f")]);
+        let lab = vec!["users".to_string(), "lab".to_string()];
+        let t = &mut p.hosts[0].1.terminate;
+        (t[0].user, t[0].groups) = (Some("alice".into()), lab.clone());
+        (t[1].user, t[1].groups) = (Some("bob".into()), vec!["users".into()]);
+        // A user the host said no groups of (not asked, or unknown there).
+        t[2].user = Some("carol".into());
+        let d = &mut p.hosts[0].1.detach;
+        (d[0].charged, d[0].groups) = (Some("alice".into()), lab);
+        d[1].charged = Some("alice".into());
+        let l = Ladder::new(Grace {
+            exempt: vec![Exemption {
+                group: Some("lab".into()),
+                reason: "the lab's own machine".into(),
+                ..Exemption::default()
+            }],
+            ..Grace::default()
+        });
+        let (due, waiting) = l.split(&p, 0);
+        let due = &due.hosts[0].1;
+        assert_eq!(
+            due.terminate.iter().map(|t| t.pid.0).collect::<Vec<_>>(),
+            [2, 3]
+        );
+        assert_eq!(due.detach.len(), 1);
+        assert_eq!(due.detach[0].eid.0, "f");
+        assert_eq!(waiting.len(), 2);
+        assert!(waiting.iter().all(|w| matches!(w,
+            Waiting::Terminate { exempt: Some(r), .. } | Waiting::Detach { exempt: Some(r), .. }
+                if r == "the lab's own machine")));
+        let both = Exemption {
+            user: Some("alice".into()),
+            group: Some("lab".into()),
+            ..Exemption::default()
+        };
+        let h = HostId("h".into());
+        assert!(both.covers(&h, Some("alice"), &["lab".into()], 0));
+        assert!(!both.covers(&h, Some("alice"), &["users".into()], 0));
+        assert!(!both.covers(&h, Some("bob"), &["lab".into()], 0));
     }
 
     #[test]

@@ -338,6 +338,21 @@ pub struct HostTruth {
     pub pid_uids: BTreeMap<i64, u32>,
     /// The host's names for the uids seen (listed pids and GPU processes).
     pub user_names: BTreeMap<u32, String>,
+    /// The names of their groups on the host, when asked for (group
+    /// exemptions).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub groups: BTreeMap<u32, Vec<String>>,
+}
+
+impl HostTruth {
+    /// The groups of the user the host names `user`, if it said them.
+    pub fn groups_of(&self, user: &str) -> &[String] {
+        self.user_names
+            .iter()
+            .find(|(_, name)| name.as_str() == user)
+            .and_then(|(uid, _)| self.groups.get(uid))
+            .map_or(&[], Vec::as_slice)
+    }
 }
 
 /// What one host looked like at one moment, in genv's order.

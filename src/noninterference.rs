@@ -463,6 +463,7 @@ impl World {
             envs,
             devices,
             truth: Some(HostTruth {
+                groups: Default::default(),
                 pid_uids,
                 user_names: [
                     (0, "root"),

@@ -25,6 +25,10 @@ pub struct Termination {
     pub uid: Option<u32>,
     pub user: Option<String>,
     pub rules: BTreeSet<Rule>,
+    /// Its user's groups on the host, when asked for (group exemptions);
+    /// not in the JSON plan.
+    #[serde(skip)]
+    pub groups: Vec<String>,
 }
 
 impl Termination {
@@ -39,6 +43,7 @@ impl Termination {
             uid: None,
             user: None,
             rules: BTreeSet::new(),
+            groups: Vec::new(),
         }
     }
 }
@@ -69,6 +74,10 @@ pub struct Detach {
     /// which anyone writes). Not in the JSON plan.
     #[serde(skip)]
     pub owner: Option<String>,
+    /// The charged user's groups on the host, when asked for and the host
+    /// knows the user (a live process of theirs); not in the JSON plan.
+    #[serde(skip)]
+    pub groups: Vec<String>,
 }
 
 /// Everything to do on one host.
@@ -221,6 +230,10 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
                 uid: p.uid,
                 user: p.user.clone(),
                 rules,
+                groups: match (&snap.truth, &p.user) {
+                    (Some(t), Some(u)) => t.groups_of(u).to_vec(),
+                    _ => Vec::new(),
+                },
             })
         })
         .collect();
@@ -264,6 +277,10 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
                     owner: charged
                         .clone()
                         .filter(|u| carried.contains(&(eid, u.as_str()))),
+                    groups: match (&snap.truth, &charged) {
+                        (Some(t), Some(u)) => t.groups_of(u).to_vec(),
+                        _ => Vec::new(),
+                    },
                     charged,
                 }
             })

@@ -79,6 +79,7 @@ proptest! {
         pids in proptest::collection::btree_map(0u32..400, (any::<u64>(), proptest::option::of(any::<u32>()), proptest::collection::vec(any::<u8>(), 0..8)), 0..6),
     ) {
         let raw = RawHost {
+            groups: Default::default(),
             gpus: gpus.into(),
             apps: apps.clone().into(),
             envs: envs.clone().map(Into::into),
@@ -302,6 +303,7 @@ fn host() -> impl Strategy<Value = HostSnapshot> {
                 .filter_map(|(i, (_, _, owner))| Some((1000 + i as i64, (*owner)?)))
                 .collect();
             let truth = truth.then(|| HostTruth {
+                groups: Default::default(),
                 pid_uids: owners,
                 user_names: (0..3).map(|u| (u, format!("u{u}"))).collect(),
             });

@@ -635,6 +635,7 @@ mod tests {
         assert_eq!(clean("4100"), "4100");
         assert_eq!(clean("a\nFake line"), "a\\nFake line");
         let d = Detach {
+            groups: Default::default(),
             device: GpuIndex(0),
             eid: crate::model::EnvId("x\ny".into()),
             username: Some("u\r".into()),

@@ -135,6 +135,9 @@ pub async fn run(
     let mut notifier = notifier(&settings, &fleets, &service);
     let mut signalled = false;
     let mut repeats = crate::notify::Repeats::default();
+    let mut terminals = crate::notify::limit::RateLimit::new(
+        settings.notify.as_ref().map_or(0, |s| s.per_user_hour),
+    );
     // Channels replaced by a reload, letting their queues go.
     let mut draining = Vec::new();
     for n in 1.. {
@@ -160,13 +163,24 @@ pub async fn run(
         if let Some(m) = &service.metrics {
             m.observe(&report);
         }
+        let mut events = Vec::new();
         if let Some(tell) = &notifier {
-            let mut events = crate::notify::told(&report.events, &report.outcomes);
+            events = crate::notify::told(&report.events, &report.outcomes);
             events.extend(repeats.fresh(crate::notify::told(&report.at_once, &report.outcomes)));
             tell.send(n, &events);
         }
         if let Some(db) = &settings.state {
             record(db, &memory, &report, settings.retain, settings.interval).await;
+        }
+        if settings.notify.as_ref().is_some_and(|s| s.terminal) && !events.is_empty() {
+            let (audit, metrics) = (fleet.audit.as_ref(), service.metrics.as_ref());
+            // This cycle's actions are done and recorded; a signal still
+            // ends the run at once.
+            tokio::select! {
+                _ = crate::notify::terminal::tell(fleet, n, &events, &mut terminals, audit, metrics) => {}
+                _ = term.recv() => { signalled = true; break },
+                _ = interrupt.recv() => { signalled = true; break },
+            }
         }
         if n == 1 {
             notify(&[sd_notify::NotifyState::Ready]);

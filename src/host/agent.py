@@ -18,6 +18,9 @@
 #    "limit": L, "proc": "/proc"}
 #   {"mode": "detach", "dir": D, "detach": [[index, eid], ...], "step": S, "limit": L, "max_bytes": B}
 #   {"mode": "doctor", "dir": D, "nvidia_smi": [argv], "step": S, "limit": L}
+#   {"mode": "tell", "notes": [{"user": name, "pids": [[pid, start_time], ...],
+#    "text": T}, ...], "utmp": "/var/run/utmp", "limit": L, "proc": "/proc"}
+# A snapshot request may also ask for "groups": true.
 # and stdout one answer per request, "@<status> <length>\n" + <length> bytes.
 # Status 0: the request's result:
 #   hello: {"protocol": P, "python": "3.x.y", "pidfd": bool, "euid": n}
@@ -30,10 +33,12 @@
 #                        "unsure\n<why>", for each GPU pid and each live pid
 #                        an environment lists (absent: not alive)
 #     user <uid>         the host's name for a uid seen
+#     groups <uid>       (when asked) the names of its groups, one a line
 #   terminate: {"kills": [{"pid": n, "result": "signalled"|"gone"|"reused"|"denied"|"invalid",
 #               "found": start_time (reused only; null when unreadable)}, ...]}
 #   detach: {"detached": [bool per pair: it was there and is gone]}
 #   doctor: facts about the host (see doctor())
+#   tell: {"told": [terminals written per note]}
 # Status 1: {"fail": "request"|"state"|"lock"|"nvidia-smi"|"agent", "message": why,
 #   "kills": [...] (terminate: those done before the failure)}; a detach that
 #   failed changed nothing ("lock": genv.lock stayed held past the step limit).
@@ -49,7 +54,12 @@
 # mode of an existing file is never changed. A process's identity (uid,
 # environment) is read between two reads of its start time; a kill
 # re-checks the start time and, where the kernel has pidfds, signals
-# through one. Nothing here runs a shell, and no temporary file or child
+# through one. A message goes only to a terminal the kernel says is the
+# user's: the controlling terminal of one of their processes (pid and
+# start time re-checked) or a login terminal utmp lists for them, opened
+# without following a link, without becoming ours and without blocking,
+# and owned by them; its text is stripped of control characters and
+# bounded. Nothing here runs a shell, and no temporary file or child
 # outlives a request.
 
 import errno
@@ -62,7 +72,7 @@ import stat
 import sys
 import time
 
-PROTOCOL = 2
+PROTOCOL = 3
 VAR = b"GENV_ENVIRONMENT_ID="
 PROC = ["/proc"]  # where procfs is, for the request at hand
 SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -475,6 +485,35 @@ def snapshot(req, out):
             frame(out, "user", uid, pwd.getpwuid(uid).pw_name.encode())
         except KeyError:
             pass
+    if req.get("groups"):
+        for uid in sorted(uids):
+            names = groups_of(uid)
+            if names is not None:
+                frame(out, "groups", uid, "\n".join(names).encode())
+
+
+MAX_GROUPS = 1024
+
+
+def groups_of(uid):
+    """The names of uid's groups (its primary one and the others) as this
+    host's name service says, at most MAX_GROUPS; None for a uid without
+    a name."""
+    import grp
+    import pwd
+
+    try:
+        pw = pwd.getpwuid(uid)
+        gids = os.getgrouplist(pw.pw_name, pw.pw_gid)[:MAX_GROUPS]
+    except (KeyError, OSError):
+        return None
+    names = set()
+    for gid in gids:
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            pass
+    return sorted(names)
 
 
 # Kills.
@@ -622,6 +661,129 @@ def finish():
     release()
 
 
+# Tell: a message on a user's terminals, as write(1) would put it there.
+
+MAX_NOTES = 256
+MAX_TERMINALS = 16
+MAX_TEXT = 4096
+UTMP_RECORD = 384  # glibc's struct utmp on Linux (x86_64, aarch64)
+USER_PROCESS = 7
+
+
+def terminal_path(dev):
+    """/dev's name for a terminal device number: a pty (majors 136-143)
+    or a virtual console (major 4, minors 1-63); None for anything else."""
+    major, minor = os.major(dev), os.minor(dev)
+    if 136 <= major <= 143:
+        return "/dev/pts/%d" % ((major - 136) * 256 + minor)
+    if major == 4 and 0 < minor < 64:
+        return "/dev/tty%d" % minor
+    return None
+
+
+def controlling_terminal(pid, want, uid):
+    """The controlling terminal (device number) of pid, if it is still the
+    process started at `want` and its real uid is uid."""
+    try:
+        before = proc_read(pid, "stat")
+        owner = real_uid(proc_read(pid, "status"))
+        after = proc_read(pid, "stat")
+    except OSError:
+        return None
+    if start_time(before) != want or start_time(after) != want or exited(after) or owner != uid:
+        return None
+    fields = after[after.rfind(b")") + 1 :].split()
+    if len(fields) < 5 or not fields[4].lstrip(b"-").isdigit():
+        return None
+    dev = int(fields[4])
+    return dev if dev > 0 else None
+
+
+def login_terminals(path, user):
+    """The terminals utmp lists for user's login sessions, as /dev paths."""
+    try:
+        fd = keep(os.open(path, os.O_RDONLY | SAFE))
+    except OSError:
+        return []
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        return []
+    data = os.read(fd, UTMP_RECORD * 4096)
+    name = user.encode()
+    found = []
+    for at in range(0, len(data) - UTMP_RECORD + 1, UTMP_RECORD):
+        record = data[at : at + UTMP_RECORD]
+        kind = int.from_bytes(record[0:2], sys.byteorder)
+        line = record[8:40].split(b"\0", 1)[0]
+        who = record[44:76].split(b"\0", 1)[0]
+        if kind != USER_PROCESS or who != name:
+            continue
+        words = line.split(b"/")
+        if (len(words) == 2 and words[0] == b"pts" and words[1].isdigit()) or (
+            len(words) == 1 and line.startswith(b"tty") and line[3:].isdigit()
+        ):
+            found.append("/dev/" + line.decode())
+    return found
+
+
+def printable(text):
+    """text with every control character but newline and tab as "?", lines
+    ended as a terminal wants them (CR LF), at most MAX_TEXT bytes."""
+    kept = "".join(c if c in "\n\t" or not (c < " " or "\x7f" <= c <= "\x9f") else "?" for c in text)
+    data = kept.replace("\n", "\r\n").encode("utf-8", "replace")[:MAX_TEXT]
+    return data.decode("utf-8", "ignore").encode()
+
+
+def write_terminal(path, uid, dev, data):
+    """Writes data to the terminal at path if it is one and uid's (and, when
+    dev is given, that device): one non-blocking write; whether all of it
+    went."""
+    try:
+        fd = keep(os.open(path, os.O_WRONLY | SAFE))
+    except OSError:
+        return False
+    st = os.fstat(fd)
+    if not stat.S_ISCHR(st.st_mode) or st.st_uid != uid or (dev is not None and st.st_rdev != dev):
+        return False
+    if not os.isatty(fd):
+        return False
+    try:
+        return os.write(fd, data) == len(data)
+    except OSError:
+        return False
+
+
+def tell(req):
+    """Terminals written per note."""
+    import pwd
+
+    told = []
+    for note in req["notes"][:MAX_NOTES]:
+        if not (isinstance(note, dict) and isinstance(note.get("user"), str) and isinstance(note.get("text"), str)
+                and isinstance(note.get("pids"), list)):
+            raise Failure("request", "a note is {user, pids, text}")
+        try:
+            uid = pwd.getpwnam(note["user"]).pw_uid
+        except KeyError:
+            told.append(0)
+            continue
+        terminals = {}
+        for pair in note["pids"][:MAX_TERMINALS]:
+            if isinstance(pair, list) and len(pair) == 2 and all(type(x) is int and 0 < x < 1 << 63 for x in pair):
+                dev = controlling_terminal(pair[0], pair[1], uid)
+                path = terminal_path(dev) if dev else None
+                if path:
+                    terminals[path] = dev
+        for path in login_terminals(req["utmp"], note["user"]):
+            terminals.setdefault(path, None)
+        data = printable(note["text"])
+        written = 0
+        for path, dev in sorted(terminals.items())[:MAX_TERMINALS]:
+            written += write_terminal(path, uid, dev, data)
+        release()
+        told.append(written)
+    return told
+
+
 # Doctor: facts about this host, as JSON, for `genv-enforce doctor`.
 
 
@@ -706,12 +868,13 @@ def doctor(req):
 # Requests: the keys each mode takes (every one is required but those of OPTIONAL).
 KEYS = {
     "hello": {"mode", "protocol"},
-    "snapshot": {"mode", "dir", "nvidia_smi", "step", "limit", "max_bytes", "max_records", "proc"},
+    "snapshot": {"mode", "dir", "nvidia_smi", "step", "limit", "max_bytes", "max_records", "proc", "groups"},
     "terminate": {"mode", "kills", "signal", "limit", "proc"},
     "detach": {"mode", "dir", "detach", "step", "limit", "max_bytes"},
     "doctor": {"mode", "dir", "nvidia_smi", "step", "limit"},
+    "tell": {"mode", "notes", "utmp", "limit", "proc"},
 }
-OPTIONAL = {"max_records", "proc", "signal"}
+OPTIONAL = {"max_records", "proc", "signal", "groups"}
 
 
 def check(req):
@@ -758,6 +921,8 @@ def answer(req):
         if mode == "terminate":
             terminate(req, kills)
             return 0, json.dumps({"kills": kills}).encode()
+        if mode == "tell":
+            return 0, json.dumps({"told": tell(req)}).encode()
         return 0, json.dumps({"detached": detach(req)}).encode()
     except Failure as f:
         # Kills that happened are answered; a detach that failed changed nothing.

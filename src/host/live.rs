@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use super::protocol::{Answer, Limits, Request};
+use super::protocol::{Answer, Limits, Note, Request};
 use super::{Fetched, Parser};
 use crate::error::HostError;
 use crate::model::HostId;
@@ -26,6 +26,9 @@ pub trait Live: Sync {
     fn nvidia_smi(&self) -> &[String];
     /// `--max-records`.
     fn max_records(&self) -> usize;
+    /// Whether snapshots say the groups of the users seen (group
+    /// exemptions).
+    fn groups(&self) -> bool;
     /// The limits of each request there.
     fn limits(&self) -> Limits;
     /// What parse errors name (the host, or this machine's state directory).
@@ -47,6 +50,7 @@ pub trait Live: Sync {
                 self.limits(),
                 self.max_records(),
                 &self.proc_root(),
+                self.groups(),
             );
             super::fetched(self.ask(&request).await?)
         }
@@ -75,6 +79,18 @@ pub trait Live: Sync {
                 super::detached(self.ask(&request).await, pairs.len())
             };
             super::outcomes(self.id(), plan, terminated, detached)
+        }
+    }
+
+    /// See [`Host::tell`](super::Host::tell).
+    ///
+    /// # Errors
+    /// The transport or the agent failed, or the agent refused the notes.
+    fn tell(&self, notes: Vec<Note>) -> impl Future<Output = Result<Vec<u32>, HostError>> + Send {
+        async move {
+            let count = notes.len();
+            let request = Request::tell(notes, self.limits(), &self.proc_root());
+            super::told(self.ask(&request).await?, count)
         }
     }
 

@@ -35,6 +35,8 @@ pub struct LocalHost {
     pub parsed: Arc<Mutex<ParsedState>>,
     /// `--max-records`.
     pub max_records: usize,
+    /// Whether snapshots say users' groups (group exemptions).
+    pub groups: bool,
     /// The Python that runs the agent.
     pub python: String,
     /// The agent, once started.
@@ -65,6 +67,7 @@ impl LocalHost {
             timeout,
             parsed: Arc::default(),
             max_records: crate::snapshot::genv::DEFAULT_MAX_RECORDS,
+            groups: false,
             python: PYTHON.to_string(),
             agent: tokio::sync::Mutex::default(),
         }
@@ -180,6 +183,10 @@ impl Live for LocalHost {
 
     fn max_records(&self) -> usize {
         self.max_records
+    }
+
+    fn groups(&self) -> bool {
+        self.groups
     }
 
     /// The agent's steps end at our deadline; the agent itself a second

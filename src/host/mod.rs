@@ -120,6 +120,27 @@ pub(crate) fn detached(answer: Result<Answer, HostError>, pairs: usize) -> Vec<D
     }
 }
 
+/// How many terminals each note reached, from a tell answer.
+///
+/// # Errors
+/// The agent refused the notes, or its answer is not a count per note.
+pub(crate) fn told(answer: Answer, notes: usize) -> Result<Vec<u32>, HostError> {
+    match answer.status {
+        Status::Done => match serde_json::from_slice::<protocol::Told>(&answer.body) {
+            Ok(t) if t.told.len() == notes => Ok(t.told),
+            Ok(t) => Err(HostError::Protocol(protocol::ProtocolError::Body {
+                what: "tell",
+                why: format!("{} counts for {notes} notes", t.told.len()),
+            })),
+            Err(e) => Err(HostError::Protocol(protocol::ProtocolError::Body {
+                what: "tell",
+                why: e.to_string(),
+            })),
+        },
+        Status::Failed => Err(failure(&answer)),
+    }
+}
+
 /// A doctor answer's facts.
 ///
 /// # Errors
@@ -254,6 +275,8 @@ impl Host {
                 a.conn.spec == b.conn.spec
                     && a.command_timeout == b.command_timeout
                     && a.lifetime == b.lifetime
+                    && a.max_records == b.max_records
+                    && a.groups == b.groups
                     && a.ssh.same_connection(&b.ssh)
             }
             (Host::Recorded(a), Host::Recorded(b)) => a.id == b.id && a.path == b.path,
@@ -314,6 +337,20 @@ impl Host {
             Host::Local(h) => h.escalate(terminations).await,
             Host::Ssh(h) => h.escalate(terminations).await,
             Host::Recorded(_) => Vec::new(),
+        }
+    }
+
+    /// Writes each note to its user's terminals there (the controlling
+    /// terminals of its processes, their login terminals); how many
+    /// terminals each reached. A recording has none.
+    ///
+    /// # Errors
+    /// The transport or the agent failed.
+    pub async fn tell(&self, notes: Vec<protocol::Note>) -> Result<Vec<u32>, HostError> {
+        match self {
+            Host::Local(h) => h.tell(notes).await,
+            Host::Ssh(h) => h.tell(notes).await,
+            Host::Recorded(_) => Ok(vec![0; notes.len()]),
         }
     }
 

@@ -29,7 +29,7 @@ use crate::outcome::{DetachResult, TerminateResult};
 use crate::plan::{Signal, Termination};
 
 /// The protocol's version: both sides must speak the same.
-pub const PROTOCOL: u32 = 2;
+pub const PROTOCOL: u32 = 3;
 
 /// The host agent's source.
 pub const AGENT: &str = include_str!("agent.py");
@@ -90,6 +90,8 @@ pub enum Request {
         max_bytes: u64,
         max_records: usize,
         proc: String,
+        /// Whether to say the groups of each user seen.
+        groups: bool,
     },
     /// A signal to each `[pid, start time]` whose start time still matches.
     Terminate {
@@ -113,7 +115,27 @@ pub enum Request {
         step: f64,
         limit: f64,
     },
+    /// Messages on users' terminals.
+    Tell {
+        notes: Vec<Note>,
+        utmp: String,
+        limit: f64,
+        proc: String,
+    },
 }
+
+/// A message for a user's terminals: the controlling terminals of the
+/// `[pid, start time]`s that are still theirs, and their login terminals.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Note {
+    pub user: String,
+    pub pids: Vec<(u32, u64)>,
+    pub text: String,
+}
+
+/// Where login sessions are listed on a host.
+pub const UTMP: &str = "/var/run/utmp";
 
 impl Request {
     /// The hello that opens every agent.
@@ -128,6 +150,7 @@ impl Request {
         limits: Limits,
         max_records: usize,
         proc: &str,
+        groups: bool,
     ) -> Request {
         Request::Snapshot {
             dir: dir.to_string(),
@@ -137,6 +160,7 @@ impl Request {
             max_bytes: MAX_STATE_BYTES,
             max_records,
             proc: proc.to_string(),
+            groups,
         }
     }
 
@@ -185,6 +209,16 @@ impl Request {
         }
     }
 
+    /// The tell request.
+    pub fn tell(notes: Vec<Note>, limits: Limits, proc: &str) -> Request {
+        Request::Tell {
+            notes,
+            utmp: UTMP.to_string(),
+            limit: limits.run.as_secs_f64(),
+            proc: proc.to_string(),
+        }
+    }
+
     /// Its name, for reports (`snapshot`, `terminate`, ...).
     pub fn name(&self) -> &'static str {
         match self {
@@ -193,6 +227,7 @@ impl Request {
             Request::Terminate { .. } => "terminate",
             Request::Detach { .. } => "detach",
             Request::Doctor { .. } => "doctor",
+            Request::Tell { .. } => "tell",
         }
     }
 
@@ -329,6 +364,13 @@ pub struct Kills {
 #[serde(deny_unknown_fields)]
 pub struct Detached {
     pub detached: Vec<bool>,
+}
+
+/// A tell answer's body: how many terminals each note was written to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Told {
+    pub told: Vec<u32>,
 }
 
 /// What kind of step failed on the host.
@@ -469,7 +511,7 @@ mod tests {
 
     #[test]
     fn every_golden_request_reads_and_writes_back_the_same() {
-        for mode in ["hello", "snapshot", "terminate", "detach", "doctor"] {
+        for mode in ["hello", "snapshot", "terminate", "detach", "doctor", "tell"] {
             let text = golden(&format!("{mode}.request.json"));
             let req: Request =
                 serde_json::from_str(&text).unwrap_or_else(|e| panic!("{mode}: {e}"));
@@ -492,6 +534,8 @@ mod tests {
         assert_eq!(kills.kills[2].found, Some(9_877_999));
         let detached: Detached = serde_json::from_str(&golden("detach.answer.json")).unwrap();
         assert_eq!(detached.detached, [true, false]);
+        let told: Told = serde_json::from_str(&golden("tell.answer.json")).unwrap();
+        assert_eq!(told.told, [2, 0]);
         let failure = Failure::read(golden("failure.answer.json").as_bytes()).unwrap();
         assert_eq!(failure.fail, FailKind::Lock);
         assert_eq!(failure.kills.len(), 1);
@@ -507,7 +551,7 @@ mod tests {
 
     #[test]
     fn another_protocol_is_refused() {
-        let text = golden("hello.answer.json").replace("\"protocol\": 2", "\"protocol\": 1");
+        let text = golden("hello.answer.json").replace("\"protocol\": 3", "\"protocol\": 1");
         assert_eq!(
             Hello::read(text.as_bytes()),
             Err(ProtocolError::Version { found: 1 })
@@ -521,7 +565,7 @@ mod tests {
         let text = String::from_utf8(bytes).unwrap();
         let (len, json) = text.split_once('\n').unwrap();
         assert_eq!(len.parse::<usize>().unwrap(), json.len());
-        assert_eq!(json, r#"{"mode":"hello","protocol":2}"#);
+        assert_eq!(json, r#"{"mode":"hello","protocol":3}"#);
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub struct SshHost {
     pub lifetime: AgentLifetime,
     /// `--max-records`.
     pub max_records: usize,
+    /// Whether snapshots say users' groups (group exemptions).
+    pub groups: bool,
 }
 
 impl SshHost {
@@ -283,6 +285,10 @@ impl Live for SshHost {
 
     fn max_records(&self) -> usize {
         self.max_records
+    }
+
+    fn groups(&self) -> bool {
+        self.groups
     }
 
     /// The agent ends itself half a second before the host-side limit,

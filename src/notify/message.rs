@@ -256,6 +256,7 @@ mod tests {
             .body
             .contains("no longer breaks env-devices: nothing will be done"));
         let d = What::Detach(Detach {
+            groups: Default::default(),
             device: GpuIndex(3),
             eid: EnvId("big".into()),
             username: Some("mallory".into()),

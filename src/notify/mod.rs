@@ -8,6 +8,7 @@
 pub mod limit;
 pub mod mail;
 pub mod message;
+pub mod terminal;
 mod webhook;
 
 use std::collections::{BTreeMap, HashSet};
@@ -34,6 +35,8 @@ pub const QUEUE: usize = 1024;
 pub struct Notify {
     pub mail: Option<MailSpec>,
     pub webhook: Option<WebhookSpec>,
+    /// `--notify-terminal`: on the owner's terminals on the host.
+    pub terminal: bool,
     /// Messages per user and channel in any hour, at most.
     pub per_user_hour: u32,
 }
@@ -41,7 +44,7 @@ pub struct Notify {
 impl Notify {
     /// Whether any channel is set.
     pub fn any(&self) -> bool {
-        self.mail.is_some() || self.webhook.is_some()
+        self.mail.is_some() || self.webhook.is_some() || self.terminal
     }
 }
 
@@ -235,7 +238,7 @@ async fn work(
 }
 
 /// An `unsent` line in the audit log, if there is one.
-async fn unsent(
+pub(crate) async fn unsent(
     audit: &Option<Arc<AuditLog>>,
     n: u64,
     e: Event,
@@ -339,14 +342,18 @@ pub fn address_of(
         return Some(a.clone());
     }
     // Only a plain user name goes into an address.
-    let plain = user
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-        && !user.is_empty()
-        && !user.starts_with(['-', '.']);
     template
-        .filter(|_| plain)
+        .filter(|_| plain_name(user))
         .map(|t| t.replace("{user}", user))
+}
+
+/// Whether `name` is a plain user or group name: letters, digits, `_`,
+/// `.` and `-`, not first.
+pub fn plain_name(name: &str) -> bool {
+    name.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+        && !name.is_empty()
+        && !name.starts_with(['-', '.'])
 }
 
 #[cfg(test)]
@@ -373,6 +380,7 @@ mod tests {
         let term = |pid| What::Terminate(Termination::of(Pid(pid), Some(1)));
         let det = |device| {
             What::Detach(Detach {
+                groups: Default::default(),
                 device: GpuIndex(device),
                 eid: EnvId("e".into()),
                 username: None,

@@ -444,6 +444,7 @@ mod tests {
             envs,
             devices: devices(2, &[]),
             truth: Some(HostTruth {
+                groups: Default::default(),
                 pid_uids: [(10, 1001), (20, 1002)].into_iter().collect(),
                 user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
                     .into_iter()

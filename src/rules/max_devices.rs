@@ -246,6 +246,7 @@ mod tests {
     fn live(mut s: HostSnapshot, processes: Vec<Process>) -> HostSnapshot {
         s.processes = processes;
         s.truth = Some(HostTruth {
+            groups: Default::default(),
             pid_uids: [(1, 1001)].into_iter().collect(),
             user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
                 .into_iter()

@@ -25,6 +25,8 @@ pub struct RawHost<'a> {
     pub procs: BTreeMap<u32, RawProc>,
     /// The host's user names for the uids in `procs`.
     pub user_names: BTreeMap<u32, String>,
+    /// `groups <uid>`: the names of each uid's groups, when asked for.
+    pub groups: BTreeMap<u32, Vec<String>>,
 }
 
 /// What `/proc/<pid>` said.
@@ -151,6 +153,7 @@ pub fn assemble(
         truth: Some(HostTruth {
             pid_uids,
             user_names: raw.user_names.clone(),
+            groups: raw.groups.clone(),
         }),
     })
 }
@@ -206,6 +209,7 @@ mod tests {
 
     fn raw() -> RawHost<'static> {
         RawHost {
+            groups: Default::default(),
             gpus: "GPU-a, 0, 81559\nGPU-b, 1, 81559\n".into(),
             apps: "GPU-a, 100, 50\nGPU-b, 200, [N/A]\nGPU-a, 300, 10\nGPU-a, 400, 1\nGPU-b, 500, 1\n"
                 .into(),

@@ -85,6 +85,7 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
         devices: optional("devices")?,
         procs: BTreeMap::new(),
         user_names: BTreeMap::new(),
+        groups: BTreeMap::new(),
     };
     for f in frames {
         let number = |what: &str| {
@@ -99,6 +100,10 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
             "user" => {
                 raw.user_names
                     .insert(number("uid")?, text(f, source)?.to_string());
+            }
+            "groups" => {
+                let names = text(f, source)?.lines().map(String::from).collect();
+                raw.groups.insert(number("uid")?, names);
             }
             _ => {}
         }

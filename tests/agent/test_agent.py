@@ -293,10 +293,10 @@ class Serve(unittest.TestCase):
             return int(status), p.stdout.read(int(length))
 
         p.stdin.write(source)
-        status, hello = ask({"mode": "hello", "protocol": 2})
+        status, hello = ask({"mode": "hello", "protocol": 3})
         self.assertEqual(status, 0)
         hello = json.loads(hello)
-        self.assertEqual((hello["protocol"], hello["euid"]), (2, os.geteuid()))
+        self.assertEqual((hello["protocol"], hello["euid"]), (3, os.geteuid()))
         self.assertEqual(hello["pidfd"], hasattr(os, "pidfd_open"))
         self.assertEqual(ask({"mode": "terminate", "kills": [[2 ** 40, 1]], "signal": "term", "limit": 5}), (0, b'{"kills": [{"pid": 1099511627776, "result": "invalid"}]}'))
         status, body = ask({"mode": "terminate", "kills": [], "limit": 5, "sigterm": True})
@@ -367,6 +367,102 @@ class Terminate(unittest.TestCase):
             p.wait()
 
 
+class Tell(unittest.TestCase):
+    """Messages on a user's terminals: only theirs, only as text."""
+
+    def setUp(self):
+        import pwd
+        import time
+
+        self.user = pwd.getpwuid(os.getuid()).pw_name
+        self.master, slave = os.openpty()
+        self.tty = os.ttyname(slave)
+        self.pid = os.fork()
+        if self.pid == 0:
+            # A job whose controlling terminal is the pty.
+            os.setsid()
+            os.open(self.tty, os.O_RDWR)
+            time.sleep(30)
+            os._exit(0)
+        os.close(slave)
+        for _ in range(200):
+            stat_now = agent["proc_read"](self.pid, "stat")
+            if int(stat_now[stat_now.rfind(b")") + 1 :].split()[4]) != 0:
+                break
+            time.sleep(0.01)
+        self.start = agent["start_time"](agent["proc_read"](self.pid, "stat"))
+
+    def tearDown(self):
+        os.kill(self.pid, 9)
+        os.waitpid(self.pid, 0)
+        os.close(self.master)
+        agent["finish"]()
+
+    def told(self, notes, utmp="/nonexistent/utmp"):
+        status, body = agent["answer"]({"mode": "tell", "notes": notes, "utmp": utmp, "limit": 5, "proc": "/proc"})
+        agent["finish"]()
+        self.assertEqual(status, 0, body)
+        return json.loads(body)["told"]
+
+    def seen(self):
+        import select
+
+        out = b""
+        while select.select([self.master], [], [], 0.2)[0]:
+            out += os.read(self.master, 65536)
+        return out
+
+    def test_the_jobs_terminal_gets_the_text_without_controls(self):
+        text = "*** genv-enforce: gpu1\n\x1b[2Jgone \x9b1m \u202e ok\t."
+        self.assertEqual(self.told([{"user": self.user, "pids": [[self.pid, self.start]], "text": text}]), [1])
+        out = self.seen()
+        self.assertIn(b"*** genv-enforce: gpu1\r", out)
+        self.assertIn(b"?[2Jgone ?1m \xe2\x80\xae ok\t.", out)
+        self.assertNotIn(b"\x1b", out)
+
+    def test_nothing_is_written_for_a_reused_pid_another_user_or_an_unknown_one(self):
+        notes = [
+            {"user": self.user, "pids": [[self.pid, self.start + 1]], "text": "reused"},
+            {"user": "nobody", "pids": [[self.pid, self.start]], "text": "not nobody's"},
+            {"user": "no-such-user-here", "pids": [[self.pid, self.start]], "text": "nobody"},
+            {"user": self.user, "pids": [[0, 0], ["1", 2], [self.pid]], "text": "bad pairs"},
+        ]
+        self.assertEqual(self.told(notes), [0, 0, 0, 0])
+        self.assertEqual(self.seen(), b"")
+
+    def test_login_terminals_come_from_utmp_and_only_as_dev_names(self):
+        def record(kind, line, user):
+            r = bytearray(agent["UTMP_RECORD"])
+            r[0:2] = kind.to_bytes(2, sys.byteorder)
+            r[8 : 8 + len(line)] = line
+            r[44 : 44 + len(user)] = user
+            return bytes(r)
+
+        line = self.tty[len("/dev/") :].encode()
+        me = self.user.encode()
+        with tempfile.NamedTemporaryFile() as utmp:
+            utmp.write(record(7, line, me) + record(7, b"../etc/passwd", me) + record(8, line, me)
+                       + record(7, line, b"someone-else") + b"short")
+            utmp.flush()
+            self.assertEqual(agent["login_terminals"](utmp.name, self.user), [self.tty])
+            self.assertEqual(self.told([{"user": self.user, "pids": [], "text": "hi"}], utmp.name), [1])
+            # Both ways to one terminal: written once.
+            self.assertEqual(self.told([{"user": self.user, "pids": [[self.pid, self.start]], "text": "x"}], utmp.name), [1])
+        self.assertEqual(self.seen(), b"hix")
+
+    def test_a_terminal_the_user_does_not_own_is_not_written(self):
+        os.fchown(self.master, 0, -1)
+        os.chown(self.tty, 12345, -1)
+        self.assertEqual(self.told([{"user": self.user, "pids": [[self.pid, self.start]], "text": "x"}]), [0])
+
+    def test_groups_name_the_primary_group(self):
+        import grp
+
+        names = agent["groups_of"](os.getuid())
+        self.assertIn(grp.getgrgid(os.getgid()).gr_name, names)
+        self.assertIsNone(agent["groups_of"](2**31 - 7))
+
+
 class Golden(unittest.TestCase):
     """fixtures/agent/: the protocol by example, also read by the Rust tests."""
 
@@ -377,7 +473,7 @@ class Golden(unittest.TestCase):
             return json.load(f)
 
     def test_every_request_is_accepted_as_written(self):
-        for mode in ("hello", "snapshot", "terminate", "detach", "doctor"):
+        for mode in ("hello", "snapshot", "terminate", "detach", "doctor", "tell"):
             req = self.load(mode + ".request.json")
             self.assertEqual(req["mode"], mode)
             agent["check"](req)
@@ -396,6 +492,7 @@ class Golden(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             req = dict(self.load("detach.request.json"), dir=d)
             status, body = agent["answer"](req)
+            agent["finish"]()  # genv's lock, released as handle() does
             self.assertEqual(status, 0)
             self.assertEqual(set(json.loads(body)), set(self.load("detach.answer.json")))
             os.mkfifo(os.path.join(d, "devices.json"))
@@ -405,6 +502,8 @@ class Golden(unittest.TestCase):
             self.assertEqual(set(json.loads(body)), set(self.load("failure.answer.json")))
             req = dict(self.load("doctor.request.json"), dir=d, nvidia_smi=["/nonexistent/nvidia-smi"])
             facts = json.loads(agent["answer"](req)[1])
+            told = json.loads(agent["answer"](dict(self.load("tell.request.json"), utmp=d))[1])
+            self.assertEqual(set(told), set(self.load("tell.answer.json")))
             golden = self.load("doctor.answer.json")
             self.assertEqual(set(facts), set(golden))
             self.assertEqual(set(facts["state"]), set(golden["state"]))
@@ -418,7 +517,7 @@ class Golden(unittest.TestCase):
             words = head.decode().split()
             kinds.append(words[0])
             text = rest[int(words[-1]):]
-        self.assertEqual(kinds, ["@gpus", "@apps", "@envs", "@devices", "@proc", "@proc", "@user"])
+        self.assertEqual(kinds, ["@gpus", "@apps", "@envs", "@devices", "@proc", "@proc", "@user", "@groups"])
 
 
 if __name__ == "__main__":
