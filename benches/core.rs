@@ -299,6 +299,7 @@ fn benches(c: &mut Criterion) {
         },
     );
     let raw = genv_enforce::snapshot::assemble::RawHost {
+        groups: Default::default(),
         gpus: gpus.into(),
         apps: apps.into(),
         envs: Some(envs.into()),
