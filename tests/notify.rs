@@ -686,3 +686,205 @@ fn a_webhook_is_tried_again_after_a_5xx_and_never_after_a_4xx() {
     assert_eq!(unsent[0]["failure"], "webhook");
     assert_eq!(unsent[0]["message"], "HTTP 400 Bad Request");
 }
+
+/// A job of its user whose controlling terminal is a pty it holds itself:
+/// what the terminal shows is appended to `screen` (0666, made here).
+const TERMINAL_JOB: &str = r#"
+import os, sys
+screen = sys.argv[1]
+os.setsid()
+master, slave = os.openpty()
+os.open(os.ttyname(slave), os.O_RDWR)  # our controlling terminal now
+os.close(slave)
+with open(screen, "ab", buffering=0) as out:
+    out.write(b"ready\n")
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        out.write(data)
+"#;
+
+/// A file the job of any user can append to, and what it holds.
+struct Screen {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Screen {
+    fn new() -> Screen {
+        let dir = tempfile::tempdir().unwrap();
+        let mode = std::os::unix::fs::PermissionsExt::from_mode;
+        std::fs::set_permissions(dir.path(), mode(0o755)).unwrap();
+        let path = dir.path().join("screen");
+        std::fs::write(&path, "").unwrap();
+        std::fs::set_permissions(&path, mode(0o666)).unwrap();
+        Screen { _dir: dir, path }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.path).unwrap()).into_owned()
+    }
+
+    /// Waits (up to 10 s) for `what` on the screen.
+    fn wait_for(&self, what: &str) -> String {
+        let start = Instant::now();
+        loop {
+            let text = self.text();
+            if text.contains(what) || start.elapsed() > Duration::from_secs(10) {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Starts [`TERMINAL_JOB`] on `h` as `user` in `eid`; its pid.
+fn terminal_job(h: &mut Host, user: &str, eid: Option<&str>, screen: &Screen) -> u32 {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let pid = h.start(
+        user,
+        eid,
+        &[&python, "-c", TERMINAL_JOB, screen.path.to_str().unwrap()],
+    );
+    assert_eq!(
+        screen.wait_for("ready\n"),
+        "ready\n",
+        "the job has no terminal"
+    );
+    pid
+}
+
+const HOSTILE_EID: &str = "ex\u{1b}[31mp\u{7}";
+
+/// The warning as a terminal shows it (the line discipline ends lines CR CR LF).
+fn assert_warned_on(screen: &str, host: &str, pid: u32) {
+    assert!(
+        screen.contains(&format!(
+            "*** genv-enforce: {host}: process {pid} breaks env-devices"
+        )),
+        "{screen:?}"
+    );
+    assert!(
+        screen.contains(&format!("Process {pid} of user carol (environment ex\\u{{1b}}[31mp\\u{{7}}) on host {host}, GPU(s) 0, breaks the rule env-devices")),
+        "{screen:?}"
+    );
+    assert!(
+        screen.contains("It will be terminated (SIGTERM) at "),
+        "{screen:?}"
+    );
+    assert!(
+        !screen.contains('\u{1b}') && !screen.contains('\u{7}'),
+        "{screen:?}"
+    );
+}
+
+#[test]
+fn the_jobs_own_terminal_shows_its_warning_escaped_and_no_other_users_does() {
+    let mut h = Host::new(2);
+    let (carols, daves) = (Screen::new(), Screen::new());
+    let job = terminal_job(&mut h, "carol", Some(HOSTILE_EID), &carols);
+    // Dave's terminal: his job breaks nothing.
+    let fine = terminal_job(&mut h, "dave", Some("dave-env"), &daves);
+    h.write_envs(&[
+        env(HOSTILE_EID, Some("carol"), None, job),
+        env("dave-env", Some("dave"), None, fine),
+    ]);
+    h.write_devices(2, &[(1, "dave-env")]);
+    h.set_apps(&[(job, 0, "100"), (fine, 1, "100")]);
+    let out = h.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--grace",
+        "60s",
+        "--notify-terminal",
+        "--output",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let host = genv_enforce::host::local::hostname().0;
+    let screen = carols.wait_for("It will be terminated");
+    assert_warned_on(&screen, &host, job);
+    assert!(screen.contains("\r\n"), "{screen:?}");
+    assert!(h.running(job), "warned, not terminated");
+    assert_eq!(daves.text(), "ready\n");
+}
+
+#[test]
+fn a_fleet_hosts_job_terminal_shows_its_warning_and_a_group_exemption_holds_there() {
+    let Some(mut f) = util::fleet::Fleet::up(1) else {
+        return;
+    };
+    util::ensure_user("erin");
+    let group = Command::new("groupadd")
+        .args(["-f", "gpu-lab"])
+        .status()
+        .unwrap();
+    assert!(group.success());
+    assert!(Command::new("usermod")
+        .args(["-aG", "gpu-lab", "erin"])
+        .status()
+        .unwrap()
+        .success());
+    let screen = Screen::new();
+    let job = terminal_job(f.host(0), "carol", Some(HOSTILE_EID), &screen);
+    let lab = f.host(0).spawn_as("erin", None);
+    let stray = f.host(0).spawn_as("dave", None);
+    f.host(0)
+        .write_envs(&[env(HOSTILE_EID, Some("carol"), None, job)]);
+    f.host(0)
+        .set_apps(&[(job, 0, "100"), (lab, 1, "100"), (stray, 2, "100")]);
+    let inventory = f.inventory(
+        false,
+        &[],
+        "\n[[exempt]]\ngroup = \"gpu-lab\"\nreason = \"the lab's reserved GPUs\"\n",
+    );
+    let out = f
+        .command(&[
+            "--inventory",
+            inventory.to_str().unwrap(),
+            "enforce",
+            "--interval",
+            "0",
+            "--non-env-processes",
+            "--grace",
+            "60s",
+            "--notify-terminal",
+            "--output",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_warned_on(&screen.wait_for("It will be terminated"), "h1", job);
+    // Erin is in gpu-lab on the host: exempt; dave is not: warned.
+    let waiting = report["awaiting_confirmation"].as_array().unwrap();
+    let of = |pid: u32| {
+        waiting
+            .iter()
+            .find(|w| w["pid"] == pid)
+            .unwrap_or_else(|| panic!("{pid} not waiting: {report:#}"))
+    };
+    assert_eq!(of(lab)["exempt"], "the lab's reserved GPUs", "{report:#}");
+    assert!(of(stray).get("exempt").is_none(), "{report:#}");
+    assert!(of(job).get("exempt").is_none(), "{report:#}");
+    let warned: Vec<u64> = report["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(warned.len(), 2, "{report:#}");
+    assert!(!warned.contains(&u64::from(lab)), "{report:#}");
+}

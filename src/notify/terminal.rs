@@ -212,7 +212,9 @@ mod tests {
         let e = event("h1", terminate(10, Some(100), Some(1000), "alice"));
         let t = text(&e);
         assert!(
-            t.starts_with("\n*** genv-enforce: h1: process 10 breaks env-devices\nProcess 10 of user alice"),
+            t.starts_with(
+                "\n*** genv-enforce: h1: process 10 breaks env-devices\nProcess 10 of user alice"
+            ),
             "{t}"
         );
         assert!(t.contains("e\\u{1b}[2J"), "{t}");
