@@ -888,3 +888,105 @@ fn a_fleet_hosts_job_terminal_shows_its_warning_and_a_group_exemption_holds_ther
     assert_eq!(warned.len(), 2, "{report:#}");
     assert!(!warned.contains(&u64::from(lab)), "{report:#}");
 }
+
+#[test]
+fn on_the_fleet_a_job_lives_through_its_grace_and_dies_at_the_deadline_unless_fixed() {
+    let hook = Sink::start("http").unwrap();
+    let Some(mut f) = util::fleet::Fleet::up(1) else {
+        return;
+    };
+    let screen = Screen::new();
+    let job = terminal_job(f.host(0), "carol", None, &screen);
+    let fixed = f.host(0).spawn_as("dave", None);
+    f.host(0).set_apps(&[(job, 0, "100"), (fixed, 1, "100")]);
+    let inventory = f.inventory(false, &[], "");
+    let hook_url = format!("http://127.0.0.1:{}/fleet", hook.port);
+    let mut child = f
+        .command(&[
+            "--inventory",
+            inventory.to_str().unwrap(),
+            "enforce",
+            "--interval",
+            "1s",
+            "--non-env-processes",
+            "--grace",
+            "4s",
+            "--webhook",
+            &hook_url,
+            "--notify-terminal",
+            "--output",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reports = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = || -> Value { serde_json::from_str(&reports.next().unwrap().unwrap()).unwrap() };
+    let first = next();
+    let events = first["events"].as_array().unwrap();
+    assert_eq!(events.len(), 2, "{first:#}");
+    let deadline = events[0]["deadline_ms"].as_u64().unwrap();
+    assert!(screen.wait_for("It will be terminated").contains(&format!(
+        "*** genv-enforce: h1: process {job} breaks non-env-processes"
+    )));
+    // Dave's job stops using its GPU within the grace.
+    f.host(0).set_apps(&[(job, 0, "100")]);
+    let started = Instant::now();
+    let mut cleared = false;
+    let acted = loop {
+        assert!(started.elapsed() < Duration::from_secs(20), "never acted");
+        let r = next();
+        for e in r["events"].as_array().into_iter().flatten() {
+            if e["stage"] == "cleared" {
+                assert_eq!(e["pid"], fixed, "{r:#}");
+                cleared = true;
+            }
+        }
+        if !r["outcomes"].as_array().unwrap().is_empty() {
+            break r;
+        }
+        assert!(
+            f.host(0).running(job),
+            "terminated before its deadline: {r:#}"
+        );
+    };
+    assert!(cleared, "dave's job was never cleared");
+    assert_eq!(acted["outcomes"][0]["pid"], job, "{acted:#}");
+    assert_eq!(
+        acted["outcomes"][0]["outcome"]["result"], "signalled",
+        "{acted:#}"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(now >= deadline, "acted before the deadline");
+    assert!(f.host(0).wait_signal(job, Duration::from_secs(5)).is_some());
+    assert!(f.host(0).running(fixed), "the fixed job lives");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+    let posts = hook.wait_for(4);
+    let mut stages: Vec<(String, u64)> = posts
+        .iter()
+        .map(|p| {
+            let body: Value = serde_json::from_str(p["body"].as_str().unwrap()).unwrap();
+            (
+                body["event"]["stage"].as_str().unwrap().to_string(),
+                body["event"]["pid"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    stages.sort();
+    let mut want = vec![
+        ("acted".to_string(), u64::from(job)),
+        ("cleared".into(), u64::from(fixed)),
+        ("warned".into(), u64::from(job)),
+        ("warned".into(), u64::from(fixed)),
+    ];
+    want.sort();
+    assert_eq!(stages, want);
+}
