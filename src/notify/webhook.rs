@@ -92,14 +92,20 @@ impl Hook {
             "event": e,
         });
         let mut last = String::new();
+        let mut asked = None;
         for attempt in 1..=self.attempts {
             if attempt > 1 {
-                tokio::time::sleep(backoff(attempt - 1)).await;
+                tokio::time::sleep(wait_before(attempt - 1, asked.take())).await;
             }
             match self.client.post(self.url.clone()).json(&body).send().await {
                 Ok(r) if r.status().is_success() => return Ok(Delivery::Sent),
                 Ok(r) => {
                     let status = r.status();
+                    asked = r
+                        .headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok());
                     last = format!("HTTP {status}");
                     if status.is_client_error() && status != reqwest::StatusCode::TOO_MANY_REQUESTS
                     {
@@ -114,9 +120,25 @@ impl Hook {
     }
 }
 
+/// The wait before retry `attempt` (1-based): the backoff, or longer when
+/// the receiver asked for it (`Retry-After`, in seconds), up to 30 s.
+fn wait_before(attempt: u32, retry_after: Option<u64>) -> Duration {
+    let asked = Duration::from_secs(retry_after.unwrap_or(0).min(30));
+    backoff(attempt).max(asked)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retry_waits_as_long_as_the_receiver_asks_up_to_thirty_seconds() {
+        assert_eq!(wait_before(1, None), Duration::from_secs(1));
+        assert_eq!(wait_before(2, Some(0)), Duration::from_secs(2));
+        assert_eq!(wait_before(1, Some(7)), Duration::from_secs(7));
+        assert_eq!(wait_before(3, Some(3)), Duration::from_secs(4));
+        assert_eq!(wait_before(1, Some(3600)), Duration::from_secs(30));
+    }
 
     #[test]
     fn the_url_is_never_printed_past_its_host() {

@@ -600,6 +600,10 @@ mod tests {
     fn a_detach_is_told_to_its_user_only_when_the_kernel_vouches_for_them() {
         let (host, mut snap) = noticed();
         snap.envs.push(env("idle", Some("carol"), None));
+        // Group exemptions asked the host for its users' groups.
+        if let Some(t) = snap.truth.as_mut() {
+            t.groups.insert(1000, vec!["alice".into(), "lab".into()]);
+        }
         snap.devices = devices(
             4,
             &[
@@ -638,5 +642,17 @@ mod tests {
         // `r`: recorded as bob's, carried by alice's job: alice.
         assert_eq!(of("r").charged.as_deref(), Some("alice"));
         assert_eq!(of("r").owner.as_deref(), Some("alice"));
+        // The charged user's groups on the host go with each action.
+        assert_eq!(of("n").groups, ["alice", "lab"]);
+        assert!(of("idle").groups.is_empty(), "carol: no groups said");
+        let terminate = &plan.hosts[0].1.terminate;
+        assert!(!terminate.is_empty());
+        for t in terminate {
+            let want: &[&str] = match t.user.as_deref() {
+                Some("alice") => &["alice", "lab"],
+                _ => &[],
+            };
+            assert_eq!(t.groups, want, "{t:?}");
+        }
     }
 }
