@@ -402,3 +402,43 @@ fn closed_stdout_ends_every_subcommand_with_0() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_answer_given_up_on_is_never_read_as_the_next_requests() {
+    let mut h = Host::new(1);
+    let first = h.spawn(None);
+    h.set_apps(&[(first, 0, "100")]);
+    // nvidia-smi answers its first query (as things are then) 1.5 s late,
+    // the others at once.
+    let slow = h.dir.path().join("bin/slow-nvidia-smi");
+    util::write_executable(
+        &slow,
+        &format!(
+            "#!/bin/sh\nout=$('{1}' \"$@\")\nif mkdir '{0}' 2>/dev/null; then sleep 1.5; fi\nprintf '%s\\n' \"$out\"\n",
+            h.dir.path().join("slow-once").display(),
+            h.dir.path().join("bin/nvidia-smi").display(),
+        ),
+    );
+    let mut host = local(&h);
+    host.nvidia_smi = slow.display().to_string();
+    let host = genv_enforce::host::Host::Local(Box::new(host));
+    // The agent up and answering (nvidia-smi quick while slow-once exists).
+    let once = h.dir.path().join("slow-once");
+    std::fs::create_dir(&once).unwrap();
+    assert_eq!(host.snapshot().await.unwrap().processes.len(), 1);
+    std::fs::remove_dir(&once).unwrap();
+    // Given up on (a caller's timeout, a signal) while the agent answers.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), host.snapshot())
+            .await
+            .is_err()
+    );
+    let second = h.spawn(None);
+    h.set_apps(&[(second, 0, "100")]);
+    // By now the abandoned answer (the first job's) would be waiting.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let snap = host.snapshot().await.unwrap();
+    let pids: Vec<u32> = snap.processes.iter().map(|p| p.pid.0).collect();
+    assert_eq!(pids, [second], "the answer read is this request's");
+    host.close().await.unwrap();
+}

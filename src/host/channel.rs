@@ -221,7 +221,10 @@ impl Agent {
 /// Answers `request` with the agent in `slot`, started by `start` if there
 /// is none, all within `deadline`. An agent that fails, ends or overruns
 /// the deadline is ended and the slot emptied: the next request starts a
-/// new one. `limit`: the host-side limit of a request, for reports.
+/// new one. The agent is out of the slot while it answers, so that a
+/// caller that gives up on the answer (a timeout, a signal) drops it with
+/// its half-read answer, never leaving it for the next request to read.
+/// `limit`: the host-side limit of a request, for reports.
 ///
 /// # Errors
 /// Starting failed, the agent failed or ended (with what it said), or the
@@ -247,17 +250,15 @@ where
         })??);
     }
     let left = deadline.saturating_sub(started.elapsed());
-    let agent = slot.as_mut().expect("started just above");
+    let mut agent = slot.take().expect("started just above");
     match tokio::time::timeout(left, agent.exchange(request)).await {
-        Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(e)) => {
-            let agent = slot.take().expect("present");
-            Err(agent.end(what, e, limit).await)
+        Ok(Ok(answer)) => {
+            *slot = Some(agent);
+            Ok(answer)
         }
+        Ok(Err(e)) => Err(agent.end(what, e, limit).await),
         Err(_) => {
-            if let Some(agent) = slot.take() {
-                agent.close().await;
-            }
+            agent.close().await;
             Err(HostError::Timeout {
                 command: what.to_string(),
                 after: deadline,
