@@ -296,7 +296,13 @@ fn ssh_fleet(
     max_records: usize,
 ) -> Result<(Fleet, Option<tempfile::TempDir>), ConfigError> {
     let mut inventory = inventory.ok_or(ConfigError::NoHostsGiven)?;
-    let groups = inventory.exempt.iter().any(|e| e.group.is_some());
+    let groups: Vec<String> = inventory
+        .exempt
+        .iter()
+        .filter_map(|e| e.group.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
     for h in &mut inventory.hosts {
         h.identity_file = h
             .identity_file
@@ -347,7 +353,7 @@ fn ssh_fleet(
                 command_timeout: args.command_timeout,
                 lifetime,
                 max_records,
-                groups,
+                groups: groups.clone(),
             }))
         })
         .collect();

@@ -539,7 +539,8 @@ pub fn parse_inventory(
             located(Located::at(v, format!("[[exempt]] #{n}: {m}")))
         };
         if let Some(g) = &e.group {
-            if !crate::notify::plain_name(g.get_ref()) {
+            let name = g.get_ref();
+            if name.is_empty() || name.chars().any(char::is_control) {
                 return Err(at(g, "key `group`: not a group name".into()));
             }
         }
@@ -902,12 +903,16 @@ max_devices_for_user = { alice = 4 }
             (inv.exempt[1].from_ms, inv.exempt[1].host.as_ref()),
             (None, None)
         );
-        let text = "[[host]]\nname = \"gpu1\"\n\n[[exempt]]\ngroup = \"lab-gpu\"\n";
+        let text = "[[host]]\nname = \"gpu1\"\n\n[[exempt]]\ngroup = \"lab gpu@ad.example.edu\"\n";
         let inv = parse_inventory(text, "hosts.toml", &Overrides::default()).unwrap();
-        assert_eq!(inv.exempt[0].group.as_deref(), Some("lab-gpu"));
+        assert_eq!(
+            inv.exempt[0].group.as_deref(),
+            Some("lab gpu@ad.example.edu")
+        );
         assert_eq!(inv.exempt[0].user, None);
         for (bad, says) in [
-            ("group = \"lab gpu\"", "key `group`: not a group name"),
+            ("group = \"lab\\u001bgpu\"", "key `group`: not a group name"),
+            ("group = \"\"", "key `group`: not a group name"),
             ("reason = \"x\"", "name a `user`, a `group` or a `host`"),
             (
                 "user = \"a\"\nfrom = \"tomorrow\"",

@@ -338,20 +338,16 @@ pub struct HostTruth {
     pub pid_uids: BTreeMap<i64, u32>,
     /// The host's names for the uids seen (listed pids and GPU processes).
     pub user_names: BTreeMap<u32, String>,
-    /// The names of their groups on the host, when asked for (group
-    /// exemptions).
+    /// The exemptions' groups each owner of a GPU process is a member of
+    /// on the host, when asked for.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub groups: BTreeMap<u32, Vec<String>>,
 }
 
 impl HostTruth {
-    /// The groups of the user the host names `user`, if it said them.
-    pub fn groups_of(&self, user: &str) -> &[String] {
-        self.user_names
-            .iter()
-            .find(|(_, name)| name.as_str() == user)
-            .and_then(|(uid, _)| self.groups.get(uid))
-            .map_or(&[], Vec::as_slice)
+    /// The groups the host said `uid` is a member of.
+    pub fn groups_of(&self, uid: u32) -> &[String] {
+        self.groups.get(&uid).map_or(&[], Vec::as_slice)
     }
 }
 
@@ -441,6 +437,18 @@ impl Cluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_users_groups_are_those_the_host_said_of_their_uid() {
+        let truth = HostTruth {
+            groups: [(1001, vec!["alice".to_string(), "lab".to_string()])]
+                .into_iter()
+                .collect(),
+            ..HostTruth::default()
+        };
+        assert_eq!(truth.groups_of(1001), ["alice", "lab"]);
+        assert!(truth.groups_of(1002).is_empty(), "not said");
+    }
 
     #[test]
     fn host_names_are_one_printable_word_that_names_no_path() {

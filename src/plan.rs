@@ -7,7 +7,7 @@
 //! there. A process whose ownership is unknown is never planned, whatever
 //! named it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -230,8 +230,8 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
                 uid: p.uid,
                 user: p.user.clone(),
                 rules,
-                groups: match (&snap.truth, &p.user) {
-                    (Some(t), Some(u)) => t.groups_of(u).to_vec(),
+                groups: match (&snap.truth, p.uid) {
+                    (Some(t), Some(uid)) => t.groups_of(uid).to_vec(),
                     _ => Vec::new(),
                 },
             })
@@ -240,8 +240,9 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
     // Each eid's first record (genv's environment of that id), when
     // something is to be detached.
     let mut records: HashMap<&EnvId, usize> = HashMap::new();
-    // Who the kernel says carries each environment (live hosts only).
-    let mut carried: HashSet<(&EnvId, &str)> = HashSet::new();
+    // Who the kernel says carries each environment (live hosts only): the
+    // uid of a process of theirs.
+    let mut carried: HashMap<(&EnvId, &str), u32> = HashMap::new();
     if !w.detach.is_empty() {
         records.reserve(snap.envs.len());
         for (i, e) in snap.envs.iter().enumerate() {
@@ -249,9 +250,10 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
         }
         if snap.truth.is_some() {
             for p in &snap.processes {
-                if let (Some(eid), Some(user), Some(_)) = (p.owner.eid(), p.user.as_deref(), p.uid)
+                if let (Some(eid), Some(user), Some(uid)) =
+                    (p.owner.eid(), p.user.as_deref(), p.uid)
                 {
-                    carried.insert((eid, user));
+                    carried.insert((eid, user), uid);
                 }
             }
         }
@@ -270,15 +272,18 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
             order.into_iter().map(move |i| {
                 let eid = &snap.envs[i].eid;
                 let charged = w.charged.get(eid).cloned();
+                let uid = charged
+                    .as_deref()
+                    .and_then(|u| carried.get(&(eid, u)).copied());
                 Detach {
                     device: *device,
                     eid: eid.clone(),
                     username: snap.envs[i].username.clone(),
-                    owner: charged
-                        .clone()
-                        .filter(|u| carried.contains(&(eid, u.as_str()))),
-                    groups: match (&snap.truth, &charged) {
-                        (Some(t), Some(u)) => t.groups_of(u).to_vec(),
+                    owner: charged.clone().filter(|_| uid.is_some()),
+                    // Only a user the kernel vouches for: a record naming a
+                    // group's member never borrows their exemption.
+                    groups: match (&snap.truth, uid) {
+                        (Some(t), Some(uid)) => t.groups_of(uid).to_vec(),
                         _ => Vec::new(),
                     },
                     charged,

@@ -554,7 +554,7 @@ fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
             command_timeout: Duration::from_secs(20),
             lifetime: genv_enforce::host::remote::AgentLifetime::OneCycle,
             max_records: genv_enforce::snapshot::genv::DEFAULT_MAX_RECORDS,
-            groups: false,
+            groups: Vec::new(),
         };
         use genv_enforce::host::live::Live;
         let ours = match host.fetch().await {

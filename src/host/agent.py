@@ -20,7 +20,7 @@
 #   {"mode": "doctor", "dir": D, "nvidia_smi": [argv], "step": S, "limit": L}
 #   {"mode": "tell", "notes": [{"user": name, "pids": [[pid, start_time], ...],
 #    "text": T}, ...], "utmp": "/var/run/utmp", "limit": L, "proc": "/proc"}
-# A snapshot request may also ask for "groups": true.
+# A snapshot request may also name "groups": [name, ...] (exempt groups).
 # and stdout one answer per request, "@<status> <length>\n" + <length> bytes.
 # Status 0: the request's result:
 #   hello: {"protocol": P, "python": "3.x.y", "pidfd": bool, "euid": n}
@@ -33,7 +33,8 @@
 #                        "unsure\n<why>", for each GPU pid and each live pid
 #                        an environment lists (absent: not alive)
 #     user <uid>         the host's name for a uid seen
-#     groups <uid>       (when asked) the names of its groups, one a line
+#     groups <uid>       (when groups are named) those of them the owner of
+#                        a GPU process is a member of, one a line
 #   terminate: {"kills": [{"pid": n, "result": "signalled"|"gone"|"reused"|"denied"|"invalid",
 #               "found": start_time (reused only; null when unreadable)}, ...]}
 #   detach: {"detached": [bool per pair: it was there and is gone]}
@@ -469,7 +470,7 @@ def snapshot(req, out):
             frame(out, name, None, state[name])
     live = set(int(n) for n in os.listdir(PROC[0]) if n.isdigit())
     on_gpus = gpu_pids(answers[1][1])
-    uids = set()
+    uids, gpu_uids = set(), set()
     listed = listed_pids(state.get("envs") or b"{}", os.path.join(d, "envs.json"), req.get("max_records"))
     for pid in sorted(on_gpus | (listed & live)):
         body = identity(pid, pid in on_gpus)
@@ -478,6 +479,8 @@ def snapshot(req, out):
             words = body.split(b"\n", 1)[0].split()
             if words[0] == b"seen" and words[2] != b"-":
                 uids.add(int(words[2]))
+                if pid in on_gpus:
+                    gpu_uids.add(int(words[2]))
     import pwd
 
     for uid in sorted(uids):
@@ -486,34 +489,44 @@ def snapshot(req, out):
         except KeyError:
             pass
     if req.get("groups"):
-        for uid in sorted(uids):
-            names = groups_of(uid)
-            if names is not None:
-                frame(out, "groups", uid, "\n".join(names).encode())
+        # Only for the owners of GPU processes: any user can list any pid
+        # in a record, and lookups may be slow.
+        for uid, names in memberships(req["groups"], gpu_uids, deadline):
+            frame(out, "groups", uid, "\n".join(names).encode())
 
 
-MAX_GROUPS = 1024
-
-
-def groups_of(uid):
-    """The names of uid's groups (its primary one and the others) as this
-    host's name service says, at most MAX_GROUPS; None for a uid without
-    a name."""
+def memberships(groups, uids, deadline):
+    """(uid, the named groups it is a member of) for each uid, as this
+    host's name service says: each group looked up once, each uid's groups
+    once; a lookup that fails says nothing (no exemption), and nothing is
+    looked up past the deadline."""
     import grp
     import pwd
 
-    try:
-        pw = pwd.getpwuid(uid)
-        gids = os.getgrouplist(pw.pw_name, pw.pw_gid)[:MAX_GROUPS]
-    except (KeyError, OSError):
-        return None
-    names = set()
-    for gid in gids:
+    gids = {}
+    for name in sorted(set(g for g in groups if isinstance(g, str)))[:MAX_GROUPS]:
+        if time.monotonic() >= deadline:
+            return []
         try:
-            names.add(grp.getgrgid(gid).gr_name)
-        except KeyError:
+            gids.setdefault(grp.getgrnam(name).gr_gid, []).append(name)
+        except (KeyError, OSError, ValueError, UnicodeError):
             pass
-    return sorted(names)
+    found = []
+    for uid in sorted(uids):
+        if not gids or time.monotonic() >= deadline:
+            break
+        try:
+            pw = pwd.getpwuid(uid)
+            member = set(os.getgrouplist(pw.pw_name, pw.pw_gid))
+        except (KeyError, OSError, ValueError, UnicodeError):
+            continue
+        names = sorted(name for gid, named in gids.items() if gid in member for name in named)
+        if names:
+            found.append((uid, names))
+    return found
+
+
+MAX_GROUPS = 64
 
 
 # Kills.
@@ -671,11 +684,12 @@ USER_PROCESS = 7
 
 
 def terminal_path(dev):
-    """/dev's name for a terminal device number: a pty (majors 136-143)
-    or a virtual console (major 4, minors 1-63); None for anything else."""
+    """/dev's name for a terminal device number: a pty (major 136, its
+    minor the pts number) or a virtual console (major 4, minors 1-63);
+    None for anything else."""
     major, minor = os.major(dev), os.minor(dev)
-    if 136 <= major <= 143:
-        return "/dev/pts/%d" % ((major - 136) * 256 + minor)
+    if major == 136:
+        return "/dev/pts/%d" % minor
     if major == 4 and 0 < minor < 64:
         return "/dev/tty%d" % minor
     return None
@@ -699,50 +713,55 @@ def controlling_terminal(pid, want, uid):
     return dev if dev > 0 else None
 
 
-def login_terminals(path, user):
-    """The terminals utmp lists for user's login sessions, as /dev paths."""
+def login_terminals(path):
+    """The terminals utmp lists for login sessions, as {user: [/dev paths]}
+    (read once per request)."""
     try:
         fd = keep(os.open(path, os.O_RDONLY | SAFE))
     except OSError:
-        return []
+        return {}
     if not stat.S_ISREG(os.fstat(fd).st_mode):
-        return []
+        return {}
     data = os.read(fd, UTMP_RECORD * 4096)
-    name = user.encode()
-    found = []
+    found = {}
     for at in range(0, len(data) - UTMP_RECORD + 1, UTMP_RECORD):
         record = data[at : at + UTMP_RECORD]
         kind = int.from_bytes(record[0:2], sys.byteorder)
         line = record[8:40].split(b"\0", 1)[0]
         who = record[44:76].split(b"\0", 1)[0]
-        if kind != USER_PROCESS or who != name:
+        if kind != USER_PROCESS:
             continue
         words = line.split(b"/")
-        if (len(words) == 2 and words[0] == b"pts" and words[1].isdigit()) or (
-            len(words) == 1 and line.startswith(b"tty") and line[3:].isdigit()
-        ):
-            found.append("/dev/" + line.decode())
+        pts = len(words) == 2 and words[0] == b"pts" and words[1].isdigit()
+        console = len(words) == 1 and line.startswith(b"tty") and line[3:].isdigit() and 0 < int(line[3:]) < 64
+        if pts or console:
+            found.setdefault(who.decode("utf-8", "replace"), []).append("/dev/" + line.decode())
     return found
 
 
 def printable(text):
-    """text with every control character but newline and tab as "?", lines
-    ended as a terminal wants them (CR LF), at most MAX_TEXT bytes."""
-    kept = "".join(c if c in "\n\t" or not (c < " " or "\x7f" <= c <= "\x9f") else "?" for c in text)
-    data = kept.replace("\n", "\r\n").encode("utf-8", "replace")[:MAX_TEXT]
-    return data.decode("utf-8", "ignore").encode()
+    """text in printable ASCII, anything else but newline and tab as "?"
+    (no control, and no byte a terminal in an 8-bit mode reads as one),
+    lines ended as a terminal wants them (CR LF), at most MAX_TEXT bytes."""
+    kept = "".join(c if c in "\n\t" or " " <= c <= "~" else "?" for c in text)
+    return kept.replace("\n", "\r\n").encode("ascii")[:MAX_TEXT]
 
 
 def write_terminal(path, uid, dev, data):
     """Writes data to the terminal at path if it is one and uid's (and, when
-    dev is given, that device): one non-blocking write; whether all of it
-    went."""
+    dev is given, that device), checked before it is opened and again on
+    what was opened: one non-blocking write; whether all of it went."""
+
+    def theirs(st):
+        return stat.S_ISCHR(st.st_mode) and st.st_uid == uid and (dev is None or st.st_rdev == dev)
+
     try:
+        if not theirs(os.lstat(path)):
+            return False
         fd = keep(os.open(path, os.O_WRONLY | SAFE))
     except OSError:
         return False
-    st = os.fstat(fd)
-    if not stat.S_ISCHR(st.st_mode) or st.st_uid != uid or (dev is not None and st.st_rdev != dev):
+    if not theirs(os.fstat(fd)):
         return False
     if not os.isatty(fd):
         return False
@@ -756,28 +775,39 @@ def tell(req):
     """Terminals written per note."""
     import pwd
 
+    notes = req["notes"]
+    if not isinstance(notes, list) or len(notes) > MAX_NOTES:
+        raise Failure("request", "a tell request holds at most %d notes" % MAX_NOTES)
+    logins = None
     told = []
-    for note in req["notes"][:MAX_NOTES]:
+    for note in notes:
         if not (isinstance(note, dict) and isinstance(note.get("user"), str) and isinstance(note.get("text"), str)
                 and isinstance(note.get("pids"), list)):
             raise Failure("request", "a note is {user, pids, text}")
         try:
             uid = pwd.getpwnam(note["user"]).pw_uid
-        except KeyError:
+        except (KeyError, ValueError):
+            uid = None
+        if not uid:
+            # Unknown here, or root: root's terminals are the admins'.
             told.append(0)
             continue
-        terminals = {}
+        if logins is None:
+            logins = login_terminals(req["utmp"])
+        # The job's own terminals first, then the user's logins.
+        terminals = []
         for pair in note["pids"][:MAX_TERMINALS]:
             if isinstance(pair, list) and len(pair) == 2 and all(type(x) is int and 0 < x < 1 << 63 for x in pair):
                 dev = controlling_terminal(pair[0], pair[1], uid)
                 path = terminal_path(dev) if dev else None
-                if path:
-                    terminals[path] = dev
-        for path in login_terminals(req["utmp"], note["user"]):
-            terminals.setdefault(path, None)
+                if path and path not in [p for p, _ in terminals]:
+                    terminals.append((path, dev))
+        for path in logins.get(note["user"], []):
+            if path not in [p for p, _ in terminals]:
+                terminals.append((path, None))
         data = printable(note["text"])
         written = 0
-        for path, dev in sorted(terminals.items())[:MAX_TERMINALS]:
+        for path, dev in terminals[:MAX_TERMINALS]:
             written += write_terminal(path, uid, dev, data)
         release()
         told.append(written)

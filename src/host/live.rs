@@ -26,9 +26,8 @@ pub trait Live: Sync {
     fn nvidia_smi(&self) -> &[String];
     /// `--max-records`.
     fn max_records(&self) -> usize;
-    /// Whether snapshots say the groups of the users seen (group
-    /// exemptions).
-    fn groups(&self) -> bool;
+    /// The groups whose members snapshots say (group exemptions).
+    fn groups(&self) -> &[String];
     /// The limits of each request there.
     fn limits(&self) -> Limits;
     /// What parse errors name (the host, or this machine's state directory).

@@ -35,8 +35,8 @@ pub struct LocalHost {
     pub parsed: Arc<Mutex<ParsedState>>,
     /// `--max-records`.
     pub max_records: usize,
-    /// Whether snapshots say users' groups (group exemptions).
-    pub groups: bool,
+    /// The groups whose members snapshots say (group exemptions).
+    pub groups: Vec<String>,
     /// The Python that runs the agent.
     pub python: String,
     /// The agent, once started.
@@ -67,7 +67,7 @@ impl LocalHost {
             timeout,
             parsed: Arc::default(),
             max_records: crate::snapshot::genv::DEFAULT_MAX_RECORDS,
-            groups: false,
+            groups: Vec::new(),
             python: PYTHON.to_string(),
             agent: tokio::sync::Mutex::default(),
         }
@@ -185,8 +185,8 @@ impl Live for LocalHost {
         self.max_records
     }
 
-    fn groups(&self) -> bool {
-        self.groups
+    fn groups(&self) -> &[String] {
+        &self.groups
     }
 
     /// The agent's steps end at our deadline; the agent itself a second

@@ -90,8 +90,9 @@ pub enum Request {
         max_bytes: u64,
         max_records: usize,
         proc: String,
-        /// Whether to say the groups of each user seen.
-        groups: bool,
+        /// The groups (exemptions') to say the members of, among the
+        /// owners of GPU processes.
+        groups: Vec<String>,
     },
     /// A signal to each `[pid, start time]` whose start time still matches.
     Terminate {
@@ -150,7 +151,7 @@ impl Request {
         limits: Limits,
         max_records: usize,
         proc: &str,
-        groups: bool,
+        groups: &[String],
     ) -> Request {
         Request::Snapshot {
             dir: dir.to_string(),
@@ -160,7 +161,7 @@ impl Request {
             max_bytes: MAX_STATE_BYTES,
             max_records,
             proc: proc.to_string(),
-            groups,
+            groups: groups.to_vec(),
         }
     }
 

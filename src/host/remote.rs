@@ -43,8 +43,8 @@ pub struct SshHost {
     pub lifetime: AgentLifetime,
     /// `--max-records`.
     pub max_records: usize,
-    /// Whether snapshots say users' groups (group exemptions).
-    pub groups: bool,
+    /// The groups whose members snapshots say (group exemptions).
+    pub groups: Vec<String>,
 }
 
 impl SshHost {
@@ -287,8 +287,8 @@ impl Live for SshHost {
         self.max_records
     }
 
-    fn groups(&self) -> bool {
-        self.groups
+    fn groups(&self) -> &[String] {
+        &self.groups
     }
 
     /// The agent ends itself half a second before the host-side limit,

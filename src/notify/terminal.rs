@@ -30,6 +30,9 @@ pub const CHANNEL: &str = "terminal";
 /// How long the hosts have to write a cycle's messages.
 pub const WITHIN: Duration = Duration::from_secs(5);
 
+/// Notes in one request to an agent, at most (the agent's own limit).
+const MAX_NOTES: usize = 256;
+
 /// What a terminal shows for `e`: a header line, then the message.
 pub fn text(e: &Event) -> String {
     let said = say(e, Medium::Plain);
@@ -93,12 +96,21 @@ pub async fn tell(
             }
         }
     }
-    let work = notes(&allowed).into_iter().filter_map(|(id, notes)| {
-        let host = fleet.hosts.iter().find(|h| h.id() == &id)?;
-        Some(async move {
-            let (events, notes): (Vec<&Event>, Vec<Note>) = notes.into_iter().unzip();
-            let result = tokio::time::timeout(WITHIN, host.tell(notes)).await;
-            (events, result)
+    let work = notes(&allowed).into_iter().flat_map(|(id, notes)| {
+        let host = fleet.hosts.iter().find(|h| h.id() == &id);
+        let mut chunks = Vec::new();
+        let mut notes = notes.into_iter().peekable();
+        while notes.peek().is_some() {
+            let chunk: Vec<_> = notes.by_ref().take(MAX_NOTES).collect();
+            chunks.push(chunk);
+        }
+        chunks.into_iter().filter_map(move |chunk| {
+            let host = host?;
+            Some(async move {
+                let (events, notes): (Vec<&Event>, Vec<Note>) = chunk.into_iter().unzip();
+                let result = tokio::time::timeout(WITHIN, host.tell(notes)).await;
+                (events, result)
+            })
         })
     });
     let answers: Vec<_> = futures::stream::iter(work)

@@ -368,19 +368,26 @@ class Terminate(unittest.TestCase):
 
 
 class Tell(unittest.TestCase):
-    """Messages on a user's terminals: only theirs, only as text."""
+    """Messages on a user's terminals: only theirs, only as text. Needs
+    root (a job of another user, its pty given to them)."""
 
     def setUp(self):
         import pwd
         import time
 
-        self.user = pwd.getpwuid(os.getuid()).pw_name
+        self.assertEqual(os.geteuid(), 0, "these tests need root")
+        who = pwd.getpwnam("nobody")
+        self.user = who.pw_name
         self.master, slave = os.openpty()
         self.tty = os.ttyname(slave)
+        os.chown(self.tty, who.pw_uid, -1)
         self.pid = os.fork()
         if self.pid == 0:
-            # A job whose controlling terminal is the pty.
+            # A job of nobody's whose controlling terminal is the pty.
+            os.close(slave)
             os.setsid()
+            os.setgid(who.pw_gid)
+            os.setuid(who.pw_uid)
             os.open(self.tty, os.O_RDWR)
             time.sleep(30)
             os._exit(0)
@@ -412,23 +419,29 @@ class Tell(unittest.TestCase):
             out += os.read(self.master, 65536)
         return out
 
-    def test_the_jobs_terminal_gets_the_text_without_controls(self):
-        text = "*** genv-enforce: gpu1\n\x1b[2Jgone \x9b1m \u202e ok\t."
+    def test_the_jobs_terminal_gets_printable_ascii_only(self):
+        text = "*** genv-enforce: gpu1\n\x1b[2Jgone \x9b1m \u202e \u00db2J ok\t."
         self.assertEqual(self.told([{"user": self.user, "pids": [[self.pid, self.start]], "text": text}]), [1])
         out = self.seen()
         self.assertIn(b"*** genv-enforce: gpu1\r", out)
-        self.assertIn(b"?[2Jgone ?1m \xe2\x80\xae ok\t.", out)
-        self.assertNotIn(b"\x1b", out)
+        self.assertIn(b"?[2Jgone ?1m ? ?2J ok\t.", out)
+        self.assertFalse([b for b in out if b >= 0x7F or (b < 0x20 and b not in b"\r\n\t")], out)
 
-    def test_nothing_is_written_for_a_reused_pid_another_user_or_an_unknown_one(self):
+    def test_nothing_is_written_for_a_reused_pid_another_user_root_or_an_unknown_one(self):
         notes = [
             {"user": self.user, "pids": [[self.pid, self.start + 1]], "text": "reused"},
-            {"user": "nobody", "pids": [[self.pid, self.start]], "text": "not nobody's"},
+            {"user": "daemon", "pids": [[self.pid, self.start]], "text": "not daemon's"},
+            {"user": "root", "pids": [[self.pid, self.start]], "text": "never root's"},
             {"user": "no-such-user-here", "pids": [[self.pid, self.start]], "text": "nobody"},
             {"user": self.user, "pids": [[0, 0], ["1", 2], [self.pid]], "text": "bad pairs"},
         ]
-        self.assertEqual(self.told(notes), [0, 0, 0, 0])
+        self.assertEqual(self.told(notes), [0, 0, 0, 0, 0])
         self.assertEqual(self.seen(), b"")
+
+    def test_too_many_notes_are_refused(self):
+        notes = [{"user": self.user, "pids": [], "text": "x"}] * (agent["MAX_NOTES"] + 1)
+        status, body = agent["answer"]({"mode": "tell", "notes": notes, "utmp": "/x", "limit": 5, "proc": "/proc"})
+        self.assertEqual((status, json.loads(body)["fail"]), (1, "request"))
 
     def test_login_terminals_come_from_utmp_and_only_as_dev_names(self):
         def record(kind, line, user):
@@ -441,26 +454,37 @@ class Tell(unittest.TestCase):
         line = self.tty[len("/dev/") :].encode()
         me = self.user.encode()
         with tempfile.NamedTemporaryFile() as utmp:
-            utmp.write(record(7, line, me) + record(7, b"../etc/passwd", me) + record(8, line, me)
-                       + record(7, line, b"someone-else") + b"short")
+            utmp.write(record(7, line, me) + record(7, b"../etc/passwd", me) + record(8, line, b"x")
+                       + record(7, b"tty0", me) + record(7, b"tty7", b"other") + b"short")
             utmp.flush()
-            self.assertEqual(agent["login_terminals"](utmp.name, self.user), [self.tty])
+            self.assertEqual(agent["login_terminals"](utmp.name), {self.user: [self.tty], "other": ["/dev/tty7"]})
             self.assertEqual(self.told([{"user": self.user, "pids": [], "text": "hi"}], utmp.name), [1])
             # Both ways to one terminal: written once.
             self.assertEqual(self.told([{"user": self.user, "pids": [[self.pid, self.start]], "text": "x"}], utmp.name), [1])
         self.assertEqual(self.seen(), b"hix")
 
     def test_a_terminal_the_user_does_not_own_is_not_written(self):
-        os.fchown(self.master, 0, -1)
         os.chown(self.tty, 12345, -1)
         self.assertEqual(self.told([{"user": self.user, "pids": [[self.pid, self.start]], "text": "x"}]), [0])
 
-    def test_groups_name_the_primary_group(self):
-        import grp
+    def test_ptys_and_consoles_are_named_by_their_device_numbers(self):
+        self.assertEqual(agent["terminal_path"](os.makedev(136, 70000)), "/dev/pts/70000")
+        self.assertEqual(agent["terminal_path"](os.makedev(4, 3)), "/dev/tty3")
+        for other in (os.makedev(4, 0), os.makedev(4, 64), os.makedev(5, 1), os.makedev(137, 1)):
+            self.assertIsNone(agent["terminal_path"](other))
 
-        names = agent["groups_of"](os.getuid())
-        self.assertIn(grp.getgrgid(os.getgid()).gr_name, names)
-        self.assertIsNone(agent["groups_of"](2**31 - 7))
+    def test_groups_are_said_for_the_named_groups_a_user_is_in(self):
+        import grp
+        import pwd
+        import time
+
+        root = pwd.getpwuid(0)
+        primary = grp.getgrgid(root.pw_gid).gr_name
+        later = time.monotonic() + 5
+        found = agent["memberships"]([primary, "no-such-group-here", 7], [0, 2**31 - 7], later)
+        self.assertEqual(found, [(0, [primary])])
+        self.assertEqual(agent["memberships"]([primary], [0], time.monotonic() - 1), [])
+        self.assertEqual(agent["memberships"]([], [0], later), [])
 
 
 class Golden(unittest.TestCase):
