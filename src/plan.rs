@@ -29,6 +29,10 @@ pub struct Termination {
     /// not in the JSON plan.
     #[serde(skip)]
     pub groups: Vec<String>,
+    /// The GPU memory it holds (bytes, over its GPUs) when nvidia-smi
+    /// measured all of it, for messages; not in the JSON plan.
+    #[serde(skip)]
+    pub memory: Option<u64>,
 }
 
 impl Termination {
@@ -44,6 +48,7 @@ impl Termination {
             user: None,
             rules: BTreeSet::new(),
             groups: Vec::new(),
+            memory: None,
         }
     }
 }
@@ -234,6 +239,12 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
                     (Some(t), Some(uid)) => t.groups_of(uid).to_vec(),
                     _ => Vec::new(),
                 },
+                memory: p
+                    .gpus
+                    .iter()
+                    .map(|g| g.usage.bytes())
+                    .sum::<Option<u64>>()
+                    .filter(|_| !p.gpus.is_empty()),
             })
         })
         .collect();

@@ -563,7 +563,7 @@ fn a_fleet_hosts_owner_is_mailed_at_the_inventorys_address_before_a_cron_run_exi
     assert!(mails[0]["body"]
         .as_str()
         .unwrap()
-        .contains(&format!("Process {job} of user carol (environment none) on host h1, GPU(s) 0, breaks the rule non-env-processes")));
+        .contains(&format!("Process {job} of user carol (environment none) on host h1, GPU(s) 0, breaks the rule non-env-processes: it uses GPUs outside any genv environment. It holds 100 MiB of GPU memory.")));
 }
 
 #[test]
@@ -772,6 +772,10 @@ fn assert_warned_on(screen: &str, host: &str, pid: u32) {
     );
     assert!(
         screen.contains("It will be terminated (SIGTERM) at "),
+        "{screen:?}"
+    );
+    assert!(
+        screen.contains("It holds 100 MiB of GPU memory."),
         "{screen:?}"
     );
     assert!(

@@ -115,8 +115,11 @@ pub fn say(e: &Event, medium: Medium) -> Said {
         What::Terminate(t) => {
             let eid = t.eid.as_ref().map_or_else(|| "none".into(), |x| v(&x.0));
             let gpus = gpus(&t.gpus);
+            let held = t.memory.map_or_else(String::new, |b| {
+                format!(" It holds {} MiB of GPU memory.", b.div_ceil(1 << 20))
+            });
             let seen = format!(
-                "Process {} of user {user} (environment {eid}) on host {host}, GPU(s) {gpus}, breaks the rule {names}: {}.",
+                "Process {} of user {user} (environment {eid}) on host {host}, GPU(s) {gpus}, breaks the rule {names}: {}.{held}",
                 t.pid,
                 rules.iter().map(|r| why(*r)).collect::<Vec<_>>().join("; ")
             );
@@ -195,6 +198,7 @@ mod tests {
         t.uid = Some(1000);
         t.user = Some(user.into());
         t.rules = [Rule::EnvDevices].into_iter().collect();
+        t.memory = Some(1536 << 20);
         What::Terminate(t)
     }
 
@@ -218,7 +222,7 @@ mod tests {
         );
         assert_eq!(
             s.body,
-            "Process 4242 of user alice (environment exp1) on host gpu-01, GPU(s) 0,2, breaks the rule env-devices: it uses GPUs its environment is not attached to.\n\
+            "Process 4242 of user alice (environment exp1) on host gpu-01, GPU(s) 0,2, breaks the rule env-devices: it uses GPUs its environment is not attached to. It holds 1536 MiB of GPU memory.\n\
              It will be terminated (SIGTERM) at 1970-01-01T00:15:00Z unless this ends first.\n\
              To fix it: attach GPU(s) 0,2 to environment exp1 (`genv attach --index 0,2`), or stop the process.\n"
         );
