@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Enforce genv GPU environments: drop-in for `genv enforce`, faster and safer.
 #[derive(Debug, Parser)]
-#[command(name = "genv-enforce", version, about, max_term_width = 100, after_help = EXAMPLES)]
+#[command(name = "genv-enforce", version = VERSION, about, max_term_width = 100, after_help = EXAMPLES)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -19,6 +19,14 @@ pub struct Cli {
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 }
+
+/// `--version`: the version and the commit it was built from.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("GENV_ENFORCE_COMMIT"),
+    ")"
+);
 
 /// Common cases, shown under `--help`.
 const EXAMPLES: &str = "\
@@ -73,6 +81,18 @@ pub enum Command {
     /// GPU-hours, peak GPUs, mean GPU memory, violations by rule,
     /// warnings, terminations and detaches.
     Report(ReportArgs),
+    /// Write the man pages and the bash, zsh and fish completions, made
+    /// from these very definitions, under DIR (for packagers).
+    #[command(hide = true)]
+    Docs(DocsArgs),
+}
+
+/// `docs` options.
+#[derive(Debug, Args)]
+pub struct DocsArgs {
+    /// Where to write them: DIR/man/*.1 and DIR/completions/.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
 }
 
 /// `report` options.

@@ -80,6 +80,8 @@ pub enum Job {
     Snapshot(Box<LocalHost>),
     /// `report` over a state database.
     Report(crate::cli::ReportArgs),
+    /// Man pages and completions written under this directory.
+    Docs(PathBuf),
     /// `doctor` over these hosts.
     Doctor {
         fleet: Fleet,
@@ -177,6 +179,7 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
         }
         Command::Remote(args) => remote(*args),
         Command::Report(args) => Ok(Job::Report(args)),
+        Command::Docs(args) => Ok(Job::Docs(args.out)),
     }
 }
 

@@ -37,6 +37,17 @@ pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
             }
         },
         Job::Report(args) => report(&args),
+        Job::Docs(dir) => match crate::docs::write(&dir) {
+            Ok(written) => {
+                let lines: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+                print_stdout(&lines);
+                0
+            }
+            Err(e) => {
+                complain(&format!("{}: {e}", dir.display()));
+                1
+            }
+        },
         Job::Doctor {
             fleet,
             format,

@@ -37,6 +37,7 @@ pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod cycle;
+pub mod docs;
 pub mod doctor;
 pub mod error;
 pub mod fleet;

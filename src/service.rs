@@ -360,7 +360,7 @@ pub fn reloader(args: Vec<std::ffi::OsString>) -> Reload {
                 settings,
                 keep: control_dir,
             }),
-            Job::Snapshot(_) | Job::Report(_) | Job::Doctor { .. } => {
+            Job::Snapshot(_) | Job::Report(_) | Job::Doctor { .. } | Job::Docs(_) => {
                 Err(ReloadError::NotEnforcing)
             }
         }
