@@ -791,33 +791,70 @@ fn the_jobs_own_terminal_shows_its_warning_escaped_and_no_other_users_does() {
     let job = terminal_job(&mut h, "carol", Some(HOSTILE_EID), &carols);
     // Dave's terminal: his job breaks nothing.
     let fine = terminal_job(&mut h, "dave", Some("dave-env"), &daves);
+    // Erin's three stray jobs have no terminal: two with nobody to tell,
+    // the third over --notify-rate 2.
+    let erins: Vec<u32> = (0..3).map(|_| h.spawn_as("erin", None)).collect();
+    // A job of a uid without a name: no owner to tell.
+    let mut nameless = std::os::unix::process::CommandExt::uid(
+        Command::new("sleep")
+            .arg("1000")
+            .env_remove("GENV_ENVIRONMENT_ID"),
+        54_321,
+    )
+    .spawn()
+    .unwrap();
     h.write_envs(&[
         env(HOSTILE_EID, Some("carol"), None, job),
         env("dave-env", Some("dave"), None, fine),
     ]);
     h.write_devices(2, &[(1, "dave-env")]);
-    h.set_apps(&[(job, 0, "100"), (fine, 1, "100")]);
-    let out = h.ours(&[
-        "enforce",
-        "--interval",
-        "0",
-        "--grace",
-        "60s",
-        "--notify-terminal",
-        "--output",
-        "json",
+    h.set_apps(&[
+        (job, 0, "100"),
+        (fine, 1, "100"),
+        (erins[0], 0, "100"),
+        (erins[1], 1, "100"),
+        (erins[2], 1, "100"),
+        (nameless.id(), 0, "100"),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut run = Run::start(
+        &h,
+        &[
+            "--grace",
+            "60s",
+            "--non-env-processes",
+            "--notify-terminal",
+            "--notify-rate",
+            "2",
+            "--metrics-listen",
+            &listen,
+        ],
     );
+    assert_eq!(run.next()["events"].as_array().unwrap().len(), 5);
     let host = genv_enforce::host::local::hostname().0;
     let screen = carols.wait_for("It will be terminated");
     assert_warned_on(&screen, &host, job);
     assert!(screen.contains("\r\n"), "{screen:?}");
+    // A cycle more: nothing told twice.
+    run.next();
+    let metrics = http_get(port, "/metrics");
+    for (result, n) in [("sent", 1), ("nobody", 3), ("rate_limited", 1)] {
+        let line = format!(
+            "genv_enforce_notifications_total{{channel=\"terminal\",result=\"{result}\"}} {n}\n"
+        );
+        assert!(metrics.contains(&line), "{line} not in {metrics}");
+    }
+    assert!(
+        !metrics.contains("channel=\"terminal\",result=\"failed\""),
+        "{metrics}"
+    );
+    assert!(run.stop() < Duration::from_secs(2));
     assert!(h.running(job), "warned, not terminated");
     assert_eq!(daves.text(), "ready\n");
+    assert_eq!(carols.text().matches("It will be terminated").count(), 1);
+    let _ = nameless.kill();
+    let _ = nameless.wait();
 }
 
 #[test]

@@ -120,15 +120,10 @@ pub async fn tell(
     for (events, result) in answers {
         match result {
             Ok(Ok(told)) => {
-                for (e, k) in events.into_iter().zip(told) {
-                    if k > 0 {
-                        count("sent", 1);
-                    } else {
-                        // No terminal of theirs open there: nobody to tell.
-                        nobody += 1;
-                        tracing::debug!(host = %e.host, "no terminal to write to");
-                    }
-                }
+                // No terminal of theirs open there: nobody to tell.
+                let sent = told.iter().filter(|k| **k > 0).count() as u64;
+                count("sent", sent);
+                nobody += told.len() as u64 - sent;
             }
             Ok(Err(err)) => {
                 let why = error::chain(&err);
@@ -142,9 +137,7 @@ pub async fn tell(
             }
         }
     }
-    if nobody > 0 {
-        count("nobody", nobody);
-    }
+    count("nobody", nobody);
     for (e, why) in unsent {
         super::unsent(&audit.cloned(), n, e, CHANNEL, why).await;
     }
