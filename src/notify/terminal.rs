@@ -213,6 +213,22 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_write_marks_each_of_its_events_unsent_with_why() {
+        let events = [
+            event("h1", terminate(10, Some(100), Some(1000), "alice")),
+            event("h1", terminate(11, Some(110), Some(1001), "bob")),
+        ];
+        let refs: Vec<&Event> = events.iter().collect();
+        let mut unsent = Vec::new();
+        fail(&refs, "the host did not write within 5s", &mut unsent);
+        assert_eq!(unsent.len(), 2);
+        assert!(unsent
+            .iter()
+            .zip(&events)
+            .all(|((e, why), want)| e == want && why == "the host did not write within 5s"));
+    }
+
+    #[test]
     fn the_text_is_the_plain_message_under_a_header() {
         let e = event("h1", terminate(10, Some(100), Some(1000), "alice"));
         let t = text(&e);
