@@ -106,13 +106,15 @@ struct Run {
 
 impl Run {
     fn start(h: &Host, args: &[&str]) -> Run {
-        let mut child = h
-            .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
-            .args(["enforce", "--interval", "1s", "--output", "json"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut cmd = h.command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")));
+        cmd.args(["enforce", "--interval", "1s", "--output", "json"])
+            .args(args);
+        Run::of(cmd)
+    }
+
+    /// `cmd` (one that prints JSON reports), started.
+    fn of(mut cmd: Command) -> Run {
+        let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
         let reports = BufReader::new(child.stdout.take().unwrap()).lines();
         Run { child, reports }
     }
@@ -760,24 +762,14 @@ const HOSTILE_EID: &str = "ex\u{1b}[31mp\u{7}";
 
 /// The warning as a terminal shows it (the line discipline ends lines CR CR LF).
 fn assert_warned_on(screen: &str, host: &str, pid: u32) {
-    assert!(
-        screen.contains(&format!(
-            "*** genv-enforce: {host}: process {pid} breaks env-devices"
-        )),
-        "{screen:?}"
-    );
-    assert!(
-        screen.contains(&format!("Process {pid} of user carol (environment ex\\u{{1b}}[31mp\\u{{7}}) on host {host}, GPU(s) 0, breaks the rule env-devices")),
-        "{screen:?}"
-    );
-    assert!(
-        screen.contains("It will be terminated (SIGTERM) at "),
-        "{screen:?}"
-    );
-    assert!(
-        screen.contains("It holds 100 MiB of GPU memory."),
-        "{screen:?}"
-    );
+    for part in [
+        format!("*** genv-enforce: {host}: process {pid} breaks env-devices"),
+        format!("Process {pid} of user carol (environment ex\\u{{1b}}[31mp\\u{{7}}) on host {host}, GPU(s) 0, breaks the rule env-devices"),
+        "It will be terminated (SIGTERM) at ".into(),
+        "It holds 100 MiB of GPU memory.".into(),
+    ] {
+        assert!(screen.contains(&part), "{part:?} not in {screen:?}");
+    }
     assert!(
         !screen.contains('\u{1b}') && !screen.contains('\u{7}'),
         "{screen:?}"
@@ -942,28 +934,22 @@ fn on_the_fleet_a_job_lives_through_its_grace_and_dies_at_the_deadline_unless_fi
     f.host(0).set_apps(&[(job, 0, "100"), (fixed, 1, "100")]);
     let inventory = f.inventory(false, &[], "");
     let hook_url = format!("http://127.0.0.1:{}/fleet", hook.port);
-    let mut child = f
-        .command(&[
-            "--inventory",
-            inventory.to_str().unwrap(),
-            "enforce",
-            "--interval",
-            "1s",
-            "--non-env-processes",
-            "--grace",
-            "4s",
-            "--webhook",
-            &hook_url,
-            "--notify-terminal",
-            "--output",
-            "json",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reports = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut next = || -> Value { serde_json::from_str(&reports.next().unwrap().unwrap()).unwrap() };
-    let first = next();
+    let mut run = Run::of(f.command(&[
+        "--inventory",
+        inventory.to_str().unwrap(),
+        "enforce",
+        "--interval",
+        "1s",
+        "--non-env-processes",
+        "--grace",
+        "4s",
+        "--webhook",
+        &hook_url,
+        "--notify-terminal",
+        "--output",
+        "json",
+    ]));
+    let first = run.next();
     let events = first["events"].as_array().unwrap();
     assert_eq!(events.len(), 2, "{first:#}");
     let deadline = events[0]["deadline_ms"].as_u64().unwrap();
@@ -976,7 +962,7 @@ fn on_the_fleet_a_job_lives_through_its_grace_and_dies_at_the_deadline_unless_fi
     let mut cleared = false;
     let acted = loop {
         assert!(started.elapsed() < Duration::from_secs(20), "never acted");
-        let r = next();
+        let r = run.next();
         for e in r["events"].as_array().into_iter().flatten() {
             if e["stage"] == "cleared" {
                 assert_eq!(e["pid"], fixed, "{r:#}");
@@ -1004,12 +990,7 @@ fn on_the_fleet_a_job_lives_through_its_grace_and_dies_at_the_deadline_unless_fi
     assert!(now >= deadline, "acted before the deadline");
     assert!(f.host(0).wait_signal(job, Duration::from_secs(5)).is_some());
     assert!(f.host(0).running(fixed), "the fixed job lives");
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    assert!(child.wait().unwrap().success());
+    run.stop();
     let posts = hook.wait_for(4);
     let mut stages: Vec<(String, u64)> = posts
         .iter()

@@ -349,7 +349,7 @@ pub fn address_of(
 
 /// Whether `name` is a plain user or group name: letters, digits, `_`,
 /// `.` and `-`, not first.
-pub fn plain_name(name: &str) -> bool {
+fn plain_name(name: &str) -> bool {
     name.bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
         && !name.is_empty()

@@ -98,12 +98,7 @@ pub async fn tell(
     }
     let work = notes(&allowed).into_iter().flat_map(|(id, notes)| {
         let host = fleet.hosts.iter().find(|h| h.id() == &id);
-        let mut chunks = Vec::new();
-        let mut notes = notes.into_iter().peekable();
-        while notes.peek().is_some() {
-            let chunk: Vec<_> = notes.by_ref().take(MAX_NOTES).collect();
-            chunks.push(chunk);
-        }
+        let chunks: Vec<_> = notes.chunks(MAX_NOTES).map(<[_]>::to_vec).collect();
         chunks.into_iter().filter_map(move |chunk| {
             let host = host?;
             Some(async move {
