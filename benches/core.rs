@@ -11,7 +11,7 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use genv_enforce::assess::{assess_found, HostResult};
 use genv_enforce::model::{Cluster, FailureKind, HostFailure, HostId, HostSnapshot, Mode};
 use genv_enforce::plan;
-use genv_enforce::rules::{self, evaluate, Policy};
+use genv_enforce::rules::{self, evaluate, Moment, Policy};
 use genv_enforce::snapshot::assemble::{assemble, ParsedState};
 use genv_enforce::snapshot::frames;
 use genv_enforce::snapshot::{genv, nvidia_smi};
@@ -204,7 +204,7 @@ fn pure_path(
             .flat_map(|h| h.join().unwrap())
             .collect()
     });
-    let report = assess_found(1, Mode::Remote, false, policy, results);
+    let report = assess_found(1, Mode::Remote, false, policy, results, Moment::none());
     report.plan.hosts.len()
 }
 
@@ -306,6 +306,7 @@ fn benches(c: &mut Criterion) {
         devices: Some(devices.into()),
         procs,
         user_names: [(1002, "bob".to_string())].into_iter().collect(),
+        ..Default::default()
     };
     let host = HostId("gpu0".into());
     let snap = assemble(
@@ -333,6 +334,7 @@ fn benches(c: &mut Criterion) {
                 false,
                 &capped,
                 vec![(host.clone(), Ok((snap.clone(), findings)))],
+                Moment::none(),
             );
             assert_eq!(a.plan.hosts[0].1.detach.len(), 75_000);
             a.plan.hosts.len()

@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::ladder::Waiting;
 use crate::model::{Cluster, HostFailure, HostId, HostSnapshot, Mode};
 use crate::plan::{self, HostPlan, Plan};
-use crate::rules::{self, HostFindings, Notice, Policy, Violation};
+use crate::rules::{self, HostFindings, IdleHistory, Moment, Notice, Policy, Violation};
 
 /// How one host fared this cycle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -66,14 +66,45 @@ pub fn assess(
     policy: &Policy,
     results: Vec<(HostId, Result<HostSnapshot, HostFailure>)>,
 ) -> Assessment {
-    let results = results
+    let results: Vec<(HostId, HostResult)> = results
         .into_iter()
         .map(|(h, r)| {
             let r = with_findings(&h, r, policy);
             (h, r)
         })
         .collect();
-    assess_found(cycle, mode, dry_run, policy, results)
+    // One cycle, no window before it: idle only at `--idle-after 0s`.
+    let idle = track_idle(&IdleHistory::default(), policy, &results, 0, None);
+    assess_found(
+        cycle,
+        mode,
+        dry_run,
+        policy,
+        results,
+        Moment {
+            idle: &idle,
+            now_ms: 0,
+        },
+    )
+}
+
+/// The idle windows after this cycle's readings of the hosts that
+/// answered (none when the idle rule is off).
+pub fn track_idle(
+    before: &IdleHistory,
+    policy: &Policy,
+    results: &[(HostId, HostResult)],
+    now_ms: u64,
+    gap: Option<std::time::Duration>,
+) -> IdleHistory {
+    let Some(idle) = &policy.idle else {
+        return IdleHistory::default();
+    };
+    let seen: Vec<(&HostId, &HostSnapshot)> = results
+        .iter()
+        .filter_map(|(h, r)| r.as_ref().ok().map(|(s, _)| (h, s)))
+        .collect();
+    before.track(&seen, idle.below, now_ms, gap)
 }
 
 /// Assesses the hosts' results, each host's own findings already made:
@@ -84,6 +115,7 @@ pub fn assess_found(
     dry_run: bool,
     policy: &Policy,
     results: Vec<(HostId, HostResult)>,
+    moment: Moment,
 ) -> Assessment {
     let mut findings = Vec::new();
     let results: Vec<(HostId, Result<HostSnapshot, HostFailure>)> = results
@@ -104,7 +136,8 @@ pub fn assess_found(
         .map(|(h, _)| h)
         .zip(findings)
         .collect();
-    let (violations, notices) = rules::merge(hosts, policy);
+    let snapshots: Vec<&HostSnapshot> = a.cluster.hosts.iter().map(|(_, s)| s).collect();
+    let (violations, notices) = rules::merge(hosts, &snapshots, policy, moment);
     a.plan = plan::build(&a.cluster, &violations);
     a.violations = violations;
     a.notices = notices;

@@ -627,6 +627,7 @@ mod tests {
             ],
             detach: vec![
                 Detach {
+                    rules: Default::default(),
                     groups: Default::default(),
                     device: GpuIndex(3),
                     eid: EnvId("e".into()),
@@ -635,6 +636,7 @@ mod tests {
                     owner: None,
                 },
                 Detach {
+                    rules: Default::default(),
                     groups: Default::default(),
                     device: GpuIndex(3),
                     eid: EnvId("f".into()),
@@ -643,6 +645,7 @@ mod tests {
                     owner: None,
                 },
                 Detach {
+                    rules: Default::default(),
                     groups: Default::default(),
                     device: GpuIndex(4),
                     eid: EnvId("e".into()),

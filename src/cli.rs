@@ -458,6 +458,66 @@ pub struct RuleArgs {
     /// on its own too, unlike genv)
     #[arg(long, num_args = 1.., value_name = "USERNAME=MAXIMUM", value_parser = parse_user_cap)]
     pub max_devices_for_user: Vec<(String, u32)>,
+
+    /// Maximum GPU memory each user's processes may hold over all hosts,
+    /// in genv's spelling (32gi, 40000mi); the youngest processes are
+    /// terminated until under [default: off]
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory, help_heading = "Admin rules")]
+    pub max_memory_per_user: Option<u64>,
+
+    /// Per-user maximum GPU memory, overriding the above (applies on its
+    /// own too)
+    #[arg(long, num_args = 1.., value_name = "USERNAME=SIZE", value_parser = parse_user_memory, help_heading = "Admin rules")]
+    pub max_memory_for_user: Vec<(String, u64)>,
+
+    /// Maximum attached devices the members of a Unix group hold together
+    /// over all hosts (groups resolved on each host)
+    #[arg(long, num_args = 1.., value_name = "GROUP=MAXIMUM", value_parser = parse_group_cap, help_heading = "Admin rules")]
+    pub max_devices_per_group: Vec<(String, u32)>,
+
+    /// Terminate a process that holds GPU memory while its utilization
+    /// stays below --idle-below for this long (4h, 90m; 0s: at one
+    /// reading) [default: off]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Admin rules")]
+    pub idle_after: Option<Duration>,
+
+    /// Below this GPU utilization (percent) a process is idle
+    #[arg(long, value_name = "PCT", default_value_t = 5, requires = "idle_after",
+          value_parser = clap::value_parser!(u32).range(1..=100), help_heading = "Admin rules")]
+    pub idle_below: u32,
+}
+
+/// A memory amount in genv's spelling, in bytes.
+///
+/// # Errors
+/// Not one.
+pub fn parse_memory(text: &str) -> Result<u64, String> {
+    crate::snapshot::memory::parse(text).map_err(|e| format!("{e} (such as 32gi or 40000mi)"))
+}
+
+/// `username=size`.
+///
+/// # Errors
+/// No `=`, an empty name, or not a memory amount.
+pub fn parse_user_memory(text: &str) -> Result<(String, u64), String> {
+    let (user, size) = text
+        .split_once('=')
+        .ok_or_else(|| format!("not a valid spec: {text} (expected USERNAME=SIZE)"))?;
+    if user.is_empty() {
+        return Err(format!("not a valid spec: {text} (empty username)"));
+    }
+    Ok((user.to_string(), parse_memory(size)?))
+}
+
+/// `group=maximum`.
+///
+/// # Errors
+/// As [`parse_user_cap`], for a group.
+pub fn parse_group_cap(text: &str) -> Result<(String, u32), String> {
+    parse_user_cap(text).map_err(|e| {
+        e.replace("USERNAME", "GROUP")
+            .replace("username", "group name")
+    })
 }
 
 /// The longest duration any flag accepts: longer is surely a typo, and

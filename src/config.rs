@@ -158,6 +158,13 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
             } else {
                 let mut host = LocalHost::from_env(args.command_timeout);
                 host.max_records = args.cycle.max_records;
+                host.groups = settings
+                    .policy
+                    .max_devices_per_group
+                    .keys()
+                    .cloned()
+                    .collect();
+                host.utilization = settings.policy.idle.is_some();
                 vec![Fleet::new(vec![Host::Local(Box::new(host))], 1)]
             };
             Ok(Job::Enforce {
@@ -205,6 +212,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
                 AgentLifetime::OneCycle,
                 Duration::ZERO,
                 crate::snapshot::genv::DEFAULT_MAX_RECORDS,
+                None,
             )?;
             return Ok(Job::Doctor {
                 fleet,
@@ -280,6 +288,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
         lifetime,
         settings.interval,
         enforce.cycle.max_records,
+        Some(&settings.policy),
     )?;
     Ok(Job::Enforce {
         metrics: enforce.cycle.metrics_listen,
@@ -297,15 +306,22 @@ fn ssh_fleet(
     lifetime: AgentLifetime,
     interval: Duration,
     max_records: usize,
+    policy: Option<&Policy>,
 ) -> Result<(Fleet, Option<tempfile::TempDir>), ConfigError> {
     let mut inventory = inventory.ok_or(ConfigError::NoHostsGiven)?;
     let groups: Vec<String> = inventory
         .exempt
         .iter()
         .filter_map(|e| e.group.clone())
+        .chain(
+            policy
+                .into_iter()
+                .flat_map(|p| p.max_devices_per_group.keys().cloned()),
+        )
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .collect();
+    let utilization = policy.is_some_and(|p| p.idle.is_some());
     for h in &mut inventory.hosts {
         h.identity_file = h
             .identity_file
@@ -357,6 +373,7 @@ fn ssh_fleet(
                 lifetime,
                 max_records,
                 groups: groups.clone(),
+                utilization,
             }))
         })
         .collect();
@@ -385,6 +402,13 @@ pub fn policy(r: &RuleArgs) -> Policy {
         env_memory: pick(r.env_memory, r.no_env_memory, d.env_memory),
         max_devices_per_user: r.max_devices_per_user,
         max_devices_for_user: r.max_devices_for_user.iter().cloned().collect(),
+        max_memory_per_user: r.max_memory_per_user,
+        max_memory_for_user: r.max_memory_for_user.iter().cloned().collect(),
+        max_devices_per_group: r.max_devices_per_group.iter().cloned().collect(),
+        idle: r.idle_after.map(|after| crate::rules::idle::IdlePolicy {
+            after,
+            below: r.idle_below,
+        }),
     }
 }
 

@@ -17,7 +17,7 @@ use crate::model::{FailureKind, HostFailure, HostId};
 use crate::outcome::{self, Outcome, TerminateResult};
 use crate::plan::{HostPlan, Plan, Termination};
 use crate::report::{CycleReport, Timing};
-use crate::rules::Orphans;
+use crate::rules::{IdleHistory, Moment, Orphans};
 
 /// Now, in milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
@@ -40,6 +40,8 @@ pub struct Memory {
     /// Each host's processes seen orphaned: strays for life (a record that
     /// appears later with their id does not make them members).
     pub orphans: HashMap<HostId, Orphans>,
+    /// Each process's idle window (the idle rule).
+    pub idle: IdleHistory,
 }
 
 /// One cycle over `fleet`: every host's snapshot, the assessment, the plan
@@ -114,6 +116,10 @@ pub async fn cycle(
         results.push((round.host, result));
     }
     let abort = settings.failures.exit_on_error && results.iter().any(|(_, r)| r.is_err());
+    if !abort {
+        memory.idle = assess::track_idle(&memory.idle, &policy, &results, now, settings.grace.gap);
+    }
+    let idle = memory.idle.clone();
     let assessed = Instant::now();
     let (mode, dry_run) = (settings.mode, settings.dry_run);
     // The caps and the plan over every host: off the async workers too.
@@ -127,7 +133,11 @@ pub async fn cycle(
                     .collect();
                 assess::statuses(n, mode, dry_run, results)
             } else {
-                assess::assess_found(n, mode, dry_run, &policy, results)
+                let moment = Moment {
+                    idle: &idle,
+                    now_ms: now,
+                };
+                assess::assess_found(n, mode, dry_run, &policy, results, moment)
             }
         })
     });

@@ -114,7 +114,8 @@ impl What {
     pub fn rules(&self) -> Vec<Rule> {
         match self {
             What::Terminate(t) => t.rules.iter().copied().collect(),
-            What::Detach(_) => vec![Rule::MaxDevicesPerUser],
+            What::Detach(d) if d.rules.is_empty() => vec![Rule::MaxDevicesPerUser],
+            What::Detach(d) => d.rules.iter().copied().collect(),
         }
     }
 
@@ -540,6 +541,7 @@ mod tests {
                     detach: detach
                         .iter()
                         .map(|&(d, e)| Detach {
+                            rules: Default::default(),
                             groups: Default::default(),
                             device: GpuIndex(d),
                             eid: EnvId(e.into()),

@@ -241,6 +241,11 @@ pub struct DeviceUsage {
     pub usage: Usage,
 }
 
+/// Why a GPU process has no owner when its pid was not alive: the driver
+/// lists memory for a pid that no live process has (it ended during the
+/// snapshot, or the driver holds memory no process owns).
+pub const EXITED: &str = "it exited during the snapshot";
+
 /// Which environment a process belongs to, as far as we could tell.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", content = "detail", rename_all = "snake_case")]
@@ -342,6 +347,51 @@ pub struct HostTruth {
     /// on the host, when asked for.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub groups: BTreeMap<u32, Vec<String>>,
+    /// The host's clock for process start times, when it said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot: Option<Boot>,
+}
+
+/// What turns a process's start time (clock ticks since boot, as `/proc`
+/// says) into a time comparable across hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Boot {
+    /// When the host booted, in seconds since the Unix epoch (`btime`).
+    pub btime: u64,
+    /// Clock ticks per second (`SC_CLK_TCK`), never 0.
+    pub hz: u64,
+}
+
+impl Boot {
+    /// A start time in milliseconds since the Unix epoch.
+    pub fn started_ms(self, ticks: u64) -> u64 {
+        let hz = self.hz.max(1);
+        self.btime
+            .saturating_mul(1000)
+            .saturating_add(ticks / hz * 1000 + ticks % hz * 1000 / hz)
+    }
+}
+
+/// How busy each GPU and each process on it was, as the driver said when
+/// asked (the idle rule).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Utilization {
+    /// `nvidia-smi pmon -c 1 -s u`: what it listed, or `None` when it
+    /// failed or is not supported (MIG): then no process's own figure is
+    /// known.
+    pub processes: Option<Vec<ProcessUtilization>>,
+    /// `--query-gpu=index,utilization.gpu`: each GPU's, where a number.
+    pub gpus: BTreeMap<GpuIndex, u32>,
+}
+
+/// One line of `nvidia-smi pmon -s u`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ProcessUtilization {
+    pub index: GpuIndex,
+    pub pid: Pid,
+    /// SM utilization in percent; `None` where pmon printed `-`: no kernel
+    /// of the process ran in its sampling window.
+    pub sm: Option<u32>,
 }
 
 impl HostTruth {
@@ -359,6 +409,13 @@ pub struct HostSnapshot {
     pub devices: Vec<Device>,
     /// `None` for a recorded genv snapshot: its records are all there is.
     pub truth: Option<HostTruth>,
+    /// How busy its GPUs and processes were, when asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub utilization: Option<Utilization>,
+    /// A recording's word on its users' groups (a live host's are in
+    /// `truth`, by uid).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub recorded_groups: BTreeMap<String, Vec<String>>,
 }
 
 impl HostSnapshot {
@@ -379,6 +436,40 @@ impl HostSnapshot {
             .filter(|d| d.has(eid))
             .map(|d| d.index)
             .collect()
+    }
+
+    /// The groups `user` is a member of on this host: as the host said of
+    /// the uids it names `user` (a live host), or as the recording says.
+    pub fn groups_of_user(&self, user: &str) -> Vec<&str> {
+        let mut out: Vec<&str> = match &self.truth {
+            Some(t) => t
+                .user_names
+                .iter()
+                .filter(|(_, name)| name.as_str() == user)
+                .flat_map(|(uid, _)| t.groups_of(*uid))
+                .map(String::as_str)
+                .collect(),
+            None => self
+                .recorded_groups
+                .get(user)
+                .map(|g| g.iter().map(String::as_str).collect())
+                .unwrap_or_default(),
+        };
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// When a process started, comparable across hosts where the host said
+    /// its clock (milliseconds since the Unix epoch); a recording's start
+    /// times as they are.
+    pub fn started(&self, p: &Process) -> Option<u64> {
+        let ticks = p.start_time?;
+        match self.truth.as_ref().map(|t| t.boot) {
+            Some(Some(boot)) => Some(boot.started_ms(ticks)),
+            Some(None) => None,
+            None => Some(ticks),
+        }
     }
 
     /// The processes of `eid`, in snapshot order.

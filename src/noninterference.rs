@@ -474,7 +474,9 @@ impl World {
                 .into_iter()
                 .map(|(u, n)| (u, n.to_string()))
                 .collect(),
+                ..Default::default()
             }),
+            ..Default::default()
         }
     }
 }
@@ -624,6 +626,7 @@ fn base_policy() -> impl Strategy<Value = Policy> {
             env_memory: m,
             max_devices_per_user: cap,
             max_devices_for_user: bob.map(|b| ("bob".to_string(), b)).into_iter().collect(),
+            ..Default::default()
         })
 }
 
@@ -682,7 +685,11 @@ proptest! {
             .zip(&memory)
             .map(|((h, s), m)| (h, rules::assess_host(h, s, &policy, m)))
             .collect();
-        let plan = plan::build(&cluster, &rules::merge(found, &policy).0);
+        let snaps: Vec<_> = cluster.hosts.iter().map(|(_, s)| s).collect();
+        let plan = plan::build(
+            &cluster,
+            &rules::merge(found, &snaps, &policy, rules::Moment::none()).0,
+        );
         for (host, hp) in &plan.hosts {
             let h: usize = host.0[1..].parse().unwrap();
             let (w, snap) = (&worlds[h], &cluster.hosts[h].1);

@@ -269,6 +269,7 @@ mod tests {
         let plan = HostPlan {
             terminate: vec![Planned::of(Pid(1), Some(1)), Planned::of(Pid(2), None)],
             detach: vec![PlannedDetach {
+                rules: Default::default(),
                 groups: Default::default(),
                 device: GpuIndex(0),
                 eid: EnvId("e".into()),
@@ -307,6 +308,7 @@ mod tests {
                 HostPlan {
                     terminate: vec![t(1), t(2)],
                     detach: vec![PlannedDetach {
+                        rules: Default::default(),
                         groups: Default::default(),
                         device: GpuIndex(0),
                         eid: EnvId("e".into()),

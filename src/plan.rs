@@ -67,6 +67,10 @@ pub enum Signal {
 pub struct Detach {
     pub device: GpuIndex,
     pub eid: EnvId,
+    /// The rules behind it (a device cap's: per user, per group); none in
+    /// what an older run kept, which the per-user cap asked for.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub rules: BTreeSet<Rule>,
     /// The record's username, as genv's line says it (anyone can write it).
     pub username: Option<String>,
     /// The user whose cap it is detached for, as attribution charges it
@@ -130,6 +134,8 @@ struct Wanted {
     slots: HashMap<GpuIndex, usize>,
     /// The user each environment is detached for.
     charged: HashMap<EnvId, String>,
+    /// The rules behind each (device, environment) detach.
+    detach_rules: HashMap<(GpuIndex, EnvId), BTreeSet<Rule>>,
 }
 
 impl Wanted {
@@ -137,12 +143,18 @@ impl Wanted {
         self.pids.entry(pid).or_default().insert(rule);
     }
 
-    fn detach(&mut self, device: GpuIndex, eids: &[EnvId]) {
+    fn detach(&mut self, device: GpuIndex, eids: &[EnvId], rule: Rule) {
         let slot = *self.slots.entry(device).or_insert_with(|| {
             self.detach.push((device, BTreeSet::new()));
             self.detach.len() - 1
         });
         self.detach[slot].1.extend(eids.iter().cloned());
+        for e in eids {
+            self.detach_rules
+                .entry((device, e.clone()))
+                .or_default()
+                .insert(rule);
+        }
     }
 }
 
@@ -160,13 +172,12 @@ pub fn build(cluster: &Cluster, violations: &[Violation]) -> Plan {
                     device,
                     eids,
                     pids,
+                    user,
                 } => {
                     let w = wanted.entry(host).or_default();
-                    w.detach(*device, eids);
-                    if let crate::rules::Finding::MaxDevices { user, .. } = &v.finding {
-                        for e in eids {
-                            w.charged.insert(e.clone(), user.clone());
-                        }
+                    w.detach(*device, eids, v.rule);
+                    for e in eids {
+                        w.charged.insert(e.clone(), user.clone());
                     }
                     for pid in pids {
                         w.terminate(*pid, v.rule);
@@ -289,6 +300,11 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
                 Detach {
                     device: *device,
                     eid: eid.clone(),
+                    rules: w
+                        .detach_rules
+                        .get(&(*device, eid.clone()))
+                        .cloned()
+                        .unwrap_or_default(),
                     username: snap.envs[i].username.clone(),
                     owner: charged.clone().filter(|_| uid.is_some()),
                     // Only a user the kernel vouches for: a record naming a

@@ -89,7 +89,8 @@ proptest! {
                 .map(|(pid, (start_time, uid, eid))| (pid, RawProc::Seen { start_time, uid, environ: Environ::Var(eid) }))
                 .collect(),
             user_names: BTreeMap::new(),
-        };
+         ..Default::default()
+};
         let _ = assemble(&raw, "p", &mut ParsedState::default(), 1000);
     }
 
@@ -265,6 +266,7 @@ fn policy() -> impl Strategy<Value = Policy> {
             env_memory: m,
             max_devices_per_user: cap,
             max_devices_for_user: per,
+            ..Default::default()
         })
 }
 
@@ -306,6 +308,7 @@ fn host() -> impl Strategy<Value = HostSnapshot> {
                 groups: Default::default(),
                 pid_uids: owners,
                 user_names: (0..3).map(|u| (u, format!("u{u}"))).collect(),
+                ..Default::default()
             });
             let envs: Vec<Env> = envs
                 .into_iter()
@@ -381,6 +384,7 @@ fn host() -> impl Strategy<Value = HostSnapshot> {
                 envs,
                 devices,
                 truth,
+                ..Default::default()
             }
         },
     )

@@ -237,6 +237,32 @@ pub fn violation_line(mode: Mode, v: &Violation) -> String {
                 format!("User {} is using {devices} devices which is {over} more than the maximum allowed", clean(user))
             }
         },
+        Finding::MaxGroupDevices { group, devices, cap, over } => format!(
+            "Group {} is using {devices} devices which is {over} more than its maximum of {cap}",
+            clean(group)
+        ),
+        Finding::MaxMemory { user, used, cap, over, hosts } => format!(
+            "User {} is using {}m of GPU memory{} which is {}m more than the maximum of {}m",
+            clean(user),
+            megabytes(*used),
+            match mode {
+                Mode::Remote => format!(" on {hosts} hosts"),
+                Mode::Local => String::new(),
+            },
+            megabytes(*over),
+            megabytes(*cap)
+        ),
+        Finding::Idle { host, pid, user, devices, idle_ms, below, source, .. } => format!(
+            "{}Process {pid}{} holds GPU memory on GPU(s) {} and has been below {below}% utilization{} for {}",
+            prefix(mode, host),
+            user.as_deref().map_or(String::new(), |u| format!(" of user {}", clean(u))),
+            indices(devices),
+            match source {
+                crate::rules::idle::Source::Process => "",
+                crate::rules::idle::Source::Gpu => " (its GPU's, which it has to itself: pmon has no figure for it)",
+            },
+            humantime::format_duration(std::time::Duration::from_secs(idle_ms / 1000))
+        ),
     }
 }
 
@@ -317,6 +343,25 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
         Notice::ExcessKept { user, left } => format!(
             "[WARNING] User {} stays {left} over the device cap: the rest is held by jobs of theirs outside their environments (orphaned or contested), which are never terminated for a cap",
             clean(user)
+        ),
+        Notice::GroupExcessKept { group, left } => format!(
+            "[WARNING] Group {} stays {left} over its device cap: the rest is held by jobs of its members outside their environments (orphaned or contested), which are never terminated for a cap",
+            clean(group)
+        ),
+        Notice::MemoryExcessKept { user, left } => format!(
+            "[WARNING] User {} stays {}m over the memory cap: the rest is held by processes whose usage or start time is unknown, which are never terminated for a cap",
+            clean(user),
+            megabytes(*left)
+        ),
+        Notice::UnownedMemory { host, device, pid, bytes } => format!(
+            "{}[WARNING] {} GPU memory on device {device} is listed for pid {pid}, which no live process has (held by no process, or it just ended); nothing is done",
+            prefix(mode, host),
+            bytes.map_or("Unmeasured".to_string(), |b| format!("{}m of", megabytes(b)))
+        ),
+        Notice::UtilizationUnknown { host, pid, gpus } => format!(
+            "{}[WARNING] Utilization of process {pid} on GPU(s) {} is unknown (pmon has no figure for it and it shares its GPU): it is never reclaimed as idle",
+            prefix(mode, host),
+            indices(gpus)
         ),
     }
 }
@@ -635,6 +680,7 @@ mod tests {
         assert_eq!(clean("4100"), "4100");
         assert_eq!(clean("a\nFake line"), "a\\nFake line");
         let d = Detach {
+            rules: Default::default(),
             groups: Default::default(),
             device: GpuIndex(0),
             eid: crate::model::EnvId("x\ny".into()),

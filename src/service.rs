@@ -122,12 +122,13 @@ pub async fn run(
     };
     if let Some(db) = &settings.state {
         // Where the last run left off: no warning twice, no deadline moved.
-        match (db.ladder(), db.orphans()) {
-            (Ok(saved), Ok(orphans)) => {
+        match (db.ladder(), db.orphans(), db.idle()) {
+            (Ok(saved), Ok(orphans), Ok(idle)) => {
                 memory.ladder = Ladder::restore(settings.grace.clone(), saved);
                 memory.orphans = orphans;
+                memory.idle = idle;
             }
-            (Err(e), _) | (_, Err(e)) => {
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 complain(&format!("{}: starting afresh", error::chain(&e)));
             }
         }
@@ -299,6 +300,7 @@ async fn record(
     let db = Arc::clone(db);
     let ladder = memory.ladder.export();
     let orphans = memory.orphans.clone();
+    let idle = memory.idle.clone();
     let (events, outcomes, usage) = (
         report.events.clone(),
         crate::outcome::attributed(&report.plan, &report.outcomes),
@@ -315,7 +317,7 @@ async fn record(
     let now = crate::cycle::now_ms();
     let written = crate::host::off_workers("recording the cycle", move || {
         db.record(
-            now, &ladder, &orphans, &events, &outcomes, &usage, retain, max_gap,
+            now, &ladder, &orphans, &idle, &events, &outcomes, &usage, retain, max_gap,
         )
     })
     .await;

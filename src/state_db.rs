@@ -19,7 +19,7 @@ use crate::ladder::{Event, Saved, Stage, What};
 use crate::model::HostId;
 use crate::outcome::Outcome;
 use crate::private::{own_file, Refusal};
-use crate::rules::{Orphans, Rule};
+use crate::rules::{IdleHistory, Orphans, Rule};
 use crate::usage::{ActionRow, EventRow, Recorded, Sample, UsageRow};
 
 /// Why the database cannot be used.
@@ -294,8 +294,17 @@ impl StateDb {
         Ok(self.kept("orphans")?.unwrap_or_default())
     }
 
+    /// Each process's idle window, as the last run left them (the idle
+    /// rule's window survives a restart).
+    ///
+    /// # Errors
+    /// The database cannot be read.
+    pub fn idle(&self) -> Result<IdleHistory, StateDbError> {
+        Ok(self.kept("idle")?.unwrap_or_default())
+    }
+
     /// Records one cycle at `now` (ms): what is kept (each action's
-    /// progress, the orphans), its events, the actions' outcomes and the
+    /// progress, the orphans, the idle windows), its events, the actions' outcomes and the
     /// usage samples; drops rows older than `retain_ms`. One transaction.
     ///
     /// # Errors
@@ -306,6 +315,7 @@ impl StateDb {
         now: u64,
         ladder: &[Saved],
         orphans: &HashMap<HostId, Orphans>,
+        idle: &IdleHistory,
         events: &[Event],
         outcomes: &[(Outcome, Option<String>, Vec<Rule>)],
         usage: &[Sample],
@@ -337,6 +347,7 @@ impl StateDb {
             )?;
             keep.execute(params!["ladder", json(&ladder)])?;
             keep.execute(params!["orphans", json(&orphans)])?;
+            keep.execute(params!["idle", json(&idle)])?;
             keep.execute(params!["last_sample_ms", now.to_string()])?;
             let mut event = tx.prepare_cached(
                 "INSERT INTO events VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
@@ -620,6 +631,7 @@ mod tests {
             1_000,
             &ladder.export(),
             &orphans,
+            &IdleHistory::default(),
             &warned,
             &[],
             &usage,
@@ -631,6 +643,7 @@ mod tests {
             5_000,
             &ladder.export(),
             &orphans,
+            &IdleHistory::default(),
             &[],
             &[],
             &usage,
@@ -669,6 +682,7 @@ mod tests {
             12_000,
             &again.export(),
             &orphans,
+            &IdleHistory::default(),
             &[],
             &[],
             &[],
@@ -682,6 +696,7 @@ mod tests {
             200_000,
             &again.export(),
             &orphans,
+            &IdleHistory::default(),
             &[],
             &[],
             &usage,

@@ -226,6 +226,7 @@ fn concurrent_genv_attach_loses_nothing_to_our_detach() {
         let plan = genv_enforce::plan::HostPlan {
             terminate: Vec::new(),
             detach: vec![genv_enforce::plan::Detach {
+                rules: Default::default(),
                 groups: Vec::new(),
                 device: GpuIndex(i),
                 eid: EnvId("victim".into()),

@@ -555,6 +555,7 @@ fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
             lifetime: genv_enforce::host::remote::AgentLifetime::OneCycle,
             max_records: genv_enforce::snapshot::genv::DEFAULT_MAX_RECORDS,
             groups: Vec::new(),
+            utilization: false,
         };
         use genv_enforce::host::live::Live;
         let ours = match host.fetch().await {

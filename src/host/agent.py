@@ -20,7 +20,8 @@
 #   {"mode": "doctor", "dir": D, "nvidia_smi": [argv], "step": S, "limit": L}
 #   {"mode": "tell", "notes": [{"user": name, "pids": [[pid, start_time], ...],
 #    "text": T}, ...], "utmp": "/var/run/utmp", "limit": L, "proc": "/proc"}
-# A snapshot request may also name "groups": [name, ...] (exempt groups).
+# A snapshot request may also name "groups": [name, ...] (exempt and capped
+# groups) and ask "utilization": true (the idle rule).
 # and stdout one answer per request, "@<status> <length>\n" + <length> bytes.
 # Status 0: the request's result:
 #   hello: {"protocol": P, "python": "3.x.y", "pidfd": bool, "euid": n}
@@ -33,8 +34,13 @@
 #                        "unsure\n<why>", for each GPU pid and each live pid
 #                        an environment lists (absent: not alive)
 #     user <uid>         the host's name for a uid seen
-#     groups <uid>       (when groups are named) those of them the owner of
-#                        a GPU process is a member of, one a line
+#     groups <uid>       (when groups are named) those of them a uid seen
+#                        (a GPU process's or a listed pid's owner) is a
+#                        member of, one a line
+#     clock              "<btime> <hz>": boot time and clock ticks per
+#                        second, for start times across hosts
+#     utilization        (when asked) --query-gpu=index,utilization.gpu
+#     pmon               (when asked, and it succeeded) pmon -c 1 -s u
 #   terminate: {"kills": [{"pid": n, "result": "signalled"|"gone"|"reused"|"denied"|"invalid",
 #               "found": start_time (reused only; null when unreadable)}, ...]}
 #   detach: {"detached": [bool per pair: it was there and is gone]}
@@ -73,7 +79,7 @@ import stat
 import sys
 import time
 
-PROTOCOL = 3
+PROTOCOL = 4
 VAR = b"GENV_ENVIRONMENT_ID="
 PROC = ["/proc"]  # where procfs is, for the request at hand
 SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -440,12 +446,18 @@ def snapshot(req, out):
     # the bus or MIG reconfiguration, and a stale map would put processes
     # on the wrong devices (and so kill the wrong ones). Both queries run at
     # once, so asking costs one short process, not time.
-    queries = (
+    queries = [
         ("gpus", "--query-gpu=uuid,index,memory.total"),
         ("apps", "--query-compute-apps=gpu_uuid,pid,used_gpu_memory"),
-    )
+    ]
+    if req.get("utilization"):
+        queries.append(("utilization", "--query-gpu=index,utilization.gpu"))
     try:
         procs = [spawn(req["nvidia_smi"] + [q, "--format=csv,noheader,nounits"]) for _, q in queries]
+        # pmon samples for about a second; it runs beside the rest. It may
+        # fail (MIG, an old driver): then no process's own figure is known.
+        if req.get("utilization"):
+            procs.append(spawn(req["nvidia_smi"] + ["pmon", "-c", "1", "-s", "u"]))
     except OSError as e:
         raise Failure("nvidia-smi", "cannot run %s: %s" % (req["nvidia_smi"][0], e.strerror))
     # genv's state is read while nvidia-smi runs.
@@ -458,6 +470,10 @@ def snapshot(req, out):
             state[name] = read_file(dfd, d, name + ".json", max_bytes)
         release()  # genv's lock, while nvidia-smi finishes
     answers = collect(procs, deadline, max_bytes)
+    if len(answers) > len(queries):
+        status, stdout, _ = answers.pop()
+        if status == 0:
+            frame(out, "pmon", None, stdout)
     for (name, query), (status, stdout, stderr) in zip(queries, answers):
         if status is None:
             raise Failure("nvidia-smi", "%s did not finish within %gs" % (query, req["step"]))
@@ -470,7 +486,7 @@ def snapshot(req, out):
             frame(out, name, None, state[name])
     live = set(int(n) for n in os.listdir(PROC[0]) if n.isdigit())
     on_gpus = gpu_pids(answers[1][1])
-    uids, gpu_uids = set(), set()
+    uids = set()
     listed = listed_pids(state.get("envs") or b"{}", os.path.join(d, "envs.json"), req.get("max_records"))
     for pid in sorted(on_gpus | (listed & live)):
         body = identity(pid, pid in on_gpus)
@@ -479,8 +495,6 @@ def snapshot(req, out):
             words = body.split(b"\n", 1)[0].split()
             if words[0] == b"seen" and words[2] != b"-":
                 uids.add(int(words[2]))
-                if pid in on_gpus:
-                    gpu_uids.add(int(words[2]))
     import pwd
 
     for uid in sorted(uids):
@@ -488,11 +502,22 @@ def snapshot(req, out):
             frame(out, "user", uid, pwd.getpwuid(uid).pw_name.encode())
         except KeyError:
             pass
+    frame(out, "clock", None, clock())
     if req.get("groups"):
-        # Only for the owners of GPU processes: any user can list any pid
-        # in a record, and lookups may be slow.
-        for uid, names in memberships(req["groups"], gpu_uids, deadline):
+        # Each uid seen once, each named group once (at most MAX_GROUPS),
+        # and nothing past the deadline: lookups may be slow.
+        for uid, names in memberships(req["groups"], uids, deadline):
             frame(out, "groups", uid, "\n".join(names).encode())
+
+
+def clock():
+    """b"<btime> <hz>": when this host booted (/proc/stat) and its clock
+    ticks per second, which make start times comparable across hosts."""
+    with open(os.path.join(PROC[0], "stat"), "rb") as f:
+        for line in f:
+            if line.startswith(b"btime "):
+                return b"%d %d" % (int(line.split()[1]), os.sysconf("SC_CLK_TCK"))
+    raise Failure("agent", "%s/stat has no btime" % PROC[0])
 
 
 def memberships(groups, uids, deadline):
@@ -898,13 +923,13 @@ def doctor(req):
 # Requests: the keys each mode takes (every one is required but those of OPTIONAL).
 KEYS = {
     "hello": {"mode", "protocol"},
-    "snapshot": {"mode", "dir", "nvidia_smi", "step", "limit", "max_bytes", "max_records", "proc", "groups"},
+    "snapshot": {"mode", "dir", "nvidia_smi", "step", "limit", "max_bytes", "max_records", "proc", "groups", "utilization"},
     "terminate": {"mode", "kills", "signal", "limit", "proc"},
     "detach": {"mode", "dir", "detach", "step", "limit", "max_bytes"},
     "doctor": {"mode", "dir", "nvidia_smi", "step", "limit"},
     "tell": {"mode", "notes", "utmp", "limit", "proc"},
 }
-OPTIONAL = {"max_records", "proc", "signal", "groups"}
+OPTIONAL = {"max_records", "proc", "signal", "groups", "utilization"}
 
 
 def check(req):

@@ -26,8 +26,10 @@ pub trait Live: Sync {
     fn nvidia_smi(&self) -> &[String];
     /// `--max-records`.
     fn max_records(&self) -> usize;
-    /// The groups whose members snapshots say (group exemptions).
+    /// The groups whose members snapshots say (group exemptions, caps).
     fn groups(&self) -> &[String];
+    /// Whether snapshots say how busy GPUs and processes are (idle rule).
+    fn utilization(&self) -> bool;
     /// The limits of each request there.
     fn limits(&self) -> Limits;
     /// What parse errors name (the host, or this machine's state directory).
@@ -50,6 +52,7 @@ pub trait Live: Sync {
                 self.max_records(),
                 &self.proc_root(),
                 self.groups(),
+                self.utilization(),
             );
             super::fetched(self.ask(&request).await?)
         }

@@ -35,8 +35,10 @@ pub struct LocalHost {
     pub parsed: Arc<Mutex<ParsedState>>,
     /// `--max-records`.
     pub max_records: usize,
-    /// The groups whose members snapshots say (group exemptions).
+    /// The groups whose members snapshots say (group exemptions, caps).
     pub groups: Vec<String>,
+    /// Whether snapshots say how busy GPUs and processes are (idle rule).
+    pub utilization: bool,
     /// The Python that runs the agent.
     pub python: String,
     /// The agent, once started.
@@ -68,6 +70,7 @@ impl LocalHost {
             parsed: Arc::default(),
             max_records: crate::snapshot::genv::DEFAULT_MAX_RECORDS,
             groups: Vec::new(),
+            utilization: false,
             python: PYTHON.to_string(),
             agent: tokio::sync::Mutex::default(),
         }
@@ -187,6 +190,10 @@ impl Live for LocalHost {
 
     fn groups(&self) -> &[String] {
         &self.groups
+    }
+
+    fn utilization(&self) -> bool {
+        self.utilization
     }
 
     /// The agent's steps end at our deadline; the agent itself a second

@@ -277,6 +277,7 @@ impl Host {
                     && a.lifetime == b.lifetime
                     && a.max_records == b.max_records
                     && a.groups == b.groups
+                    && a.utilization == b.utilization
                     && a.ssh.same_connection(&b.ssh)
             }
             (Host::Recorded(a), Host::Recorded(b)) => a.id == b.id && a.path == b.path,

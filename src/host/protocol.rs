@@ -29,7 +29,7 @@ use crate::outcome::{DetachResult, TerminateResult};
 use crate::plan::{Signal, Termination};
 
 /// The protocol's version: both sides must speak the same.
-pub const PROTOCOL: u32 = 3;
+pub const PROTOCOL: u32 = 4;
 
 /// The host agent's source.
 pub const AGENT: &str = include_str!("agent.py");
@@ -90,9 +90,12 @@ pub enum Request {
         max_bytes: u64,
         max_records: usize,
         proc: String,
-        /// The groups (exemptions') to say the members of, among the
-        /// owners of GPU processes.
+        /// The groups (exemptions', caps') to say the members of, among
+        /// the owners of the processes seen.
         groups: Vec<String>,
+        /// Also each GPU's and process's utilization (the idle rule).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        utilization: bool,
     },
     /// A signal to each `[pid, start time]` whose start time still matches.
     Terminate {
@@ -152,6 +155,7 @@ impl Request {
         max_records: usize,
         proc: &str,
         groups: &[String],
+        utilization: bool,
     ) -> Request {
         Request::Snapshot {
             dir: dir.to_string(),
@@ -162,6 +166,7 @@ impl Request {
             max_records,
             proc: proc.to_string(),
             groups: groups.to_vec(),
+            utilization,
         }
     }
 
@@ -548,11 +553,21 @@ mod tests {
         let raw = crate::snapshot::frames::raw_host(&frames, "golden").unwrap();
         assert_eq!(raw.procs.len(), 2);
         assert_eq!(raw.user_names[&1001], "alice");
+        assert_eq!(
+            raw.boot,
+            Some(crate::model::Boot {
+                btime: 1_795_420_800,
+                hz: 100
+            })
+        );
+        let pmon = crate::snapshot::nvidia_smi::parse_pmon(raw.pmon.as_deref().unwrap(), "golden");
+        assert_eq!(pmon.unwrap()[0].sm, None, "- is no kernel in the window");
+        assert_eq!(raw.gpu_utilization.as_deref(), Some("0, 0\n"));
     }
 
     #[test]
     fn another_protocol_is_refused() {
-        let text = golden("hello.answer.json").replace("\"protocol\": 3", "\"protocol\": 1");
+        let text = golden("hello.answer.json").replace("\"protocol\": 4", "\"protocol\": 1");
         assert_eq!(
             Hello::read(text.as_bytes()),
             Err(ProtocolError::Version { found: 1 })
@@ -566,7 +581,7 @@ mod tests {
         let text = String::from_utf8(bytes).unwrap();
         let (len, json) = text.split_once('\n').unwrap();
         assert_eq!(len.parse::<usize>().unwrap(), json.len());
-        assert_eq!(json, r#"{"mode":"hello","protocol":3}"#);
+        assert_eq!(json, r#"{"mode":"hello","protocol":4}"#);
     }
 
     #[test]

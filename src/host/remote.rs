@@ -43,8 +43,10 @@ pub struct SshHost {
     pub lifetime: AgentLifetime,
     /// `--max-records`.
     pub max_records: usize,
-    /// The groups whose members snapshots say (group exemptions).
+    /// The groups whose members snapshots say (group exemptions, caps).
     pub groups: Vec<String>,
+    /// Whether snapshots say how busy GPUs and processes are (idle rule).
+    pub utilization: bool,
 }
 
 impl SshHost {
@@ -289,6 +291,10 @@ impl Live for SshHost {
 
     fn groups(&self) -> &[String] {
         &self.groups
+    }
+
+    fn utilization(&self) -> bool {
+        self.utilization
     }
 
     /// The agent ends itself half a second before the host-side limit,

@@ -75,6 +75,9 @@ fn why(rule: Rule) -> &'static str {
         Rule::EnvDevices => "it uses GPUs its environment is not attached to",
         Rule::EnvMemory => "its environment uses more GPU memory than it set aside",
         Rule::MaxDevicesPerUser => "its user has more GPUs attached than the cap allows",
+        Rule::MaxDevicesPerGroup => "its user's group has more GPUs attached than its quota allows",
+        Rule::MaxMemoryPerUser => "its user's processes hold more GPU memory than the cap allows",
+        Rule::IdleGpu => "it holds GPU memory but has left its GPU idle for the whole idle window",
     }
 }
 
@@ -90,9 +93,13 @@ fn fix(rule: Rule, eid: &str, gpus: &str) -> String {
         Rule::EnvMemory => format!(
             "keep environment {eid}'s processes within its GPU memory (`genv config gpu-memory`), or stop some of them"
         ),
-        Rule::MaxDevicesPerUser => {
+        Rule::MaxDevicesPerUser | Rule::MaxDevicesPerGroup => {
             "detach the GPUs you do not need (`genv detach --index N` in their environment)".into()
         }
+        Rule::MaxMemoryPerUser => {
+            "stop the GPU processes you do not need, or make them hold less GPU memory".into()
+        }
+        Rule::IdleGpu => "end GPU processes once they stop computing, so that others can use the GPU".into(),
     }
 }
 
@@ -260,6 +267,7 @@ mod tests {
             .body
             .contains("no longer breaks env-devices: nothing will be done"));
         let d = What::Detach(Detach {
+            rules: Default::default(),
             groups: Default::default(),
             device: GpuIndex(3),
             eid: EnvId("big".into()),

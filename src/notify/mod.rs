@@ -380,6 +380,7 @@ mod tests {
         let term = |pid| What::Terminate(Termination::of(Pid(pid), Some(1)));
         let det = |device| {
             What::Detach(Detach {
+                rules: Default::default(),
                 groups: Default::default(),
                 device: GpuIndex(device),
                 eid: EnvId("e".into()),

@@ -177,6 +177,7 @@ mod tests {
     fn each_owner_gets_a_note_on_the_host_of_the_event() {
         let detach = |owner: Option<&str>| {
             What::Detach(Detach {
+                rules: Default::default(),
                 device: GpuIndex(2),
                 eid: EnvId("x".into()),
                 username: None,

@@ -449,7 +449,9 @@ mod tests {
                 user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
                     .into_iter()
                     .collect(),
+                ..Default::default()
             }),
+            ..Default::default()
         }
     }
 

@@ -54,6 +54,7 @@ mod tests {
             envs: vec![env("a", Some("alice"), None)],
             devices: devices(4, &[(0, "a")]),
             truth: None,
+            ..Default::default()
         };
         let v = evaluate(
             &HostId("h".into()),
@@ -78,6 +79,7 @@ mod tests {
             envs: vec![env("a", None, None)],
             devices: devices(1, &[]),
             truth: None,
+            ..Default::default()
         };
         assert_eq!(
             evaluate(

@@ -83,6 +83,7 @@ mod tests {
             envs: vec![env("a", Some("alice"), Some(cap))],
             devices: devices(2, &[(0, "a")]),
             truth: None,
+            ..Default::default()
         }
     }
 
@@ -198,6 +199,7 @@ mod tests {
             envs: vec![env("a", None, None)],
             devices: devices(1, &[(0, "a")]),
             truth: None,
+            ..Default::default()
         };
         assert!(evaluate(
             &HostId("h".into()),

@@ -195,6 +195,7 @@ pub fn evaluate(hosts: &[(&HostId, &HostUsage)], policy: &Policy) -> (Vec<Violat
                 device: d.index,
                 eids: d.eids.clone(),
                 pids: d.pids.clone(),
+                user: user.to_string(),
             })
             .collect();
         if actions.len() < over {
@@ -240,6 +241,7 @@ mod tests {
             envs,
             devices: devices(4, attachments),
             truth: None,
+            ..Default::default()
         }
     }
 
@@ -251,6 +253,7 @@ mod tests {
             user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
                 .into_iter()
                 .collect(),
+            ..Default::default()
         });
         s
     }
@@ -378,6 +381,7 @@ mod tests {
                 device: GpuIndex(0),
                 eids: vec![EnvId("a".into())],
                 pids: vec![Pid(10)],
+                user: "alice".into(),
             }
         );
     }

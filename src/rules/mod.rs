@@ -11,7 +11,10 @@
 pub mod attribution;
 mod env_devices;
 mod env_memory;
+pub mod idle;
 pub mod max_devices;
+pub mod max_groups;
+pub mod max_memory;
 mod non_env_processes;
 
 use std::collections::BTreeMap;
@@ -21,7 +24,10 @@ use serde::{Deserialize, Serialize};
 use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot, Owner, Pid};
 pub use attribution::Orphans;
 use attribution::{Attribution, Standing, Stray, Unconfirmed};
+pub use idle::IdleHistory;
 use max_devices::HostUsage;
+use max_groups::HostGroups;
+use max_memory::HostMemory;
 
 /// Which rules run, and the device caps.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -34,6 +40,16 @@ pub struct Policy {
     /// Per-user caps overriding the above (`--max-devices-for-user`); they
     /// apply even without a global cap (genv ignores them then).
     pub max_devices_for_user: BTreeMap<String, u32>,
+    /// Cap on the GPU memory each user's processes hold over all hosts, in
+    /// bytes (`--max-memory-per-user`).
+    pub max_memory_per_user: Option<u64>,
+    /// Per-user memory caps overriding the above (`--max-memory-for-user`).
+    pub max_memory_for_user: BTreeMap<String, u64>,
+    /// Caps on the devices the members of a Unix group hold together
+    /// (`--max-devices-per-group`).
+    pub max_devices_per_group: BTreeMap<String, u32>,
+    /// Idle-GPU reclaim (`--idle-after`, `--idle-below`).
+    pub idle: Option<idle::IdlePolicy>,
 }
 
 impl Default for Policy {
@@ -45,14 +61,37 @@ impl Default for Policy {
             env_memory: true,
             max_devices_per_user: None,
             max_devices_for_user: BTreeMap::new(),
+            max_memory_per_user: None,
+            max_memory_for_user: BTreeMap::new(),
+            max_devices_per_group: BTreeMap::new(),
+            idle: None,
         }
     }
 }
 
 impl Policy {
-    /// Whether any device cap applies.
+    /// Whether any per-user device cap applies.
     pub fn has_caps(&self) -> bool {
         self.max_devices_per_user.is_some() || !self.max_devices_for_user.is_empty()
+    }
+
+    /// Whether any memory cap applies.
+    pub fn has_memory_caps(&self) -> bool {
+        self.max_memory_per_user.is_some() || !self.max_memory_for_user.is_empty()
+    }
+
+    /// Whether any cap over all hosts applies (devices, groups, memory):
+    /// each host's part of them is then summed up.
+    pub fn has_any_cap(&self) -> bool {
+        self.has_caps() || self.has_memory_caps() || !self.max_devices_per_group.is_empty()
+    }
+
+    /// The memory cap for `user`, if any (bytes).
+    pub fn memory_cap_for(&self, user: &str) -> Option<u64> {
+        self.max_memory_for_user
+            .get(user)
+            .copied()
+            .or(self.max_memory_per_user)
     }
 
     /// The cap for `user`, if any.
@@ -72,15 +111,21 @@ pub enum Rule {
     EnvDevices,
     EnvMemory,
     MaxDevicesPerUser,
+    MaxDevicesPerGroup,
+    MaxMemoryPerUser,
+    IdleGpu,
 }
 
 impl Rule {
-    /// Every rule, in genv's order.
-    pub const ALL: [Rule; 4] = [
+    /// Every rule: genv's four in its order, then ours.
+    pub const ALL: [Rule; 7] = [
         Rule::NonEnvProcesses,
         Rule::EnvDevices,
         Rule::EnvMemory,
         Rule::MaxDevicesPerUser,
+        Rule::MaxDevicesPerGroup,
+        Rule::MaxMemoryPerUser,
+        Rule::IdleGpu,
     ];
 
     /// The rule of this name ([`Rule::name`]).
@@ -95,6 +140,9 @@ impl Rule {
             Rule::EnvDevices => "env-devices",
             Rule::EnvMemory => "env-memory",
             Rule::MaxDevicesPerUser => "max-devices-per-user",
+            Rule::MaxDevicesPerGroup => "max-devices-per-group",
+            Rule::MaxMemoryPerUser => "max-memory-per-user",
+            Rule::IdleGpu => "idle-gpu",
         }
     }
 }
@@ -113,6 +161,9 @@ pub enum Action {
         eids: Vec<EnvId>,
         #[serde(skip)]
         pids: Vec<Pid>,
+        /// The user they are detached from (whose count they lower).
+        #[serde(skip)]
+        user: String,
     },
 }
 
@@ -145,6 +196,36 @@ pub enum Finding {
         hosts: usize,
         over: usize,
     },
+    /// A group's members over its device cap, across all hosts.
+    MaxGroupDevices {
+        group: String,
+        devices: usize,
+        cap: u32,
+        over: usize,
+    },
+    /// A user's processes over their GPU memory cap, across all hosts
+    /// (bytes).
+    MaxMemory {
+        user: String,
+        used: u64,
+        cap: u64,
+        over: u64,
+        hosts: usize,
+    },
+    /// A process holding GPU memory whose GPUs stayed below the idle
+    /// threshold for the whole window.
+    Idle {
+        host: HostId,
+        pid: Pid,
+        user: Option<String>,
+        devices: Vec<GpuIndex>,
+        /// Since when (ms since the Unix epoch), and for how long (ms).
+        since_ms: u64,
+        idle_ms: u64,
+        below: u32,
+        /// Whose utilization it was judged by.
+        source: idle::Source,
+    },
 }
 
 impl Finding {
@@ -153,8 +234,11 @@ impl Finding {
         match self {
             Finding::NonEnvProcess { host, .. }
             | Finding::NonAttachedDevices { host, .. }
-            | Finding::EnvMemory { host, .. } => Some(host),
-            Finding::MaxDevices { .. } => None,
+            | Finding::EnvMemory { host, .. }
+            | Finding::Idle { host, .. } => Some(host),
+            Finding::MaxDevices { .. }
+            | Finding::MaxGroupDevices { .. }
+            | Finding::MaxMemory { .. } => None,
         }
     }
 }
@@ -221,6 +305,28 @@ pub enum Notice {
     /// A user over their cap by devices that cannot be detached (held only
     /// by strays): they stay over by `left`.
     ExcessKept { user: String, left: usize },
+    /// A group over its cap by devices that cannot be detached.
+    GroupExcessKept { group: String, left: usize },
+    /// A user over their memory cap by memory no process can be picked
+    /// for (its usage unknown, or its identity not pinned): `left` bytes.
+    MemoryExcessKept { user: String, left: u64 },
+    /// GPU memory the driver lists for a pid that is not alive: held by
+    /// no live process (or one that ended during the snapshot). Never
+    /// acted on.
+    UnownedMemory {
+        host: HostId,
+        device: GpuIndex,
+        pid: Pid,
+        /// `None` where the driver could not say how much.
+        bytes: Option<u64>,
+    },
+    /// Under the idle rule: a process whose utilization is unknown (pmon
+    /// has no line for it and it shares its GPU): never reclaimed.
+    UtilizationUnknown {
+        host: HostId,
+        pid: Pid,
+        gpus: Vec<GpuIndex>,
+    },
 }
 
 /// What one host's snapshot shows on its own.
@@ -231,14 +337,19 @@ pub struct HostFindings {
     pub notices: Vec<Notice>,
     /// The host's part of the device caps (empty when no cap applies).
     pub usage: HostUsage,
+    /// Its part of the memory caps (empty when none applies).
+    pub memory: HostMemory,
+    /// Its word on its users' capped groups (empty when no group is).
+    pub groups: HostGroups,
     /// Its processes seen orphaned, to remember for the next cycle.
     pub orphans: Orphans,
 }
 
 /// Assesses one host: who runs what, the rules that need only this host
-/// (all but the device caps), its notices and its part of the caps. What
-/// it decides can be enforced as soon as the host's snapshot is in.
-/// `orphans`: its processes seen orphaned in earlier cycles.
+/// (all but the caps and the idle rule, which need every host or the
+/// cycles before), its notices and its part of the caps. What it decides
+/// can be enforced as soon as the host's snapshot is in. `orphans`: its
+/// processes seen orphaned in earlier cycles.
 pub fn assess_host(
     host: &HostId,
     snap: &HostSnapshot,
@@ -256,66 +367,164 @@ pub fn assess_host(
     if policy.env_memory {
         violations.extend(env_memory::evaluate(host, &a));
     }
+    let usage = if policy.has_caps() || !policy.max_devices_per_group.is_empty() {
+        HostUsage::of(&a)
+    } else {
+        HostUsage::default()
+    };
+    let groups = if policy.max_devices_per_group.is_empty() {
+        HostGroups::default()
+    } else {
+        HostGroups::of(snap, &usage, policy)
+    };
     HostFindings {
         violations,
         notices: notices(host, &a, policy),
-        usage: if policy.has_caps() {
-            HostUsage::of(&a)
+        memory: if policy.has_memory_caps() {
+            HostMemory::of(&a)
         } else {
-            HostUsage::default()
+            HostMemory::default()
         },
+        usage,
+        groups,
         orphans: a.orphans(),
     }
 }
 
-/// The device caps over the hosts' parts, in host order: violations and
-/// the notices of users whose excess cannot all be detached.
+/// The caps over the hosts' parts, in host order: the per-user device
+/// caps, then the group caps, then the memory caps, each counting what the
+/// ones before (and `earlier`, the other rules' violations) already take;
+/// violations and the notices of what cannot be taken.
 pub fn evaluate_caps(
-    hosts: &[(&HostId, &HostUsage)],
+    hosts: &[(&HostId, &HostFindings)],
     policy: &Policy,
+    earlier: &[Violation],
 ) -> (Vec<Violation>, Vec<Notice>) {
-    if !policy.has_caps() {
-        return (Vec::new(), Vec::new());
+    let (mut violations, mut notices) = if policy.has_caps() {
+        let usage: Vec<(&HostId, &HostUsage)> = hosts.iter().map(|(h, f)| (*h, &f.usage)).collect();
+        max_devices::evaluate(&usage, policy)
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    if !policy.max_devices_per_group.is_empty() {
+        let parts: Vec<(&HostId, &HostUsage, &HostGroups)> = hosts
+            .iter()
+            .map(|(h, f)| (*h, &f.usage, &f.groups))
+            .collect();
+        let (v, n) = max_groups::evaluate(&parts, policy, max_groups::detached(&violations));
+        violations.extend(v);
+        notices.extend(n);
     }
-    max_devices::evaluate(hosts, policy)
+    if policy.has_memory_caps() {
+        let parts: Vec<(&HostId, &HostMemory)> =
+            hosts.iter().map(|(h, f)| (*h, &f.memory)).collect();
+        let mut freed = max_memory::terminated(earlier);
+        freed.extend(max_memory::terminated(&violations));
+        let (v, n) = max_memory::evaluate(&parts, policy, &freed);
+        violations.extend(v);
+        notices.extend(n);
+    }
+    (violations, notices)
 }
 
-/// Every host's findings and the caps, merged in genv's order (rule by
-/// rule, each over the hosts in order): violations and notices.
+/// What the rules that look past this cycle's snapshots need: the idle
+/// windows (tracked through this cycle) and the time.
+#[derive(Debug, Clone, Copy)]
+pub struct Moment<'a> {
+    pub idle: &'a IdleHistory,
+    pub now_ms: u64,
+}
+
+static NO_WINDOWS: IdleHistory = IdleHistory {
+    windows: std::collections::BTreeMap::new(),
+};
+
+impl Moment<'static> {
+    /// No idle window yet, at the epoch: one cycle on its own.
+    pub fn none() -> Self {
+        Moment {
+            idle: &NO_WINDOWS,
+            now_ms: 0,
+        }
+    }
+}
+
+/// Every host's findings, the idle rule and the caps, merged in genv's
+/// order (rule by rule, each over the hosts in order; ours after):
+/// violations and notices. `snapshots`: each host's, in the same order.
 pub fn merge(
     hosts: Vec<(&HostId, HostFindings)>,
+    snapshots: &[&HostSnapshot],
     policy: &Policy,
+    moment: Moment,
 ) -> (Vec<Violation>, Vec<Notice>) {
-    let usage: Vec<(&HostId, &HostUsage)> = hosts.iter().map(|(h, f)| (*h, &f.usage)).collect();
-    let (caps, kept) = evaluate_caps(&usage, policy);
     let mut by_rule: [Vec<Violation>; 3] = Default::default();
     let mut notices = Vec::new();
-    for (_, f) in hosts {
-        for v in f.violations {
+    let mut idle_violations = Vec::new();
+    for ((host, f), snap) in hosts.iter().zip(snapshots) {
+        for v in &f.violations {
             let slot = match v.rule {
                 Rule::NonEnvProcesses => 0,
                 Rule::EnvDevices => 1,
-                // Per-host rules only: the caps come from `evaluate_caps`.
-                Rule::EnvMemory | Rule::MaxDevicesPerUser => 2,
+                // Per-host rules only: the rest come below.
+                _ => 2,
             };
-            by_rule[slot].push(v);
+            by_rule[slot].push(v.clone());
         }
-        notices.extend(f.notices);
+        notices.extend(f.notices.iter().cloned());
+        if let Some(idle) = &policy.idle {
+            let a = Attribution::of(snap, &f.orphans);
+            let (v, n) = idle::evaluate(host, &a, moment.idle, idle, moment.now_ms);
+            idle_violations.extend(v);
+            notices.extend(n);
+        }
     }
     let mut violations: Vec<Violation> = by_rule.into_iter().flatten().collect();
+    violations.extend(idle_violations);
+    let parts: Vec<(&HostId, &HostFindings)> = hosts.iter().map(|(h, f)| (*h, f)).collect();
+    let (caps, kept) = evaluate_caps(&parts, policy, &violations);
     violations.extend(caps);
     notices.extend(kept);
     (violations, notices)
 }
 
-/// Every rule over `cluster`: violations and notices in genv's order.
+/// Every rule over `cluster` (no idle window before it): violations and
+/// notices in genv's order.
 pub fn assess_cluster(cluster: &Cluster, policy: &Policy) -> (Vec<Violation>, Vec<Notice>) {
+    assess_cluster_at(cluster, policy, &IdleHistory::default(), 0)
+}
+
+/// Every rule over `cluster` at `now_ms`, the idle windows before it
+/// given: violations and notices in genv's order.
+pub fn assess_cluster_at(
+    cluster: &Cluster,
+    policy: &Policy,
+    idle: &IdleHistory,
+    now_ms: u64,
+) -> (Vec<Violation>, Vec<Notice>) {
     let hosts = cluster
         .hosts
         .iter()
         .map(|(h, s)| (h, assess_host(h, s, policy, &Orphans::default())))
         .collect();
-    merge(hosts, policy)
+    let snapshots: Vec<&HostSnapshot> = cluster.hosts.iter().map(|(_, s)| s).collect();
+    let tracked = match &policy.idle {
+        Some(p) => {
+            let seen: Vec<(&HostId, &HostSnapshot)> =
+                cluster.hosts.iter().map(|(h, s)| (h, s)).collect();
+            idle.track(&seen, p.below, now_ms, None)
+        }
+        None => IdleHistory::default(),
+    };
+    merge(
+        hosts,
+        &snapshots,
+        policy,
+        Moment {
+            idle: &tracked,
+            now_ms,
+        },
+    )
 }
 
 /// Runs the rules `policy` turns on, in genv's order.
@@ -332,6 +541,16 @@ fn notices(host: &HostId, a: &Attribution, policy: &Policy) -> Vec<Notice> {
     }
     for (pi, p) in snap.processes.iter().enumerate() {
         match (a.standing(pi), &p.owner) {
+            (Standing::Unknown, Owner::Unknown(reason))
+                if reason == crate::model::EXITED && snap.truth.is_some() =>
+            {
+                out.extend(p.gpus.iter().map(|g| Notice::UnownedMemory {
+                    host: host.clone(),
+                    device: g.index,
+                    pid: p.pid,
+                    bytes: g.usage.bytes(),
+                }));
+            }
             (Standing::Unknown, Owner::Unknown(reason)) => out.push(Notice::UnknownOwner {
                 host: host.clone(),
                 pid: p.pid,
@@ -508,6 +727,7 @@ mod tests {
                     .collect(),
                 ..HostTruth::default()
             }),
+            ..Default::default()
         };
         (HostId("h".into()), snap)
     }
@@ -535,6 +755,7 @@ mod tests {
                     } => format!("recharged {} {recorded:?} -> {charged}", eid.0),
                     Notice::Uncharged { eid, .. } => format!("uncharged {}", eid.0),
                     Notice::ExcessKept { user, .. } => format!("kept {user}"),
+                    other => format!("{other:?}"),
                 })
                 .collect()
         };

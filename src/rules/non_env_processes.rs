@@ -49,6 +49,7 @@ mod tests {
             envs: vec![env("e", Some("alice"), None)],
             devices: devices(2, &[(0, "e")]),
             truth: None,
+            ..Default::default()
         };
         let host = HostId("h".into());
         let v = evaluate(&host, &Attribution::of(&snap, &Default::default()));
@@ -74,6 +75,7 @@ mod tests {
             envs: vec![env("e", None, None)],
             devices: devices(1, &[(0, "e")]),
             truth: None,
+            ..Default::default()
         };
         assert!(evaluate(
             &HostId("h".into()),

@@ -27,6 +27,13 @@ pub struct RawHost<'a> {
     pub user_names: BTreeMap<u32, String>,
     /// `groups <uid>`: the names of each uid's groups, when asked for.
     pub groups: BTreeMap<u32, Vec<String>>,
+    /// `clock`: the host's boot time and clock ticks per second.
+    pub boot: Option<crate::model::Boot>,
+    /// `nvidia-smi pmon -c 1 -s u`, when asked and it succeeded.
+    pub pmon: Option<Cow<'a, str>>,
+    /// `--query-gpu=index,utilization.gpu --format=csv,noheader,nounits`,
+    /// when asked (utilization is known only then).
+    pub gpu_utilization: Option<Cow<'a, str>>,
 }
 
 /// What `/proc/<pid>` said.
@@ -154,7 +161,22 @@ pub fn assemble(
             pid_uids,
             user_names: raw.user_names.clone(),
             groups: raw.groups.clone(),
+            boot: raw.boot,
         }),
+        utilization: match &raw.gpu_utilization {
+            Some(text) => Some(crate::model::Utilization {
+                processes: raw
+                    .pmon
+                    .as_deref()
+                    .map(|t| nvidia_smi::parse_pmon(t, ""))
+                    .transpose()
+                    .map_err(named("nvidia-smi pmon"))?,
+                gpus: nvidia_smi::parse_gpu_utilization(text, "")
+                    .map_err(named("nvidia-smi --query-gpu=index,utilization.gpu"))?,
+            }),
+            None => None,
+        },
+        recorded_groups: Default::default(),
     })
 }
 
@@ -168,7 +190,7 @@ fn process(raw: &RawHost, pid: Pid, gpus: Vec<crate::model::DeviceUsage>) -> Pro
         user: None,
     };
     let (start_time, uid, environ) = match raw.procs.get(&pid.0) {
-        None => return unknown("it exited during the snapshot"),
+        None => return unknown(crate::model::EXITED),
         Some(RawProc::Unsure(why)) => return unknown(why),
         Some(RawProc::Seen {
             start_time,
@@ -235,7 +257,8 @@ mod tests {
             .into_iter()
             .collect(),
             user_names: [(1001, "alice".to_string())].into_iter().collect(),
-        }
+         ..Default::default()
+}
     }
 
     #[test]

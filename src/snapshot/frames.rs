@@ -86,6 +86,9 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
         procs: BTreeMap::new(),
         user_names: BTreeMap::new(),
         groups: BTreeMap::new(),
+        boot: None,
+        pmon: optional("pmon")?,
+        gpu_utilization: optional("utilization")?,
     };
     for f in frames {
         let number = |what: &str| {
@@ -104,6 +107,15 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
             "groups" => {
                 let names = text(f, source)?.lines().map(String::from).collect();
                 raw.groups.insert(number("uid")?, names);
+            }
+            "clock" => {
+                let bad = || ParseError::new(source, "clock", "not \"<btime> <hz>\"");
+                let body = text(f, source)?;
+                let (btime, hz) = body.trim().split_once(' ').ok_or_else(bad)?;
+                raw.boot = Some(crate::model::Boot {
+                    btime: btime.parse().map_err(|_| bad())?,
+                    hz: hz.parse().ok().filter(|&h: &u64| h > 0).ok_or_else(bad)?,
+                });
             }
             _ => {}
         }

@@ -4,12 +4,12 @@
 //! Unknown fields are ignored; `null`s are accepted where genv writes them.
 //! genv's pre-1.0 state layouts (objects keyed by eid/index) are not read.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::{memory, ParseError};
+use super::{memory, nvidia_smi, ParseError};
 use crate::model::{
     Attachment, Device, DeviceUsage, Env, EnvId, GpuIndex, HostSnapshot, Memory, Owner, Pid,
     Process, Usage,
@@ -24,6 +24,17 @@ pub struct SnapshotJson {
     pub processes: ProcessesJson,
     pub envs: EnvsJson,
     pub devices: DevicesJson,
+    /// Ours, for replays of the admin rules: `nvidia-smi pmon -c 1 -s u`
+    /// as printed (the idle rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pmon: Option<String>,
+    /// Ours: `--query-gpu=index,utilization.gpu --format=csv,noheader,nounits`
+    /// as printed; with it, the snapshot says how busy its GPUs were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_utilization: Option<String>,
+    /// Ours: each user's groups on the host (the group caps).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub groups: BTreeMap<String, Vec<String>>,
 }
 
 /// The `processes` part of a snapshot.
@@ -140,6 +151,21 @@ pub fn parse_snapshot(text: &str, source: &str) -> Result<HostSnapshot, ParseErr
         envs,
         devices,
         truth: None,
+        utilization: match &json.gpu_utilization {
+            Some(text) => Some(crate::model::Utilization {
+                processes: json
+                    .pmon
+                    .as_deref()
+                    .map(|t| nvidia_smi::parse_pmon(t, &format!("{source}: pmon")))
+                    .transpose()?,
+                gpus: nvidia_smi::parse_gpu_utilization(
+                    text,
+                    &format!("{source}: gpu_utilization"),
+                )?,
+            }),
+            None => None,
+        },
+        recorded_groups: json.groups,
     })
 }
 
@@ -418,6 +444,9 @@ pub fn to_json(snapshot: &HostSnapshot) -> SnapshotJson {
                 })
                 .collect(),
         },
+        pmon: None,
+        gpu_utilization: None,
+        groups: BTreeMap::new(),
         devices: DevicesJson {
             devices: snapshot
                 .devices

@@ -4,7 +4,7 @@
 //! Parsed values borrow from the text (a cycle parses thousands of lines).
 
 use super::{pyset, ParseError};
-use crate::model::{Device, DeviceUsage, GpuIndex, Pid, Usage};
+use crate::model::{Device, DeviceUsage, GpuIndex, Pid, ProcessUtilization, Usage};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -198,6 +198,98 @@ pub fn devices(gpus: &[Gpu<'_>]) -> Vec<Device> {
             attachments: Vec::new(),
         })
         .collect()
+}
+
+/// `nvidia-smi pmon -c 1 -s u`: each (GPU, pid) line, with its SM
+/// utilization (`-`: no kernel of it ran in the sampling window). Columns
+/// are found by the header (`# gpu  pid  type  sm ...`; drivers add
+/// columns); a GPU without processes prints a line of `-`, skipped.
+/// Bounded: one pass over the text.
+///
+/// # Errors
+/// No header naming `gpu`, `pid` and `sm`, or a line whose fields are not
+/// numbers (or `-` for `sm`).
+pub fn parse_pmon(text: &str, source: &str) -> Result<Vec<ProcessUtilization>, ParseError> {
+    let mut columns: Option<(usize, usize, usize)> = None;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line_no = n + 1;
+        if let Some(header) = line.strip_prefix('#') {
+            if columns.is_none() {
+                let names: Vec<&str> = header.split_whitespace().collect();
+                let at = |name: &str| names.iter().position(|c| *c == name);
+                if let (Some(g), Some(p), Some(sm)) = (at("gpu"), at("pid"), at("sm")) {
+                    columns = Some((g, p, sm));
+                }
+            }
+            continue;
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Some((g, p, sm)) = columns else {
+            return Err(bad(
+                source,
+                line_no,
+                "no header naming gpu, pid and sm before it",
+            ));
+        };
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let field = |k: usize| {
+            fields
+                .get(k)
+                .copied()
+                .ok_or_else(|| bad(source, line_no, format!("fewer than {} fields", k + 1)))
+        };
+        if field(p)? == "-" {
+            continue;
+        }
+        let number = |k: usize| -> Result<u32, ParseError> {
+            let f = field(k)?;
+            f.parse()
+                .map_err(|_| bad(source, line_no, format!("not a number: {f:?}")))
+        };
+        let index = GpuIndex(number(g)?);
+        let pid = Pid(number(p)?);
+        let sm = match field(sm)? {
+            "-" => None,
+            _ => Some(number(sm)?),
+        };
+        out.push(ProcessUtilization { index, pid, sm });
+    }
+    Ok(out)
+}
+
+/// `--query-gpu=index,utilization.gpu --format=csv,noheader,nounits`:
+/// each GPU's utilization in percent, where a number (`[N/A]` is left
+/// out: unknown).
+///
+/// # Errors
+/// A line that is not `index, value`, or an index that is not a number.
+pub fn parse_gpu_utilization(
+    text: &str,
+    source: &str,
+) -> Result<std::collections::BTreeMap<GpuIndex, u32>, ParseError> {
+    let mut out = std::collections::BTreeMap::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (index, value) = line
+            .split_once(',')
+            .ok_or_else(|| bad(source, n + 1, "not \"index, utilization.gpu\""))?;
+        let index: u32 = index.trim().parse().map_err(|_| {
+            bad(
+                source,
+                n + 1,
+                format!("not a GPU index: {:?}", index.trim()),
+            )
+        })?;
+        if let Ok(pct) = value.trim().trim_end_matches(" %").parse::<u32>() {
+            out.insert(GpuIndex(index), pct);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

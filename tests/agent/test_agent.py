@@ -293,10 +293,10 @@ class Serve(unittest.TestCase):
             return int(status), p.stdout.read(int(length))
 
         p.stdin.write(source)
-        status, hello = ask({"mode": "hello", "protocol": 3})
+        status, hello = ask({"mode": "hello", "protocol": 4})
         self.assertEqual(status, 0)
         hello = json.loads(hello)
-        self.assertEqual((hello["protocol"], hello["euid"]), (3, os.geteuid()))
+        self.assertEqual((hello["protocol"], hello["euid"]), (4, os.geteuid()))
         self.assertEqual(hello["pidfd"], hasattr(os, "pidfd_open"))
         self.assertEqual(ask({"mode": "terminate", "kills": [[2 ** 40, 1]], "signal": "term", "limit": 5}), (0, b'{"kills": [{"pid": 1099511627776, "result": "invalid"}]}'))
         status, body = ask({"mode": "terminate", "kills": [], "limit": 5, "sigterm": True})
@@ -487,6 +487,53 @@ class Tell(unittest.TestCase):
         self.assertEqual(agent["memberships"]([], [0], later), [])
 
 
+class Utilization(unittest.TestCase):
+    """The idle rule's snapshot: pmon and the GPUs' utilization beside the
+    rest, through the fake nvidia-smi the fleet tests use."""
+
+    FAKE = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "fake-nvidia-smi")
+
+    def frames(self, req):
+        out = []
+        agent["snapshot"](req, out)
+        text = b"".join(out)
+        kinds = {}
+        while text:
+            head, rest = text.split(b"\n", 1)
+            words = head.decode().split()
+            n = int(words[-1])
+            kinds.setdefault(words[0][1:], []).append((words[1:-1], rest[:n]))
+            text = rest[n:]
+        return kinds
+
+    def test_pmon_and_utilization_are_framed_when_asked_and_pmon_may_fail(self):
+        with tempfile.TemporaryDirectory() as d:
+            gpu = os.path.join(d, "gpu")
+            os.mkdir(gpu)
+            with open(os.path.join(gpu, "gpus.csv"), "w") as f:
+                f.write("index, uuid, memory.total, utilization.gpu\n0, GPU-a, 81559, 7\n1, GPU-b, 81559, 0\n")
+            pmon = "# gpu pid type sm mem command\n# Idx # C/G % % name\n    0  4242  C  3  1  python3\n"
+            with open(os.path.join(gpu, "pmon.txt"), "w") as f:
+                f.write(pmon)
+            os.environ["FAKE_GPU_DIR"] = gpu
+            req = {"mode": "snapshot", "dir": os.path.join(d, "genv"), "nvidia_smi": ["sh", self.FAKE],
+                   "step": 10, "limit": 20, "max_bytes": 100000, "utilization": True}
+            kinds = self.frames(req)
+            self.assertEqual(kinds["pmon"], [([], pmon.encode())])
+            self.assertEqual(kinds["utilization"], [([], b"0, 7\n1, 0\n")])
+            btime, hz = kinds["clock"][0][1].split()
+            self.assertGreater(int(btime), 1500000000)
+            self.assertGreater(int(hz), 0)
+            os.unlink(os.path.join(gpu, "pmon.txt"))
+            kinds = self.frames(req)
+            self.assertNotIn("pmon", kinds, "a failed pmon says nothing: no process's figure is known")
+            self.assertIn("utilization", kinds)
+            kinds = self.frames(dict(req, utilization=False))
+            self.assertNotIn("pmon", kinds)
+            self.assertNotIn("utilization", kinds)
+            self.assertEqual(agent["children"], [])
+
+
 class Golden(unittest.TestCase):
     """fixtures/agent/: the protocol by example, also read by the Rust tests."""
 
@@ -541,7 +588,10 @@ class Golden(unittest.TestCase):
             words = head.decode().split()
             kinds.append(words[0])
             text = rest[int(words[-1]):]
-        self.assertEqual(kinds, ["@gpus", "@apps", "@envs", "@devices", "@proc", "@proc", "@user", "@groups"])
+        self.assertEqual(
+            kinds,
+            ["@pmon", "@gpus", "@apps", "@utilization", "@envs", "@devices", "@proc", "@proc", "@user", "@clock", "@groups"],
+        )
 
 
 if __name__ == "__main__":
