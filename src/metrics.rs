@@ -56,6 +56,12 @@ struct UserLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    host: String,
+    gpu: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FailureLabels {
     host: String,
     /// [`FailureKind::name`](crate::model::FailureKind::name).
@@ -81,6 +87,7 @@ pub struct Metrics {
     host_failures: Family<FailureLabels, Counter>,
     user_devices: Family<UserLabel, Gauge>,
     user_memory: Family<UserLabel, Gauge>,
+    unowned_memory: Family<GpuLabels, Gauge>,
     notifications: Family<NotifyLabels, Counter>,
     last_success: Gauge<f64, AtomicU64>,
 }
@@ -106,6 +113,7 @@ impl Metrics {
             host_failures: Family::default(),
             user_devices: Family::default(),
             user_memory: Family::default(),
+            unowned_memory: Family::default(),
             notifications: Family::default(),
             last_success: Gauge::default(),
             registry: Registry::default(),
@@ -153,6 +161,11 @@ impl Metrics {
             m.user_memory.clone(),
         );
         registry.register(
+            "unowned_gpu_memory_bytes",
+            "GPU memory the driver lists for pids no live process has, by host and GPU, last cycle (never acted on)",
+            m.unowned_memory.clone(),
+        );
+        registry.register(
             "notifications",
             "Notifications, by channel and result (sent, nobody to send to, failed, dropped from a full queue, rate_limited)",
             m.notifications.clone(),
@@ -191,6 +204,23 @@ impl Metrics {
             self.user_memory
                 .get_or_create(&label)
                 .inc_by(i64::try_from(s.memory_bytes).unwrap_or(i64::MAX));
+        }
+        self.unowned_memory.clear();
+        for n in &r.notices {
+            if let crate::rules::Notice::UnownedMemory {
+                host,
+                device,
+                bytes: Some(b),
+                ..
+            } = n
+            {
+                self.unowned_memory
+                    .get_or_create(&GpuLabels {
+                        host: host.0.clone(),
+                        gpu: device.to_string(),
+                    })
+                    .inc_by(i64::try_from(*b).unwrap_or(i64::MAX));
+            }
         }
         if let Some(ms) = r.duration_ms {
             self.duration.observe(ms as f64 / 1000.0);
@@ -410,9 +440,20 @@ mod tests {
                 processes: 1,
             })
             .collect();
+        report.notices = [(0, 3 << 20), (0, 1 << 20), (1, 5 << 20)]
+            .into_iter()
+            .map(|(gpu, b)| crate::rules::Notice::UnownedMemory {
+                host: HostId("h1".into()),
+                device: crate::model::GpuIndex(gpu),
+                pid: crate::model::Pid(9),
+                bytes: Some(b),
+            })
+            .collect();
         m.observe(&report);
         let text = m.render();
         for line in [
+            "genv_enforce_unowned_gpu_memory_bytes{host=\"h1\",gpu=\"0\"} 4194304",
+            "genv_enforce_unowned_gpu_memory_bytes{host=\"h1\",gpu=\"1\"} 5242880",
             "genv_enforce_host_failures_total{host=\"a\",kind=\"host-key\"} 1",
             "genv_enforce_host_failures_total{host=\"b\",kind=\"sudo\"} 1",
             "genv_enforce_errors_total{kind=\"snapshot\"} 2",
@@ -429,5 +470,6 @@ mod tests {
             None,
         ));
         assert!(!m.render().contains("alice"));
+        assert!(!m.render().contains("unowned_gpu_memory_bytes{"));
     }
 }

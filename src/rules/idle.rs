@@ -253,3 +253,272 @@ pub fn evaluate(
     }
     (violations, notices)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use super::*;
+    use crate::model::{ProcessUtilization, Utilization};
+    use proptest::prelude::*;
+
+    const H100: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/nvidia-smi/h100/pmon");
+
+    fn capture(name: &str) -> String {
+        std::fs::read_to_string(format!("{H100}/{name}"))
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with("# exit"))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
+    fn host_with(
+        processes: Vec<Process>,
+        pmon: Option<Vec<(u32, u32, Option<u32>)>>,
+        gpus: &[(u32, u32)],
+    ) -> HostSnapshot {
+        HostSnapshot {
+            processes,
+            envs: vec![env("e", Some("alice"), None)],
+            devices: devices(2, &[(0, "e"), (1, "e")]),
+            utilization: Some(Utilization {
+                processes: pmon.map(|lines| {
+                    lines
+                        .into_iter()
+                        .map(|(g, pid, sm)| ProcessUtilization {
+                            index: GpuIndex(g),
+                            pid: Pid(pid),
+                            sm,
+                        })
+                        .collect()
+                }),
+                gpus: gpus.iter().map(|&(g, u)| (GpuIndex(g), u)).collect(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    use crate::model::GpuIndex;
+
+    #[test]
+    fn the_h100_captures_read_idle_for_no_kernel_and_busy_for_matrix_products() {
+        let pmon = crate::snapshot::nvidia_smi::parse_pmon(
+            &capture("1-idle-and-busy-pmon-c1-su.txt"),
+            "h100",
+        )
+        .unwrap();
+        let snap = HostSnapshot {
+            processes: vec![
+                proc_(470, Some("e"), &[(0, mib(1024))]),
+                proc_(471, Some("e"), &[(0, mib(512))]),
+            ],
+            utilization: Some(Utilization {
+                processes: Some(pmon),
+                gpus: crate::snapshot::nvidia_smi::parse_gpu_utilization("0, 100\n", "").unwrap(),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            reading(&snap, &snap.processes[0]),
+            Some((0, Source::Process))
+        );
+        assert_eq!(
+            reading(&snap, &snap.processes[1]),
+            Some((99, Source::Process))
+        );
+        // Bursty work (3 % SM) is below 5; one that was busy seconds ago
+        // and is not now prints `-`.
+        let later = crate::snapshot::nvidia_smi::parse_pmon(
+            &capture("4-low-and-was-busy-pmon-c1-sum-t2.txt"),
+            "h100",
+        )
+        .unwrap();
+        assert_eq!(
+            later.iter().map(|l| (l.pid.0, l.sm)).collect::<Vec<_>>(),
+            [(641, Some(3)), (642, None)]
+        );
+        // No process: pmon's line of `-` is no process.
+        let none =
+            crate::snapshot::nvidia_smi::parse_pmon(&capture("0-none-pmon-c1-su.txt"), "h100")
+                .unwrap();
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn the_gpus_figure_stands_in_only_for_a_process_alone_on_it() {
+        let alone = proc_(1, Some("e"), &[(0, mib(10))]);
+        let a = proc_(2, Some("e"), &[(1, mib(10))]);
+        let b = proc_(3, Some("e"), &[(1, mib(10))]);
+        // pmon failed (MIG): GPU 0 has one process, GPU 1 two.
+        let snap = host_with(vec![alone.clone(), a.clone(), b], None, &[(0, 2), (1, 0)]);
+        assert_eq!(reading(&snap, &alone), Some((2, Source::Gpu)));
+        assert_eq!(reading(&snap, &a), None, "shared GPU, no figure of its own");
+        // Its own figure wins; on two GPUs the busiest counts.
+        let both = proc_(4, Some("e"), &[(0, mib(1)), (1, mib(1))]);
+        let snap = host_with(
+            vec![both.clone()],
+            Some(vec![(0, 4, Some(1)), (1, 4, None)]),
+            &[(0, 90), (1, 90)],
+        );
+        assert_eq!(reading(&snap, &both), Some((1, Source::Process)));
+        let snap = host_with(vec![both.clone()], Some(vec![(0, 4, Some(1))]), &[(1, 30)]);
+        assert_eq!(reading(&snap, &both), Some((30, Source::Gpu)));
+        // Not asked: unknown.
+        let mut plain = snap.clone();
+        plain.utilization = None;
+        assert_eq!(reading(&plain, &both), None);
+    }
+
+    fn cycle(
+        history: &IdleHistory,
+        snap: &HostSnapshot,
+        now: u64,
+        gap: Option<Duration>,
+    ) -> (IdleHistory, Vec<Violation>, Vec<Notice>) {
+        let h = HostId("h".into());
+        let tracked = history.track(&[(&h, snap)], 5, now, gap);
+        let a = Attribution::of(snap, &Default::default());
+        let policy = IdlePolicy {
+            after: Duration::from_secs(3600),
+            below: 5,
+        };
+        let (v, n) = evaluate(&h, &a, &tracked, &policy, now);
+        (tracked, v, n)
+    }
+
+    #[test]
+    fn a_process_idle_for_the_whole_window_is_reclaimed_and_one_busy_moment_spares_it() {
+        let p = proc_(7, Some("e"), &[(0, mib(100))]);
+        let idle = host_with(vec![p.clone()], Some(vec![(0, 7, None)]), &[(0, 0)]);
+        let busy = host_with(vec![p.clone()], Some(vec![(0, 7, Some(40))]), &[(0, 40)]);
+        let min = 60_000;
+        let mut h = IdleHistory::default();
+        let mut found = Vec::new();
+        for t in 0..=60 {
+            let v;
+            (h, v, _) = cycle(&h, &idle, 1_000_000 + t * min, None);
+            found.push(!v.is_empty());
+        }
+        assert!(!found[..60].iter().any(|f| *f), "not before the hour");
+        assert!(found[60], "at the hour");
+        // Busy at minute 30: the window starts over there.
+        let mut h = IdleHistory::default();
+        for t in 0..=90 {
+            let snap = if t == 30 { &busy } else { &idle };
+            let v;
+            (h, v, _) = cycle(&h, snap, 1_000_000 + t * min, None);
+            assert_eq!(!v.is_empty(), t >= 91, "minute {t}");
+        }
+        let (_, v, _) = cycle(&h, &idle, 1_000_000 + 91 * min, None);
+        assert_eq!(
+            v[0].finding,
+            Finding::Idle {
+                host: HostId("h".into()),
+                pid: Pid(7),
+                user: Some("alice".into()),
+                devices: vec![GpuIndex(0)],
+                since_ms: 1_000_000 + 31 * min,
+                idle_ms: 60 * min,
+                below: 5,
+                source: Source::Process,
+            }
+        );
+        assert_eq!(
+            v[0].actions,
+            [Action::Terminate {
+                host: HostId("h".into()),
+                pid: Pid(7)
+            }]
+        );
+    }
+
+    #[test]
+    fn a_gap_an_unknown_reading_or_a_new_process_starts_the_window_over() {
+        let p = proc_(7, Some("e"), &[(0, mib(100))]);
+        let other = proc_(8, Some("e"), &[(0, mib(100))]);
+        let idle = host_with(vec![p.clone()], Some(vec![(0, 7, Some(0))]), &[(0, 0)]);
+        let unknown = host_with(vec![p.clone(), other], None, &[(0, 0)]);
+        let gap = Some(Duration::from_secs(300));
+        let (h, _, _) = cycle(&IdleHistory::default(), &idle, 0, gap);
+        let (h2, _, _) = cycle(&h, &idle, 200_000, gap);
+        assert_eq!(h2.windows.values().next().unwrap().since_ms, 0);
+        let (h3, _, _) = cycle(&h2, &idle, 600_000, gap);
+        assert_eq!(
+            h3.windows.values().next().unwrap().since_ms,
+            600_000,
+            "a gap of 400 s"
+        );
+        let (h4, v, n) = cycle(&h3, &unknown, 700_000, gap);
+        assert!(h4.windows.is_empty() && v.is_empty());
+        assert_eq!(n.len(), 2, "both processes on the shared GPU: unknown");
+        // The same pid, another start time: another process.
+        let mut reborn = idle.clone();
+        reborn.processes[0].start_time = Some(99_999);
+        let (h5, _, _) = cycle(&h2, &reborn, 250_000, gap);
+        assert_eq!(h5.windows.values().next().unwrap().since_ms, 250_000);
+        // A host that did not answer keeps its windows; they survive JSON
+        // (the state database).
+        let kept = h2.track(&[], 5, 900_000, gap);
+        assert_eq!(kept, h2);
+        let json = serde_json::to_string(&h2).unwrap();
+        assert_eq!(serde_json::from_str::<IdleHistory>(&json).unwrap(), h2);
+    }
+
+    #[test]
+    fn a_process_whose_user_is_unknown_is_never_reclaimed() {
+        let mut p = proc_(7, Some("e"), &[(0, mib(100))]);
+        p.owner = crate::model::Owner::Unknown("unreadable".into());
+        let mut snap = host_with(vec![p], Some(vec![(0, 7, None)]), &[(0, 0)]);
+        snap.truth = Some(Default::default());
+        let h = HostId("h".into());
+        let tracked = IdleHistory::default().track(&[(&h, &snap)], 5, 0, None);
+        let a = Attribution::of(&snap, &Default::default());
+        let policy = IdlePolicy {
+            after: Duration::ZERO,
+            below: 5,
+        };
+        assert!(evaluate(&h, &a, &tracked, &policy, 0).0.is_empty());
+    }
+
+    proptest! {
+        /// Whatever the readings, a process is reclaimed at a cycle only if
+        /// every reading of the last `after` was known and below the
+        /// threshold, with no gap; and it always is then.
+        #[test]
+        fn reclaimed_exactly_when_idle_for_the_whole_window(
+            readings in proptest::collection::vec((proptest::option::of(0u32..20), 1u64..8), 1..40),
+        ) {
+            let p = proc_(7, Some("e"), &[(0, mib(100))]);
+            let shared = proc_(8, Some("e"), &[(0, mib(100))]);
+            let gap = Some(Duration::from_secs(300));
+            let after = 10 * 60_000; // ms
+            let mut h = IdleHistory::default();
+            let mut now = 0u64;
+            let mut since: Option<u64> = None;
+            for (sm, minutes) in readings {
+                let last = now;
+                now += minutes * 60_000;
+                let snap = match sm {
+                    Some(sm) => host_with(vec![p.clone()], Some(vec![(0, 7, Some(sm))]), &[(0, sm)]),
+                    None => host_with(vec![p.clone(), shared.clone()], None, &[(0, 0)]),
+                };
+                let tracked = h.track(&[(&HostId("h".into()), &snap)], 5, now, gap);
+                let a = Attribution::of(&snap, &Default::default());
+                let policy = IdlePolicy { after: Duration::from_millis(after), below: 5 };
+                let (v, _) = evaluate(&HostId("h".into()), &a, &tracked, &policy, now);
+                // The model: idle since the first of the consecutive low readings.
+                since = match sm {
+                    Some(s) if s < 5 => match since {
+                        Some(t) if now - last <= 300_000 => Some(t),
+                        _ => Some(now),
+                    },
+                    _ => None,
+                };
+                let want = since.is_some_and(|t| now - t >= after);
+                prop_assert_eq!(v.iter().any(|v| v.actions == [Action::Terminate { host: HostId("h".into()), pid: Pid(7) }]), want);
+                prop_assert!(v.len() <= 1);
+                h = tracked;
+            }
+        }
+    }
+}

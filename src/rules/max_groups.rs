@@ -147,3 +147,203 @@ pub fn evaluate(
     }
     (violations, notices)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::max_devices::Held;
+    use super::*;
+    use crate::model::Pid;
+    use proptest::prelude::*;
+
+    fn device(index: u32, eid: &str, working: bool, vouched: bool) -> HeldDevice {
+        HeldDevice {
+            index: GpuIndex(index),
+            eids: vec![EnvId(eid.into())],
+            pids: if working {
+                vec![Pid(100 + index)]
+            } else {
+                vec![]
+            },
+            working,
+            stray: false,
+            vouched,
+        }
+    }
+
+    fn usage(users: &[(&str, Vec<HeldDevice>)]) -> HostUsage {
+        HostUsage {
+            users: users
+                .iter()
+                .map(|(u, d)| {
+                    (
+                        u.to_string(),
+                        Held {
+                            envs: true,
+                            devices: d.clone(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    fn groups(of: &[(&str, &[&str])]) -> HostGroups {
+        HostGroups {
+            users: of
+                .iter()
+                .map(|(u, g)| (u.to_string(), g.iter().map(|s| s.to_string()).collect()))
+                .collect(),
+        }
+    }
+
+    fn policy(caps: &[(&str, u32)]) -> Policy {
+        Policy {
+            max_devices_per_group: caps.iter().map(|(g, n)| (g.to_string(), *n)).collect(),
+            ..Policy::default()
+        }
+    }
+
+    fn detaches(v: &[Violation]) -> Vec<(String, u32, String)> {
+        v.iter()
+            .flat_map(|v| &v.actions)
+            .map(|a| match a {
+                Action::Detach {
+                    host, device, user, ..
+                } => (host.0.clone(), device.0, user.clone()),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_labs_excess_across_hosts_is_detached_idle_first_in_one_order() {
+        let (a, b) = (HostId("a".into()), HostId("b".into()));
+        // lab: alice (2 on a: one working) + bob (2 on b: both idle, one
+        // vouched) = 4; cap 1, so 3 go: the idle unvouched ones (a's, then
+        // b's), then b's vouched one; alice's working device stays. carol
+        // is not in the lab.
+        let ua = usage(&[
+            (
+                "alice",
+                vec![device(0, "a0", true, true), device(1, "a1", false, false)],
+            ),
+            ("carol", vec![device(2, "c", false, false)]),
+        ]);
+        let ub = usage(&[(
+            "bob",
+            vec![device(0, "b0", false, true), device(3, "b3", false, false)],
+        )]);
+        let ga = groups(&[("alice", &["lab"])]);
+        let gb = groups(&[("bob", &["lab"])]);
+        let (v, n) = evaluate(
+            &[(&a, &ua, &ga), (&b, &ub, &gb)],
+            &policy(&[("lab", 1)]),
+            Detached::new(),
+        );
+        assert_eq!(
+            detaches(&v),
+            [
+                ("a".to_string(), 1, "alice".to_string()),
+                ("b".to_string(), 3, "bob".to_string()),
+                ("b".to_string(), 0, "bob".to_string()),
+            ]
+        );
+        assert!(n.is_empty());
+        assert_eq!(
+            v[0].finding,
+            Finding::MaxGroupDevices {
+                group: "lab".into(),
+                devices: 4,
+                cap: 1,
+                over: 3
+            }
+        );
+        // What the per-user caps detach counts as gone: b's device 3.
+        let done: Detached = [(b.clone(), GpuIndex(3), EnvId("b3".into()))]
+            .into_iter()
+            .collect();
+        let (v, _) = evaluate(
+            &[(&a, &ua, &ga), (&b, &ub, &gb)],
+            &policy(&[("lab", 1)]),
+            done,
+        );
+        assert_eq!(detaches(&v).len(), 2);
+        // A user the host names in no capped group counts for none.
+        let (v, _) = evaluate(
+            &[(&a, &ua, &HostGroups::default())],
+            &policy(&[("lab", 0)]),
+            Detached::new(),
+        );
+        assert!(v.is_empty());
+    }
+
+    #[test]
+    fn devices_only_strays_hold_count_but_are_never_detached() {
+        let h = HostId("h".into());
+        let stray = HeldDevice {
+            eids: vec![],
+            stray: true,
+            ..device(0, "x", true, false)
+        };
+        let u = usage(&[("alice", vec![stray])]);
+        let (v, n) = evaluate(
+            &[(&h, &u, &groups(&[("alice", &["lab"])]))],
+            &policy(&[("lab", 0)]),
+            Detached::new(),
+        );
+        assert!(detaches(&v).is_empty());
+        assert_eq!(
+            n,
+            [Notice::GroupExcessKept {
+                group: "lab".into(),
+                left: 1
+            }]
+        );
+    }
+
+    proptest! {
+        /// Never more detaches than the excess, each a member's device
+        /// detached once (even under two groups), and the same every time.
+        #[test]
+        fn never_over_detaches_members_only_once_each(
+            held in proptest::collection::vec((0usize..2, 0usize..3, 0u32..4, any::<bool>(), any::<bool>()), 0..16),
+            member in proptest::collection::vec(any::<bool>(), 6),
+            both in proptest::collection::vec(any::<bool>(), 6),
+            cap_lab in 0u32..4,
+            cap_ops in 0u32..4,
+        ) {
+            let names = ["u0", "u1", "u2"];
+            let hosts = [HostId("h0".into()), HostId("h1".into())];
+            let mut parts = vec![HostUsage::default(), HostUsage::default()];
+            for (h, u, d, working, vouched) in &held {
+                let entry = parts[*h].users.entry(names[*u].into()).or_default();
+                if entry.devices.iter().all(|x| x.index.0 != *d) {
+                    entry.devices.push(device(*d, &format!("{}-{}-{d}", h, u), *working, *vouched));
+                }
+            }
+            let gs: Vec<HostGroups> = (0..2).map(|h| HostGroups {
+                users: (0..3).filter(|u| member[h * 3 + u]).map(|u| {
+                    let mut g = vec!["lab".to_string()];
+                    if both[h * 3 + u] { g.push("ops".into()); }
+                    (names[u].to_string(), g)
+                }).collect(),
+            }).collect();
+            let input: Vec<_> = (0..2).map(|h| (&hosts[h], &parts[h], &gs[h])).collect();
+            let p = policy(&[("lab", cap_lab), ("ops", cap_ops)]);
+            let (v, _) = evaluate(&input, &p, Detached::new());
+            prop_assert_eq!(&evaluate(&input, &p, Detached::new()).0, &v);
+            let all = detaches(&v);
+            let mut seen = std::collections::HashSet::new();
+            for d in &all {
+                prop_assert!(seen.insert(d.clone()), "detached twice: {:?}", d);
+                let h: usize = d.0[1..].parse().unwrap();
+                prop_assert!(gs[h].users.contains_key(&d.2), "not a member: {:?}", d);
+            }
+            for viol in &v {
+                if let Finding::MaxGroupDevices { over, .. } = viol.finding {
+                    prop_assert!(viol.actions.len() <= over);
+                }
+            }
+        }
+    }
+}

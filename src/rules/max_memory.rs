@@ -161,3 +161,219 @@ pub fn terminated(violations: &[Violation]) -> HashSet<(HostId, Pid)> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const GI: u64 = 1 << 30;
+
+    fn policy(cap: u64) -> Policy {
+        Policy {
+            max_memory_per_user: Some(cap),
+            ..Policy::default()
+        }
+    }
+
+    fn held(pid: u32, started: Option<u64>, gib: u64, known: bool) -> Held {
+        Held {
+            pid: Pid(pid),
+            started,
+            bytes: gib * GI,
+            known,
+        }
+    }
+
+    fn host(users: &[(&str, Vec<Held>)]) -> HostMemory {
+        HostMemory {
+            users: users
+                .iter()
+                .map(|(u, h)| (u.to_string(), h.clone()))
+                .collect(),
+        }
+    }
+
+    fn picked(v: &[Violation]) -> Vec<(String, u32)> {
+        v.iter()
+            .flat_map(|v| &v.actions)
+            .map(|a| match a {
+                Action::Terminate { host, pid } => (host.0.clone(), pid.0),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_youngest_go_first_across_hosts_until_under() {
+        let (a, b) = (HostId("a".into()), HostId("b".into()));
+        // alice: 10 GiB on a (old), 8 GiB on b (youngest), 4 GiB on a
+        // (middle); cap 12 GiB: over by 10, so b's 8 then a's 4.
+        let ha = host(&[(
+            "alice",
+            vec![held(1, Some(100), 10, true), held(2, Some(300), 4, true)],
+        )]);
+        let hb = host(&[("alice", vec![held(9, Some(500), 8, true)])]);
+        let (v, n) = evaluate(&[(&a, &ha), (&b, &hb)], &policy(12 * GI), &HashSet::new());
+        assert_eq!(picked(&v), [("b".to_string(), 9), ("a".to_string(), 2)]);
+        assert!(n.is_empty());
+        assert_eq!(
+            v[0].finding,
+            Finding::MaxMemory {
+                user: "alice".into(),
+                used: 22 * GI,
+                cap: 12 * GI,
+                over: 10 * GI,
+                hosts: 2
+            }
+        );
+        // Under the cap: nothing.
+        let (v, _) = evaluate(&[(&a, &ha), (&b, &hb)], &policy(22 * GI), &HashSet::new());
+        assert!(v.is_empty());
+    }
+
+    #[test]
+    fn unknown_usage_unpinned_or_empty_processes_are_never_picked_and_what_is_left_is_said() {
+        let h = HostId("h".into());
+        let m = host(&[(
+            "bob",
+            vec![
+                held(1, Some(900), 30, false), // youngest, usage partly unknown
+                held(2, None, 20, true),       // start time unknown
+                held(3, Some(800), 0, true),   // holds nothing
+                held(4, Some(100), 5, true),
+            ],
+        )]);
+        let (v, n) = evaluate(&[(&h, &m)], &policy(10 * GI), &HashSet::new());
+        assert_eq!(picked(&v), [("h".to_string(), 4)]);
+        assert_eq!(
+            n,
+            [Notice::MemoryExcessKept {
+                user: "bob".into(),
+                left: 40 * GI
+            }]
+        );
+    }
+
+    #[test]
+    fn what_other_rules_terminate_counts_as_freed_and_per_user_caps_override() {
+        let h = HostId("h".into());
+        let m = host(&[
+            (
+                "alice",
+                vec![held(1, Some(1), 8, true), held(2, Some(2), 8, true)],
+            ),
+            ("carol", vec![held(5, Some(1), 8, true)]),
+        ]);
+        let freed: HashSet<(HostId, Pid)> = [(h.clone(), Pid(2))].into_iter().collect();
+        let p = Policy {
+            max_memory_for_user: [("carol".to_string(), 4 * GI)].into_iter().collect(),
+            ..policy(8 * GI)
+        };
+        let (v, _) = evaluate(&[(&h, &m)], &p, &freed);
+        assert_eq!(
+            picked(&v),
+            [("h".to_string(), 5)],
+            "alice is under once 2 goes"
+        );
+        let only_carol = Policy {
+            max_memory_for_user: [("carol".to_string(), 4 * GI)].into_iter().collect(),
+            ..Policy::default()
+        };
+        assert_eq!(
+            picked(&evaluate(&[(&h, &m)], &only_carol, &HashSet::new()).0),
+            [("h".to_string(), 5)]
+        );
+    }
+
+    #[test]
+    fn memory_is_summed_from_attribution_with_unknown_usage_counting_nothing() {
+        use super::super::test_support::*;
+        use crate::model::*;
+        let mut unknown = proc_(2, Some("e"), &[(0, Usage::Unknown), (1, mib(100))]);
+        unknown.start_time = Some(50);
+        let snap = HostSnapshot {
+            processes: vec![
+                proc_(1, Some("e"), &[(0, mib(300)), (1, mib(200))]),
+                unknown,
+            ],
+            envs: vec![env("e", Some("alice"), None)],
+            devices: devices(2, &[(0, "e"), (1, "e")]),
+            ..Default::default()
+        };
+        let a = Attribution::of(&snap, &Default::default());
+        let m = HostMemory::of(&a);
+        assert_eq!(
+            m.users["alice"],
+            [
+                Held {
+                    pid: Pid(1),
+                    started: Some(1001),
+                    bytes: 500 << 20,
+                    known: true
+                },
+                Held {
+                    pid: Pid(2),
+                    started: Some(50),
+                    bytes: 100 << 20,
+                    known: false
+                }
+            ]
+        );
+    }
+
+    proptest! {
+        /// Never over-reclaims (the last pick is the first that brings the
+        /// user under), never picks what cannot be picked, picks the
+        /// youngest, and says what is left.
+        #[test]
+        fn picks_are_needed_pickable_youngest_and_deterministic(
+            procs in proptest::collection::vec(
+                (0usize..3, proptest::option::of(0u64..50), 0u64..40, any::<bool>()), 0..24),
+            cap in 0u64..200,
+        ) {
+            let hosts: Vec<HostId> = (0..3).map(|k| HostId(format!("h{k}"))).collect();
+            let mut parts = vec![HostMemory::default(); 3];
+            for (pid, (k, started, gib, known)) in procs.iter().enumerate() {
+                parts[*k].users.entry("u".into()).or_default()
+                    .push(held(pid as u32, *started, *gib, *known));
+            }
+            let input: Vec<(&HostId, &HostMemory)> = hosts.iter().zip(&parts).collect();
+            let (v, n) = evaluate(&input, &policy(cap * GI), &HashSet::new());
+            prop_assert_eq!(&evaluate(&input, &policy(cap * GI), &HashSet::new()), &(v.clone(), n.clone()));
+            let all: Vec<(usize, &Held)> = parts.iter().enumerate()
+                .flat_map(|(k, m)| m.users.values().flatten().map(move |h| (k, h))).collect();
+            let used: u64 = all.iter().map(|(_, h)| h.bytes).sum();
+            let picks = picked(&v);
+            let pick_of = |(host, pid): &(String, u32)| {
+                all.iter().find(|(k, h)| hosts[*k].0 == *host && h.pid.0 == *pid).unwrap().1
+            };
+            let freed: Vec<u64> = picks.iter().map(|p| pick_of(p).bytes).collect();
+            let total: u64 = freed.iter().sum();
+            for p in &picks {
+                prop_assert!(pick_of(p).pickable(), "picked {:?}", p);
+            }
+            if used <= cap * GI {
+                prop_assert!(v.is_empty() && n.is_empty());
+            } else if total >= used - cap * GI {
+                let before_last: u64 = total - freed.last().unwrap();
+                prop_assert!(before_last < used - cap * GI, "one pick too many");
+                prop_assert!(n.is_empty());
+            } else {
+                // Not enough: every pickable one taken, the rest said.
+                prop_assert_eq!(picks.len(), all.iter().filter(|(_, h)| h.pickable()).count());
+                prop_assert_eq!(n, vec![Notice::MemoryExcessKept {
+                    user: "u".into(), left: used - cap * GI - total }]);
+            }
+            // Youngest first: no unpicked pickable process is younger than
+            // a picked one.
+            let youngest_left = all.iter()
+                .filter(|(k, h)| h.pickable() && !picks.contains(&(hosts[*k].0.clone(), h.pid.0)))
+                .filter_map(|(_, h)| h.started).max();
+            if let (Some(left), Some(oldest_pick)) =
+                (youngest_left, picks.iter().filter_map(|p| pick_of(p).started).min()) {
+                prop_assert!(left <= oldest_pick);
+            }
+        }
+    }
+}

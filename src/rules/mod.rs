@@ -782,6 +782,52 @@ mod tests {
     }
 
     #[test]
+    fn memory_of_a_pid_no_live_process_has_is_noticed_per_gpu_never_acted_on() {
+        let mut gone = proc_(40, None, &[(0, mib(700)), (1, Usage::Unknown)]);
+        (gone.owner, gone.start_time, gone.uid, gone.user) = (
+            Owner::Unknown(crate::model::EXITED.into()),
+            None,
+            None,
+            None,
+        );
+        let snap = HostSnapshot {
+            processes: vec![gone],
+            devices: devices(2, &[]),
+            truth: Some(HostTruth::default()),
+            ..Default::default()
+        };
+        let host = HostId("h".into());
+        let every = Policy {
+            non_env_processes: true,
+            max_memory_per_user: Some(0),
+            idle: Some(idle::IdlePolicy {
+                after: std::time::Duration::ZERO,
+                below: 100,
+            }),
+            ..Policy::default()
+        };
+        let (v, n) = assess_cluster(&Cluster::local(host.clone(), snap), &every);
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!(
+            n,
+            [
+                Notice::UnownedMemory {
+                    host: host.clone(),
+                    device: GpuIndex(0),
+                    pid: Pid(40),
+                    bytes: Some(700 << 20)
+                },
+                Notice::UnownedMemory {
+                    host,
+                    device: GpuIndex(1),
+                    pid: Pid(40),
+                    bytes: None
+                }
+            ]
+        );
+    }
+
+    #[test]
     fn caps_are_on_with_either_flag() {
         assert!(!Policy::default().has_caps());
         let per_user = Policy {
