@@ -208,6 +208,11 @@ fn prefix(mode: Mode, host: &HostId) -> String {
     }
 }
 
+/// Bytes in genv's spelling of MiB, rounded up (`1500mi`).
+fn mebibytes(bytes: u64) -> String {
+    format!("{}mi", bytes.div_ceil(1 << 20))
+}
+
 /// genv's message for a violation.
 pub fn violation_line(mode: Mode, v: &Violation) -> String {
     match &v.finding {
@@ -242,15 +247,15 @@ pub fn violation_line(mode: Mode, v: &Violation) -> String {
             clean(group)
         ),
         Finding::MaxMemory { user, used, cap, over, hosts } => format!(
-            "User {} is using {}m of GPU memory{} which is {}m more than the maximum of {}m",
+            "User {} is using {} of GPU memory{} which is {} more than the maximum of {}",
             clean(user),
-            megabytes(*used),
+            mebibytes(*used),
             match mode {
                 Mode::Remote => format!(" on {hosts} hosts"),
                 Mode::Local => String::new(),
             },
-            megabytes(*over),
-            megabytes(*cap)
+            mebibytes(*over),
+            mebibytes(*cap)
         ),
         Finding::Idle { host, pid, user, devices, idle_ms, below, source, .. } => format!(
             "{}Process {pid}{} holds GPU memory on GPU(s) {} and has been below {below}% utilization{} for {}",
@@ -349,14 +354,14 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
             clean(group)
         ),
         Notice::MemoryExcessKept { user, left } => format!(
-            "[WARNING] User {} stays {}m over the memory cap: the rest is held by processes whose usage or start time is unknown, which are never terminated for a cap",
+            "[WARNING] User {} stays {} over the memory cap: the rest is held by processes whose usage or start time is unknown, which are never terminated for a cap",
             clean(user),
-            megabytes(*left)
+            mebibytes(*left)
         ),
         Notice::UnownedMemory { host, device, pid, bytes } => format!(
             "{}[WARNING] {} GPU memory on device {device} is listed for pid {pid}, which no live process has (held by no process, or it just ended); nothing is done",
             prefix(mode, host),
-            bytes.map_or("Unmeasured".to_string(), |b| format!("{}m of", megabytes(b)))
+            bytes.map_or("Unmeasured".to_string(), |b| format!("{} of", mebibytes(b)))
         ),
         Notice::UtilizationUnknown { host, pid, gpus } => format!(
             "{}[WARNING] Utilization of process {pid} on GPU(s) {} is unknown (pmon has no figure for it and it shares its GPU): it is never reclaimed as idle",

@@ -541,9 +541,7 @@ fn notices(host: &HostId, a: &Attribution, policy: &Policy) -> Vec<Notice> {
     }
     for (pi, p) in snap.processes.iter().enumerate() {
         match (a.standing(pi), &p.owner) {
-            (Standing::Unknown, Owner::Unknown(reason))
-                if reason == crate::model::EXITED && snap.truth.is_some() =>
-            {
+            (Standing::Unknown, Owner::Unknown(reason)) if reason == crate::model::EXITED => {
                 out.extend(p.gpus.iter().map(|g| Notice::UnownedMemory {
                     host: host.clone(),
                     device: g.index,

@@ -53,6 +53,9 @@ pub struct ProcessJson {
     pub start_time: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<u32>,
+    /// Ours: `false` for a pid the driver lists that no live process has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alive: Option<bool>,
 }
 
 /// Usage of one GPU by one process.
@@ -213,15 +216,17 @@ fn processes_from_json(json: &[ProcessJson], source: &str) -> Result<Vec<Process
                     })
                 })
                 .collect::<Result<_, _>>()?;
+            let gone = p.alive == Some(false);
             Ok(Process {
                 pid: Pid(p.pid),
                 owner: match &p.eid {
+                    _ if gone => Owner::Unknown(crate::model::EXITED.into()),
                     Some(e) => Owner::Env(EnvId(e.clone())),
                     None => Owner::NoEnv,
                 },
                 gpus,
-                start_time: p.start_time,
-                uid: p.uid,
+                start_time: p.start_time.filter(|_| !gone),
+                uid: p.uid.filter(|_| !gone),
                 user: None,
             })
         })
@@ -422,6 +427,8 @@ pub fn to_json(snapshot: &HostSnapshot) -> SnapshotJson {
                     eid: p.owner.eid().map(|e| e.0.clone()),
                     start_time: p.start_time,
                     uid: p.uid,
+                    alive: matches!(&p.owner, Owner::Unknown(why) if why == crate::model::EXITED)
+                        .then_some(false),
                 })
                 .collect(),
         },
