@@ -502,7 +502,9 @@ def snapshot(req, out):
             frame(out, "user", uid, pwd.getpwuid(uid).pw_name.encode())
         except KeyError:
             pass
-    frame(out, "clock", None, clock())
+    boot = clock()
+    if boot is not None:
+        frame(out, "clock", None, boot)
     if req.get("groups"):
         # Each uid seen once, each named group once (at most MAX_GROUPS),
         # and nothing past the deadline: lookups may be slow.
@@ -512,12 +514,16 @@ def snapshot(req, out):
 
 def clock():
     """b"<btime> <hz>": when this host booted (/proc/stat) and its clock
-    ticks per second, which make start times comparable across hosts."""
-    with open(os.path.join(PROC[0], "stat"), "rb") as f:
-        for line in f:
-            if line.startswith(b"btime "):
-                return b"%d %d" % (int(line.split()[1]), os.sysconf("SC_CLK_TCK"))
-    raise Failure("agent", "%s/stat has no btime" % PROC[0])
+    ticks per second, which make start times comparable across hosts; None
+    when procfs does not say (then no process here is picked by age)."""
+    try:
+        with open(os.path.join(PROC[0], "stat"), "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    return b"%d %d" % (int(line.split()[1]), os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def memberships(groups, uids, deadline):

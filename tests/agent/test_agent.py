@@ -506,6 +506,21 @@ class Utilization(unittest.TestCase):
             text = rest[n:]
         return kinds
 
+    def test_the_clock_comes_from_btime_or_is_not_said(self):
+        saved = agent["PROC"][0]
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                agent["PROC"][0] = d
+                self.assertIsNone(agent["clock"]())
+                with open(os.path.join(d, "stat"), "wb") as f:
+                    f.write(b"cpu  1 2 3\nbtime x\n")
+                self.assertIsNone(agent["clock"]())
+                with open(os.path.join(d, "stat"), "wb") as f:
+                    f.write(b"cpu  1 2 3\nbtime 1795420800\nprocesses 9\n")
+                self.assertEqual(agent["clock"](), b"1795420800 %d" % os.sysconf("SC_CLK_TCK"))
+        finally:
+            agent["PROC"][0] = saved
+
     def test_pmon_and_utilization_are_framed_when_asked_and_pmon_may_fail(self):
         with tempfile.TemporaryDirectory() as d:
             gpu = os.path.join(d, "gpu")
