@@ -117,7 +117,13 @@ pub async fn cycle(
     }
     let abort = settings.failures.exit_on_error && results.iter().any(|(_, r)| r.is_err());
     if !abort {
-        memory.idle = assess::track_idle(&memory.idle, &policy, &results, now, settings.grace.gap);
+        memory.idle = assess::track_idle(
+            &memory.idle,
+            &policy,
+            &results,
+            now,
+            Some(idle_gap(settings)),
+        );
     }
     let idle = memory.idle.clone();
     let assessed = Instant::now();
@@ -228,6 +234,16 @@ pub async fn cycle(
     report.at_once = at_once;
     report.usage = usage;
     (report, abort)
+}
+
+/// The longest time between two readings of a process that keeps its
+/// idle window: the run's gap between sightings, an hour for cron runs
+/// (a paused cron or an unreachable host saw nothing meanwhile).
+fn idle_gap(settings: &Settings) -> Duration {
+    settings
+        .grace
+        .gap
+        .unwrap_or(crate::state_db::MAX_SAMPLE_GAP)
 }
 
 /// The planned terminations whose SIGTERM was delivered, by host.

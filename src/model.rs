@@ -343,8 +343,9 @@ pub struct HostTruth {
     pub pid_uids: BTreeMap<i64, u32>,
     /// The host's names for the uids seen (listed pids and GPU processes).
     pub user_names: BTreeMap<u32, String>,
-    /// The exemptions' groups each owner of a GPU process is a member of
-    /// on the host, when asked for.
+    /// The groups asked about (exemptions', caps') each uid seen (a GPU
+    /// process's or a listed pid's owner) is a member of on the host, as
+    /// far as its name service answered by the deadline.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub groups: BTreeMap<u32, Vec<String>>,
     /// The host's clock for process start times, when it said.
@@ -365,10 +366,9 @@ pub struct Boot {
 impl Boot {
     /// A start time in milliseconds since the Unix epoch.
     pub fn started_ms(self, ticks: u64) -> u64 {
-        let hz = self.hz.max(1);
-        self.btime
-            .saturating_mul(1000)
-            .saturating_add(ticks / hz * 1000 + ticks % hz * 1000 / hz)
+        let ms =
+            u128::from(self.btime) * 1000 + u128::from(ticks) * 1000 / u128::from(self.hz.max(1));
+        u64::try_from(ms).unwrap_or(u64::MAX)
     }
 }
 
@@ -436,28 +436,6 @@ impl HostSnapshot {
             .filter(|d| d.has(eid))
             .map(|d| d.index)
             .collect()
-    }
-
-    /// The groups `user` is a member of on this host: as the host said of
-    /// the uids it names `user` (a live host), or as the recording says.
-    pub fn groups_of_user(&self, user: &str) -> Vec<&str> {
-        let mut out: Vec<&str> = match &self.truth {
-            Some(t) => t
-                .user_names
-                .iter()
-                .filter(|(_, name)| name.as_str() == user)
-                .flat_map(|(uid, _)| t.groups_of(*uid))
-                .map(String::as_str)
-                .collect(),
-            None => self
-                .recorded_groups
-                .get(user)
-                .map(|g| g.iter().map(String::as_str).collect())
-                .unwrap_or_default(),
-        };
-        out.sort_unstable();
-        out.dedup();
-        out
     }
 
     /// When a process started, comparable across hosts where the host said

@@ -122,13 +122,19 @@ pub async fn run(
     };
     if let Some(db) = &settings.state {
         // Where the last run left off: no warning twice, no deadline moved.
-        match (db.ladder(), db.orphans(), db.idle()) {
-            (Ok(saved), Ok(orphans), Ok(idle)) => {
+        match db.idle() {
+            Ok(idle) => memory.idle = idle,
+            Err(e) => complain(&format!(
+                "{}: the idle windows start afresh",
+                error::chain(&e)
+            )),
+        }
+        match (db.ladder(), db.orphans()) {
+            (Ok(saved), Ok(orphans)) => {
                 memory.ladder = Ladder::restore(settings.grace.clone(), saved);
                 memory.orphans = orphans;
-                memory.idle = idle;
             }
-            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            (Err(e), _) | (_, Err(e)) => {
                 complain(&format!("{}: starting afresh", error::chain(&e)));
             }
         }

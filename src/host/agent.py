@@ -469,9 +469,12 @@ def snapshot(req, out):
         for name in ("envs", "devices"):
             state[name] = read_file(dfd, d, name + ".json", max_bytes)
         release()  # genv's lock, while nvidia-smi finishes
-    answers = collect(procs, deadline, max_bytes)
-    if len(answers) > len(queries):
-        status, stdout, _ = answers.pop()
+    pmon = procs[len(queries):]
+    answers = collect(procs[: len(queries)], deadline, max_bytes)
+    if pmon:
+        # Its own short deadline: a hung pmon costs the idle rule its
+        # figures (unknown: nothing reclaimed), not the snapshot its time.
+        [(status, stdout, _)] = collect(pmon, min(deadline, time.monotonic() + PMON_SECONDS), max_bytes)
         if status == 0:
             frame(out, "pmon", None, stdout)
     for (name, query), (status, stdout, stderr) in zip(queries, answers):
@@ -487,6 +490,7 @@ def snapshot(req, out):
     live = set(int(n) for n in os.listdir(PROC[0]) if n.isdigit())
     on_gpus = gpu_pids(answers[1][1])
     uids = set()
+    seen_uids = {}
     listed = listed_pids(state.get("envs") or b"{}", os.path.join(d, "envs.json"), req.get("max_records"))
     for pid in sorted(on_gpus | (listed & live)):
         body = identity(pid, pid in on_gpus)
@@ -495,6 +499,7 @@ def snapshot(req, out):
             words = body.split(b"\n", 1)[0].split()
             if words[0] == b"seen" and words[2] != b"-":
                 uids.add(int(words[2]))
+                seen_uids[pid] = int(words[2])
     import pwd
 
     for uid in sorted(uids):
@@ -508,7 +513,15 @@ def snapshot(req, out):
     if req.get("groups"):
         # Each uid seen once, each named group once (at most MAX_GROUPS),
         # and nothing past the deadline: lookups may be slow.
-        for uid, names in memberships(req["groups"], uids, deadline):
+        # The owners of GPU processes first: any user can list any pid in
+        # a record, and lookups stop at the deadline.
+        gpu_uids = set()
+        for pid in on_gpus:
+            body = seen_uids.get(pid)
+            if body is not None:
+                gpu_uids.add(body)
+        ordered = sorted(gpu_uids) + sorted(uids - gpu_uids)
+        for uid, names in memberships(req["groups"], ordered, deadline):
             frame(out, "groups", uid, "\n".join(names).encode())
 
 
@@ -527,9 +540,9 @@ def clock():
 
 
 def memberships(groups, uids, deadline):
-    """(uid, the named groups it is a member of) for each uid, as this
-    host's name service says: each group looked up once, each uid's groups
-    once; a lookup that fails says nothing (no exemption), and nothing is
+    """(uid, the named groups it is a member of) for each uid in the order
+    given, as this host's name service says: each group looked up once,
+    each uid's groups once; a lookup that fails says nothing (no exemption), and nothing is
     looked up past the deadline."""
     import grp
     import pwd
@@ -543,7 +556,7 @@ def memberships(groups, uids, deadline):
         except (KeyError, OSError, ValueError, UnicodeError):
             pass
     found = []
-    for uid in sorted(uids):
+    for uid in uids:
         if not gids or time.monotonic() >= deadline:
             break
         try:
@@ -558,6 +571,7 @@ def memberships(groups, uids, deadline):
 
 
 MAX_GROUPS = 64
+PMON_SECONDS = 5
 
 
 # Kills.

@@ -15,13 +15,14 @@
 //! restarts in `--state-db`: a process (host, pid, start time) is idle
 //! since the first of the consecutive cycles that saw it below the
 //! threshold. One reading at or above it, one unknown, or a gap between
-//! sightings longer than the run's (a stopped enforcer saw nothing) starts
-//! it over. A host that did not answer keeps its windows as they were.
+//! sightings longer than the run's (a few intervals; an hour for cron
+//! runs: a stopped enforcer or an unreachable host saw nothing) starts it
+//! over. Each reading is pmon's sample of about a second, once a cycle. A host that did not answer keeps its windows as they were.
 //! Only what the driver measures counts: nothing a user writes (records,
 //! names) moves a window, and a process another user runs beside alice's
 //! on her GPU only makes hers unknown (never reclaimed).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -29,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use super::attribution::{Attribution, Standing};
 use super::{Action, Finding, Notice, Rule, Violation};
 use crate::cycle::millis;
-use crate::model::{HostId, HostSnapshot, Pid, Process};
+use crate::model::{GpuIndex, HostId, HostSnapshot, Pid, Process};
 
 /// `--idle-after`, `--idle-below`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -52,36 +53,62 @@ pub enum Source {
 }
 
 /// A process's utilization this cycle: the highest of its GPUs', and
-/// whose figure it was; `None` where unknown on any of them.
+/// whose figure it was; `None` where unknown on any of them. For every
+/// process of a host, [`readings`] works them out at once.
 pub fn reading(snap: &HostSnapshot, p: &Process) -> Option<(u32, Source)> {
-    let u = snap.utilization.as_ref()?;
-    let mut out: Option<(u32, Source)> = None;
-    for index in p.indices() {
-        let own = u.processes.as_ref().and_then(|lines| {
-            lines
-                .iter()
-                .find(|l| l.index == index && l.pid == p.pid)
-                .map(|l| l.sm.unwrap_or(0))
-        });
-        let (pct, source) = match own {
-            Some(pct) => (pct, Source::Process),
-            None => {
-                let alone = snap
-                    .processes
-                    .iter()
-                    .all(|q| q.pid == p.pid || q.usage_on(index).is_none());
-                match u.gpus.get(&index) {
-                    Some(&pct) if alone => (pct, Source::Gpu),
-                    _ => return None,
-                }
-            }
-        };
-        out = Some(match out {
-            None => (pct, source),
-            Some((m, s)) => (m.max(pct), s.max(source)),
-        });
+    readings(snap).get(&p.pid).copied().flatten()
+}
+
+/// What pmon said of one process on one GPU.
+#[derive(Clone, Copy)]
+enum Line {
+    /// Its SM figure (`None`: `-`).
+    Sm(Option<u32>),
+    /// Listed twice: a process name can hold a newline and forge a line,
+    /// so neither is believed.
+    Twice,
+}
+
+/// Every process's reading on one host ([`reading`]), in one pass over
+/// pmon's lines and the processes. Where pmon lists a (GPU, pid) twice,
+/// that process is unknown; `-` is 0 only where the GPU's own figure is
+/// known (a GPU that cannot say, such as MIG, says nothing by `-`).
+pub fn readings(snap: &HostSnapshot) -> HashMap<Pid, Option<(u32, Source)>> {
+    let Some(u) = snap.utilization.as_ref() else {
+        return HashMap::new();
+    };
+    let mut lines: HashMap<(GpuIndex, Pid), Line> = HashMap::new();
+    for l in u.processes.iter().flatten() {
+        lines
+            .entry((l.index, l.pid))
+            .and_modify(|seen| *seen = Line::Twice)
+            .or_insert(Line::Sm(l.sm));
     }
-    out
+    let mut on_gpu: HashMap<GpuIndex, usize> = HashMap::new();
+    for p in &snap.processes {
+        for index in p.indices() {
+            *on_gpu.entry(index).or_default() += 1;
+        }
+    }
+    let of = |p: &Process| {
+        let mut out: Option<(u32, Source)> = None;
+        for index in p.indices() {
+            let gpu = u.gpus.get(&index).copied();
+            let (pct, source) = match (lines.get(&(index, p.pid)), gpu) {
+                (Some(Line::Twice), _) => return None,
+                (Some(Line::Sm(Some(pct))), _) => (*pct, Source::Process),
+                (Some(Line::Sm(None)), Some(_)) => (0, Source::Process),
+                (None, Some(pct)) if on_gpu.get(&index) == Some(&1) => (pct, Source::Gpu),
+                _ => return None,
+            };
+            out = Some(match out {
+                None => (pct, source),
+                Some((m, s)) => (m.max(pct), s.max(source)),
+            });
+        }
+        out
+    };
+    snap.processes.iter().map(|p| (p.pid, of(p))).collect()
 }
 
 /// What identifies a process from cycle to cycle.
@@ -138,7 +165,8 @@ impl IdleHistory {
     /// (`seen`): extended where a process is still below `below` and was
     /// last seen within `gap` (any, when `None`), started where it just
     /// went below, dropped where it is busy, unknown or gone. The windows
-    /// of hosts not in `seen` are kept.
+    /// of hosts not in `seen` are kept while within `gap` (a host long
+    /// gone, or left out of the inventory, is forgotten).
     pub fn track(
         &self,
         seen: &[(&HostId, &HostSnapshot)],
@@ -146,20 +174,24 @@ impl IdleHistory {
         now_ms: u64,
         gap: Option<Duration>,
     ) -> IdleHistory {
+        let gap_ms = gap.map(millis);
         let answered: std::collections::HashSet<&HostId> = seen.iter().map(|(h, _)| *h).collect();
         let mut windows: BTreeMap<Tracked, Window> = self
             .windows
             .iter()
-            .filter(|(t, _)| !answered.contains(&t.host))
+            .filter(|(t, w)| {
+                !answered.contains(&t.host)
+                    && gap_ms.is_none_or(|g| now_ms.saturating_sub(w.last_ms) <= g)
+            })
             .map(|(t, w)| (t.clone(), *w))
             .collect();
-        let gap_ms = gap.map(millis);
         for (host, snap) in seen {
+            let readings = readings(snap);
             for p in &snap.processes {
                 let Some(start_time) = p.start_time else {
                     continue;
                 };
-                let Some((pct, source)) = reading(snap, p) else {
+                let Some((pct, source)) = readings.get(&p.pid).copied().flatten() else {
                     continue;
                 };
                 if pct >= below {
@@ -212,13 +244,14 @@ pub fn evaluate(
     now_ms: u64,
 ) -> (Vec<Violation>, Vec<Notice>) {
     let snap = a.snapshot();
+    let readings = readings(snap);
     let mut violations = Vec::new();
     let mut notices = Vec::new();
     for (pi, p) in snap.processes.iter().enumerate() {
         if matches!(a.standing(pi), Standing::Unknown) || p.start_time.is_none() {
             continue;
         }
-        if reading(snap, p).is_none() {
+        if readings.get(&p.pid).copied().flatten().is_none() {
             notices.push(Notice::UtilizationUnknown {
                 host: host.clone(),
                 pid: p.pid,
@@ -363,6 +396,19 @@ mod tests {
         assert_eq!(reading(&snap, &both), Some((1, Source::Process)));
         let snap = host_with(vec![both.clone()], Some(vec![(0, 4, Some(1))]), &[(1, 30)]);
         assert_eq!(reading(&snap, &both), Some((30, Source::Gpu)));
+        // A forged line (a process name can hold a newline): the pid listed
+        // twice on a GPU is unknown, whatever either line says.
+        let forged = host_with(
+            vec![a.clone()],
+            Some(vec![(1, 2, Some(0)), (1, 2, Some(99))]),
+            &[(1, 0)],
+        );
+        assert_eq!(reading(&forged, &a), None);
+        // `-` where the GPU cannot say its own figure (MIG): unknown.
+        let mig = host_with(vec![a.clone()], Some(vec![(1, 2, None)]), &[]);
+        assert_eq!(reading(&mig, &a), None);
+        let known = host_with(vec![a.clone()], Some(vec![(1, 2, None)]), &[(1, 0)]);
+        assert_eq!(reading(&known, &a), Some((0, Source::Process)));
         // Not asked: unknown.
         let mut plain = snap.clone();
         plain.utilization = None;
@@ -458,8 +504,10 @@ mod tests {
         assert_eq!(h5.windows.values().next().unwrap().since_ms, 250_000);
         // A host that did not answer keeps its windows; they survive JSON
         // (the state database).
-        let kept = h2.track(&[], 5, 900_000, gap);
+        let kept = h2.track(&[], 5, 400_000, gap);
         assert_eq!(kept, h2);
+        // ... until a gap has passed: a host long gone is forgotten.
+        assert!(h2.track(&[], 5, 600_000, gap).windows.is_empty());
         let json = serde_json::to_string(&h2).unwrap();
         assert_eq!(serde_json::from_str::<IdleHistory>(&json).unwrap(), h2);
     }

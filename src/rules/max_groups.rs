@@ -27,17 +27,38 @@ pub struct HostGroups {
 
 impl HostGroups {
     /// The capped groups of each user in `usage`, as `snap`'s host says.
+    /// Linear: the host's names are indexed once.
     pub fn of(snap: &HostSnapshot, usage: &HostUsage, policy: &Policy) -> Self {
+        let capped = |g: &&&str| policy.max_devices_per_group.contains_key(**g);
+        let said: BTreeMap<&str, Vec<&str>> = match &snap.truth {
+            Some(t) => {
+                let mut by_name: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+                for (uid, name) in &t.user_names {
+                    by_name
+                        .entry(name)
+                        .or_default()
+                        .extend(t.groups_of(*uid).iter().map(String::as_str));
+                }
+                by_name
+            }
+            None => snap
+                .recorded_groups
+                .iter()
+                .map(|(u, g)| (u.as_str(), g.iter().map(String::as_str).collect()))
+                .collect(),
+        };
         let users = usage
             .users
             .keys()
             .filter_map(|user| {
-                let groups: Vec<String> = snap
-                    .groups_of_user(user)
-                    .into_iter()
-                    .filter(|g| policy.max_devices_per_group.contains_key(*g))
-                    .map(String::from)
+                let mut groups: Vec<String> = said
+                    .get(user.as_str())?
+                    .iter()
+                    .filter(capped)
+                    .map(|g| g.to_string())
                     .collect();
+                groups.sort_unstable();
+                groups.dedup();
                 (!groups.is_empty()).then(|| (user.clone(), groups))
             })
             .collect();
@@ -314,7 +335,7 @@ mod tests {
         ) {
             let names = ["u0", "u1", "u2"];
             let hosts = [HostId("h0".into()), HostId("h1".into())];
-            let mut parts = vec![HostUsage::default(), HostUsage::default()];
+            let mut parts = [HostUsage::default(), HostUsage::default()];
             for (h, u, d, working, vouched) in &held {
                 let entry = parts[*h].users.entry(names[*u].into()).or_default();
                 if entry.devices.iter().all(|x| x.index.0 != *d) {

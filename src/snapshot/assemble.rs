@@ -165,12 +165,13 @@ pub fn assemble(
         }),
         utilization: match &raw.gpu_utilization {
             Some(text) => Some(crate::model::Utilization {
+                // pmon prints process names, which users pick: what does
+                // not parse gives no process its own figure (unknown), and
+                // never fails the host.
                 processes: raw
                     .pmon
                     .as_deref()
-                    .map(|t| nvidia_smi::parse_pmon(t, ""))
-                    .transpose()
-                    .map_err(named("nvidia-smi pmon"))?,
+                    .and_then(|t| nvidia_smi::parse_pmon(t, "").ok()),
                 gpus: nvidia_smi::parse_gpu_utilization(text, "")
                     .map_err(named("nvidia-smi --query-gpu=index,utilization.gpu"))?,
             }),
@@ -259,6 +260,20 @@ mod tests {
             user_names: [(1001, "alice".to_string())].into_iter().collect(),
          ..Default::default()
 }
+    }
+
+    #[test]
+    fn a_pmon_that_does_not_parse_gives_no_process_a_figure_and_fails_nothing() {
+        let mut r = raw();
+        r.gpu_utilization = Some("0, 3\n1, 0\n".into());
+        r.pmon = Some("    0 100 C x\n".into());
+        let snap = assemble(&r, "h", &mut ParsedState::default(), MAX).unwrap();
+        let u = snap.utilization.unwrap();
+        assert_eq!(u.processes, None);
+        assert_eq!(u.gpus.len(), 2);
+        r.pmon = Some("# gpu pid type sm\n    0 100 C 7\n".into());
+        let snap = assemble(&r, "h", &mut ParsedState::default(), MAX).unwrap();
+        assert_eq!(snap.utilization.unwrap().processes.unwrap()[0].sm, Some(7));
     }
 
     #[test]
