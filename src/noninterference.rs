@@ -619,13 +619,20 @@ fn base_policy() -> impl Strategy<Value = Policy> {
         any::<bool>(),
         proptest::option::of(0u32..4),
         proptest::option::of(0u32..3),
+        // A memory cap on bob (MiB): his jobs over it never make alice's
+        // the ones terminated.
+        proptest::option::of(0u64..9000),
     )
-        .prop_map(|(n, d, m, cap, bob)| Policy {
+        .prop_map(|(n, d, m, cap, bob, bob_memory)| Policy {
             non_env_processes: n,
             env_devices: d,
             env_memory: m,
             max_devices_per_user: cap,
             max_devices_for_user: bob.map(|b| ("bob".to_string(), b)).into_iter().collect(),
+            max_memory_for_user: bob_memory
+                .map(|b| ("bob".to_string(), b << 20))
+                .into_iter()
+                .collect(),
             ..Default::default()
         })
 }
