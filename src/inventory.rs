@@ -505,8 +505,10 @@ pub fn parse_inventory(
     let mut policy = BTreeMap::new();
     for (name, p) in &parsed.policy {
         let rule = Rule::from_name(name).ok_or_else(|| {
+            let names: Vec<&str> = Rule::ALL.iter().map(|r| r.name()).collect();
             err(format!(
-                "[policy.{name}]: unknown rule (non-env-processes, env-devices, env-memory, max-devices-per-user)"
+                "[policy.{name}]: unknown rule ({})",
+                names.join(", ")
             ))
         })?;
         let warn_only = match p.action.as_ref() {
