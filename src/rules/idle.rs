@@ -94,8 +94,8 @@ pub fn readings(snap: &HostSnapshot) -> HashMap<Pid, Option<(u32, Source)>> {
         let mut out: Option<(u32, Source)> = None;
         for index in p.indices() {
             let gpu = u.gpus.get(&index).copied();
+            // A line listed twice, like no figure at all, is unknown.
             let (pct, source) = match (lines.get(&(index, p.pid)), gpu) {
-                (Some(Line::Twice), _) => return None,
                 (Some(Line::Sm(Some(pct))), _) => (*pct, Source::Process),
                 (Some(Line::Sm(None)), Some(_)) => (0, Source::Process),
                 (None, Some(pct)) if on_gpu.get(&index) == Some(&1) => (pct, Source::Gpu),

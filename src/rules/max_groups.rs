@@ -299,26 +299,104 @@ mod tests {
     }
 
     #[test]
-    fn devices_only_strays_hold_count_but_are_never_detached() {
+    fn devices_strays_run_on_count_but_are_never_detached() {
         let h = HostId("h".into());
         let stray = HeldDevice {
             eids: vec![],
             stray: true,
             ..device(0, "x", true, false)
         };
-        let u = usage(&[("alice", vec![stray])]);
+        // A stray runs beside her environment: detaching it would not
+        // lower the count.
+        let beside = HeldDevice {
+            stray: true,
+            ..device(1, "e1", true, true)
+        };
+        let u = usage(&[("alice", vec![stray, beside, device(2, "e2", false, false)])]);
         let (v, n) = evaluate(
             &[(&h, &u, &groups(&[("alice", &["lab"])]))],
             &policy(&[("lab", 0)]),
             Detached::new(),
         );
-        assert!(detaches(&v).is_empty());
+        assert_eq!(detaches(&v), [("h".to_string(), 2, "alice".to_string())]);
         assert_eq!(
             n,
             [Notice::GroupExcessKept {
                 group: "lab".into(),
-                left: 1
+                left: 2
             }]
+        );
+    }
+
+    #[test]
+    fn what_detaches_name_is_detached_and_terminations_are_not() {
+        let h = HostId("h".into());
+        let v = Violation {
+            rule: Rule::MaxDevicesPerUser,
+            finding: Finding::MaxDevices {
+                user: "a".into(),
+                devices: 1,
+                hosts: 1,
+                over: 1,
+            },
+            actions: vec![
+                Action::Terminate {
+                    host: h.clone(),
+                    pid: Pid(1),
+                },
+                Action::Detach {
+                    host: h.clone(),
+                    device: GpuIndex(3),
+                    eids: vec![EnvId("x".into()), EnvId("y".into())],
+                    pids: vec![],
+                    user: "a".into(),
+                },
+            ],
+        };
+        let d = detached(&[v]);
+        assert_eq!(d.len(), 2);
+        assert!(d.contains(&(h.clone(), GpuIndex(3), EnvId("y".into()))));
+    }
+
+    #[test]
+    fn a_hosts_groups_are_its_name_services_for_the_users_it_names_or_the_recordings() {
+        use crate::model::HostTruth;
+        let u = usage(&[
+            ("alice", vec![device(0, "a", false, false)]),
+            ("bob", vec![device(1, "b", false, false)]),
+            ("carol", vec![device(2, "c", false, false)]),
+        ]);
+        let p = policy(&[("lab", 1)]);
+        let live = HostSnapshot {
+            truth: Some(HostTruth {
+                user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
+                    .into_iter()
+                    .collect(),
+                groups: [
+                    (1001, vec!["lab".to_string(), "users".to_string()]),
+                    (1002, vec!["users".to_string()]),
+                ]
+                .into_iter()
+                .collect(),
+                ..HostTruth::default()
+            }),
+            // A recording's word is not taken on a live host.
+            recorded_groups: [("carol".to_string(), vec!["lab".to_string()])]
+                .into_iter()
+                .collect(),
+            ..HostSnapshot::default()
+        };
+        assert_eq!(
+            HostGroups::of(&live, &u, &p),
+            groups(&[("alice", &["lab"])])
+        );
+        let recorded = HostSnapshot {
+            truth: None,
+            ..live
+        };
+        assert_eq!(
+            HostGroups::of(&recorded, &u, &p),
+            groups(&[("carol", &["lab"])])
         );
     }
 

@@ -287,6 +287,36 @@ mod tests {
     }
 
     #[test]
+    fn what_other_rules_terminate_is_every_terminated_pid_and_every_detachs_processes() {
+        let h = HostId("h".into());
+        let v = Violation {
+            rule: Rule::EnvMemory,
+            finding: Finding::MaxDevices {
+                user: "a".into(),
+                devices: 1,
+                hosts: 1,
+                over: 1,
+            },
+            actions: vec![
+                Action::Terminate {
+                    host: h.clone(),
+                    pid: Pid(1),
+                },
+                Action::Detach {
+                    host: h.clone(),
+                    device: crate::model::GpuIndex(0),
+                    eids: vec![],
+                    pids: vec![Pid(2), Pid(3)],
+                    user: "a".into(),
+                },
+            ],
+        };
+        let t = terminated(&[v]);
+        assert_eq!(t.len(), 3);
+        assert!(t.contains(&(h, Pid(3))));
+    }
+
+    #[test]
     fn memory_is_summed_from_attribution_with_unknown_usage_counting_nothing() {
         use super::super::test_support::*;
         use crate::model::*;
