@@ -61,6 +61,18 @@ pub struct HeldDevice {
 }
 
 impl HeldDevice {
+    /// The detach that frees it from `user`'s (and their group's) count:
+    /// their environments here, with their member processes.
+    pub fn detach(&self, host: &HostId, user: &str) -> Action {
+        Action::Detach {
+            host: host.clone(),
+            device: self.index,
+            eids: self.eids.clone(),
+            pids: self.pids.clone(),
+            user: user.to_string(),
+        }
+    }
+
     fn new(index: GpuIndex) -> Self {
         HeldDevice {
             index,
@@ -190,13 +202,7 @@ pub fn evaluate(hosts: &[(&HostId, &HostUsage)], policy: &Policy) -> (Vec<Violat
             .chain(detachable(false, true))
             .chain(working)
             .take(over)
-            .map(|(host, d)| Action::Detach {
-                host: host.clone(),
-                device: d.index,
-                eids: d.eids.clone(),
-                pids: d.pids.clone(),
-                user: user.to_string(),
-            })
+            .map(|(host, d)| d.detach(host, user))
             .collect();
         if actions.len() < over {
             notices.push(Notice::ExcessKept {

@@ -140,13 +140,7 @@ pub fn evaluate(
                 for e in &d.eids {
                     detached.insert((host.clone(), d.index, e.clone()));
                 }
-                Action::Detach {
-                    host: host.clone(),
-                    device: d.index,
-                    eids: d.eids.clone(),
-                    pids: d.pids.clone(),
-                    user: user.to_string(),
-                }
+                d.detach(host, user)
             })
             .collect();
         if actions.len() < over {
