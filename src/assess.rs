@@ -84,6 +84,7 @@ pub fn assess(
         Moment {
             idle: &idle,
             now_ms: 0,
+            shards: None,
         },
     )
 }

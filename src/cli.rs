@@ -257,6 +257,10 @@ pub struct DoctorOutput {
     /// Output format: a table, or one JSON object.
     #[arg(long, value_enum, default_value = "text")]
     pub output: OutputFormat,
+
+    /// Also check etcd, the election and each host's fence.
+    #[command(flatten)]
+    pub ha: Box<HaArgs>,
 }
 
 /// `remote ... enforce` options.
@@ -414,6 +418,102 @@ pub struct CycleArgs {
     #[arg(long, default_value_t = crate::snapshot::genv::DEFAULT_MAX_RECORDS, value_name = "N",
           value_parser = parse_max_records)]
     pub max_records: usize,
+
+    #[command(flatten)]
+    pub ha: HaArgs,
+}
+
+/// High availability on etcd (`--ha-*`).
+#[derive(Debug, Clone, Args)]
+pub struct HaArgs {
+    /// Run as one of several enforcer boxes on etcd: only the box whose
+    /// lease holds the election key acts; the others report as a dry run
+    /// and take over when that lease ends. etcd's client URLs,
+    /// comma-separated (http://10.0.0.1:2379,...; https:// with
+    /// --ha-cacert).
+    #[arg(long, value_name = "URL", value_delimiter = ',', num_args = 1.., help_heading = "High availability")]
+    pub ha_etcd: Vec<String>,
+
+    /// The prefix of our etcd keys: boxes that share it (and --shard)
+    /// elect one leader.
+    #[arg(long, value_name = "PREFIX", default_value = crate::ha::DEFAULT_KEY, help_heading = "High availability")]
+    pub ha_key: String,
+
+    /// Enforce shard K of N: the hosts at places K, K+N, K+2N, ... of the
+    /// inventory (from 1). The per-user device caps still count every
+    /// shard's hosts (each shard publishes its part in etcd) and detach
+    /// in one global order, each shard on its own hosts.
+    #[arg(long, value_name = "K/N", help_heading = "High availability")]
+    pub shard: Option<crate::ha::Shard>,
+
+    /// This box's name in the election (what the others report as the
+    /// leader) [default: the hostname].
+    #[arg(long, value_name = "NAME", help_heading = "High availability")]
+    pub ha_name: Option<String>,
+
+    /// The lease's time to live: a leader that stops keeping it alive
+    /// (dead, paused, cut off) is replaced this long after [default: three
+    /// intervals, at least 3s; 30s with --interval 0].
+    #[arg(long, value_name = "DURATION", value_parser = parse_ha_ttl, help_heading = "High availability")]
+    pub ha_ttl: Option<Duration>,
+
+    /// Where each host's agent keeps the highest leader epoch it has seen
+    /// (a directory of root's alone, made if missing; an action with an
+    /// older epoch is refused there).
+    #[arg(long, value_name = "DIR", default_value = crate::ha::FENCE_DIR, help_heading = "High availability")]
+    pub ha_fence_dir: String,
+
+    /// The CA certificate (PEM) that signs etcd's server certificates.
+    #[arg(long, value_name = "FILE", help_heading = "High availability")]
+    pub ha_cacert: Option<PathBuf>,
+
+    /// Our client certificate (PEM), for etcd's --client-cert-auth.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "ha_cacert",
+        requires = "ha_cert_key",
+        help_heading = "High availability"
+    )]
+    pub ha_cert: Option<PathBuf>,
+
+    /// The key (PEM) of --ha-cert.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "ha_cert",
+        help_heading = "High availability"
+    )]
+    pub ha_cert_key: Option<PathBuf>,
+
+    /// etcd's user (auth enabled); its password is read from
+    /// --ha-password-file.
+    #[arg(
+        long,
+        value_name = "USER",
+        requires = "ha_password_file",
+        help_heading = "High availability"
+    )]
+    pub ha_user: Option<String>,
+
+    /// The file holding --ha-user's password (ours, readable by no one
+    /// else).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "ha_user",
+        help_heading = "High availability"
+    )]
+    pub ha_password_file: Option<PathBuf>,
+}
+
+/// `--ha-ttl`: from 2s (etcd's floor) to an hour.
+fn parse_ha_ttl(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d < Duration::from_secs(2) || d > Duration::from_secs(3600) {
+        return Err(format!("{text} is not between 2s and 1h"));
+    }
+    Ok(d)
 }
 
 /// `--max-records`: at least 1, at most 10 million (work on a host's

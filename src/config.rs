@@ -60,6 +60,8 @@ pub struct Settings {
     /// Where warnings, actions and clearings are told (`--smtp`,
     /// `--webhook`); none in a dry run.
     pub notify: Option<Arc<crate::notify::Notify>>,
+    /// `--ha-etcd`: one of several boxes, acting only while it leads.
+    pub ha: Option<Arc<crate::ha::HaSpec>>,
 }
 
 /// What a command line asks for.
@@ -82,11 +84,12 @@ pub enum Job {
     Report(crate::cli::ReportArgs),
     /// Man pages and completions written under this directory.
     Docs(PathBuf),
-    /// `doctor` over these hosts.
+    /// `doctor` over these hosts (and etcd, under `--ha-etcd`).
     Doctor {
         fleet: Fleet,
         format: Format,
         control_dir: Option<tempfile::TempDir>,
+        ha: Option<crate::ha::HaSpec>,
     },
 }
 
@@ -125,6 +128,8 @@ pub enum ConfigError {
     Audit(#[from] AuditError),
     #[error(transparent)]
     Notify(#[from] crate::notify::NotifyError),
+    #[error("--ha-etcd: {0}")]
+    Ha(String),
 }
 
 /// Resolves a parsed command line.
@@ -137,19 +142,29 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
         Command::Snapshot(args) => Ok(Job::Snapshot(Box::new(LocalHost::from_env(
             args.command_timeout,
         )))),
-        Command::Doctor(args) => Ok(Job::Doctor {
-            fleet: Fleet::new(
+        Command::Doctor(args) => {
+            let ha = ha_spec(&args.output.ha, Duration::ZERO)?;
+            let mut fleet = Fleet::new(
                 vec![Host::Local(Box::new(LocalHost::from_env(
                     args.command_timeout,
                 )))],
                 1,
-            ),
-            format: format(args.output.output),
-            control_dir: None,
-        }),
+            );
+            fleet.set_fencing(&fencing(ha.as_ref()));
+            Ok(Job::Doctor {
+                fleet,
+                format: format(args.output.output),
+                control_dir: None,
+                ha,
+            })
+        }
         Command::Enforce(args) => {
             let replay = !args.snapshot.is_empty();
-            let settings = settings(&args.cycle, policy(&args.rules), Mode::Local, replay);
+            let settings = with_ha(
+                settings(&args.cycle, policy(&args.rules), Mode::Local, replay),
+                &args.cycle,
+                replay,
+            )?;
             let fleets = if replay {
                 args.snapshot
                     .iter()
@@ -165,6 +180,7 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
                     .cloned()
                     .collect();
                 host.utilization = settings.policy.idle.is_some();
+                host.fencing = fencing(settings.ha.as_deref());
                 vec![Fleet::new(vec![Host::Local(Box::new(host))], 1)]
             };
             Ok(Job::Enforce {
@@ -206,7 +222,8 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
     let enforce = match &args.command {
         RemoteCommand::Enforce(enforce) => enforce,
         RemoteCommand::Doctor(d) => {
-            let (fleet, control_dir) = ssh_fleet(
+            let ha = ha_spec(&d.ha, Duration::ZERO)?;
+            let (mut fleet, control_dir) = ssh_fleet(
                 &args,
                 load_hosts(&args)?,
                 AgentLifetime::OneCycle,
@@ -214,10 +231,12 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
                 crate::snapshot::genv::DEFAULT_MAX_RECORDS,
                 None,
             )?;
+            fleet.set_fencing(&fencing(ha.as_ref()));
             return Ok(Job::Doctor {
                 fleet,
                 format: format(d.output),
                 control_dir,
+                ha,
             });
         }
     };
@@ -253,6 +272,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
         settings.grace.exempt = inv.exempt.clone();
     }
     let settings = with_notify(settings, &enforce.cycle, &emails)?;
+    let settings = with_ha(settings, &enforce.cycle, enforce.snapshot_dir.is_some())?;
     if let Some(dir) = &enforce.snapshot_dir {
         let ids = match inventory {
             Some(i) => i.hosts.into_iter().map(|h| h.id).collect(),
@@ -282,7 +302,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
     } else {
         AgentLifetime::Kept
     };
-    let (fleet, control_dir) = ssh_fleet(
+    let (mut fleet, control_dir) = ssh_fleet(
         &args,
         inventory,
         lifetime,
@@ -290,6 +310,8 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
         enforce.cycle.max_records,
         Some(&settings.policy),
     )?;
+    fleet.set_fencing(&fencing(settings.ha.as_deref()));
+    let fleet = sharded(fleet, &settings)?;
     Ok(Job::Enforce {
         metrics: enforce.cycle.metrics_listen,
         fleets: with_audit(vec![fleet], &enforce.cycle)?,
@@ -374,6 +396,7 @@ fn ssh_fleet(
                 max_records,
                 groups: groups.clone(),
                 utilization,
+                fencing: crate::ha::Fencing::off(),
             }))
         })
         .collect();
@@ -436,7 +459,152 @@ fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings
         retain: c.retain,
         sample_usage: c.state_db.is_some() || c.metrics_listen.is_some(),
         notify: None,
+        ha: None,
     }
+}
+
+/// `settings` with `--ha-*` resolved; a replay has no hosts to fence.
+fn with_ha(mut settings: Settings, c: &CycleArgs, replay: bool) -> Result<Settings, ConfigError> {
+    let spec = ha_spec(&c.ha, settings.interval)?;
+    if spec.is_some() && (replay || settings.dry_run) {
+        return Err(ConfigError::Ha(
+            "a dry run (or a replay of recorded snapshots) acts on nothing: there is no leader to elect"
+                .into(),
+        ));
+    }
+    if settings.mode == Mode::Local && spec.as_ref().is_some_and(|s| s.shard.is_some()) {
+        return Err(ConfigError::Ha(
+            "--shard splits a remote fleet: it is for `remote ... enforce`".into(),
+        ));
+    }
+    settings.ha = spec.map(Arc::new);
+    Ok(settings)
+}
+
+/// The fence the hosts of a run keep: on under `--ha-etcd`.
+fn fencing(ha: Option<&crate::ha::HaSpec>) -> crate::ha::Fencing {
+    ha.map_or_else(crate::ha::Fencing::off, |h| {
+        crate::ha::Fencing::new(h.fence_dir.clone())
+    })
+}
+
+/// `--ha-*` checked: URLs, the fence directory, TLS files, the password.
+fn ha_spec(
+    a: &crate::cli::HaArgs,
+    interval: Duration,
+) -> Result<Option<crate::ha::HaSpec>, ConfigError> {
+    use crate::ha::{HaSpec, TlsSpec};
+    let bad = |why: String| Err(ConfigError::Ha(why));
+    if a.ha_etcd.is_empty() {
+        let stray = [
+            (a.ha_name.is_some(), "--ha-name"),
+            (a.ha_ttl.is_some(), "--ha-ttl"),
+            (a.ha_cacert.is_some(), "--ha-cacert"),
+            (a.ha_user.is_some(), "--ha-user"),
+            (a.ha_key != crate::ha::DEFAULT_KEY, "--ha-key"),
+            (a.ha_fence_dir != crate::ha::FENCE_DIR, "--ha-fence-dir"),
+            (a.shard.is_some(), "--shard"),
+        ];
+        if let Some((_, flag)) = stray.iter().find(|(set, _)| *set) {
+            return bad(format!("{flag} needs --ha-etcd"));
+        }
+        return Ok(None);
+    }
+    for url in &a.ha_etcd {
+        let tls = url.starts_with("https://");
+        if !(tls || url.starts_with("http://")) || url.len() < 10 {
+            return bad(format!(
+                "{url:?} is not an etcd client URL (http://HOST:PORT, or https:// with --ha-cacert)"
+            ));
+        }
+        if tls != a.ha_cacert.is_some() {
+            return bad(format!(
+                "{url}: https:// URLs need --ha-cacert, and --ha-cacert needs https:// URLs"
+            ));
+        }
+    }
+    if !a.ha_key.starts_with('/')
+        || a.ha_key.len() < 2
+        || a.ha_key.ends_with('/')
+        || a.ha_key.chars().any(char::is_control)
+    {
+        return bad(format!(
+            "--ha-key {:?}: a prefix such as /genv-enforce",
+            a.ha_key
+        ));
+    }
+    let dir = &a.ha_fence_dir;
+    if !dir.starts_with('/')
+        || dir.len() < 2
+        || dir.split('/').any(|p| p == "..")
+        || dir.chars().any(char::is_control)
+    {
+        return bad(format!(
+            "--ha-fence-dir {dir:?}: an absolute path without '..'"
+        ));
+    }
+    let user = match (&a.ha_user, &a.ha_password_file) {
+        (Some(user), Some(path)) => {
+            let text = crate::private::read_secret(path).map_err(|why| {
+                ConfigError::Ha(format!("--ha-password-file {}: {why}", path.display()))
+            })?;
+            let password = text.lines().next().unwrap_or("").to_string();
+            if password.is_empty() {
+                return bad(format!("--ha-password-file {}: empty", path.display()));
+            }
+            Some((user.clone(), password))
+        }
+        _ => None,
+    };
+    let name = match &a.ha_name {
+        Some(n) if !n.is_empty() && !n.chars().any(char::is_control) && n.len() <= 255 => n.clone(),
+        Some(n) => return bad(format!("--ha-name {n:?}: 1 to 255 printable characters")),
+        None => crate::host::local::hostname().0,
+    };
+    Ok(Some(HaSpec {
+        endpoints: a.ha_etcd.clone(),
+        key: a.ha_key.clone(),
+        name,
+        ttl: a.ha_ttl.unwrap_or_else(|| crate::ha::default_ttl(interval)),
+        fence_dir: dir.clone(),
+        tls: a.ha_cacert.as_ref().map(|ca| TlsSpec {
+            ca: ca.clone(),
+            identity: a.ha_cert.clone().zip(a.ha_cert_key.clone()),
+        }),
+        user,
+        shard: a.shard,
+    }))
+}
+
+/// `fleet` cut to `settings`' shard (`--shard K/N`): its hosts at places
+/// K, K+N, ... of the inventory, each with its place. Only the per-user
+/// device caps count across shards: the other caps are refused.
+fn sharded(mut fleet: Fleet, settings: &Settings) -> Result<Fleet, ConfigError> {
+    let Some(shard) = settings.ha.as_ref().and_then(|h| h.shard) else {
+        return Ok(fleet);
+    };
+    let p = &settings.policy;
+    if !p.max_devices_per_group.is_empty() || p.has_memory_caps() {
+        return Err(ConfigError::Ha(
+            "--shard counts only the per-user device caps across shards: \
+             --max-devices-per-group and the memory caps would count one shard's hosts alone"
+                .into(),
+        ));
+    }
+    let hosts = std::mem::take(&mut fleet.hosts);
+    for (position, host) in hosts.into_iter().enumerate() {
+        if shard.holds(position) {
+            fleet.positions.insert(host.id().clone(), position);
+            fleet.hosts.push(host);
+        }
+    }
+    if fleet.hosts.is_empty() {
+        return Err(ConfigError::Ha(format!(
+            "--shard {}/{}: no host of the inventory falls in it",
+            shard.k, shard.n
+        )));
+    }
+    Ok(fleet)
 }
 
 /// The notification channels of the flags, each checked (addresses,

@@ -17,6 +17,7 @@ use crate::model::{FailureKind, HostFailure, HostId};
 use crate::outcome::{self, Outcome, TerminateResult};
 use crate::plan::{HostPlan, Plan, Termination};
 use crate::report::{CycleReport, Timing};
+use crate::rules::shards::{Published, Shards};
 use crate::rules::{IdleHistory, Moment, Orphans};
 
 /// Now, in milliseconds since the Unix epoch.
@@ -42,6 +43,11 @@ pub struct Memory {
     pub orphans: HashMap<HostId, Orphans>,
     /// Each process's idle window (the idle rule).
     pub idle: IdleHistory,
+    /// `--shard`: the other shards' parts of the device caps, read before
+    /// the cycle.
+    pub others: Vec<Published>,
+    /// `--shard`: our hosts' parts, to publish after the cycle.
+    pub published: Vec<Published>,
 }
 
 /// One cycle over `fleet`: every host's snapshot, the assessment, the plan
@@ -126,6 +132,24 @@ pub async fn cycle(
         );
     }
     let idle = memory.idle.clone();
+    // Sharded: what our hosts hold, for the other shards; theirs beside.
+    let sharded = !fleet.positions.is_empty();
+    memory.published = if sharded {
+        results
+            .iter()
+            .filter_map(|(host, r)| {
+                let (_, findings) = r.as_ref().ok()?;
+                Some(Published {
+                    host: host.clone(),
+                    position: *fleet.positions.get(host)?,
+                    usage: findings.usage.clone(),
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let (positions, others) = (fleet.positions.clone(), memory.others.clone());
     let assessed = Instant::now();
     let (mode, dry_run) = (settings.mode, settings.dry_run);
     // The caps and the plan over every host: off the async workers too.
@@ -142,6 +166,10 @@ pub async fn cycle(
                 let moment = Moment {
                     idle: &idle,
                     now_ms: now,
+                    shards: sharded.then_some(Shards {
+                        positions: &positions,
+                        others: &others,
+                    }),
                 };
                 assess::assess_found(n, mode, dry_run, &policy, results, moment)
             }

@@ -71,6 +71,20 @@ pub struct AgentFacts {
     pub state: StateFacts,
     pub genv: Option<String>,
     pub tools: BTreeMap<String, Option<String>>,
+    /// High availability: the agent's fencing directory, when asked.
+    #[serde(default)]
+    pub fence: Option<FenceFacts>,
+}
+
+/// The fencing directory (high availability) as the agent found it.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct FenceFacts {
+    pub dir: String,
+    pub kind: FileKind,
+    /// The highest leader epoch the host has seen.
+    pub epoch: Option<u64>,
+    /// Why the agent would refuse to use it.
+    pub problem: Option<String>,
 }
 
 /// nvidia-smi's answer to `--query-gpu=index,driver_version`.
@@ -399,6 +413,9 @@ fn agent_checks(f: &Facts, a: &AgentFacts, out: &mut Vec<Check>) {
             ),
         });
     }
+    if let Some(fence) = &a.fence {
+        out.push(fence_check(fence));
+    }
     if let Some(skew) = f.skew {
         out.push(if skew.abs() > 2.0 {
             check(
@@ -410,6 +427,36 @@ fn agent_checks(f: &Facts, a: &AgentFacts, out: &mut Vec<Check>) {
         } else {
             check("clock", Status::Ok, format!("{skew:+.2} s from ours"), None)
         });
+    }
+}
+
+/// The fencing directory: what a leader's requests would meet there.
+fn fence_check(fence: &FenceFacts) -> Check {
+    match (&fence.problem, fence.epoch) {
+        (Some(problem), _) => check(
+            "fence",
+            Status::Fail,
+            problem.clone(),
+            Some(format!(
+                "as root on the host: `rm -rf {}` (the next leader's request makes it again, root's own, 0700)",
+                fence.dir
+            )),
+        ),
+        (None, Some(epoch)) => check(
+            "fence",
+            Status::Ok,
+            format!("{}/epoch: the newest leader seen has epoch {epoch}", fence.dir),
+            None,
+        ),
+        (None, None) => check(
+            "fence",
+            Status::Ok,
+            format!(
+                "{} holds no epoch yet: the first leader's request sets it",
+                fence.dir
+            ),
+            None,
+        ),
     }
 }
 
@@ -575,6 +622,7 @@ mod tests {
                 .into_iter()
                 .map(|(a, b)| (a.to_string(), b.map(String::from)))
                 .collect(),
+            fence: None,
         }
     }
 
@@ -645,6 +693,33 @@ mod tests {
             .unwrap()
             .detail
             .contains("8 GPUs, driver 580.159.04"));
+    }
+
+    #[test]
+    fn the_fence_is_checked_only_under_high_availability_and_a_problem_fails() {
+        let named = |f: &Facts| checks(f).into_iter().find(|c| c.check == "fence");
+        assert_eq!(named(&healthy()), None);
+        let mut f = healthy();
+        let mut a = agent();
+        a.fence = Some(FenceFacts {
+            dir: "/run/genv-enforce".into(),
+            kind: FileKind::Is(Kind::Missing),
+            epoch: None,
+            problem: None,
+        });
+        f.agent = Some(Ok(a.clone()));
+        let c = named(&f).unwrap();
+        assert_eq!(c.status, Status::Ok);
+        assert!(c.detail.contains("holds no epoch yet"), "{c:?}");
+        a.fence.as_mut().unwrap().epoch = Some(12);
+        f.agent = Some(Ok(a.clone()));
+        assert!(named(&f).unwrap().detail.contains("has epoch 12"));
+        a.fence.as_mut().unwrap().problem = Some("/run/genv-enforce: a symbolic link".into());
+        f.agent = Some(Ok(a));
+        let c = named(&f).unwrap();
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.fix.unwrap().contains("rm -rf /run/genv-enforce"));
+        assert!(!passed(&checks(&f)));
     }
 
     #[test]

@@ -113,6 +113,7 @@ impl HostError {
                 FailKind::State => FailureKind::State,
                 FailKind::Lock => FailureKind::Lock,
                 FailKind::NvidiaSmi => FailureKind::NvidiaSmi,
+                FailKind::Fenced => FailureKind::Fenced,
                 FailKind::Request | FailKind::Agent => FailureKind::Agent,
             },
             HostError::Read { .. } => FailureKind::Recorded,

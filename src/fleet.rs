@@ -27,6 +27,11 @@ pub struct Fleet {
     pub concurrency: usize,
     /// Where every action is recorded before it is carried out.
     pub audit: Option<Arc<AuditLog>>,
+    /// The epoch its hosts' requests carry (high availability).
+    pub fencing: crate::ha::Fencing,
+    /// `--shard`: each host's place in the whole inventory (empty: the
+    /// fleet is the whole inventory).
+    pub positions: HashMap<HostId, usize>,
 }
 
 /// One host's part of a cycle's first phase.
@@ -69,7 +74,17 @@ impl Fleet {
             hosts,
             concurrency: concurrency.max(1),
             audit: None,
+            fencing: crate::ha::Fencing::off(),
+            positions: HashMap::new(),
         }
+    }
+
+    /// Makes every host's requests carry `fencing`'s epoch.
+    pub fn set_fencing(&mut self, fencing: &crate::ha::Fencing) {
+        for h in &mut self.hosts {
+            h.set_fencing(fencing);
+        }
+        self.fencing = fencing.clone();
     }
 
     /// Carries out `plan` on `h` (see [`Fleet::audited`]).

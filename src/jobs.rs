@@ -52,8 +52,9 @@ pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
             fleet,
             format,
             control_dir,
+            ha,
         } => {
-            let code = doctor(&fleet, format).await;
+            let code = doctor(&fleet, format, ha.as_ref()).await;
             for (host, e) in fleet.close().await {
                 tracing::warn!(%host, error = %chain(&e), "closing the host's connection failed");
             }
@@ -83,6 +84,15 @@ pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
                 let m = Arc::new(Metrics::new());
                 server = Some(tokio::spawn(metrics::serve(listener, Arc::clone(&m))));
                 service.metrics = Some(m);
+            }
+            if let Some(spec) = &settings.ha {
+                match crate::ha::Elector::start((**spec).clone()).await {
+                    Ok(e) => service.elector = Some(e),
+                    Err(e) => {
+                        complain(&format!("--ha-etcd: {}", chain(&e)));
+                        return USAGE;
+                    }
+                }
             }
             let ending = service::run(fleets, settings, service).await;
             if let Some(server) = server {
@@ -139,7 +149,7 @@ fn report(args: &crate::cli::ReportArgs) -> u8 {
 
 /// Checks every host of `fleet`, a progress line on stderr if it is a
 /// terminal; the report on stdout; 1 if a host failed.
-async fn doctor(fleet: &Fleet, format: Format) -> u8 {
+async fn doctor(fleet: &Fleet, format: Format, ha: Option<&crate::ha::HaSpec>) -> u8 {
     use std::io::{IsTerminal, Write};
     let tty = std::io::stderr().is_terminal();
     let progress = |done: usize, total: usize| {
@@ -154,10 +164,19 @@ async fn doctor(fleet: &Fleet, format: Format) -> u8 {
     if tty {
         let _ = write!(std::io::stderr().lock(), "\r\x1b[K");
     }
-    let hosts: Vec<_> = facts
+    let mut hosts: Vec<_> = facts
         .iter()
         .map(|f| (f.host.clone(), crate::doctor::checks(f)))
         .collect();
+    if let Some(spec) = ha {
+        hosts.insert(
+            0,
+            (
+                crate::model::HostId("etcd".into()),
+                crate::ha::doctor::checks(spec).await,
+            ),
+        );
+    }
     let lines = match format {
         Format::Text => crate::doctor::render_text(&hosts),
         Format::Json => vec![crate::doctor::render_json(&hosts)],

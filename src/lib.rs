@@ -27,6 +27,8 @@
 //!   are touched only by our agent (`host/agent.py`), spoken to through
 //!   [`host::protocol`].
 //! - [`fleet`]: bounded, unordered fan-out over hosts.
+//! - [`ha`]: several enforcer boxes on etcd: the election, and the
+//!   epoch that fences a deposed leader off the hosts.
 //! - [`cycle`]: one cycle over a fleet; [`service`]: the loop around it
 //!   (interval, signals, reload, systemd); [`output`]: stdout and stderr;
 //!   [`jobs`]: what each resolved job does.
@@ -41,6 +43,7 @@ pub mod docs;
 pub mod doctor;
 pub mod error;
 pub mod fleet;
+pub mod ha;
 pub mod host;
 pub mod inventory;
 pub mod jobs;

@@ -90,6 +90,10 @@ pub struct Metrics {
     unowned_memory: Family<GpuLabels, Gauge>,
     notifications: Family<NotifyLabels, Counter>,
     last_success: Gauge<f64, AtomicU64>,
+    ha_leader: Gauge,
+    ha_epoch: Gauge,
+    ha_takeovers: Counter,
+    ha_fenced: Counter,
 }
 
 impl Default for Metrics {
@@ -116,6 +120,10 @@ impl Metrics {
             unowned_memory: Family::default(),
             notifications: Family::default(),
             last_success: Gauge::default(),
+            ha_leader: Gauge::default(),
+            ha_epoch: Gauge::default(),
+            ha_takeovers: Counter::default(),
+            ha_fenced: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("cycles", "Enforcement cycles run", m.cycles.clone());
@@ -175,7 +183,44 @@ impl Metrics {
             "When the last cycle without any failure ended (Unix time)",
             m.last_success.clone(),
         );
+        registry.register(
+            "ha_leader",
+            "High availability: 1 while this box leads (acts), 0 while it follows",
+            m.ha_leader.clone(),
+        );
+        registry.register(
+            "ha_epoch",
+            "High availability: the epoch of the leader this box knows of (its own while it leads)",
+            m.ha_epoch.clone(),
+        );
+        registry.register(
+            "ha_takeovers",
+            "High availability: times this box became the leader",
+            m.ha_takeovers.clone(),
+        );
+        registry.register(
+            "ha_fenced",
+            "High availability: times a host's agent refused this box's epoch (another leader acted there) and it stepped down",
+            m.ha_fenced.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Where this box stands in the election, before a cycle; `took_over`:
+    /// it has just become the leader.
+    pub fn standing(&self, s: &crate::ha::Standing, took_over: bool) {
+        self.ha_leader.set(i64::from(s.leads()));
+        if let Some(e) = s.epoch() {
+            self.ha_epoch.set(i64::try_from(e).unwrap_or(i64::MAX));
+        }
+        if took_over {
+            self.ha_takeovers.inc();
+        }
+    }
+
+    /// A host's agent refused this box's epoch.
+    pub fn fenced(&self) {
+        self.ha_fenced.inc();
     }
 
     /// Counts `n` notifications of `channel` that ended as `result`.

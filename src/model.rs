@@ -88,6 +88,8 @@ pub enum FailureKind {
     Lock,
     /// nvidia-smi failed or hung.
     NvidiaSmi,
+    /// The host's agent refused us: another leader acted there since.
+    Fenced,
     /// What the host sent could not be parsed (or was too large).
     Parse,
     /// A recorded snapshot could not be read.
@@ -115,6 +117,7 @@ impl FailureKind {
             FailureKind::State => "state",
             FailureKind::Lock => "lock",
             FailureKind::NvidiaSmi => "nvidia-smi",
+            FailureKind::Fenced => "fenced",
             FailureKind::Parse => "parse",
             FailureKind::Recorded => "recorded",
             FailureKind::Internal => "internal",

@@ -60,6 +60,9 @@ pub struct Service {
     pub metrics: Option<Arc<Metrics>>,
     /// Re-reads the configuration (SIGHUP); an error keeps the old one.
     pub reload: Option<Reload>,
+    /// `--ha-etcd`: this box's part in the election; it acts only while
+    /// it leads.
+    pub elector: Option<crate::ha::Elector>,
 }
 
 /// Makes the run's fleets and settings anew from the configuration files.
@@ -147,6 +150,13 @@ pub async fn run(
     );
     // Channels replaced by a reload, letting their queues go.
     let mut draining = Vec::new();
+    // High availability: the fence every fleet's hosts carry, and where
+    // this box stood last cycle.
+    let fencing = fleets
+        .first()
+        .map(|f| f.fencing.clone())
+        .unwrap_or_default();
+    let mut standing: Option<crate::ha::Standing> = None;
     for n in 1.. {
         let fleet = if each {
             match fleets.get(n as usize - 1) {
@@ -162,11 +172,66 @@ pub async fn run(
         if each && settings.format == Format::Text && !print_stdout(&[header(fleet, n)]) {
             break;
         }
+        // Under --ha-etcd only the leader acts: another box's cycle is a
+        // dry run whose ladder moves nothing (a takeover warns afresh).
+        let mut follower = None;
+        if let Some(elector) = &service.elector {
+            let look = tokio::select! {
+                s = elector.look() => s,
+                _ = term.recv() => { signalled = true; break },
+                _ = interrupt.recv() => { signalled = true; break },
+            };
+            memory.others = look.others;
+            let now = look.standing;
+            fencing.set(if now.leads() { now.epoch() } else { None });
+            let took_over = now.leads() && !standing.as_ref().is_some_and(|s| s.leads());
+            if standing.as_ref().is_none_or(|s| s.changed(&now)) {
+                tracing::info!(standing = %now.describe(), "high availability");
+                complain(&format!("ha: {}", now.describe()));
+            }
+            if let Some(m) = &service.metrics {
+                m.standing(&now, took_over);
+            }
+            if !now.leads() {
+                follower = Some((
+                    Settings {
+                        dry_run: true,
+                        notify: None,
+                        ..settings.clone()
+                    },
+                    memory.ladder.export(),
+                ));
+            }
+            standing = Some(now);
+        }
+        let run = follower.as_ref().map_or(&settings, |(s, _)| s);
         let (report, abort) = tokio::select! {
-            r = cycle(fleet, &settings, n, &mut memory) => r,
+            r = cycle(fleet, run, n, &mut memory) => r,
             _ = term.recv() => { signalled = true; break },
             _ = interrupt.recv() => { signalled = true; break },
         };
+        if let Some((_, ladder)) = follower {
+            memory.ladder = Ladder::restore(settings.grace.clone(), ladder);
+        } else if let Some(elector) = &service.elector {
+            // Sharded: our hosts' part, for the other shards' next cycle.
+            if let Err(e) = elector.publish(std::mem::take(&mut memory.published)).await {
+                complain(&format!("ha: this shard's part is not published: {e}"));
+            }
+        }
+        if let (Some(elector), Some(refusal)) = (&service.elector, fencing.take_refusal()) {
+            // Another leader has acted on a host since this cycle began:
+            // this box was deposed while it thought it led.
+            fencing.set(None);
+            complain(&format!(
+                "ha: fenced on {}: {}; stepping down",
+                refusal.host, refusal.message
+            ));
+            if let Some(m) = &service.metrics {
+                m.fenced();
+            }
+            elector.step_down().await;
+            standing = None;
+        }
         if let Some(m) = &service.metrics {
             m.observe(&report);
         }
@@ -237,6 +302,12 @@ pub async fn run(
                             Ok(new) => {
                                 let old = std::mem::take(&mut fleets);
                                 fleets = merge(old, new.fleets).await;
+                                if service.elector.is_some() {
+                                    // The election's options stay as the run began.
+                                    for f in &mut fleets {
+                                        f.set_fencing(&fencing);
+                                    }
+                                }
                                 // Unchanged channels keep their queues and rate limits.
                                 if new.settings.notify != settings.notify {
                                     if let Some(old) = notifier.take() {
@@ -263,6 +334,10 @@ pub async fn run(
         }
     }
     notify(&[sd_notify::NotifyState::Stopping]);
+    if let Some(elector) = service.elector.take() {
+        // Another box may lead at once.
+        let _ = tokio::time::timeout(DRAIN_SIGNALLED, elector.leave()).await;
+    }
     if let Some(tell) = notifier {
         // A signal is honoured within 2 s; a run that ends by itself (cron)
         // lets its mail go first.

@@ -170,6 +170,7 @@ async fn process_of_unknown_ownership_is_reported_never_terminated() {
         retain: std::time::Duration::from_secs(3600),
         sample_usage: false,
         notify: None,
+        ha: None,
     };
     let fleet =
         genv_enforce::fleet::Fleet::new(vec![genv_enforce::host::Host::Local(Box::new(host))], 1);

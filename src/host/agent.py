@@ -21,7 +21,10 @@
 #   {"mode": "tell", "notes": [{"user": name, "pids": [[pid, start_time], ...],
 #    "text": T}, ...], "utmp": "/var/run/utmp", "limit": L, "proc": "/proc"}
 # A snapshot request may also name "groups": [name, ...] (exempt and capped
-# groups) and ask "utilization": true (the idle rule).
+# groups) and ask "utilization": true (the idle rule). Under high
+# availability, snapshot, terminate and detach requests carry the leader's
+# "fence": {"epoch": E, "dir": "/run/genv-enforce"}, and doctor may ask
+# about the fence with "fence_dir": D (see fence()).
 # and stdout one answer per request, "@<status> <length>\n" + <length> bytes.
 # Status 0: the request's result:
 #   hello: {"protocol": P, "python": "3.x.y", "pidfd": bool, "euid": n}
@@ -46,7 +49,7 @@
 #   detach: {"detached": [bool per pair: it was there and is gone]}
 #   doctor: facts about the host (see doctor())
 #   tell: {"told": [terminals written per note]}
-# Status 1: {"fail": "request"|"state"|"lock"|"nvidia-smi"|"agent", "message": why,
+# Status 1: {"fail": "request"|"state"|"lock"|"nvidia-smi"|"fenced"|"agent", "message": why,
 #   "kills": [...] (terminate: those done before the failure)}; a detach that
 #   failed changed nothing ("lock": genv.lock stayed held past the step limit).
 # A request past its time limit (L) ends the agent (exit status 124), as
@@ -79,7 +82,7 @@ import stat
 import sys
 import time
 
-PROTOCOL = 4
+PROTOCOL = 5
 VAR = b"GENV_ENVIRONMENT_ID="
 PROC = ["/proc"]  # where procfs is, for the request at hand
 SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -621,6 +624,132 @@ def terminate(req, kills):
                 os.close(pidfd)
 
 
+# Fencing (high availability): the highest leader epoch this host has
+# seen, in D/epoch, a file only root can reach (D is root's own 0700
+# directory, created if missing, never followed through a link). A
+# request with an older epoch is refused whole, before it touches
+# anything, so a leader that lost its lease while paused cannot act
+# after another has; a newer one is written down. The file stays locked
+# (flock) while the request acts, so the check and the action are one
+# step for every agent on the host.
+
+MAX_EPOCH = 1 << 63
+
+
+def fence_dir(d):
+    """D, opened: root's own (the agent's euid) 0700 directory, never a link."""
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise Failure("fenced", "%s: cannot create: %s" % (d, e.strerror))
+    try:
+        dfd = keep(os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
+    except OSError as e:
+        what = "a symbolic link" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
+        raise Failure("fenced", "%s: %s: refused" % (d, what))
+    st = os.fstat(dfd)
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise Failure("fenced", "%s is not a directory of uid %d only (owner %d, mode %o): refused"
+                      % (d, os.geteuid(), st.st_uid, stat.S_IMODE(st.st_mode)))
+    return dfd
+
+
+def fence_file(dfd, d, deadline):
+    """D/epoch, opened and locked by `deadline`, and the epoch it holds (0: none)."""
+    path = os.path.join(d, "epoch")
+    try:
+        fd = keep(os.open("epoch", os.O_RDWR | os.O_CREAT | SAFE, 0o600, dir_fd=dfd))
+    except OSError as e:
+        raise Failure("fenced", "%s: %s: refused" % (path, "a symbolic link" if e.errno == errno.ELOOP else e.strerror))
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        raise Failure("fenced", "%s is not a regular file of uid %d alone: refused" % (path, os.geteuid()))
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise Failure("fenced", "%s stayed locked by another agent" % path)
+            time.sleep(0.005)
+    text = os.pread(fd, 64, 0).strip()
+    if not text:
+        return fd, 0
+    try:
+        seen = int(text.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        seen = -1
+    if not 0 <= seen < MAX_EPOCH:
+        raise Failure("fenced", "%s does not hold an epoch: %r" % (path, text[:20]))
+    return fd, seen
+
+
+def fence(req, hold):
+    """Checks the request's epoch against the host's, and raises the host's
+    to it; the file stays locked until the request ends when `hold`."""
+    f = req.get("fence")
+    if f is None:
+        return
+    if not (isinstance(f, dict) and set(f) == {"epoch", "dir"} and type(f["epoch"]) is int
+            and 0 < f["epoch"] < MAX_EPOCH and isinstance(f["dir"], str) and f["dir"].startswith("/")):
+        raise Failure("request", "a fence is {\"epoch\": n > 0, \"dir\": absolute path}: %r" % (f,))
+    dfd = fence_dir(f["dir"])
+    fd, seen = fence_file(dfd, f["dir"], time.monotonic() + 2.0)
+    if f["epoch"] < seen:
+        raise Failure("fenced", "epoch %d is older than epoch %d, which another enforcer has used on this host: refused"
+                      % (f["epoch"], seen))
+    if f["epoch"] > seen:
+        data = b"%d\n" % f["epoch"]
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        os.fsync(fd)
+    if not hold:
+        held.remove(fd)
+        os.close(fd)
+
+
+def fence_facts(d):
+    """What doctor says of the fence: the directory and the epoch, or the problem."""
+    facts = {"dir": d, "kind": file_kind(d), "epoch": None, "problem": None}
+    if facts["kind"] == "missing":
+        return facts
+    try:
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        facts["problem"] = "%s: %s" % (d, "a symbolic link" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror)
+        return facts
+    try:
+        st = os.fstat(dfd)
+        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            facts["problem"] = "%s is not a directory of uid %d only (owner %d, mode %o)" % (
+                d, os.geteuid(), st.st_uid, stat.S_IMODE(st.st_mode))
+            return facts
+        try:
+            fd = os.open("epoch", os.O_RDONLY | SAFE, dir_fd=dfd)
+        except FileNotFoundError:
+            return facts
+        except OSError as e:
+            facts["problem"] = "%s/epoch: %s" % (d, "a symbolic link" if e.errno == errno.ELOOP else e.strerror)
+            return facts
+        try:
+            st = os.fstat(fd)
+            text = os.read(fd, 64).strip()
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+            facts["problem"] = "%s/epoch is not a regular file of uid %d alone" % (d, os.geteuid())
+        elif text:
+            try:
+                facts["epoch"] = int(text.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                facts["problem"] = "%s/epoch does not hold an epoch" % d
+    finally:
+        os.close(dfd)
+    return facts
+
+
 # Detach.
 
 
@@ -937,19 +1066,22 @@ def doctor(req):
     facts["state"] = state_facts(req["dir"])
     facts["genv"] = genv_version()
     facts["tools"] = dict((t, which(t)) for t in ("timeout", "flock", "sudo"))
+    if req.get("fence_dir"):
+        facts["fence"] = fence_facts(req["fence_dir"])
     return json.dumps(facts).encode()
 
 
 # Requests: the keys each mode takes (every one is required but those of OPTIONAL).
 KEYS = {
     "hello": {"mode", "protocol"},
-    "snapshot": {"mode", "dir", "nvidia_smi", "step", "limit", "max_bytes", "max_records", "proc", "groups", "utilization"},
-    "terminate": {"mode", "kills", "signal", "limit", "proc"},
-    "detach": {"mode", "dir", "detach", "step", "limit", "max_bytes"},
-    "doctor": {"mode", "dir", "nvidia_smi", "step", "limit"},
+    "snapshot": {"mode", "dir", "nvidia_smi", "step", "limit", "max_bytes", "max_records", "proc", "groups", "utilization",
+                 "fence"},
+    "terminate": {"mode", "kills", "signal", "limit", "proc", "fence"},
+    "detach": {"mode", "dir", "detach", "step", "limit", "max_bytes", "fence"},
+    "doctor": {"mode", "dir", "nvidia_smi", "step", "limit", "fence_dir"},
     "tell": {"mode", "notes", "utmp", "limit", "proc"},
 }
-OPTIONAL = {"max_records", "proc", "signal", "groups", "utilization"}
+OPTIONAL = {"max_records", "proc", "signal", "groups", "utilization", "fence", "fence_dir"}
 
 
 def check(req):
@@ -988,16 +1120,19 @@ def answer(req):
                      "pidfd": hasattr(os, "pidfd_open"), "euid": os.geteuid()}
             return 0, json.dumps(facts).encode()
         if mode == "snapshot":
+            fence(req, False)
             out = []
             snapshot(req, out)
             return 0, b"".join(out)
         if mode == "doctor":
             return 0, doctor(req)
         if mode == "terminate":
+            fence(req, True)
             terminate(req, kills)
             return 0, json.dumps({"kills": kills}).encode()
         if mode == "tell":
             return 0, json.dumps({"told": tell(req)}).encode()
+        fence(req, True)
         return 0, json.dumps({"detached": detach(req)}).encode()
     except Failure as f:
         # Kills that happened are answered; a detach that failed changed nothing.

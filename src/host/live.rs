@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use super::protocol::{Answer, Limits, Note, Request};
 use super::{Fetched, Parser};
 use crate::error::HostError;
+use crate::ha::Fencing;
 use crate::model::HostId;
 use crate::outcome::{Outcome, TerminateResult};
 use crate::plan::{HostPlan, Signal, Termination};
@@ -32,12 +33,24 @@ pub trait Live: Sync {
     fn utilization(&self) -> bool;
     /// The limits of each request there.
     fn limits(&self) -> Limits;
+    /// The epoch its snapshots and actions carry (high availability).
+    fn fencing(&self) -> &Fencing;
     /// What parse errors name (the host, or this machine's state directory).
     fn source(&self) -> String;
     /// Its state files as parsed last cycle.
     fn parsed(&self) -> &Arc<Mutex<ParsedState>>;
     /// Asks the agent (started if needed) to carry out `request`.
     fn ask(&self, request: &Request) -> impl Future<Output = Result<Answer, HostError>> + Send;
+
+    /// [`Live::ask`], and a refusal for an older epoch noted in
+    /// [`Live::fencing`].
+    fn asked(&self, request: &Request) -> impl Future<Output = Result<Answer, HostError>> + Send {
+        async move {
+            let answer = self.ask(request).await;
+            self.fencing().observe(self.id(), &answer);
+            answer
+        }
+    }
 
     /// See [`Host::fetch`](super::Host::fetch): the agent's frames.
     ///
@@ -53,8 +66,9 @@ pub trait Live: Sync {
                 &self.proc_root(),
                 self.groups(),
                 self.utilization(),
-            );
-            super::fetched(self.ask(&request).await?)
+            )
+            .fenced(self.fencing().current());
+            super::fetched(self.asked(&request).await?)
         }
     }
 
@@ -77,8 +91,9 @@ pub trait Live: Sync {
             let detached = if pairs.is_empty() {
                 Vec::new()
             } else {
-                let request = Request::detach(&self.genv_dir(), &pairs, self.limits());
-                super::detached(self.ask(&request).await, pairs.len())
+                let request = Request::detach(&self.genv_dir(), &pairs, self.limits())
+                    .fenced(self.fencing().current());
+                super::detached(self.asked(&request).await, pairs.len())
             };
             super::outcomes(self.id(), plan, terminated, detached)
         }
@@ -121,7 +136,10 @@ async fn signal<H: Live + ?Sized>(
     signal: Signal,
 ) -> Vec<TerminateResult> {
     match Request::terminate(terminations, signal, host.limits(), &host.proc_root()) {
-        Some(request) => super::terminated(host.ask(&request).await, terminations),
+        Some(request) => {
+            let request = request.fenced(host.fencing().current());
+            super::terminated(host.asked(&request).await, terminations)
+        }
         None => super::terminated_blind(terminations),
     }
 }

@@ -41,6 +41,8 @@ pub struct LocalHost {
     pub utilization: bool,
     /// The Python that runs the agent.
     pub python: String,
+    /// The epoch its requests carry (high availability).
+    pub fencing: crate::ha::Fencing,
     /// The agent, once started.
     agent: tokio::sync::Mutex<Option<Agent>>,
 }
@@ -72,6 +74,7 @@ impl LocalHost {
             groups: Vec::new(),
             utilization: false,
             python: PYTHON.to_string(),
+            fencing: crate::ha::Fencing::off(),
             agent: tokio::sync::Mutex::default(),
         }
     }
@@ -116,6 +119,7 @@ impl LocalHost {
             &self.genv_dir(),
             std::slice::from_ref(&self.nvidia_smi),
             self.limits(),
+            self.fencing.dir(),
         );
         let agent = self
             .ask(&request)
@@ -198,6 +202,10 @@ impl Live for LocalHost {
 
     /// The agent's steps end at our deadline; the agent itself a second
     /// later (each step reports what hung first).
+    fn fencing(&self) -> &crate::ha::Fencing {
+        &self.fencing
+    }
+
     fn limits(&self) -> Limits {
         Limits {
             step: self.timeout,

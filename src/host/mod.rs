@@ -285,6 +285,15 @@ impl Host {
         }
     }
 
+    /// Makes its requests carry `fencing`'s epoch (a recording has none).
+    pub fn set_fencing(&mut self, fencing: &crate::ha::Fencing) {
+        match self {
+            Host::Local(h) => h.fencing = fencing.clone(),
+            Host::Ssh(h) => h.fencing = fencing.clone(),
+            Host::Recorded(_) => {}
+        }
+    }
+
     /// Whether it is a recording (nothing can be carried out on it, and
     /// its cycles are not timed).
     pub fn is_recorded(&self) -> bool {

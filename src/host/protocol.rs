@@ -29,7 +29,7 @@ use crate::outcome::{DetachResult, TerminateResult};
 use crate::plan::{Signal, Termination};
 
 /// The protocol's version: both sides must speak the same.
-pub const PROTOCOL: u32 = 4;
+pub const PROTOCOL: u32 = 5;
 
 /// The host agent's source.
 pub const AGENT: &str = include_str!("agent.py");
@@ -96,6 +96,9 @@ pub enum Request {
         /// Also each GPU's and process's utilization (the idle rule).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         utilization: bool,
+        /// The leader's epoch (high availability): raises the host's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fence: Option<Fence>,
     },
     /// A signal to each `[pid, start time]` whose start time still matches.
     Terminate {
@@ -103,6 +106,9 @@ pub enum Request {
         signal: SignalName,
         limit: f64,
         proc: String,
+        /// Refused whole when the host has seen a newer epoch.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fence: Option<Fence>,
     },
     /// Each `[device index, eid]` pair removed from `devices.json`.
     Detach {
@@ -111,6 +117,9 @@ pub enum Request {
         step: f64,
         limit: f64,
         max_bytes: u64,
+        /// Refused whole when the host has seen a newer epoch.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fence: Option<Fence>,
     },
     /// Facts about the host, for `doctor`.
     Doctor {
@@ -118,6 +127,9 @@ pub enum Request {
         nvidia_smi: Vec<String>,
         step: f64,
         limit: f64,
+        /// Also what the fencing directory holds.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fence_dir: Option<String>,
     },
     /// Messages on users' terminals.
     Tell {
@@ -126,6 +138,16 @@ pub enum Request {
         limit: f64,
         proc: String,
     },
+}
+
+/// A leader's epoch on a request (high availability): the host's agent
+/// keeps the highest it has seen in `dir/epoch` (root's own) and refuses
+/// an action with a lower one, so a deposed leader cannot act.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fence {
+    pub epoch: u64,
+    pub dir: String,
 }
 
 /// A message for a user's terminals: the controlling terminals of the
@@ -167,6 +189,7 @@ impl Request {
             proc: proc.to_string(),
             groups: groups.to_vec(),
             utilization,
+            fence: None,
         }
     }
 
@@ -191,6 +214,7 @@ impl Request {
             },
             limit: limits.run.as_secs_f64(),
             proc: proc.to_string(),
+            fence: None,
         })
     }
 
@@ -202,17 +226,38 @@ impl Request {
             step: limits.step.as_secs_f64(),
             limit: limits.run.as_secs_f64(),
             max_bytes: MAX_STATE_BYTES,
+            fence: None,
         }
     }
 
-    /// The doctor request.
-    pub fn doctor(dir: &str, nvidia_smi: &[String], limits: Limits) -> Request {
+    /// The doctor request; with `fence_dir`, also what the fencing
+    /// directory holds.
+    pub fn doctor(
+        dir: &str,
+        nvidia_smi: &[String],
+        limits: Limits,
+        fence_dir: Option<&str>,
+    ) -> Request {
         Request::Doctor {
             dir: dir.to_string(),
             nvidia_smi: nvidia_smi.to_vec(),
             step: limits.step.as_secs_f64(),
             limit: limits.run.as_secs_f64(),
+            fence_dir: fence_dir.map(str::to_string),
         }
+    }
+
+    /// The request carrying `fence` (snapshots, terminations, detaches;
+    /// the others are left as they are).
+    #[must_use]
+    pub fn fenced(mut self, epoch: Option<Fence>) -> Request {
+        if let Request::Snapshot { fence, .. }
+        | Request::Terminate { fence, .. }
+        | Request::Detach { fence, .. } = &mut self
+        {
+            *fence = epoch;
+        }
+        self
     }
 
     /// The tell request.
@@ -391,6 +436,9 @@ pub enum FailKind {
     Lock,
     /// nvidia-smi failed or hung.
     NvidiaSmi,
+    /// The host has seen a newer leader's epoch (or its fence is unsafe):
+    /// nothing was done.
+    Fenced,
     /// Anything else the agent met.
     Agent,
 }
@@ -403,6 +451,7 @@ impl FailKind {
             FailKind::State => "state",
             FailKind::Lock => "lock",
             FailKind::NvidiaSmi => "nvidia-smi",
+            FailKind::Fenced => "fenced",
             FailKind::Agent => "agent",
         }
     }
@@ -545,6 +594,8 @@ mod tests {
         let failure = Failure::read(golden("failure.answer.json").as_bytes()).unwrap();
         assert_eq!(failure.fail, FailKind::Lock);
         assert_eq!(failure.kills.len(), 1);
+        let fenced = Failure::read(golden("fenced.answer.json").as_bytes()).unwrap();
+        assert_eq!((fenced.fail, fenced.kills.len()), (FailKind::Fenced, 0));
         let facts: crate::doctor::AgentFacts =
             serde_json::from_str(&golden("doctor.answer.json")).unwrap();
         assert_eq!(facts.python, "3.11.2");
@@ -567,7 +618,8 @@ mod tests {
 
     #[test]
     fn another_protocol_is_refused() {
-        let text = golden("hello.answer.json").replace("\"protocol\": 4", "\"protocol\": 1");
+        let text = golden("hello.answer.json")
+            .replace(&format!("\"protocol\": {PROTOCOL}"), "\"protocol\": 1");
         assert_eq!(
             Hello::read(text.as_bytes()),
             Err(ProtocolError::Version { found: 1 })
@@ -581,7 +633,31 @@ mod tests {
         let text = String::from_utf8(bytes).unwrap();
         let (len, json) = text.split_once('\n').unwrap();
         assert_eq!(len.parse::<usize>().unwrap(), json.len());
-        assert_eq!(json, r#"{"mode":"hello","protocol":4}"#);
+        assert_eq!(json, format!(r#"{{"mode":"hello","protocol":{PROTOCOL}}}"#));
+    }
+
+    #[test]
+    fn a_fence_goes_on_snapshots_terminations_and_detaches_only() {
+        let limits = Limits {
+            step: Duration::from_secs(1),
+            run: Duration::from_secs(2),
+        };
+        let fence = Some(Fence {
+            epoch: 9,
+            dir: "/run/genv-enforce".into(),
+        });
+        let snapshot = Request::snapshot("/d", &[], limits, 1, "/proc", &[], false);
+        let detach = Request::detach("/d", &[(0, "e".into())], limits);
+        for req in [snapshot, detach] {
+            let json = String::from_utf8(req.clone().fenced(fence.clone()).encode()).unwrap();
+            assert!(
+                json.contains(r#""fence":{"epoch":9,"dir":"/run/genv-enforce"}"#),
+                "{json}"
+            );
+            assert!(!String::from_utf8(req.encode()).unwrap().contains("fence"));
+        }
+        let hello = Request::hello();
+        assert_eq!(hello.clone().fenced(fence), hello);
     }
 
     #[test]

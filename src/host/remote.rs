@@ -47,6 +47,8 @@ pub struct SshHost {
     pub groups: Vec<String>,
     /// Whether snapshots say how busy GPUs and processes are (idle rule).
     pub utilization: bool,
+    /// The epoch its requests carry (high availability).
+    pub fencing: crate::ha::Fencing,
 }
 
 impl SshHost {
@@ -199,7 +201,12 @@ impl SshHost {
         if !matches!(f.sudo, Some(Ok(_))) {
             return f;
         }
-        let request = Request::doctor(&spec.genv_dir, &spec.nvidia_smi, self.limits());
+        let request = Request::doctor(
+            &spec.genv_dir,
+            &spec.nvidia_smi,
+            self.limits(),
+            self.fencing.dir(),
+        );
         let asked = std::time::SystemTime::now();
         let answer = self.ask(&request).await;
         let answered = std::time::SystemTime::now();
@@ -300,6 +307,10 @@ impl Live for SshHost {
     /// The agent ends itself half a second before the host-side limit,
     /// and its steps (nvidia-smi, genv's lock) half a second before that,
     /// so that each reports what hung.
+    fn fencing(&self) -> &crate::ha::Fencing {
+        &self.fencing
+    }
+
     fn limits(&self) -> Limits {
         let half = Duration::from_millis(500);
         let run = Duration::from_secs(self.host_limit())

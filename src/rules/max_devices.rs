@@ -23,18 +23,23 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
+use serde::{Deserialize, Serialize};
+
 use super::attribution::{Attribution, Standing};
 use super::{Action, Finding, Notice, Policy, Rule, Violation};
 use crate::model::{EnvId, GpuIndex, HostId, Pid};
 
-/// One host's part of the device caps: what each user holds there.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// One host's part of the device caps: what each user holds there (what
+/// a shard publishes, see [`super::shards`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HostUsage {
     pub users: BTreeMap<String, Held>,
 }
 
 /// What one user holds on one host.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Held {
     /// An environment of theirs is on the host (genv's host count).
     pub envs: bool,
@@ -43,7 +48,8 @@ pub struct Held {
 }
 
 /// A device counted toward a user's cap.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HeldDevice {
     pub index: GpuIndex,
     /// The user's environments attached here, detached together.

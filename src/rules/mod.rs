@@ -16,6 +16,7 @@ pub mod max_devices;
 pub mod max_groups;
 pub mod max_memory;
 mod non_env_processes;
+pub mod shards;
 
 use std::collections::BTreeMap;
 
@@ -395,14 +396,24 @@ pub fn assess_host(
 /// caps, then the group caps, then the memory caps, each counting what the
 /// ones before (and `earlier`, the other rules' violations) already take;
 /// violations and the notices of what cannot be taken.
+/// With `shards`, the per-user device caps count the other shards' hosts
+/// too, and only the actions on ours are kept.
 pub fn evaluate_caps(
     hosts: &[(&HostId, &HostFindings)],
     policy: &Policy,
     earlier: &[Violation],
+    shards: Option<shards::Shards>,
 ) -> (Vec<Violation>, Vec<Notice>) {
     let (mut violations, mut notices) = if policy.has_caps() {
         let usage: Vec<(&HostId, &HostUsage)> = hosts.iter().map(|(h, f)| (*h, &f.usage)).collect();
-        max_devices::evaluate(&usage, policy)
+        match shards {
+            Some(s) => {
+                let (mut v, n) = max_devices::evaluate(&s.in_order(&usage), policy);
+                s.ours_only(&mut v);
+                (v, n)
+            }
+            None => max_devices::evaluate(&usage, policy),
+        }
     } else {
         (Vec::new(), Vec::new())
     };
@@ -433,6 +444,8 @@ pub fn evaluate_caps(
 pub struct Moment<'a> {
     pub idle: &'a IdleHistory,
     pub now_ms: u64,
+    /// `--shard`: the other shards' parts of the per-user device caps.
+    pub shards: Option<shards::Shards<'a>>,
 }
 
 static NO_WINDOWS: IdleHistory = IdleHistory {
@@ -445,6 +458,7 @@ impl Moment<'static> {
         Moment {
             idle: &NO_WINDOWS,
             now_ms: 0,
+            shards: None,
         }
     }
 }
@@ -482,7 +496,7 @@ pub fn merge(
     let mut violations: Vec<Violation> = by_rule.into_iter().flatten().collect();
     violations.extend(idle_violations);
     let parts: Vec<(&HostId, &HostFindings)> = hosts.iter().map(|(h, f)| (*h, f)).collect();
-    let (caps, kept) = evaluate_caps(&parts, policy, &violations);
+    let (caps, kept) = evaluate_caps(&parts, policy, &violations, moment.shards);
     violations.extend(caps);
     notices.extend(kept);
     (violations, notices)
@@ -523,6 +537,7 @@ pub fn assess_cluster_at(
         Moment {
             idle: &tracked,
             now_ms,
+            shards: None,
         },
     )
 }

@@ -293,10 +293,10 @@ class Serve(unittest.TestCase):
             return int(status), p.stdout.read(int(length))
 
         p.stdin.write(source)
-        status, hello = ask({"mode": "hello", "protocol": 4})
+        status, hello = ask({"mode": "hello", "protocol": agent["PROTOCOL"]})
         self.assertEqual(status, 0)
         hello = json.loads(hello)
-        self.assertEqual((hello["protocol"], hello["euid"]), (4, os.geteuid()))
+        self.assertEqual((hello["protocol"], hello["euid"]), (agent["PROTOCOL"], os.geteuid()))
         self.assertEqual(hello["pidfd"], hasattr(os, "pidfd_open"))
         self.assertEqual(ask({"mode": "terminate", "kills": [[2 ** 40, 1]], "signal": "term", "limit": 5}), (0, b'{"kills": [{"pid": 1099511627776, "result": "invalid"}]}'))
         status, body = ask({"mode": "terminate", "kills": [], "limit": 5, "sigterm": True})
@@ -549,6 +549,127 @@ class Utilization(unittest.TestCase):
             self.assertEqual(agent["children"], [])
 
 
+class Fence(unittest.TestCase):
+    """The highest epoch a host has seen, and the requests it refuses."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = os.path.join(self.tmp.name, "fence")
+
+    def tearDown(self):
+        agent["finish"]()
+        self.tmp.cleanup()
+
+    def ask(self, req):
+        try:
+            status, body = agent["answer"](req)
+        finally:
+            agent["finish"]()
+        return status, json.loads(body)
+
+    def kill(self, pid, start, epoch):
+        return self.ask({"mode": "terminate", "kills": [[pid, start]], "signal": "term", "limit": 5,
+                         "proc": "/proc", "fence": {"epoch": epoch, "dir": self.dir}})
+
+    def epoch(self):
+        with open(os.path.join(self.dir, "epoch")) as f:
+            return int(f.read())
+
+    def test_an_older_epoch_is_refused_before_anything_is_done_and_a_newer_one_kept(self):
+        import subprocess
+
+        p = subprocess.Popen(["sleep", "100"])
+        try:
+            start = agent["start_time"](agent["proc_read"](p.pid, "stat"))
+            status, body = self.kill(p.pid, start + 1, 7)
+            self.assertEqual((status, body["kills"][0]["result"]), (0, "reused"))
+            self.assertEqual(self.epoch(), 7)
+            st = os.stat(self.dir)
+            self.assertEqual((stat.S_IMODE(st.st_mode), st.st_uid), (0o700, os.geteuid()))
+            self.assertEqual(stat.S_IMODE(os.stat(os.path.join(self.dir, "epoch")).st_mode), 0o600)
+            status, body = self.kill(p.pid, start, 6)
+            self.assertEqual(status, 1)
+            self.assertEqual(body["fail"], "fenced")
+            self.assertIn("epoch 6 is older than epoch 7", body["message"])
+            self.assertEqual(body["kills"], [])
+            self.assertIsNone(p.poll())
+            # A snapshot is refused the same way; the same epoch acts.
+            status, body = self.ask({"mode": "snapshot", "dir": self.tmp.name, "nvidia_smi": ["/nonexistent"],
+                                     "step": 1, "limit": 5, "max_bytes": 100,
+                                     "fence": {"epoch": 5, "dir": self.dir}})
+            self.assertEqual((status, body["fail"]), (1, "fenced"))
+            status, body = self.kill(p.pid, start, 7)
+            self.assertEqual((status, body["kills"][0]["result"]), (0, "signalled"))
+            self.assertEqual(p.wait(5), -15)
+            self.kill(p.pid, start, 9)
+            self.assertEqual(self.epoch(), 9)
+        finally:
+            p.kill()
+            p.wait()
+
+    def test_a_detach_with_an_older_epoch_changes_nothing(self):
+        state = os.path.join(self.tmp.name, "genv")
+        os.mkdir(state)
+        devices = {"devices": [{"index": 0, "attachments": [{"eid": "a", "time": 1.0}]}]}
+        with open(os.path.join(state, "devices.json"), "w") as f:
+            json.dump(devices, f)
+        req = {"mode": "detach", "dir": state, "detach": [[0, "a"]], "step": 1, "limit": 5, "max_bytes": 1000}
+        self.ask(dict(req, fence={"epoch": 3, "dir": self.dir}, detach=[]))
+        status, body = self.ask(dict(req, fence={"epoch": 2, "dir": self.dir}))
+        self.assertEqual((status, body["fail"]), (1, "fenced"))
+        with open(os.path.join(state, "devices.json")) as f:
+            self.assertEqual(json.load(f), devices)
+        status, body = self.ask(dict(req, fence={"epoch": 3, "dir": self.dir}))
+        self.assertEqual((status, body), (0, {"detached": [True]}))
+
+    def refused(self, req_epoch=5):
+        status, body = self.kill(1, 1, req_epoch)
+        self.assertEqual(status, 1)
+        return body
+
+    def test_a_linked_shared_or_foreign_fence_is_refused(self):
+        os.mkdir(os.path.join(self.tmp.name, "elsewhere"), 0o700)
+        os.symlink(os.path.join(self.tmp.name, "elsewhere"), self.dir)
+        self.assertIn("a symbolic link: refused", self.refused()["message"])
+        os.unlink(self.dir)
+        os.mkdir(self.dir, 0o755)
+        os.chmod(self.dir, 0o755)
+        self.assertIn("not a directory of uid", self.refused()["message"])
+        os.chmod(self.dir, 0o700)
+        os.symlink(os.path.join(self.tmp.name, "elsewhere", "x"), os.path.join(self.dir, "epoch"))
+        self.assertIn("a symbolic link: refused", self.refused()["message"])
+        self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "elsewhere", "x")))
+        os.unlink(os.path.join(self.dir, "epoch"))
+        with open(os.path.join(self.dir, "epoch"), "w") as f:
+            f.write("nine\n")
+        self.assertIn("does not hold an epoch", self.refused()["message"])
+        facts = agent["fence_facts"](self.dir)
+        self.assertEqual((facts["epoch"], facts["problem"]), (None, self.dir + "/epoch does not hold an epoch"))
+        os.link(os.path.join(self.dir, "epoch"), os.path.join(self.tmp.name, "hard"))
+        self.assertIn("not a regular file of uid", self.refused()["message"])
+        for bad in ({"epoch": 0, "dir": self.dir}, {"epoch": 1, "dir": "run"}, {"epoch": "1", "dir": self.dir},
+                    {"epoch": 1, "dir": self.dir, "x": 1}, [1]):
+            status, body = self.ask({"mode": "terminate", "kills": [], "signal": "term", "limit": 5, "fence": bad})
+            self.assertEqual((status, body["fail"]), (1, "request"), bad)
+
+    def test_a_locked_epoch_file_is_waited_for_until_the_deadline(self):
+        import time
+
+        dfd = agent["fence_dir"](self.dir)
+        fd, seen = agent["fence_file"](dfd, self.dir, time.monotonic() + 1)
+        self.assertEqual(seen, 0)
+        other = os.open(os.path.join(self.dir, "epoch"), os.O_RDONLY)
+        try:
+            with self.assertRaises(agent["Failure"]) as caught:
+                agent["fence_file"](agent["fence_dir"](self.dir), self.dir, time.monotonic() + 0.2)
+            self.assertIn("stayed locked by another agent", caught.exception.message)
+        finally:
+            os.close(other)
+        agent["finish"]()
+        self.assertEqual(agent["fence_facts"](self.dir), {"dir": self.dir, "kind": "directory", "epoch": None, "problem": None})
+        self.assertEqual(agent["fence_facts"](self.dir + "x")["kind"], "missing")
+
+
 class Golden(unittest.TestCase):
     """fixtures/agent/: the protocol by example, also read by the Rust tests."""
 
@@ -576,7 +697,8 @@ class Golden(unittest.TestCase):
         self.assertEqual(set(kills[0]), {"pid", "result"})
         self.assertEqual(set(kills[2]), {"pid", "result", "found"})
         with tempfile.TemporaryDirectory() as d:
-            req = dict(self.load("detach.request.json"), dir=d)
+            fenced = {"epoch": 41, "dir": os.path.join(d, "fence")}
+            req = dict(self.load("detach.request.json"), dir=d, fence=fenced)
             status, body = agent["answer"](req)
             agent["finish"]()  # genv's lock, released as handle() does
             self.assertEqual(status, 0)
@@ -586,7 +708,8 @@ class Golden(unittest.TestCase):
             agent["finish"]()
             self.assertEqual(status, 1)
             self.assertEqual(set(json.loads(body)), set(self.load("failure.answer.json")))
-            req = dict(self.load("doctor.request.json"), dir=d, nvidia_smi=["/nonexistent/nvidia-smi"])
+            req = dict(self.load("doctor.request.json"), dir=d, nvidia_smi=["/nonexistent/nvidia-smi"],
+                       fence_dir=fenced["dir"])
             facts = json.loads(agent["answer"](req)[1])
             told = json.loads(agent["answer"](dict(self.load("tell.request.json"), utmp=d))[1])
             self.assertEqual(set(told), set(self.load("tell.answer.json")))
@@ -594,6 +717,11 @@ class Golden(unittest.TestCase):
             self.assertEqual(set(facts), set(golden))
             self.assertEqual(set(facts["state"]), set(golden["state"]))
             self.assertEqual(set(facts["state"]["files"]), set(golden["state"]["files"]))
+            self.assertEqual(facts["fence"], dict(golden["fence"], dir=fenced["dir"]))
+            status, body = agent["answer"](dict(self.load("terminate.request.json"), fence=dict(fenced, epoch=40)))
+            agent["finish"]()
+            self.assertEqual(status, 1)
+            self.assertEqual(json.loads(body), self.load("fenced.answer.json"))
         # The snapshot's frames, as the golden answer holds them.
         with open(os.path.join(self.DIR, "snapshot.answer"), "rb") as f:
             text = f.read()

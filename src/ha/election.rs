@@ -1,0 +1,438 @@
+//! The election on etcd: this box's lease, kept alive by a task of its
+//! own, and each cycle's look at the election key.
+//!
+//! Each box holds a lease of `--ha-ttl`, kept alive every third of it.
+//! Before each cycle it tries to create the key under that lease (one
+//! transaction: create if absent, else read it); whoever's lease holds the
+//! key leads. A leader that dies or is paused stops keeping its lease
+//! alive: etcd deletes the key with it when the lease ends, and the next
+//! box to look creates it again, with a higher create revision: the new
+//! epoch. A box acts only while its own clock says the lease has at least
+//! a keep-alive tick left, so a leader cut off from etcd stops acting
+//! before etcd lets another take over.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
+use tokio::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::{standing, HaSpec, KeySeen, Standing};
+use crate::rules::shards::Published;
+
+/// This box's lease, as the keep-alive task last saw it.
+#[derive(Debug, Default)]
+struct Lease {
+    id: Option<i64>,
+    /// Until when etcd keeps it (our clock, from when the last keep-alive
+    /// that etcd answered was sent).
+    until: Option<Instant>,
+    /// What went wrong last, if the lease is not live.
+    trouble: Option<String>,
+}
+
+/// A box's part in the election.
+pub struct Elector {
+    spec: Arc<HaSpec>,
+    client: Client,
+    lease: Arc<Mutex<Lease>>,
+    keeper: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Elector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Elector").field("spec", &self.spec).finish()
+    }
+}
+
+/// Why etcd could not be reached or used.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("etcd at {endpoints}: {source}")]
+    Client {
+        endpoints: String,
+        #[source]
+        source: etcd_client::Error,
+    },
+}
+
+/// A client for `spec`'s etcd: TLS and auth as asked; nothing is sent
+/// until a request is (etcd may be down when we start).
+///
+/// # Errors
+/// A certificate cannot be read, or the endpoints or auth are refused.
+pub async fn connect(spec: &HaSpec) -> Result<Client, EtcdError> {
+    let timeout = spec.request_timeout();
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(timeout)
+        .with_timeout(timeout)
+        .with_keep_alive(spec.tick().max(Duration::from_secs(1)), timeout);
+    if let Some((user, password)) = &spec.user {
+        options = options.with_user(user.clone(), password.clone());
+    }
+    if let Some(tls) = &spec.tls {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|source| EtcdError::Read {
+                path: p.display().to_string(),
+                source,
+            })
+        };
+        let mut t = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read(&tls.ca)?));
+        if let Some((cert, key)) = &tls.identity {
+            t = t.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+        }
+        options = options.with_tls(t);
+    }
+    Client::connect(&spec.endpoints, Some(options))
+        .await
+        .map_err(|source| EtcdError::Client {
+            endpoints: spec.endpoints.join(","),
+            source,
+        })
+}
+
+impl Elector {
+    /// Joins the election: a client, and the task that keeps this box's
+    /// lease alive (granting a new one when it is lost).
+    ///
+    /// # Errors
+    /// As [`connect`].
+    pub async fn start(spec: HaSpec) -> Result<Elector, EtcdError> {
+        let mut client = connect(&spec).await?;
+        let spec = Arc::new(spec);
+        let lease = Arc::new(Mutex::new(Lease::default()));
+        // The first lease before the first cycle (etcd may be down: the
+        // task keeps trying).
+        let mut stream = None;
+        renew(&spec, &mut client, &lease, &mut stream).await;
+        let keeper = tokio::spawn(keep(
+            Arc::clone(&spec),
+            client.clone(),
+            Arc::clone(&lease),
+            stream,
+        ));
+        Ok(Elector {
+            spec,
+            client,
+            lease,
+            keeper,
+        })
+    }
+
+    /// Where this box stands for the next cycle and, sharded, the other
+    /// shards' parts as published: one transaction, one etcd revision.
+    pub async fn look(&self) -> Look {
+        let lease = self.live_lease();
+        let Ok(id) = lease else {
+            return Look {
+                standing: standing(lease, KeySeen::Unanswered(String::new())),
+                others: Vec::new(),
+            };
+        };
+        let key = self.spec.election_key();
+        let counts = self.spec.counts_prefix();
+        let read_counts = || {
+            counts.as_ref().map(|c| {
+                TxnOp::get(
+                    c.as_bytes(),
+                    Some(etcd_client::GetOptions::new().with_prefix()),
+                )
+            })
+        };
+        let put = TxnOp::put(
+            key.as_bytes(),
+            self.spec.name.as_bytes(),
+            Some(PutOptions::new().with_lease(id)),
+        );
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                key.as_bytes(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then(
+                [Some(put), read_counts()]
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<_>>(),
+            )
+            .or_else(
+                [Some(TxnOp::get(key.as_bytes(), None)), read_counts()]
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<_>>(),
+            );
+        let mut client = self.client.clone();
+        let (seen, others) =
+            match tokio::time::timeout(self.spec.request_timeout(), client.txn(txn)).await {
+                Err(_) => (
+                    KeySeen::Unanswered(format!(
+                        "no answer within {}",
+                        humantime::format_duration(self.spec.request_timeout())
+                    )),
+                    Vec::new(),
+                ),
+                Ok(Err(e)) => (KeySeen::Unanswered(e.to_string()), Vec::new()),
+                Ok(Ok(resp)) => (
+                    key_seen(&resp, key.as_bytes()),
+                    self.spec
+                        .counts_key()
+                        .map_or_else(Vec::new, |own| others(&resp, &own)),
+                ),
+            };
+        Look {
+            standing: standing(Ok(id), seen),
+            others,
+        }
+    }
+
+    /// Publishes this shard's part under this box's lease (it lapses with
+    /// the lease: a dead shard drops out of everyone's counts).
+    ///
+    /// # Errors
+    /// etcd did not take it, or this box has no live lease.
+    pub async fn publish(&self, parts: Vec<Published>) -> Result<(), String> {
+        let (Some(key), Some(shard)) = (self.spec.counts_key(), self.spec.shard) else {
+            return Ok(());
+        };
+        let id = self.live_lease()?;
+        let value = serde_json::to_vec(&Part {
+            shard: shard.k,
+            of: shard.n,
+            hosts: parts,
+        })
+        .map_err(|e| e.to_string())?;
+        let mut client = self.client.clone();
+        let put = client.put(key, value, Some(PutOptions::new().with_lease(id)));
+        match tokio::time::timeout(self.spec.request_timeout(), put).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("etcd did not answer".into()),
+        }
+    }
+
+    /// The lease, if live for at least one more keep-alive tick.
+    fn live_lease(&self) -> Result<i64, String> {
+        let lease = self.lease.lock().unwrap_or_else(|e| e.into_inner());
+        let margin = self.spec.tick();
+        match (lease.id, lease.until) {
+            (Some(id), Some(until)) if until > Instant::now() + margin => Ok(id),
+            _ => Err(match &lease.trouble {
+                Some(t) => format!("no live etcd lease: {t}"),
+                None => "no live etcd lease yet".to_string(),
+            }),
+        }
+    }
+
+    /// Gives up leading: the lease is revoked (etcd deletes the key with
+    /// it, if it is still ours) and a new one will be granted.
+    pub async fn step_down(&self) {
+        let id = {
+            let mut lease = self.lease.lock().unwrap_or_else(|e| e.into_inner());
+            lease.until = None;
+            lease.trouble = Some("stepped down".into());
+            lease.id.take()
+        };
+        if let Some(id) = id {
+            let mut client = self.client.clone();
+            let _ =
+                tokio::time::timeout(self.spec.request_timeout(), client.lease_revoke(id)).await;
+        }
+    }
+
+    /// Leaves the election (the run ends): the lease is revoked, so another
+    /// box can lead at once.
+    pub async fn leave(self) {
+        self.keeper.abort();
+        let id = self.lease.lock().unwrap_or_else(|e| e.into_inner()).id;
+        if let Some(id) = id {
+            let mut client = self.client.clone();
+            let _ =
+                tokio::time::timeout(self.spec.request_timeout(), client.lease_revoke(id)).await;
+        }
+    }
+
+    /// The etcd client, for `doctor`'s checks.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+}
+
+impl Drop for Elector {
+    fn drop(&mut self) {
+        self.keeper.abort();
+    }
+}
+
+/// Whether `e` says the lease is gone (it ended, or was revoked).
+fn lease_gone(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::LeaseKeepAliveError(_) => true,
+        // gRPC's NOT_FOUND (5): etcd's "requested lease not found".
+        etcd_client::Error::GRpcStatus(s) => i32::from(s.code()) == 5,
+        _ => false,
+    }
+}
+
+/// What one look at etcd found (see [`Elector::look`]).
+#[derive(Debug, Clone)]
+pub struct Look {
+    pub standing: Standing,
+    /// The other shards' hosts, as they last published them.
+    pub others: Vec<Published>,
+}
+
+/// A shard's published part: the value of its key.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Part {
+    shard: u32,
+    of: u32,
+    hosts: Vec<Published>,
+}
+
+/// The other shards' hosts among the transaction's reads (a part that
+/// does not parse is left out: it counts as unseen).
+fn others(resp: &etcd_client::TxnResponse, own: &str) -> Vec<Published> {
+    let mut hosts = Vec::new();
+    for op in resp.op_responses() {
+        let TxnOpResponse::Get(get) = op else {
+            continue;
+        };
+        for kv in get.kvs() {
+            if kv.key() == own.as_bytes() {
+                continue;
+            }
+            match serde_json::from_slice::<Part>(kv.value()) {
+                Ok(part) => hosts.extend(part.hosts),
+                Err(e) => tracing::warn!(
+                    key = %String::from_utf8_lossy(kv.key()),
+                    error = %e,
+                    "a shard's part does not parse: its hosts are not counted"
+                ),
+            }
+        }
+    }
+    hosts
+}
+
+/// What the election transaction says of the key.
+fn key_seen(resp: &etcd_client::TxnResponse, key: &[u8]) -> KeySeen {
+    let revision = resp.header().map_or(0, |h| h.revision());
+    if resp.succeeded() {
+        return KeySeen::Created {
+            revision: u64::try_from(revision).unwrap_or(0),
+        };
+    }
+    for op in resp.op_responses() {
+        if let TxnOpResponse::Get(get) = op {
+            if let Some(kv) = get.kvs().first().filter(|kv| kv.key() == key) {
+                return KeySeen::Held {
+                    name: String::from_utf8_lossy(kv.value()).into_owned(),
+                    lease: kv.lease(),
+                    create_revision: u64::try_from(kv.create_revision()).unwrap_or(0),
+                };
+            }
+        }
+    }
+    // Deleted between the compare and the read: look again next cycle.
+    KeySeen::Unanswered("the key changed while read".into())
+}
+
+/// The keep-alive stream of a lease, kept across ticks.
+type Stream = (
+    i64,
+    etcd_client::LeaseKeeper,
+    etcd_client::LeaseKeepAliveStream,
+);
+
+/// Keeps this box's lease alive every tick (see [`renew`]).
+async fn keep(
+    spec: Arc<HaSpec>,
+    mut client: Client,
+    lease: Arc<Mutex<Lease>>,
+    mut stream: Option<Stream>,
+) {
+    loop {
+        tokio::time::sleep(spec.tick()).await;
+        renew(&spec, &mut client, &lease, &mut stream).await;
+    }
+}
+
+/// One keep-alive of this box's lease, or a new lease when there is none
+/// or etcd says it ended. A keep-alive etcd does not answer leaves the
+/// lease to lapse on our clock.
+async fn renew(
+    spec: &HaSpec,
+    client: &mut Client,
+    lease: &Mutex<Lease>,
+    stream: &mut Option<Stream>,
+) {
+    let ttl = i64::try_from(spec.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+    let timeout = spec.request_timeout();
+    let id = lease.lock().unwrap_or_else(|e| e.into_inner()).id;
+    let sent = Instant::now();
+    let result: Result<(i64, i64), String> = match id {
+        None => match tokio::time::timeout(timeout, client.lease_grant(ttl, None)).await {
+            Ok(Ok(g)) => Ok((g.id(), g.ttl())),
+            Ok(Err(e)) => Err(format!("cannot get a lease: {e}")),
+            Err(_) => Err("cannot get a lease: etcd did not answer".into()),
+        },
+        Some(id) => {
+            let once = async {
+                if stream.as_ref().map(|s| s.0) != Some(id) {
+                    let (k, s) = client.lease_keep_alive(id).await?;
+                    *stream = Some((id, k, s));
+                }
+                match stream.as_mut() {
+                    Some((_, keeper, answers)) => {
+                        keeper.keep_alive().await?;
+                        answers.message().await
+                    }
+                    None => Ok(None),
+                }
+            };
+            match tokio::time::timeout(timeout, once).await {
+                Ok(Ok(Some(r))) => Ok((id, r.ttl())),
+                Ok(Ok(None)) => Err("the keep-alive stream ended".into()),
+                // etcd no longer has it: as a TTL of 0, a new one.
+                Ok(Err(e)) if lease_gone(&e) => Ok((id, 0)),
+                Ok(Err(e)) => Err(format!("cannot keep the lease alive: {e}")),
+                Err(_) => Err("cannot keep the lease alive: etcd did not answer".into()),
+            }
+        }
+    };
+    tracing::debug!(?result, "etcd lease: kept alive (id, seconds left) or not");
+    if result.is_err() {
+        *stream = None;
+    }
+    let mut l = lease.lock().unwrap_or_else(|e| e.into_inner());
+    match result {
+        Ok((id, left)) if left > 0 => {
+            l.id = Some(id);
+            l.until = Some(sent + Duration::from_secs(left.unsigned_abs()));
+            l.trouble = None;
+        }
+        Ok(_) => {
+            // etcd says it ended (we were paused, or cut off too long): a
+            // new one next tick.
+            *stream = None;
+            *l = Lease {
+                trouble: Some("the lease ended".into()),
+                ..Lease::default()
+            };
+        }
+        Err(why) => l.trouble = Some(why),
+    }
+}

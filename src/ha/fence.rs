@@ -1,0 +1,179 @@
+//! The epoch a fleet's requests carry (high availability), and what the
+//! hosts' agents answered to it.
+//!
+//! The leader sets its epoch before each cycle; every snapshot,
+//! termination and detach then carries it, and each host's agent keeps the
+//! highest it has seen and refuses anything older (see `agent.py`'s
+//! `fence`). A follower's requests carry none (it acts on nothing), and
+//! neither do a run's without `--ha-etcd`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::error::HostError;
+use crate::host::protocol::{Answer, FailKind, Failure, Fence, Status};
+use crate::model::HostId;
+
+/// Where agents keep the highest epoch they have seen, by default.
+pub const FENCE_DIR: &str = "/run/genv-enforce";
+
+/// The fleet's fence, shared by the fleet's hosts (cheap to clone).
+#[derive(Debug, Clone, Default)]
+pub struct Fencing(Arc<State>);
+
+#[derive(Debug, Default)]
+struct State {
+    /// Where the agents keep their epoch; empty: no fencing.
+    dir: String,
+    /// The epoch requests carry now; 0: none.
+    epoch: AtomicU64,
+    /// The first refusal since the last [`Fencing::take_refusal`].
+    refused: Mutex<Option<Refusal>>,
+}
+
+/// A host's agent refused a request: another leader has acted there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub host: HostId,
+    /// The agent's words.
+    pub message: String,
+}
+
+impl Fencing {
+    /// A fence kept by agents in `dir` on their hosts, carrying nothing yet.
+    pub fn new(dir: impl Into<String>) -> Self {
+        Fencing(Arc::new(State {
+            dir: dir.into(),
+            ..State::default()
+        }))
+    }
+
+    /// No fencing (runs without `--ha-etcd`).
+    pub fn off() -> Self {
+        Fencing::default()
+    }
+
+    /// Where agents keep the epoch, when fencing is on.
+    pub fn dir(&self) -> Option<&str> {
+        (!self.0.dir.is_empty()).then_some(self.0.dir.as_str())
+    }
+
+    /// From now on requests carry `epoch` (a leader's), or none.
+    pub fn set(&self, epoch: Option<u64>) {
+        self.0.epoch.store(epoch.unwrap_or(0), Ordering::SeqCst);
+    }
+
+    /// What a request carries now.
+    pub fn current(&self) -> Option<Fence> {
+        let epoch = self.0.epoch.load(Ordering::SeqCst);
+        match self.dir() {
+            Some(dir) if epoch > 0 => Some(Fence {
+                epoch,
+                dir: dir.to_string(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Notes `host`'s answer if it is a refusal for an older epoch.
+    pub fn observe(&self, host: &HostId, answer: &Result<Answer, HostError>) {
+        let Ok(a) = answer else { return };
+        if a.status != Status::Failed {
+            return;
+        }
+        if let Ok(Failure {
+            fail: FailKind::Fenced,
+            message,
+            ..
+        }) = Failure::read(&a.body)
+        {
+            let mut refused = self.0.refused.lock().unwrap_or_else(|e| e.into_inner());
+            refused.get_or_insert(Refusal {
+                host: host.clone(),
+                message,
+            });
+        }
+    }
+
+    /// The first refusal since the last call, if any.
+    pub fn take_refusal(&self) -> Option<Refusal> {
+        self.0
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: Status, body: &str) -> Result<Answer, HostError> {
+        Ok(Answer {
+            status,
+            body: body.as_bytes().to_vec(),
+        })
+    }
+
+    #[test]
+    fn requests_carry_the_leaders_epoch_only_while_set_and_fencing_is_on() {
+        let off = Fencing::off();
+        off.set(Some(5));
+        assert_eq!(off.current(), None);
+        let f = Fencing::new(FENCE_DIR);
+        assert_eq!(f.current(), None);
+        f.set(Some(5));
+        let shared = f.clone();
+        assert_eq!(
+            shared.current(),
+            Some(Fence {
+                epoch: 5,
+                dir: FENCE_DIR.into()
+            })
+        );
+        f.set(None);
+        assert_eq!(shared.current(), None);
+    }
+
+    #[test]
+    fn only_a_fenced_failure_is_a_refusal_and_the_first_is_kept() {
+        let f = Fencing::new(FENCE_DIR);
+        let h = |s: &str| HostId::new(s).unwrap();
+        f.observe(&h("a"), &answer(Status::Done, "{}"));
+        f.observe(
+            &h("a"),
+            &answer(Status::Failed, r#"{"fail":"lock","message":"held"}"#),
+        );
+        f.observe(
+            &h("a"),
+            &Err(HostError::Remote {
+                fail: FailKind::Lock,
+                message: "x".into(),
+            }),
+        );
+        assert_eq!(f.take_refusal(), None);
+        f.observe(
+            &h("b"),
+            &answer(
+                Status::Failed,
+                r#"{"fail":"fenced","message":"epoch 1 is older"}"#,
+            ),
+        );
+        f.observe(
+            &h("c"),
+            &answer(
+                Status::Failed,
+                r#"{"fail":"fenced","message":"epoch 1 is older"}"#,
+            ),
+        );
+        assert_eq!(
+            f.take_refusal(),
+            Some(Refusal {
+                host: h("b"),
+                message: "epoch 1 is older".into()
+            })
+        );
+        assert_eq!(f.take_refusal(), None);
+    }
+}

@@ -1,0 +1,213 @@
+//! The per-user device caps across shards (`--shard K/N`): each shard
+//! enforces its own hosts, publishes what each user holds there
+//! ([`Published`]), and counts the others' published parts beside its own.
+//!
+//! Every shard lays all hosts out in the one global order (their places in
+//! the whole inventory), so all that read the same parts pick the same
+//! devices; each carries out only the detaches on its own hosts. A shard
+//! whose part is gone (its lease ended) counts as unseen hosts do: its
+//! users' counts go down, never up.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::max_devices::HostUsage;
+use super::{Action, Violation};
+use crate::model::HostId;
+
+/// One host's part of the caps, as its shard publishes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Published {
+    pub host: HostId,
+    /// Its place in the whole inventory.
+    pub position: usize,
+    pub usage: HostUsage,
+}
+
+/// What a shard knows of the others this cycle.
+#[derive(Debug, Clone, Copy)]
+pub struct Shards<'a> {
+    /// Our hosts' places in the whole inventory.
+    pub positions: &'a HashMap<HostId, usize>,
+    /// The other shards' hosts, as they last published them.
+    pub others: &'a [Published],
+}
+
+impl<'a> Shards<'a> {
+    /// Every host's usage in the global order: ours (this cycle's) and the
+    /// others' (a host we hold ourselves is never taken from them).
+    pub fn in_order(
+        &self,
+        ours: &[(&'a HostId, &'a HostUsage)],
+    ) -> Vec<(&'a HostId, &'a HostUsage)> {
+        let own: HashSet<&HostId> = ours.iter().map(|(h, _)| *h).collect();
+        let mut all: Vec<(usize, &HostId, &HostUsage)> = ours
+            .iter()
+            .map(|(h, u)| {
+                (
+                    self.positions.get(*h).copied().unwrap_or(usize::MAX),
+                    *h,
+                    *u,
+                )
+            })
+            .chain(
+                self.others
+                    .iter()
+                    .filter(|p| !own.contains(&p.host))
+                    .map(|p| (p.position, &p.host, &p.usage)),
+            )
+            .collect();
+        all.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        all.dedup_by(|a, b| a.1 == b.1);
+        all.into_iter().map(|(_, h, u)| (h, u)).collect()
+    }
+
+    /// Leaves in `violations` only the actions on our hosts: the others
+    /// carry out theirs.
+    pub fn ours_only(&self, violations: &mut [Violation]) {
+        for v in violations {
+            v.actions.retain(|a| match a {
+                Action::Detach { host, .. } | Action::Terminate { host, .. } => {
+                    self.positions.contains_key(host)
+                }
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{EnvId, GpuIndex};
+    use crate::rules::max_devices::{self, Held, HeldDevice};
+    use crate::rules::{Policy, Rule};
+
+    fn usage(user: &str, devices: &[(u32, bool)]) -> HostUsage {
+        let held = Held {
+            envs: true,
+            devices: devices
+                .iter()
+                .map(|&(i, working)| HeldDevice {
+                    index: GpuIndex(i),
+                    eids: vec![EnvId(format!("{user}-{i}"))],
+                    pids: vec![],
+                    working,
+                    stray: false,
+                    vouched: working,
+                })
+                .collect(),
+        };
+        HostUsage {
+            users: [(user.to_string(), held)].into_iter().collect(),
+        }
+    }
+
+    fn h(s: &str) -> HostId {
+        HostId(s.into())
+    }
+
+    /// The detaches shard `own` (hosts at these places) carries out when
+    /// the fleet is `fleet` (host, place, usage) and alice's cap is 2.
+    fn detaches(fleet: &[(&str, usize, HostUsage)], own: &[&str]) -> Vec<(String, u32)> {
+        let positions: HashMap<HostId, usize> = fleet
+            .iter()
+            .filter(|(n, _, _)| own.contains(n))
+            .map(|(n, p, _)| (h(n), *p))
+            .collect();
+        let ids: Vec<HostId> = fleet.iter().map(|(n, _, _)| h(n)).collect();
+        let ours: Vec<(&HostId, &HostUsage)> = fleet
+            .iter()
+            .zip(&ids)
+            .filter(|((n, _, _), _)| own.contains(n))
+            .map(|((_, _, u), id)| (id, u))
+            .collect();
+        let others: Vec<Published> = fleet
+            .iter()
+            .filter(|(n, _, _)| !own.contains(n))
+            .map(|(n, p, u)| Published {
+                host: h(n),
+                position: *p,
+                usage: u.clone(),
+            })
+            .collect();
+        let shards = Shards {
+            positions: &positions,
+            others: &others,
+        };
+        let all = shards.in_order(&ours);
+        let policy = Policy {
+            max_devices_per_user: Some(2),
+            ..Policy::default()
+        };
+        let (mut v, _) = max_devices::evaluate(&all, &policy);
+        shards.ours_only(&mut v);
+        assert!(v.iter().all(|v| v.rule == Rule::MaxDevicesPerUser));
+        v.iter()
+            .flat_map(|v| &v.actions)
+            .map(|a| match a {
+                Action::Detach { host, device, .. } => (host.0.clone(), device.0),
+                Action::Terminate { .. } => unreachable!(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn two_shards_detach_the_one_global_excess_between_them_each_its_own_part() {
+        // alice: working devices on h1..h4 and an idle one on h4; cap 2.
+        let fleet = [
+            ("h1", 0, usage("alice", &[(0, true)])),
+            ("h2", 1, usage("alice", &[(0, true)])),
+            ("h3", 2, usage("alice", &[(0, true)])),
+            ("h4", 3, usage("alice", &[(0, true), (1, false)])),
+        ];
+        let one = detaches(&fleet, &["h1", "h3"]);
+        let two = detaches(&fleet, &["h2", "h4"]);
+        // The one box's choice: the idle device first, then genv's order.
+        let whole = detaches(&fleet, &["h1", "h2", "h3", "h4"]);
+        assert_eq!(
+            whole,
+            [("h4".into(), 1), ("h1".into(), 0), ("h2".into(), 0)]
+        );
+        assert_eq!(one, [("h1".to_string(), 0)]);
+        assert_eq!(two, [("h4".to_string(), 1), ("h2".to_string(), 0)]);
+    }
+
+    #[test]
+    fn a_gone_shard_counts_as_unseen_and_our_own_hosts_win_over_what_others_say() {
+        let fleet = [
+            ("h1", 0, usage("alice", &[(0, true)])),
+            ("h2", 1, usage("alice", &[(0, true), (1, true)])),
+        ];
+        // h2's shard is gone: alice holds 1 as far as shard one knows.
+        assert!(detaches(&fleet[..1], &["h1"]).is_empty());
+        // Another shard claiming our host is not counted twice.
+        let positions: HashMap<HostId, usize> = [(h("h1"), 0)].into_iter().collect();
+        let mine = usage("alice", &[(0, true)]);
+        let others = [Published {
+            host: h("h1"),
+            position: 0,
+            usage: usage("alice", &[(0, true), (1, true), (2, true)]),
+        }];
+        let shards = Shards {
+            positions: &positions,
+            others: &others,
+        };
+        let id = h("h1");
+        assert_eq!(shards.in_order(&[(&id, &mine)]), vec![(&id, &mine)]);
+    }
+
+    #[test]
+    fn what_a_shard_publishes_reads_back_and_refuses_unknown_fields() {
+        let p = Published {
+            host: h("gpu7"),
+            position: 6,
+            usage: usage("bob", &[(3, false)]),
+        };
+        let json = serde_json::to_string(&p).unwrap();
+        assert_eq!(serde_json::from_str::<Published>(&json).unwrap(), p);
+        let extra = json.replacen('{', "{\"x\":1,", 1);
+        assert!(serde_json::from_str::<Published>(&extra).is_err());
+    }
+}

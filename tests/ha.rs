@@ -1,0 +1,603 @@
+//! High availability end to end: real etcd nodes on loopback (Debian's
+//! `etcd-server`), two enforcer boxes (two processes of our binary) over
+//! the sshd fleet, real processes of real users that really get
+//! signalled. Each test says what it measures on stderr.
+
+mod util;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use util::fleet::Fleet;
+
+const SIGTERM: i32 = 15;
+const SIGKILL: i32 = 9;
+const WAIT: Duration = Duration::from_secs(20);
+
+static NEXT: AtomicU32 = AtomicU32::new(1);
+
+/// One etcd member, killed on drop.
+struct Etcd {
+    child: Option<Child>,
+    name: String,
+    args: Vec<String>,
+    client: String,
+    _dir: Arc<tempfile::TempDir>,
+}
+
+impl Etcd {
+    fn start(&mut self) {
+        let log =
+            std::fs::File::create(self._dir.path().join(format!("{}.log", self.name))).unwrap();
+        self.child = Some(
+            Command::new("etcd")
+                .args(&self.args)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("etcd"),
+        );
+    }
+
+    fn pid(&self) -> i32 {
+        i32::try_from(self.child.as_ref().unwrap().id()).unwrap()
+    }
+
+    fn signal(&self, sig: i32) {
+        unsafe_kill(self.pid(), sig);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            unsafe_kill(i32::try_from(c.id()).unwrap(), 18); // SIGCONT, if stopped
+        }
+        self.kill();
+    }
+}
+
+fn unsafe_kill(pid: i32, sig: i32) {
+    let _ = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status();
+}
+
+/// `n` etcd members on loopback addresses of their own, up and healthy;
+/// `None` (or a failure in CI) without etcd.
+fn etcd(n: usize) -> Option<Vec<Etcd>> {
+    let found = Command::new("etcd")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !util::prerequisite(
+        found,
+        "the HA tests need etcd (apt-get install etcd-server)",
+    ) {
+        return None;
+    }
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let net = format!(
+        "127.{}.{}",
+        200 + std::process::id() % 50,
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    );
+    let peers: Vec<String> = (1..=n)
+        .map(|i| format!("m{i}=http://{net}.{i}:2380"))
+        .collect();
+    let mut members: Vec<Etcd> = (1..=n)
+        .map(|i| {
+            let addr = format!("{net}.{i}");
+            let client = format!("http://{addr}:2379");
+            let args = vec![
+                format!("--name=m{i}"),
+                format!("--data-dir={}", dir.path().join(format!("m{i}")).display()),
+                format!("--listen-client-urls={client}"),
+                format!("--advertise-client-urls={client}"),
+                format!("--listen-peer-urls=http://{addr}:2380"),
+                format!("--initial-advertise-peer-urls=http://{addr}:2380"),
+                format!("--initial-cluster={}", peers.join(",")),
+                "--initial-cluster-state=new".into(),
+                format!("--initial-cluster-token={net}"),
+                "--heartbeat-interval=50".into(),
+                "--election-timeout=500".into(),
+                "--log-level=warn".into(),
+            ];
+            Etcd {
+                child: None,
+                name: format!("m{i}"),
+                args,
+                client,
+                _dir: Arc::clone(&dir),
+            }
+        })
+        .collect();
+    for m in &mut members {
+        m.start();
+    }
+    for m in &members {
+        assert!(
+            wait(Duration::from_secs(30), || healthy(&m.client)),
+            "etcd {} did not come up: {}",
+            m.name,
+            std::fs::read_to_string(dir.path().join(format!("{}.log", m.name))).unwrap_or_default()
+        );
+    }
+    Some(members)
+}
+
+/// Whether etcd's `/health` at `url` says so.
+fn healthy(url: &str) -> bool {
+    let addr = url.trim_start_matches("http://");
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let req = format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.contains("\"health\":\"true\"")
+}
+
+fn wait(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    done()
+}
+
+/// An enforcer box: our binary looping over the fleet, its stderr lines
+/// kept with the time each arrived.
+struct Enforcer {
+    child: Child,
+    lines: Arc<Mutex<Vec<(Instant, String)>>>,
+    audit: PathBuf,
+}
+
+impl Enforcer {
+    fn start(f: &Fleet, name: &str, etcd: &[&Etcd], extra: &[&str]) -> Enforcer {
+        let audit = f.dir.path().join(format!("audit-{name}.log"));
+        let urls: Vec<&str> = etcd.iter().map(|e| e.client.as_str()).collect();
+        let urls = urls.join(",");
+        let hosts = f.names.join(",");
+        let mut args = vec![
+            "-H",
+            hosts.as_str(),
+            "enforce",
+            "--interval",
+            "1s",
+            "--ha-etcd",
+            urls.as_str(),
+            "--ha-name",
+            name,
+            "--ha-ttl",
+            "3s",
+            "--non-env-processes",
+            "--audit-log",
+            audit.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let mut child = f
+            .command(&args)
+            .env("GENV_ENFORCE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let keep = Arc::clone(&lines);
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                keep.lock().unwrap().push((Instant::now(), line));
+            }
+        });
+        Enforcer {
+            child,
+            lines,
+            audit,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).unwrap()
+    }
+
+    /// When a stderr line with `text` first came after `since`, waiting
+    /// up to `within`.
+    fn said_after(&self, since: Instant, text: &str, within: Duration) -> Option<Instant> {
+        let mut at = None;
+        wait(within, || {
+            at = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(t, l)| *t >= since && l.contains(text))
+                .map(|(t, _)| *t);
+            at.is_some()
+        });
+        at
+    }
+
+    fn stderr(&self) -> String {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, l)| l.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The audit log's `done` entries, as (action, host, pid, outcome).
+    fn done(&self) -> Vec<(String, String, u64, Value)> {
+        let text = std::fs::read_to_string(&self.audit).unwrap_or_default();
+        text.lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|e| e["phase"] == "done")
+            .map(|e| {
+                (
+                    e["action"].as_str().unwrap().to_string(),
+                    e["host"].as_str().unwrap().to_string(),
+                    e["pid"].as_u64().unwrap_or(0),
+                    e["outcome"].clone(),
+                )
+            })
+            .collect()
+    }
+
+    fn stop(&mut self) {
+        unsafe_kill(self.pid(), SIGTERM);
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end {
+            if self.child.try_wait().unwrap().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Enforcer {
+    fn drop(&mut self) {
+        unsafe_kill(self.pid(), 18);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until one of `boxes` says it leads and the others follow; the
+/// leader's index.
+fn leader_of(boxes: &[&Enforcer], since: Instant) -> usize {
+    let mut who = None;
+    assert!(
+        wait(Duration::from_secs(30), || {
+            who = boxes.iter().position(|b| {
+                b.said_after(since, "ha: leader (epoch", Duration::ZERO)
+                    .is_some()
+            });
+            who.is_some_and(|w| {
+                boxes.iter().enumerate().all(|(i, b)| {
+                    i == w
+                        || b.said_after(since, "ha: following", Duration::ZERO)
+                            .is_some()
+                })
+            })
+        }),
+        "no leader and follower: {}",
+        boxes
+            .iter()
+            .map(|b| b.stderr())
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    );
+    who.unwrap()
+}
+
+/// The signalled terminations in `done`, by (host, pid).
+fn signalled(done: &[(String, String, u64, Value)], action: &str) -> Vec<(String, u64)> {
+    let mut v: Vec<_> = done
+        .iter()
+        .filter(|(a, _, _, o)| a == action && o["result"] == "signalled")
+        .map(|(_, h, p, _)| (h.clone(), *p))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn two_boxes_one_leader_every_violation_acted_on_once() {
+    let Some(etcd) = etcd(1) else { return };
+    let Some(mut f) = Fleet::up(2) else { return };
+    let a = Enforcer::start(&f, "box-a", &[&etcd[0]], &[]);
+    let b = Enforcer::start(&f, "box-b", &[&etcd[0]], &[]);
+    let start = Instant::now();
+    let leader = leader_of(&[&a, &b], start);
+    let mut strays = Vec::new();
+    for h in 0..2 {
+        let p1 = f.host(h).spawn_as("gealice", None);
+        let p2 = f.host(h).spawn_as("gebob", None);
+        f.host(h).set_apps(&[(p1, 0, "100"), (p2, 1, "100")]);
+        strays.push((h, p1));
+        strays.push((h, p2));
+    }
+    for &(h, p) in &strays {
+        assert_eq!(f.host(h).wait_signal(p, WAIT), Some(SIGTERM), "{p}");
+    }
+    // A few more cycles: nobody acts twice on what is gone.
+    std::thread::sleep(Duration::from_secs(3));
+    let (mut a, mut b) = (a, b);
+    a.stop();
+    b.stop();
+    let (da, db) = (a.done(), b.done());
+    let (acted, idle) = if leader == 0 { (&da, &db) } else { (&db, &da) };
+    assert!(idle.is_empty(), "the follower acted: {idle:?}");
+    let mut want: Vec<(String, u64)> = strays
+        .iter()
+        .map(|&(h, p)| (f.names[h].clone(), u64::from(p)))
+        .collect();
+    want.sort();
+    let mut both = signalled(&da, "terminate");
+    both.extend(signalled(&db, "terminate"));
+    both.sort();
+    assert_eq!(both, want, "each once, by the leader: {acted:?}");
+    let follower = [&a, &b][1 - leader];
+    assert!(
+        follower.stderr().contains("ha: following box-"),
+        "{}",
+        follower.stderr()
+    );
+}
+
+#[test]
+fn a_killed_leader_is_replaced_within_the_ttl_and_one_interval_nothing_twice() {
+    let Some(mut etcd) = etcd(3) else { return };
+    let Some(mut f) = Fleet::up(2) else { return };
+    let members: Vec<&Etcd> = etcd.iter().collect();
+    let a = Enforcer::start(&f, "box-a", &members, &[]);
+    let b = Enforcer::start(&f, "box-b", &members, &[]);
+    let start = Instant::now();
+    let leader = leader_of(&[&a, &b], start);
+    let (mut dead, mut heir) = if leader == 0 { (a, b) } else { (b, a) };
+    let p = f.host(0).spawn_as("gealice", None);
+    f.host(0).set_apps(&[(p, 0, "100")]);
+    assert_eq!(f.host(0).wait_signal(p, WAIT), Some(SIGTERM));
+    let killed = Instant::now();
+    unsafe_kill(dead.pid(), SIGKILL);
+    let _ = dead.child.wait();
+    let took = heir
+        .said_after(killed, "ha: leader (epoch", Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("no takeover: {}", heir.stderr()));
+    let takeover = took - killed;
+    eprintln!(
+        "measured: takeover {:.2} s after SIGKILL (TTL 3 s, interval 1 s)",
+        takeover.as_secs_f64()
+    );
+    // The lease lapses within its TTL; the heir looks once an interval,
+    // and a cycle's own time (and etcd's tick) on top.
+    assert!(
+        takeover <= Duration::from_millis(3000 + 1000 + 1500),
+        "{takeover:?}"
+    );
+    // The new leader acts, on a new violation, once; one etcd member down
+    // changes nothing (a majority still answers).
+    etcd[2].kill();
+    let q = f.host(1).spawn_as("gebob", None);
+    f.host(1).set_apps(&[(q, 2, "100")]);
+    assert_eq!(f.host(1).wait_signal(q, WAIT), Some(SIGTERM));
+    std::thread::sleep(Duration::from_secs(2));
+    heir.stop();
+    let mut both = signalled(&dead.done(), "terminate");
+    both.extend(signalled(&heir.done(), "terminate"));
+    both.sort();
+    let mut want = vec![
+        (f.names[0].clone(), u64::from(p)),
+        (f.names[1].clone(), u64::from(q)),
+    ];
+    want.sort();
+    assert_eq!(both, want);
+    assert!(!heir.stderr().contains("fenced"), "{}", heir.stderr());
+}
+
+#[test]
+fn a_paused_leader_is_fenced_by_the_agents_and_steps_down() {
+    let Some(etcd) = etcd(1) else { return };
+    let Some(mut f) = Fleet::up(1) else { return };
+    // A job that ignores SIGTERM: the leader signals it, then waits
+    // --kill-after within its cycle before SIGKILL.
+    let stubborn = f.host(0).start(
+        "gealice",
+        None,
+        &["sh", "-c", "trap '' TERM; exec sleep 1000"],
+    );
+    f.host(0).set_apps(&[(stubborn, 0, "100")]);
+    let extra = ["--kill-after", "4s"];
+    let mut a = Enforcer::start(&f, "box-a", &[&etcd[0]], &extra);
+    let start = Instant::now();
+    assert!(
+        a.said_after(start, "ha: leader (epoch", Duration::from_secs(20))
+            .is_some(),
+        "{}",
+        a.stderr()
+    );
+    // Its SIGTERM is audited: it now sleeps 4 s before SIGKILL. Pause it.
+    assert!(
+        wait(WAIT, || !signalled(&a.done(), "terminate").is_empty()),
+        "{}",
+        a.stderr()
+    );
+    unsafe_kill(a.pid(), 19); // SIGSTOP
+    let paused = Instant::now();
+    // Another box takes over once the paused one's lease ends, and acts
+    // (its own SIGTERM, then its SIGKILL after 4 s).
+    let mut b = Enforcer::start(&f, "box-b", &[&etcd[0]], &extra);
+    assert!(
+        b.said_after(paused, "ha: leader (epoch", Duration::from_secs(20))
+            .is_some(),
+        "{}",
+        b.stderr()
+    );
+    assert!(
+        wait(WAIT, || !signalled(&b.done(), "terminate").is_empty()),
+        "{}",
+        b.stderr()
+    );
+    // The paused box wakes up mid-cycle, sure it leads: its SIGKILL is
+    // refused by the host's agent, and it steps down.
+    let woke = Instant::now();
+    unsafe_kill(a.pid(), 18); // SIGCONT
+    assert!(
+        a.said_after(woke, "stepping down", Duration::from_secs(15))
+            .is_some(),
+        "{}",
+        a.stderr()
+    );
+    assert!(
+        a.said_after(woke, "ha: following box-b", Duration::from_secs(15))
+            .is_some(),
+        "{}",
+        a.stderr()
+    );
+    assert_eq!(f.host(0).wait_signal(stubborn, WAIT), Some(SIGKILL));
+    std::thread::sleep(Duration::from_secs(1));
+    a.stop();
+    b.stop();
+    let fenced: Vec<_> = a
+        .done()
+        .into_iter()
+        .filter(|(act, _, p, o)| {
+            act == "kill" && *p == u64::from(stubborn) && o.to_string().contains("fenced")
+        })
+        .collect();
+    assert_eq!(
+        fenced.len(),
+        1,
+        "the paused box's SIGKILL, refused: {:?}",
+        a.done()
+    );
+    assert!(signalled(&a.done(), "kill").is_empty(), "{:?}", a.done());
+    assert_eq!(
+        signalled(&b.done(), "kill"),
+        vec![(f.names[0].clone(), u64::from(stubborn))]
+    );
+    let epoch = std::fs::read_to_string(f.dir.path().join("h1/run/epoch")).unwrap();
+    assert!(epoch.trim().parse::<u64>().unwrap() > 0, "{epoch}");
+}
+
+#[test]
+fn without_etcd_the_leader_stops_acting_within_the_ttl_and_resumes_after() {
+    let Some(etcd) = etcd(1) else { return };
+    let Some(mut f) = Fleet::up(1) else { return };
+    let mut a = Enforcer::start(&f, "box-a", &[&etcd[0]], &[]);
+    let start = Instant::now();
+    assert!(
+        a.said_after(start, "ha: leader (epoch", Duration::from_secs(20))
+            .is_some(),
+        "{}",
+        a.stderr()
+    );
+    // etcd stops answering (as a partition would).
+    etcd[0].signal(19);
+    let cut = Instant::now();
+    let stopped = a
+        .said_after(cut, "ha: not acting", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("{}", a.stderr()));
+    eprintln!(
+        "measured: stopped acting {:.2} s after etcd went silent (TTL 3 s, interval 1 s)",
+        (stopped - cut).as_secs_f64()
+    );
+    // No cycle starts acting with less than a keep-alive tick (1 s) of
+    // lease left, and the lease was renewed at most a tick before etcd
+    // went silent: the first cycle after that says so.
+    assert!(
+        stopped - cut <= Duration::from_secs(4),
+        "{:?}",
+        stopped - cut
+    );
+    // A violation now is reported, not acted on.
+    let p = f.host(0).spawn_as("gealice", None);
+    f.host(0).set_apps(&[(p, 0, "100")]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(f.host(0).running(p));
+    assert!(
+        signalled(&a.done(), "terminate").is_empty(),
+        "{:?}",
+        a.done()
+    );
+    // etcd back: the box leads again and acts.
+    let back = Instant::now();
+    etcd[0].signal(18);
+    assert!(
+        a.said_after(back, "ha: leader (epoch", Duration::from_secs(20))
+            .is_some(),
+        "{}",
+        a.stderr()
+    );
+    assert_eq!(f.host(0).wait_signal(p, WAIT), Some(SIGTERM));
+    a.stop();
+}
+
+#[test]
+fn doctor_checks_etcd_the_election_and_each_hosts_fence() {
+    let Some(etcd) = etcd(1) else { return };
+    let Some(f) = Fleet::up(1) else { return };
+    let hosts = f.names.join(",");
+    let url = etcd[0].client.clone();
+    let doctor = || {
+        f.command(&[
+            "-H",
+            &hosts,
+            "doctor",
+            "--output",
+            "json",
+            "--ha-etcd",
+            &url,
+        ])
+        .output()
+        .unwrap()
+    };
+    let out = doctor();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let text = report.to_string();
+    assert!(text.contains("\"check\":\"etcd\""), "{report:#}");
+    assert!(text.contains("granted and revoked"), "{report:#}");
+    assert!(text.contains("nobody leads now"), "{report:#}");
+    assert!(text.contains("holds no epoch yet"), "{report:#}");
+    // A fence directory someone else could write is refused, and said.
+    let run = f.dir.path().join("h1/run");
+    std::fs::set_permissions(&run, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = doctor();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("is not a directory of uid 0 only"), "{text}");
+}
