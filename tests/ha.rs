@@ -601,3 +601,103 @@ fn doctor_checks_etcd_the_election_and_each_hosts_fence() {
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(text.contains("is not a directory of uid 0 only"), "{text}");
 }
+
+#[test]
+fn two_shards_detach_one_global_excess_once_and_a_dead_shards_hosts_drop_out() {
+    let Some(etcd) = etcd(1) else { return };
+    let Some(mut f) = Fleet::up(4) else { return };
+    // alice works on GPU 0 of each host (environment aN), and on h4 her
+    // environment is also attached to GPU 1, idle. Her cap is 2: 5 held,
+    // 3 over. The one box's order: the idle device first (h4:1), then the
+    // working ones by host (h1:0, h2:0).
+    let mut jobs = Vec::new();
+    for h in 0..4 {
+        let eid = format!("a{h}");
+        let p = f.host(h).spawn_as("gealice", Some(&eid));
+        f.host(h)
+            .write_envs(&[util::env(&eid, Some("gealice"), None, p)]);
+        let attached: &[(u32, &str)] = if h == 3 {
+            &[(0, "a3"), (1, "a3")]
+        } else {
+            &[(0, eid.as_str())]
+        };
+        f.host(h).write_devices(4, attached);
+        f.host(h).set_apps(&[(p, 0, "100")]);
+        jobs.push(p);
+    }
+    let cap = ["--max-devices-per-user", "2"];
+    let one = Enforcer::start(
+        &f,
+        "shard-one",
+        &[&etcd[0]],
+        &[&cap[..], &["--shard", "1/2"]].concat(),
+    );
+    let mut two = Enforcer::start(
+        &f,
+        "shard-two",
+        &[&etcd[0]],
+        &[&cap[..], &["--shard", "2/2"]].concat(),
+    );
+    // Each shard detaches its part of the one excess: h1:0 (shard one),
+    // h4:1 and h2:0 (shard two); their jobs there are terminated.
+    assert_eq!(
+        f.host(0).wait_signal(jobs[0], WAIT),
+        Some(SIGTERM),
+        "{}",
+        one.stderr()
+    );
+    assert_eq!(
+        f.host(1).wait_signal(jobs[1], WAIT),
+        Some(SIGTERM),
+        "{}",
+        two.stderr()
+    );
+    assert!(
+        wait(WAIT, || f.host(3).attached(1).is_empty()),
+        "{}",
+        two.stderr()
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(f.host(0).attached(0), Vec::<String>::new());
+    assert_eq!(f.host(1).attached(0), Vec::<String>::new());
+    assert_eq!(f.host(2).attached(0), ["a2"]);
+    assert_eq!(f.host(3).attached(0), ["a3"]);
+    assert!(f.host(2).running(jobs[2]) && f.host(3).running(jobs[3]));
+    let detached = |e: &Enforcer| -> Vec<(String, u64)> {
+        let text = std::fs::read_to_string(&e.audit).unwrap_or_default();
+        let mut v: Vec<_> = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|e| {
+                e["phase"] == "done"
+                    && e["action"] == "detach"
+                    && e["outcome"]["result"] == "detached"
+            })
+            .map(|e| {
+                (
+                    e["host"].as_str().unwrap().to_string(),
+                    e["device"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let n = f.names.clone();
+    assert_eq!(detached(&one), [(n[0].clone(), 0)], "{}", one.stderr());
+    let mut theirs = vec![(n[1].clone(), 0), (n[3].clone(), 1)];
+    theirs.sort();
+    assert_eq!(detached(&two), theirs, "{}", two.stderr());
+    // Shard two dies: once its lease ends, its hosts (alice's h4:0) are no
+    // longer counted. A second device of alice's on h3 then keeps her at
+    // 2 as shard one counts: nothing is detached.
+    unsafe_kill(two.pid(), SIGKILL);
+    let _ = two.child.wait();
+    std::thread::sleep(Duration::from_secs(3 + 2));
+    f.host(2).write_devices(4, &[(0, "a2"), (2, "a2")]);
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(f.host(2).attached(2), ["a2"], "{}", one.stderr());
+    assert_eq!(f.host(2).attached(0), ["a2"]);
+    assert!(f.host(2).running(jobs[2]));
+    assert_eq!(detached(&one), [(n[0].clone(), 0)], "{}", one.stderr());
+}
