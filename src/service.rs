@@ -176,11 +176,13 @@ pub async fn run(
         // dry run whose ladder moves nothing (a takeover warns afresh).
         let mut follower = None;
         if let Some(elector) = &service.elector {
+            let looked = std::time::Instant::now();
             let look = tokio::select! {
                 s = elector.look() => s,
                 _ = term.recv() => { signalled = true; break },
                 _ = interrupt.recv() => { signalled = true; break },
             };
+            tracing::debug!(ms = looked.elapsed().as_secs_f64() * 1e3, "etcd: standing looked up");
             memory.others = look.others;
             let now = look.standing;
             fencing.set(if now.leads() { now.epoch() } else { None });
