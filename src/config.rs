@@ -817,3 +817,194 @@ fn private_dir(dir: &Path) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// `enforce <args>`'s cycle flags.
+    fn cycle(args: &[&str]) -> CycleArgs {
+        let cli = Cli::try_parse_from(["genv-enforce", "enforce"].iter().chain(args))
+            .unwrap_or_else(|e| panic!("{e}"));
+        match cli.command {
+            Command::Enforce(e) => e.cycle,
+            _ => unreachable!(),
+        }
+    }
+
+    fn ha(args: &[&str]) -> Result<Option<crate::ha::HaSpec>, String> {
+        ha_spec(&cycle(args).ha, Duration::from_secs(10)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn ha_flags_are_checked_and_given_their_defaults() {
+        assert_eq!(ha(&[]), Ok(None));
+        let spec = ha(&["--ha-etcd", "http://10.0.0.1:2379,http://10.0.0.2:2379"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(spec.endpoints.len(), 2);
+        assert_eq!(spec.key, crate::ha::DEFAULT_KEY);
+        assert_eq!(spec.name, crate::host::local::hostname().0);
+        assert_eq!(spec.ttl, Duration::from_secs(30));
+        assert_eq!(spec.fence_dir, crate::ha::FENCE_DIR);
+        assert_eq!((spec.tls, spec.user, spec.shard), (None, None, None));
+        let spec = ha(&[
+            "--ha-etcd",
+            "http://e:2379",
+            "--ha-name",
+            "box-a",
+            "--ha-ttl",
+            "6s",
+            "--ha-key",
+            "/lab",
+            "--shard",
+            "2/3",
+            "--ha-fence-dir",
+            "/run/x",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (
+                spec.name.as_str(),
+                spec.ttl,
+                spec.key.as_str(),
+                spec.fence_dir.as_str()
+            ),
+            ("box-a", Duration::from_secs(6), "/lab", "/run/x")
+        );
+        assert_eq!(spec.shard, Some(crate::ha::Shard { k: 2, n: 3 }));
+        for (args, why) in [
+            (&["--ha-name", "a"][..], "--ha-name needs --ha-etcd"),
+            (&["--shard", "1/2"], "--shard needs --ha-etcd"),
+            (&["--ha-etcd", "etcd:2379"], "is not an etcd client URL"),
+            (&["--ha-etcd", "https://e:2379"], "need --ha-cacert"),
+            (
+                &["--ha-etcd", "http://e:2379", "--ha-cacert", "/ca"],
+                "need --ha-cacert",
+            ),
+            (
+                &["--ha-etcd", "http://e:2379", "--ha-key", "lab"],
+                "a prefix such as",
+            ),
+            (
+                &["--ha-etcd", "http://e:2379", "--ha-key", "/lab/"],
+                "a prefix such as",
+            ),
+            (
+                &["--ha-etcd", "http://e:2379", "--ha-fence-dir", "run/x"],
+                "an absolute path",
+            ),
+            (
+                &[
+                    "--ha-etcd",
+                    "http://e:2379",
+                    "--ha-fence-dir",
+                    "/run/../tmp",
+                ],
+                "an absolute path",
+            ),
+            (
+                &["--ha-etcd", "http://e:2379", "--ha-name", "a\u{1b}b"],
+                "printable",
+            ),
+        ] {
+            let e = ha(args).unwrap_err();
+            assert!(e.contains(why), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_etcd_password_file_must_be_ours_alone_and_not_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pw");
+        let file = path.to_str().unwrap();
+        let args = [
+            "--ha-etcd",
+            "http://e:2379",
+            "--ha-user",
+            "enf",
+            "--ha-password-file",
+            file,
+        ];
+        std::fs::write(&path, "s3cret\nignored\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let spec = ha(&args).unwrap().unwrap();
+        assert_eq!(spec.user, Some(("enf".into(), "s3cret".into())));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(ha(&args).unwrap_err().contains("others may read"));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(&path, "\n").unwrap();
+        assert!(ha(&args).unwrap_err().contains("empty"));
+    }
+
+    fn settings_with(args: &[&str], mode: Mode) -> Result<Settings, String> {
+        let c = cycle(args);
+        let policy = crate::rules::Policy::default();
+        with_ha(settings(&c, policy, mode, false), &c, false).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_dry_run_elects_nobody_and_shards_split_remote_fleets_only() {
+        let etcd = ["--ha-etcd", "http://e:2379"];
+        assert!(settings_with(&etcd, Mode::Remote).unwrap().ha.is_some());
+        let dry = [&etcd[..], &["--dry-run"]].concat();
+        assert!(settings_with(&dry, Mode::Remote)
+            .unwrap_err()
+            .contains("a dry run"));
+        let c = cycle(&etcd);
+        let e = with_ha(
+            settings(&c, Default::default(), Mode::Remote, true),
+            &c,
+            true,
+        );
+        assert!(e.is_err(), "a replay");
+        let shard = [&etcd[..], &["--shard", "1/2"]].concat();
+        assert!(settings_with(&shard, Mode::Local)
+            .unwrap_err()
+            .contains("remote"));
+        assert!(settings_with(&shard, Mode::Remote).is_ok());
+    }
+
+    fn recorded_fleet(n: usize) -> Fleet {
+        let hosts = (0..n)
+            .map(|i| {
+                Host::Recorded(Recorded {
+                    id: HostId(format!("h{}", i + 1)),
+                    path: PathBuf::from("/nonexistent"),
+                })
+            })
+            .collect();
+        Fleet::new(hosts, 4)
+    }
+
+    #[test]
+    fn a_shard_keeps_every_nth_host_with_its_place_and_refuses_caps_it_cannot_count() {
+        let args = ["--ha-etcd", "http://e:2379", "--shard", "2/3"];
+        let s = settings_with(&args, Mode::Remote).unwrap();
+        let f = sharded(recorded_fleet(7), &s).unwrap();
+        let ids: Vec<&str> = f.hosts.iter().map(|h| h.id().0.as_str()).collect();
+        assert_eq!(ids, ["h2", "h5"]);
+        let mut places: Vec<(String, usize)> =
+            f.positions.iter().map(|(h, p)| (h.0.clone(), *p)).collect();
+        places.sort();
+        assert_eq!(places, [("h2".into(), 1), ("h5".into(), 4)]);
+        // Unsharded: the fleet as it was, no places.
+        let whole = settings_with(&["--ha-etcd", "http://e:2379"], Mode::Remote).unwrap();
+        let f = sharded(recorded_fleet(3), &whole).unwrap();
+        assert_eq!((f.hosts.len(), f.positions.len()), (3, 0));
+        let e = sharded(recorded_fleet(1), &s).unwrap_err().to_string();
+        assert!(e.contains("no host of the inventory falls in it"), "{e}");
+        let mut grouped = s.clone();
+        grouped.policy.max_devices_per_group = [("lab".to_string(), 2)].into_iter().collect();
+        assert!(sharded(recorded_fleet(3), &grouped)
+            .unwrap_err()
+            .to_string()
+            .contains("--max-devices-per-group"));
+        let mut memory = s;
+        memory.policy.max_memory_per_user = Some(1 << 30);
+        assert!(sharded(recorded_fleet(3), &memory).is_err());
+    }
+}

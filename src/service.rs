@@ -182,7 +182,10 @@ pub async fn run(
                 _ = term.recv() => { signalled = true; break },
                 _ = interrupt.recv() => { signalled = true; break },
             };
-            tracing::debug!(ms = looked.elapsed().as_secs_f64() * 1e3, "etcd: standing looked up");
+            tracing::debug!(
+                ms = looked.elapsed().as_secs_f64() * 1e3,
+                "etcd: standing looked up"
+            );
             memory.others = look.others;
             let now = look.standing;
             fencing.set(if now.leads() { now.epoch() } else { None });

@@ -72,7 +72,10 @@ fn the_environment_files_flags_are_ours() {
         assert!(cli.is_ok(), "{line}: {:?}", cli.err());
         seen += 1;
     }
-    assert_eq!(seen, 3, "the fleet, the high-availability and the local examples");
+    assert_eq!(
+        seen, 3,
+        "the fleet, the high-availability and the local examples"
+    );
 }
 
 /// Kills the enforcer if the test fails before it ends.
