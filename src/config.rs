@@ -534,13 +534,17 @@ fn ha_spec(
         ));
     }
     let dir = &a.ha_fence_dir;
+    // Each part named once: the agent opens the last without following a
+    // link, so a trailing '/', '.' or '..' would let one be followed.
+    let parts: Vec<&str> = dir.split('/').skip(1).collect();
     if !dir.starts_with('/')
-        || dir.len() < 2
-        || dir.split('/').any(|p| p == "..")
+        || parts
+            .iter()
+            .any(|p| p.is_empty() || *p == "." || *p == "..")
         || dir.chars().any(char::is_control)
     {
         return bad(format!(
-            "--ha-fence-dir {dir:?}: an absolute path without '..'"
+            "--ha-fence-dir {dir:?}: an absolute path without '.', '..', '//' or a trailing '/'"
         ));
     }
     let user = match (&a.ha_user, &a.ha_password_file) {
@@ -904,6 +908,22 @@ mod tests {
                     "--ha-fence-dir",
                     "/run/../tmp",
                 ],
+                "an absolute path",
+            ),
+            (
+                &["--ha-etcd", "http://e:2379", "--ha-fence-dir", "/run/x/"][..],
+                "an absolute path",
+            ),
+            (
+                &["--ha-etcd", "http://e:2379", "--ha-fence-dir", "/run//x"][..],
+                "an absolute path",
+            ),
+            (
+                &["--ha-etcd", "http://e:2379", "--ha-fence-dir", "/run/./x"][..],
+                "an absolute path",
+            ),
+            (
+                &["--ha-etcd", "http://e:2379", "--ha-fence-dir", "/"][..],
                 "an absolute path",
             ),
             (

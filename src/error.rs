@@ -114,6 +114,7 @@ impl HostError {
                 FailKind::Lock => FailureKind::Lock,
                 FailKind::NvidiaSmi => FailureKind::NvidiaSmi,
                 FailKind::Fenced => FailureKind::Fenced,
+                FailKind::Fence => FailureKind::Fence,
                 FailKind::Request | FailKind::Agent => FailureKind::Agent,
             },
             HostError::Read { .. } => FailureKind::Recorded,

@@ -86,7 +86,11 @@ pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
                 service.metrics = Some(m);
             }
             if let Some(spec) = &settings.ha {
-                match crate::ha::Elector::start((**spec).clone()).await {
+                let fencing = fleets
+                    .first()
+                    .map(|f| f.fencing.clone())
+                    .unwrap_or_default();
+                match crate::ha::Elector::start((**spec).clone(), fencing).await {
                     Ok(e) => service.elector = Some(e),
                     Err(e) => {
                         complain(&format!("--ha-etcd: {}", chain(&e)));

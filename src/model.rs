@@ -90,6 +90,8 @@ pub enum FailureKind {
     NvidiaSmi,
     /// The host's agent refused us: another leader acted there since.
     Fenced,
+    /// The host's fence (high availability) cannot be used safely.
+    Fence,
     /// What the host sent could not be parsed (or was too large).
     Parse,
     /// A recorded snapshot could not be read.
@@ -118,6 +120,7 @@ impl FailureKind {
             FailureKind::Lock => "lock",
             FailureKind::NvidiaSmi => "nvidia-smi",
             FailureKind::Fenced => "fenced",
+            FailureKind::Fence => "fence",
             FailureKind::Parse => "parse",
             FailureKind::Recorded => "recorded",
             FailureKind::Internal => "internal",

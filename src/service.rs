@@ -186,9 +186,9 @@ pub async fn run(
                 ms = looked.elapsed().as_secs_f64() * 1e3,
                 "etcd: standing looked up"
             );
-            memory.others = look.others;
-            let now = look.standing;
-            fencing.set(if now.leads() { now.epoch() } else { None });
+            memory.others = look.others.clone();
+            let now = look.standing.clone();
+            fencing.set(if now.leads() { now.epoch() } else { None }, look.until);
             let took_over = now.leads() && !standing.as_ref().is_some_and(|s| s.leads());
             if standing.as_ref().is_none_or(|s| s.changed(&now)) {
                 tracing::info!(standing = %now.describe(), "high availability");
@@ -218,20 +218,25 @@ pub async fn run(
         if let Some((_, ladder)) = follower {
             memory.ladder = Ladder::restore(settings.grace.clone(), ladder);
         } else if let Some(elector) = &service.elector {
-            // Sharded: our hosts' part, for the other shards' next cycle.
-            if let Err(e) = elector.publish(std::mem::take(&mut memory.published)).await {
+            // Sharded: our hosts' part, for the other shards' next cycle,
+            // without what this cycle detached.
+            let part = std::mem::take(&mut memory.published)
+                .into_iter()
+                .map(|p| {
+                    let gone = detached_on(&report.outcomes, &p.host);
+                    p.without(&gone)
+                })
+                .collect();
+            if let Err(e) = elector.publish(part).await {
                 complain(&format!("ha: this shard's part is not published: {e}"));
             }
         }
         if let (Some(elector), Some(refusal)) = (&service.elector, fencing.take_refusal()) {
-            // Another leader has acted on a host since this cycle began:
-            // this box was deposed while it thought it led.
-            fencing.set(None);
-            complain(&format!(
-                "ha: fenced on {}: {}; stepping down",
-                refusal.host, refusal.message
-            ));
-            if let Some(m) = &service.metrics {
+            // Another leader has acted on a host since this cycle began,
+            // or this box's lease ended meanwhile: it no longer leads.
+            fencing.set(None, None);
+            complain(&format!("ha: {refusal}; stepping down"));
+            if let (Some(m), crate::ha::Refusal::Fenced { .. }) = (&service.metrics, &refusal) {
                 m.fenced();
             }
             elector.step_down().await;
@@ -358,6 +363,26 @@ pub async fn run(
     }
     drop(kept);
     Ok(ending)
+}
+
+/// The (device, environment) pairs `outcomes` detached on `host`.
+fn detached_on(
+    outcomes: &[crate::outcome::Outcome],
+    host: &crate::model::HostId,
+) -> std::collections::HashSet<(crate::model::GpuIndex, crate::model::EnvId)> {
+    use crate::outcome::{DetachResult, Outcome};
+    outcomes
+        .iter()
+        .filter_map(|o| match o {
+            Outcome::Detach {
+                host: h,
+                device,
+                eid,
+                outcome: DetachResult::Detached,
+            } if h == host => Some((*device, eid.clone())),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The notification channels of `settings`, started; a channel that

@@ -74,6 +74,7 @@ impl Drop for Etcd {
 fn unsafe_kill(pid: i32, sig: i32) {
     let _ = Command::new("kill")
         .args([format!("-{sig}"), pid.to_string()])
+        .stderr(Stdio::null())
         .status();
 }
 
@@ -191,12 +192,13 @@ impl Enforcer {
             urls.as_str(),
             "--ha-name",
             name,
-            "--ha-ttl",
-            "3s",
             "--non-env-processes",
             "--audit-log",
             audit.to_str().unwrap(),
         ];
+        if !extra.contains(&"--ha-ttl") {
+            args.extend_from_slice(&["--ha-ttl", "3s"]);
+        }
         args.extend_from_slice(extra);
         let mut child = f
             .command(&args)
@@ -423,18 +425,32 @@ fn a_killed_leader_is_replaced_within_the_ttl_and_one_interval_nothing_twice() {
     assert!(!heir.stderr().contains("fenced"), "{}", heir.stderr());
 }
 
-#[test]
-fn a_paused_leader_is_fenced_by_the_agents_and_steps_down() {
-    let Some(etcd) = etcd(1) else { return };
-    let Some(mut f) = Fleet::up(1) else { return };
-    // A job that ignores SIGTERM: the leader signals it, then waits
-    // --kill-after within its cycle before SIGKILL.
-    let stubborn = f.host(0).start(
+/// A job of alice's on host 0 that ignores SIGTERM: a leader signals it,
+/// then waits `--kill-after` (4 s) within its cycle before SIGKILL.
+fn stubborn(f: &mut Fleet) -> u32 {
+    let p = f.host(0).start(
         "gealice",
         None,
         &["sh", "-c", "trap '' TERM; exec sleep 1000"],
     );
-    f.host(0).set_apps(&[(stubborn, 0, "100")]);
+    f.host(0).set_apps(&[(p, 0, "100")]);
+    p
+}
+
+/// The `kill` outcomes of `e` for `pid`.
+fn kills(e: &Enforcer, pid: u32) -> Vec<Value> {
+    e.done()
+        .into_iter()
+        .filter(|(act, _, p, _)| act == "kill" && *p == u64::from(pid))
+        .map(|(_, _, _, o)| o)
+        .collect()
+}
+
+#[test]
+fn a_leader_paused_past_its_lease_sends_nothing_more_and_steps_down() {
+    let Some(etcd) = etcd(1) else { return };
+    let Some(mut f) = Fleet::up(1) else { return };
+    let job = stubborn(&mut f);
     let extra = ["--kill-after", "4s"];
     let mut a = Enforcer::start(&f, "box-a", &[&etcd[0]], &extra);
     let start = Instant::now();
@@ -444,7 +460,8 @@ fn a_paused_leader_is_fenced_by_the_agents_and_steps_down() {
         "{}",
         a.stderr()
     );
-    // Its SIGTERM is audited: it now sleeps 4 s before SIGKILL. Pause it.
+    // Its SIGTERM is audited: it now sleeps 4 s before SIGKILL. Pause it
+    // past its lease (3 s).
     assert!(
         wait(WAIT, || !signalled(&a.done(), "terminate").is_empty()),
         "{}",
@@ -452,8 +469,6 @@ fn a_paused_leader_is_fenced_by_the_agents_and_steps_down() {
     );
     unsafe_kill(a.pid(), 19); // SIGSTOP
     let paused = Instant::now();
-    // Another box takes over once the paused one's lease ends, and acts
-    // (its own SIGTERM, then its SIGKILL after 4 s).
     let mut b = Enforcer::start(&f, "box-b", &[&etcd[0]], &extra);
     assert!(
         b.said_after(paused, "ha: leader (epoch", Duration::from_secs(20))
@@ -466,10 +481,136 @@ fn a_paused_leader_is_fenced_by_the_agents_and_steps_down() {
         "{}",
         b.stderr()
     );
-    // The paused box wakes up mid-cycle, sure it leads: its SIGKILL is
-    // refused by the host's agent, and it steps down.
+    // It wakes up mid-cycle: its lease ended on its own clock, so its
+    // SIGKILL is not sent, and it steps down.
     let woke = Instant::now();
     unsafe_kill(a.pid(), 18); // SIGCONT
+    assert!(
+        a.said_after(
+            woke,
+            "lease ended during the cycle; stepping down",
+            Duration::from_secs(15)
+        )
+        .is_some(),
+        "{}",
+        a.stderr()
+    );
+    assert!(
+        a.said_after(woke, "ha: following box-b", Duration::from_secs(15))
+            .is_some(),
+        "{}",
+        a.stderr()
+    );
+    assert_eq!(f.host(0).wait_signal(job, WAIT), Some(SIGKILL));
+    std::thread::sleep(Duration::from_secs(1));
+    a.stop();
+    b.stop();
+    let refused = kills(&a, job);
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0].to_string().contains("lease ended"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        signalled(&b.done(), "kill"),
+        vec![(f.names[0].clone(), u64::from(job))]
+    );
+}
+
+/// POSTs `body` to etcd's JSON gateway at `url` + `path`; the answer's JSON.
+fn gateway(url: &str, path: &str, body: &str) -> Value {
+    let addr = url.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).unwrap();
+    let req = format!(
+        "POST {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let json = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_leader_etcd_moved_on_from_is_fenced_by_the_agents_and_steps_down() {
+    let Some(etcd) = etcd(1) else { return };
+    let Some(mut f) = Fleet::up(1) else { return };
+    let job = stubborn(&mut f);
+    // A long lease: the leader's own clock (and etcd) say it holds.
+    let extra = ["--kill-after", "4s", "--ha-ttl", "30s"];
+    let mut a = Enforcer::start(&f, "box-a", &[&etcd[0]], &extra);
+    let start = Instant::now();
+    assert!(
+        a.said_after(start, "ha: leader (epoch", Duration::from_secs(20))
+            .is_some(),
+        "{}",
+        a.stderr()
+    );
+    let mut b = Enforcer::start(&f, "box-b", &[&etcd[0]], &extra);
+    assert!(
+        b.said_after(start, "ha: following box-a", Duration::from_secs(20))
+            .is_some(),
+        "{}",
+        b.stderr()
+    );
+    assert!(
+        wait(WAIT, || !signalled(&a.done(), "terminate").is_empty()),
+        "{}",
+        a.stderr()
+    );
+    // Mid-cycle, etcd's election moves on while this leader's lease still
+    // holds (an admin deletes the key, as an etcd restored from a backup
+    // or a clock that runs slow would do): the other box takes over and
+    // reaches the host first.
+    unsafe_kill(a.pid(), 19);
+    let deleted = gateway(
+        &etcd[0].client,
+        "/v3/kv/deleterange",
+        &format!("{{\"key\":\"{}\"}}", base64(b"/genv-enforce/leader")),
+    );
+    assert_eq!(deleted["deleted"], "1", "{deleted}");
+    let revoked = Instant::now();
+    assert!(
+        b.said_after(revoked, "ha: leader (epoch", Duration::from_secs(20))
+            .is_some(),
+        "{}",
+        b.stderr()
+    );
+    assert!(
+        wait(WAIT, || !signalled(&b.done(), "terminate").is_empty()),
+        "{}",
+        b.stderr()
+    );
+    // The old leader goes on with its cycle: its SIGKILL is refused by
+    // the host's agent, which has seen the newer epoch; it steps down.
+    let woke = Instant::now();
+    unsafe_kill(a.pid(), 18);
+    assert!(
+        a.said_after(woke, "ha: fenced on", Duration::from_secs(15))
+            .is_some(),
+        "{}",
+        a.stderr()
+    );
     assert!(
         a.said_after(woke, "stepping down", Duration::from_secs(15))
             .is_some(),
@@ -482,27 +623,19 @@ fn a_paused_leader_is_fenced_by_the_agents_and_steps_down() {
         "{}",
         a.stderr()
     );
-    assert_eq!(f.host(0).wait_signal(stubborn, WAIT), Some(SIGKILL));
+    assert_eq!(f.host(0).wait_signal(job, WAIT), Some(SIGKILL));
     std::thread::sleep(Duration::from_secs(1));
     a.stop();
     b.stop();
-    let fenced: Vec<_> = a
-        .done()
-        .into_iter()
-        .filter(|(act, _, p, o)| {
-            act == "kill" && *p == u64::from(stubborn) && o.to_string().contains("fenced")
-        })
-        .collect();
-    assert_eq!(
-        fenced.len(),
-        1,
-        "the paused box's SIGKILL, refused: {:?}",
-        a.done()
+    let refused = kills(&a, job);
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0].to_string().contains("fenced: epoch"),
+        "{refused:?}"
     );
-    assert!(signalled(&a.done(), "kill").is_empty(), "{:?}", a.done());
     assert_eq!(
         signalled(&b.done(), "kill"),
-        vec![(f.names[0].clone(), u64::from(stubborn))]
+        vec![(f.names[0].clone(), u64::from(job))]
     );
     let epoch = std::fs::read_to_string(f.dir.path().join("h1/run/epoch")).unwrap();
     assert!(epoch.trim().parse::<u64>().unwrap() > 0, "{epoch}");

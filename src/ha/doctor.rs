@@ -97,7 +97,7 @@ pub async fn checks(spec: &HaSpec) -> Vec<Check> {
 
 /// A lease of the election's time to live, granted and revoked.
 async fn lease_check(mut c: Client, spec: &HaSpec, timeout: std::time::Duration) -> Check {
-    let ttl = i64::try_from(spec.ttl.as_secs().max(2)).unwrap_or(i64::MAX);
+    let ttl = i64::try_from(spec.ttl_secs().max(2)).unwrap_or(i64::MAX);
     let tried = async {
         let g = c.lease_grant(ttl, None).await?;
         c.lease_revoke(g.id()).await?;

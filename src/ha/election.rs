@@ -33,6 +33,8 @@ struct Lease {
     until: Option<Instant>,
     /// What went wrong last, if the lease is not live.
     trouble: Option<String>,
+    /// Bumped when this box steps down: a renewal begun before is void.
+    generation: u64,
 }
 
 /// A box's part in the election.
@@ -108,19 +110,20 @@ impl Elector {
     ///
     /// # Errors
     /// As [`connect`].
-    pub async fn start(spec: HaSpec) -> Result<Elector, EtcdError> {
+    pub async fn start(spec: HaSpec, fencing: super::Fencing) -> Result<Elector, EtcdError> {
         let mut client = connect(&spec).await?;
         let spec = Arc::new(spec);
         let lease = Arc::new(Mutex::new(Lease::default()));
         // The first lease before the first cycle (etcd may be down: the
         // task keeps trying).
         let mut stream = None;
-        renew(&spec, &mut client, &lease, &mut stream).await;
+        renew(&spec, &mut client, &lease, &mut stream, &fencing).await;
         let keeper = tokio::spawn(keep(
             Arc::clone(&spec),
             client.clone(),
             Arc::clone(&lease),
             stream,
+            fencing,
         ));
         Ok(Elector {
             spec,
@@ -131,25 +134,19 @@ impl Elector {
     }
 
     /// Where this box stands for the next cycle and, sharded, the other
-    /// shards' parts as published: one transaction, one etcd revision.
+    /// shards' parts as published (one read, at one etcd revision).
     pub async fn look(&self) -> Look {
-        let lease = self.live_lease();
-        let Ok(id) = lease else {
-            return Look {
-                standing: standing(lease, KeySeen::Unanswered(String::new())),
-                others: Vec::new(),
-            };
+        let (id, until) = match self.live_lease() {
+            Ok(l) => l,
+            Err(why) => {
+                return Look {
+                    standing: standing(Err(why), KeySeen::Unanswered(String::new())),
+                    others: Vec::new(),
+                    until: None,
+                }
+            }
         };
         let key = self.spec.election_key();
-        let counts = self.spec.counts_prefix();
-        let read_counts = || {
-            counts.as_ref().map(|c| {
-                TxnOp::get(
-                    c.as_bytes(),
-                    Some(etcd_client::GetOptions::new().with_prefix()),
-                )
-            })
-        };
         let put = TxnOp::put(
             key.as_bytes(),
             self.spec.name.as_bytes(),
@@ -161,73 +158,112 @@ impl Elector {
                 CompareOp::Equal,
                 0,
             )])
-            .and_then(
-                [Some(put), read_counts()]
-                    .into_iter()
-                    .flatten()
-                    .collect::<Vec<_>>(),
-            )
-            .or_else(
-                [Some(TxnOp::get(key.as_bytes(), None)), read_counts()]
-                    .into_iter()
-                    .flatten()
-                    .collect::<Vec<_>>(),
-            );
+            .and_then([put])
+            .or_else([TxnOp::get(key.as_bytes(), None)]);
         let mut client = self.client.clone();
-        let (seen, others) =
-            match tokio::time::timeout(self.spec.request_timeout(), client.txn(txn)).await {
-                Err(_) => (
-                    KeySeen::Unanswered(format!(
-                        "no answer within {}",
-                        humantime::format_duration(self.spec.request_timeout())
-                    )),
-                    Vec::new(),
-                ),
-                Ok(Err(e)) => (KeySeen::Unanswered(e.to_string()), Vec::new()),
-                Ok(Ok(resp)) => (
-                    key_seen(&resp, key.as_bytes()),
-                    self.spec
-                        .counts_key()
-                        .map_or_else(Vec::new, |own| others(&resp, &own)),
-                ),
-            };
+        let timeout = self.spec.request_timeout();
+        let seen = match tokio::time::timeout(timeout, client.txn(txn)).await {
+            Err(_) => KeySeen::Unanswered(format!(
+                "no answer within {}",
+                humantime::format_duration(timeout)
+            )),
+            Ok(Err(e)) => KeySeen::Unanswered(e.to_string()),
+            Ok(Ok(resp)) => key_seen(&resp, key.as_bytes()),
+        };
+        let standing = standing(Ok(id), seen);
+        // Only a shard's leader acts on the others' parts.
+        let others = match (standing.leads(), self.spec.counts_prefix()) {
+            (true, Some(prefix)) => self.others(&prefix).await,
+            _ => Vec::new(),
+        };
         Look {
-            standing: standing(Ok(id), seen),
+            standing,
             others,
+            until: Some(until.into_std()),
+        }
+    }
+
+    /// The other shards' parts, read at one revision; none (said on
+    /// stderr) when they cannot be read: their hosts count as unseen.
+    async fn others(&self, prefix: &str) -> Vec<Published> {
+        let mut client = self.client.clone();
+        let get = client.get(prefix, Some(etcd_client::GetOptions::new().with_prefix()));
+        let own = self.spec.counts_key().unwrap_or_default();
+        match tokio::time::timeout(self.spec.request_timeout(), get).await {
+            Ok(Ok(resp)) => {
+                let parts = resp
+                    .kvs()
+                    .iter()
+                    .filter(|kv| {
+                        kv.key().starts_with(prefix.as_bytes()) && kv.key() != own.as_bytes()
+                    })
+                    .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.value()));
+                read_parts(parts)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "the other shards' parts cannot be read: their hosts are not counted");
+                Vec::new()
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "the other shards' parts: etcd did not answer; their hosts are not counted"
+                );
+                Vec::new()
+            }
         }
     }
 
     /// Publishes this shard's part under this box's lease (it lapses with
-    /// the lease: a dead shard drops out of everyone's counts).
+    /// the lease: a dead shard drops out of everyone's counts). A part over
+    /// [`MAX_PART`] / shards is not published, and the last one is taken
+    /// back: the others count this shard's hosts as unseen rather than as
+    /// they were.
     ///
     /// # Errors
-    /// etcd did not take it, or this box has no live lease.
+    /// etcd did not take it, it is too large, or this box has no live
+    /// lease.
     pub async fn publish(&self, parts: Vec<Published>) -> Result<(), String> {
         let (Some(key), Some(shard)) = (self.spec.counts_key(), self.spec.shard) else {
             return Ok(());
         };
-        let id = self.live_lease()?;
+        let (id, _) = self.live_lease()?;
         let value = serde_json::to_vec(&Part {
             shard: shard.k,
             of: shard.n,
-            hosts: parts,
+            hosts: parts.into_iter().map(Published::compact).collect(),
         })
         .map_err(|e| e.to_string())?;
+        let most = MAX_PART / shard.n as usize;
         let mut client = self.client.clone();
-        let put = client.put(key, value, Some(PutOptions::new().with_lease(id)));
-        match tokio::time::timeout(self.spec.request_timeout(), put).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("etcd did not answer".into()),
+        let timeout = self.spec.request_timeout();
+        if value.len() > most {
+            let _ = tokio::time::timeout(timeout, client.delete(key.as_bytes(), None)).await;
+            return Err(format!(
+                "{} bytes, over the {most} bytes a part may hold: not published, and the last one taken back",
+                value.len()
+            ));
         }
+        let put = client.put(
+            key.as_bytes(),
+            value,
+            Some(PutOptions::new().with_lease(id)),
+        );
+        let failed = match tokio::time::timeout(timeout, put).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "etcd did not answer".into(),
+        };
+        let _ = tokio::time::timeout(timeout, client.delete(key.as_bytes(), None)).await;
+        Err(failed)
     }
 
-    /// The lease, if live for at least one more keep-alive tick.
-    fn live_lease(&self) -> Result<i64, String> {
+    /// The lease and until when it holds, if live for at least one more
+    /// keep-alive tick.
+    fn live_lease(&self) -> Result<(i64, Instant), String> {
         let lease = self.lease.lock().unwrap_or_else(|e| e.into_inner());
         let margin = self.spec.tick();
         match (lease.id, lease.until) {
-            (Some(id), Some(until)) if until > Instant::now() + margin => Ok(id),
+            (Some(id), Some(until)) if until > Instant::now() + margin => Ok((id, until)),
             _ => Err(match &lease.trouble {
                 Some(t) => format!("no live etcd lease: {t}"),
                 None => "no live etcd lease yet".to_string(),
@@ -242,6 +278,7 @@ impl Elector {
             let mut lease = self.lease.lock().unwrap_or_else(|e| e.into_inner());
             lease.until = None;
             lease.trouble = Some("stepped down".into());
+            lease.generation += 1;
             lease.id.take()
         };
         if let Some(id) = id {
@@ -291,6 +328,8 @@ pub struct Look {
     pub standing: Standing,
     /// The other shards' hosts, as they last published them.
     pub others: Vec<Published>,
+    /// Until when this box's lease holds (our clock), if it has one.
+    pub until: Option<std::time::Instant>,
 }
 
 /// A shard's published part: the value of its key.
@@ -302,26 +341,22 @@ struct Part {
     hosts: Vec<Published>,
 }
 
-/// The other shards' hosts among the transaction's reads (a part that
-/// does not parse is left out: it counts as unseen).
-fn others(resp: &etcd_client::TxnResponse, own: &str) -> Vec<Published> {
+/// The most all shards' parts may hold together (etcd answers a read in
+/// at most 4 MiB): each part gets its share.
+pub const MAX_PART: usize = 3 << 20;
+
+/// The hosts of the parts `(key, value)` (a part that does not parse is
+/// left out, said on stderr: its hosts count as unseen).
+fn read_parts<'a>(parts: impl Iterator<Item = (String, &'a [u8])>) -> Vec<Published> {
     let mut hosts = Vec::new();
-    for op in resp.op_responses() {
-        let TxnOpResponse::Get(get) = op else {
-            continue;
-        };
-        for kv in get.kvs() {
-            if kv.key() == own.as_bytes() {
-                continue;
-            }
-            match serde_json::from_slice::<Part>(kv.value()) {
-                Ok(part) => hosts.extend(part.hosts),
-                Err(e) => tracing::warn!(
-                    key = %String::from_utf8_lossy(kv.key()),
-                    error = %e,
-                    "a shard's part does not parse: its hosts are not counted"
-                ),
-            }
+    for (key, value) in parts {
+        match serde_json::from_slice::<Part>(value) {
+            Ok(part) => hosts.extend(part.hosts),
+            Err(e) => tracing::warn!(
+                %key,
+                error = %e,
+                "a shard's part does not parse: its hosts are not counted"
+            ),
         }
     }
     hosts
@@ -331,8 +366,10 @@ fn others(resp: &etcd_client::TxnResponse, own: &str) -> Vec<Published> {
 fn key_seen(resp: &etcd_client::TxnResponse, key: &[u8]) -> KeySeen {
     let revision = resp.header().map_or(0, |h| h.revision());
     if resp.succeeded() {
-        return KeySeen::Created {
-            revision: u64::try_from(revision).unwrap_or(0),
+        // An epoch of 0 would fence nothing.
+        return match u64::try_from(revision) {
+            Ok(r) if r > 0 => KeySeen::Created { revision: r },
+            _ => KeySeen::Unanswered("etcd's answer holds no revision".into()),
         };
     }
     for op in resp.op_responses() {
@@ -357,16 +394,18 @@ type Stream = (
     etcd_client::LeaseKeepAliveStream,
 );
 
-/// Keeps this box's lease alive every tick (see [`renew`]).
+/// Keeps this box's lease alive every tick (see [`renew`]), and tells
+/// `fencing` until when it holds.
 async fn keep(
     spec: Arc<HaSpec>,
     mut client: Client,
     lease: Arc<Mutex<Lease>>,
     mut stream: Option<Stream>,
+    fencing: super::Fencing,
 ) {
     loop {
         tokio::time::sleep(spec.tick()).await;
-        renew(&spec, &mut client, &lease, &mut stream).await;
+        renew(&spec, &mut client, &lease, &mut stream, &fencing).await;
     }
 }
 
@@ -378,10 +417,14 @@ async fn renew(
     client: &mut Client,
     lease: &Mutex<Lease>,
     stream: &mut Option<Stream>,
+    fencing: &super::Fencing,
 ) {
-    let ttl = i64::try_from(spec.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+    let ttl = i64::try_from(spec.ttl_secs()).unwrap_or(i64::MAX);
     let timeout = spec.request_timeout();
-    let id = lease.lock().unwrap_or_else(|e| e.into_inner()).id;
+    let (id, generation) = {
+        let l = lease.lock().unwrap_or_else(|e| e.into_inner());
+        (l.id, l.generation)
+    };
     let sent = Instant::now();
     let result: Result<(i64, i64), String> = match id {
         None => match tokio::time::timeout(timeout, client.lease_grant(ttl, None)).await {
@@ -418,6 +461,11 @@ async fn renew(
         *stream = None;
     }
     let mut l = lease.lock().unwrap_or_else(|e| e.into_inner());
+    if l.generation != generation {
+        // Stepped down meanwhile: what this renewal found is not ours.
+        *stream = None;
+        return;
+    }
     match result {
         Ok((id, left)) if left > 0 => {
             l.id = Some(id);
@@ -430,9 +478,12 @@ async fn renew(
             *stream = None;
             *l = Lease {
                 trouble: Some("the lease ended".into()),
+                generation,
                 ..Lease::default()
             };
         }
         Err(why) => l.trouble = Some(why),
     }
+    // What a cycle under way may still do (see `Fencing::may_act`).
+    fencing.lease_until(l.until.map(Instant::into_std));
 }

@@ -9,6 +9,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use crate::error::HostError;
 use crate::host::protocol::{Answer, FailKind, Failure, Fence, Status};
@@ -27,16 +28,29 @@ struct State {
     dir: String,
     /// The epoch requests carry now; 0: none.
     epoch: AtomicU64,
-    /// The first refusal since the last [`Fencing::take_refusal`].
+    /// Until when this cycle's lease holds, on our clock.
+    until: Mutex<Option<Instant>>,
+    /// Why this box must stop acting, since the last
+    /// [`Fencing::take_refusal`]: the first refusal, or its lease ended.
     refused: Mutex<Option<Refusal>>,
 }
 
-/// A host's agent refused a request: another leader has acted there.
+/// Why a leader must stop acting now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub host: HostId,
-    /// The agent's words.
-    pub message: String,
+pub enum Refusal {
+    /// A host's agent refused its epoch: another leader has acted there.
+    Fenced { host: HostId, message: String },
+    /// Its lease ended during the cycle (it was paused, or slow).
+    Lapsed,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Fenced { host, message } => write!(f, "fenced on {host}: {message}"),
+            Refusal::Lapsed => f.write_str("its etcd lease ended during the cycle"),
+        }
+    }
 }
 
 impl Fencing {
@@ -58,9 +72,40 @@ impl Fencing {
         (!self.0.dir.is_empty()).then_some(self.0.dir.as_str())
     }
 
-    /// From now on requests carry `epoch` (a leader's), or none.
-    pub fn set(&self, epoch: Option<u64>) {
+    /// From now on requests carry `epoch` (a leader's, whose lease holds
+    /// `until`), or none.
+    pub fn set(&self, epoch: Option<u64>, until: Option<Instant>) {
         self.0.epoch.store(epoch.unwrap_or(0), Ordering::SeqCst);
+        self.lease_until(until);
+    }
+
+    /// Until when the lease holds now (the keep-alive task says, after
+    /// each renewal; `None`: it ended).
+    pub fn lease_until(&self, until: Option<Instant>) {
+        *self.0.until.lock().unwrap_or_else(|e| e.into_inner()) = until;
+    }
+
+    /// Whether a termination or detach may be sent now: always without
+    /// fencing; for a leader, while no host has refused it this cycle
+    /// and its lease holds (else it is noted, and the leader steps down).
+    ///
+    /// # Errors
+    /// Why not, for the action's outcome.
+    pub fn may_act(&self, now: Instant) -> Result<(), String> {
+        if self.current().is_none() {
+            return Ok(());
+        }
+        let mut refused = self.0.refused.lock().unwrap_or_else(|e| e.into_inner());
+        if refused.is_none() {
+            let until = *self.0.until.lock().unwrap_or_else(|e| e.into_inner());
+            if until.is_none_or(|u| now >= u) {
+                *refused = Some(Refusal::Lapsed);
+            }
+        }
+        match &*refused {
+            None => Ok(()),
+            Some(r) => Err(format!("not sent: this box no longer leads ({r})")),
+        }
     }
 
     /// What a request carries now.
@@ -88,7 +133,7 @@ impl Fencing {
         }) = Failure::read(&a.body)
         {
             let mut refused = self.0.refused.lock().unwrap_or_else(|e| e.into_inner());
-            refused.get_or_insert(Refusal {
+            refused.get_or_insert(Refusal::Fenced {
                 host: host.clone(),
                 message,
             });
@@ -119,11 +164,11 @@ mod tests {
     #[test]
     fn requests_carry_the_leaders_epoch_only_while_set_and_fencing_is_on() {
         let off = Fencing::off();
-        off.set(Some(5));
+        off.set(Some(5), None);
         assert_eq!(off.current(), None);
         let f = Fencing::new(FENCE_DIR);
         assert_eq!(f.current(), None);
-        f.set(Some(5));
+        f.set(Some(5), None);
         let shared = f.clone();
         assert_eq!(
             shared.current(),
@@ -132,8 +177,39 @@ mod tests {
                 dir: FENCE_DIR.into()
             })
         );
-        f.set(None);
+        f.set(None, None);
         assert_eq!(shared.current(), None);
+    }
+
+    #[test]
+    fn a_leader_acts_until_its_lease_ends_or_a_host_refuses_it() {
+        let now = Instant::now();
+        let later = now + std::time::Duration::from_secs(3);
+        // Without fencing (no HA, or a follower's dry run): always.
+        assert_eq!(Fencing::off().may_act(later), Ok(()));
+        let f = Fencing::new(FENCE_DIR);
+        f.set(None, Some(now));
+        assert_eq!(f.may_act(later), Ok(()));
+        f.set(Some(4), Some(later));
+        assert_eq!(f.may_act(now), Ok(()));
+        let e = f.may_act(later).unwrap_err();
+        assert!(e.contains("lease ended"), "{e}");
+        // It stays refused, even before the deadline, until taken.
+        assert!(f.may_act(now).is_err());
+        assert_eq!(f.take_refusal(), Some(Refusal::Lapsed));
+        assert_eq!(f.may_act(now), Ok(()));
+        f.observe(
+            &HostId::new("h").unwrap(),
+            &answer(
+                Status::Failed,
+                r#"{"fail":"fenced","message":"epoch 4 is older"}"#,
+            ),
+        );
+        let e = f.may_act(now).unwrap_err();
+        assert!(e.contains("fenced on h: epoch 4 is older"), "{e}");
+        f.set(Some(4), None);
+        assert!(f.take_refusal().is_some());
+        assert!(f.may_act(now).unwrap_err().contains("lease ended"));
     }
 
     #[test]
@@ -169,7 +245,7 @@ mod tests {
         );
         assert_eq!(
             f.take_refusal(),
-            Some(Refusal {
+            Some(Refusal::Fenced {
                 host: h("b"),
                 message: "epoch 1 is older".into()
             })

@@ -106,9 +106,15 @@ impl HaSpec {
         Some(format!("{}{}", self.counts_prefix()?, self.shard?.k))
     }
 
+    /// The lease's time to live in whole seconds (etcd's unit), rounded
+    /// up.
+    pub fn ttl_secs(&self) -> u64 {
+        self.ttl.as_secs() + u64::from(self.ttl.subsec_nanos() > 0)
+    }
+
     /// How often the lease is kept alive: a third of its time to live.
     pub fn tick(&self) -> Duration {
-        self.ttl / 3
+        Duration::from_secs(self.ttl_secs()) / 3
     }
 
     /// How long one request to etcd may take.
@@ -118,13 +124,16 @@ impl HaSpec {
     }
 }
 
-/// The lease's default time to live for `interval`: three intervals, at
-/// least 3 s (etcd's floor is about 1.5 s), 30 s for a run of one cycle.
+/// The lease's default time to live for `interval`: three intervals, from
+/// 3 s (etcd's floor is about 1.5 s) to an hour (`--ha-ttl`'s most), 30 s
+/// for a run of one cycle.
 pub fn default_ttl(interval: Duration) -> Duration {
     if interval.is_zero() {
         Duration::from_secs(30)
     } else {
-        (interval * 3).max(Duration::from_secs(3))
+        interval
+            .saturating_mul(3)
+            .clamp(Duration::from_secs(3), Duration::from_secs(3600))
     }
 }
 
@@ -309,6 +318,10 @@ mod tests {
             Duration::from_secs(3)
         );
         assert_eq!(default_ttl(Duration::ZERO), Duration::from_secs(30));
+        assert_eq!(
+            default_ttl(Duration::from_secs(7200)),
+            Duration::from_secs(3600)
+        );
         let spec = HaSpec {
             endpoints: vec![],
             key: DEFAULT_KEY.into(),
@@ -320,6 +333,11 @@ mod tests {
             shard: None,
         };
         assert_eq!(spec.tick(), Duration::from_secs(1));
+        let odd = HaSpec {
+            ttl: Duration::from_millis(2900),
+            ..spec.clone()
+        };
+        assert_eq!((odd.ttl_secs(), odd.tick()), (3, Duration::from_secs(1)));
         assert_eq!(spec.election_key(), "/genv-enforce/leader");
         assert_eq!(spec.counts_key(), None);
         let sharded = HaSpec {

@@ -49,7 +49,7 @@
 #   detach: {"detached": [bool per pair: it was there and is gone]}
 #   doctor: facts about the host (see doctor())
 #   tell: {"told": [terminals written per note]}
-# Status 1: {"fail": "request"|"state"|"lock"|"nvidia-smi"|"fenced"|"agent", "message": why,
+# Status 1: {"fail": "request"|"state"|"lock"|"nvidia-smi"|"fenced"|"fence"|"agent", "message": why,
 #   "kills": [...] (terminate: those done before the failure)}; a detach that
 #   failed changed nothing ("lock": genv.lock stayed held past the step limit).
 # A request past its time limit (L) ends the agent (exit status 124), as
@@ -627,9 +627,10 @@ def terminate(req, kills):
 # Fencing (high availability): the highest leader epoch this host has
 # seen, in D/epoch, a file only root can reach (D is root's own 0700
 # directory, created if missing, never followed through a link). A
-# request with an older epoch is refused whole, before it touches
-# anything, so a leader that lost its lease while paused cannot act
-# after another has; a newer one is written down. The file stays locked
+# request with an older epoch is refused whole ("fenced"), before it
+# touches anything, so a leader that lost its lease while paused cannot
+# act after another has; a newer one is written down. A fence that cannot
+# be used safely fails the request ("fence") and acts on nothing. The file stays locked
 # (flock) while the request acts, so the check and the action are one
 # step for every agent on the host.
 
@@ -643,15 +644,15 @@ def fence_dir(d):
     except FileExistsError:
         pass
     except OSError as e:
-        raise Failure("fenced", "%s: cannot create: %s" % (d, e.strerror))
+        raise Failure("fence", "%s: cannot create: %s" % (d, e.strerror))
     try:
         dfd = keep(os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
     except OSError as e:
         what = "a symbolic link" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
-        raise Failure("fenced", "%s: %s: refused" % (d, what))
+        raise Failure("fence", "%s: %s: refused" % (d, what))
     st = os.fstat(dfd)
     if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        raise Failure("fenced", "%s is not a directory of uid %d only (owner %d, mode %o): refused"
+        raise Failure("fence", "%s is not a directory of uid %d only (owner %d, mode %o): refused"
                       % (d, os.geteuid(), st.st_uid, stat.S_IMODE(st.st_mode)))
     return dfd
 
@@ -662,17 +663,17 @@ def fence_file(dfd, d, deadline):
     try:
         fd = keep(os.open("epoch", os.O_RDWR | os.O_CREAT | SAFE, 0o600, dir_fd=dfd))
     except OSError as e:
-        raise Failure("fenced", "%s: %s: refused" % (path, "a symbolic link" if e.errno == errno.ELOOP else e.strerror))
+        raise Failure("fence", "%s: %s: refused" % (path, "a symbolic link" if e.errno == errno.ELOOP else e.strerror))
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
-        raise Failure("fenced", "%s is not a regular file of uid %d alone: refused" % (path, os.geteuid()))
+        raise Failure("fence", "%s is not a regular file of uid %d alone: refused" % (path, os.geteuid()))
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                raise Failure("fenced", "%s stayed locked by another agent" % path)
+                raise Failure("fence", "%s stayed locked by another agent" % path)
             time.sleep(0.005)
     text = os.pread(fd, 64, 0).strip()
     if not text:
@@ -682,7 +683,7 @@ def fence_file(dfd, d, deadline):
     except (UnicodeDecodeError, ValueError):
         seen = -1
     if not 0 <= seen < MAX_EPOCH:
-        raise Failure("fenced", "%s does not hold an epoch: %r" % (path, text[:20]))
+        raise Failure("fence", "%s does not hold an epoch: %r" % (path, text[:20]))
     return fd, seen
 
 
@@ -696,14 +697,18 @@ def fence(req, hold):
             and 0 < f["epoch"] < MAX_EPOCH and isinstance(f["dir"], str) and f["dir"].startswith("/")):
         raise Failure("request", "a fence is {\"epoch\": n > 0, \"dir\": absolute path}: %r" % (f,))
     dfd = fence_dir(f["dir"])
-    fd, seen = fence_file(dfd, f["dir"], time.monotonic() + 2.0)
+    # Another agent of ours may act under the lock: wait as long as a step.
+    step = req.get("step") if type(req.get("step")) in (int, float) else 5.0
+    fd, seen = fence_file(dfd, f["dir"], time.monotonic() + max(0.1, min(step, 30.0)))
     if f["epoch"] < seen:
         raise Failure("fenced", "epoch %d is older than epoch %d, which another enforcer has used on this host: refused"
                       % (f["epoch"], seen))
     if f["epoch"] > seen:
+        # Written over the old one (a newer epoch is never shorter), then
+        # cut: a failure midway leaves an epoch no lower than before.
         data = b"%d\n" % f["epoch"]
-        os.ftruncate(fd, 0)
         os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
         os.fsync(fd)
     if not hold:
         held.remove(fd)

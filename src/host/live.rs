@@ -82,6 +82,9 @@ pub trait Live: Sync {
     /// all detaches, genv's order; one outcome per action.
     fn execute(&self, plan: &HostPlan) -> impl Future<Output = Vec<Outcome>> + Send {
         async move {
+            if let Err(why) = self.fencing().may_act(std::time::Instant::now()) {
+                return crate::outcome::failed(self.id(), plan, &why);
+            }
             let terminated = signal(self, &plan.terminate, Signal::Term).await;
             let pairs: Vec<(u32, String)> = plan
                 .detach
@@ -114,6 +117,9 @@ pub trait Live: Sync {
     /// See [`Host::escalate`](super::Host::escalate).
     fn escalate(&self, terminations: &[Termination]) -> impl Future<Output = Vec<Outcome>> + Send {
         async move {
+            if let Err(why) = self.fencing().may_act(std::time::Instant::now()) {
+                return crate::outcome::failed_kills(self.id(), terminations, &why);
+            }
             signal(self, terminations, Signal::Kill)
                 .await
                 .into_iter()

@@ -436,9 +436,11 @@ pub enum FailKind {
     Lock,
     /// nvidia-smi failed or hung.
     NvidiaSmi,
-    /// The host has seen a newer leader's epoch (or its fence is unsafe):
-    /// nothing was done.
+    /// The host has seen a newer leader's epoch: nothing was done.
     Fenced,
+    /// The host's fence cannot be used safely (not root's alone, busy,
+    /// garbled): nothing was done.
+    Fence,
     /// Anything else the agent met.
     Agent,
 }
@@ -452,6 +454,7 @@ impl FailKind {
             FailKind::Lock => "lock",
             FailKind::NvidiaSmi => "nvidia-smi",
             FailKind::Fenced => "fenced",
+            FailKind::Fence => "fence",
             FailKind::Agent => "agent",
         }
     }

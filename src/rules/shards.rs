@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::max_devices::HostUsage;
 use super::{Action, Violation};
-use crate::model::HostId;
+use crate::model::{EnvId, GpuIndex, HostId};
 
 /// One host's part of the caps, as its shard publishes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,6 +24,39 @@ pub struct Published {
     /// Its place in the whole inventory.
     pub position: usize,
     pub usage: HostUsage,
+}
+
+impl Published {
+    /// What it holds once the `detached` (device, environment) pairs of
+    /// its host are gone: a device none of a user's environments holds
+    /// any more (and no stray of theirs runs on) no longer counts.
+    #[must_use]
+    pub fn without(mut self, detached: &HashSet<(GpuIndex, EnvId)>) -> Published {
+        for held in self.usage.users.values_mut() {
+            for d in &mut held.devices {
+                d.eids.retain(|e| !detached.contains(&(d.index, e.clone())));
+            }
+            held.devices.retain(|d| !d.eids.is_empty() || d.stray);
+        }
+        self
+    }
+
+    /// What counting needs of it, as a shard publishes it: each device's
+    /// environments and processes are not (a user may write a great many
+    /// eids; only whether there is one counts), one placeholder stands
+    /// for them.
+    #[must_use]
+    pub fn compact(mut self) -> Published {
+        for held in self.usage.users.values_mut() {
+            for d in &mut held.devices {
+                if !d.eids.is_empty() {
+                    d.eids = vec![EnvId(String::new())];
+                }
+                d.pids.clear();
+            }
+        }
+        self
+    }
 }
 
 /// What a shard knows of the others this cycle.
@@ -42,7 +75,8 @@ impl<'a> Shards<'a> {
         &self,
         ours: &[(&'a HostId, &'a HostUsage)],
     ) -> Vec<(&'a HostId, &'a HostUsage)> {
-        let own: HashSet<&HostId> = ours.iter().map(|(h, _)| *h).collect();
+        // Each host once: ours first, then the first part naming it.
+        let mut seen: HashSet<&HostId> = ours.iter().map(|(h, _)| *h).collect();
         let mut all: Vec<(usize, &HostId, &HostUsage)> = ours
             .iter()
             .map(|(h, u)| {
@@ -52,15 +86,13 @@ impl<'a> Shards<'a> {
                     *u,
                 )
             })
-            .chain(
-                self.others
-                    .iter()
-                    .filter(|p| !own.contains(&p.host))
-                    .map(|p| (p.position, &p.host, &p.usage)),
-            )
             .collect();
+        for p in self.others {
+            if seen.insert(&p.host) {
+                all.push((p.position, &p.host, &p.usage));
+            }
+        }
         all.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-        all.dedup_by(|a, b| a.1 == b.1);
         all.into_iter().map(|(_, h, u)| (h, u)).collect()
     }
 
@@ -196,6 +228,54 @@ mod tests {
         };
         let id = h("h1");
         assert_eq!(shards.in_order(&[(&id, &mine)]), vec![(&id, &mine)]);
+        // Two other shards naming one host (at two places): counted once.
+        let twice = [
+            Published {
+                host: h("h9"),
+                position: 5,
+                usage: usage("alice", &[(0, true)]),
+            },
+            Published {
+                host: h("h9"),
+                position: 1,
+                usage: usage("alice", &[(1, true)]),
+            },
+        ];
+        let shards = Shards {
+            positions: &positions,
+            others: &twice,
+        };
+        let all = shards.in_order(&[(&id, &mine)]);
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1].1, &twice[0].usage);
+    }
+
+    #[test]
+    fn what_is_detached_is_not_published_and_eids_and_pids_are_left_out() {
+        let mut u = usage("alice", &[(0, true), (1, false)]);
+        u.users.get_mut("alice").unwrap().devices[0].pids = vec![crate::model::Pid(7)];
+        let p = Published {
+            host: h("h1"),
+            position: 0,
+            usage: u,
+        };
+        let gone: HashSet<(GpuIndex, EnvId)> = [
+            (GpuIndex(1), EnvId("alice-1".into())),
+            (GpuIndex(0), EnvId("x".into())),
+        ]
+        .into_iter()
+        .collect();
+        let left = p.clone().without(&gone);
+        let devices = &left.usage.users["alice"].devices;
+        assert_eq!(devices.len(), 1);
+        assert_eq!(devices[0].index, GpuIndex(0));
+        let small = left.compact();
+        let d = &small.usage.users["alice"].devices[0];
+        assert_eq!((d.eids.len(), d.pids.len(), d.working), (1, 0, true));
+        // A stray keeps its device counted whatever is detached.
+        let mut stray = p;
+        stray.usage.users.get_mut("alice").unwrap().devices[1].stray = true;
+        assert_eq!(stray.without(&gone).usage.users["alice"].devices.len(), 2);
     }
 
     #[test]

@@ -647,6 +647,7 @@ class Fence(unittest.TestCase):
         self.assertEqual((facts["epoch"], facts["problem"]), (None, self.dir + "/epoch does not hold an epoch"))
         os.link(os.path.join(self.dir, "epoch"), os.path.join(self.tmp.name, "hard"))
         self.assertIn("not a regular file of uid", self.refused()["message"])
+        self.assertEqual(self.refused()["fail"], "fence")
         for bad in ({"epoch": 0, "dir": self.dir}, {"epoch": 1, "dir": "run"}, {"epoch": "1", "dir": self.dir},
                     {"epoch": 1, "dir": self.dir, "x": 1}, [1]):
             status, body = self.ask({"mode": "terminate", "kills": [], "signal": "term", "limit": 5, "fence": bad})
