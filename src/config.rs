@@ -396,7 +396,7 @@ fn ssh_fleet(
                 max_records,
                 groups: groups.clone(),
                 utilization,
-                fencing: crate::ha::Fencing::off(),
+                fencing: crate::ha::Fencing::default(),
             }))
         })
         .collect();
@@ -483,7 +483,7 @@ fn with_ha(mut settings: Settings, c: &CycleArgs, replay: bool) -> Result<Settin
 
 /// The fence the hosts of a run keep: on under `--ha-etcd`.
 fn fencing(ha: Option<&crate::ha::HaSpec>) -> crate::ha::Fencing {
-    ha.map_or_else(crate::ha::Fencing::off, |h| {
+    ha.map_or_else(crate::ha::Fencing::default, |h| {
         crate::ha::Fencing::new(h.fence_dir.clone())
     })
 }

@@ -74,7 +74,7 @@ impl Fleet {
             hosts,
             concurrency: concurrency.max(1),
             audit: None,
-            fencing: crate::ha::Fencing::off(),
+            fencing: crate::ha::Fencing::default(),
             positions: HashMap::new(),
         }
     }

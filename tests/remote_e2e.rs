@@ -556,7 +556,7 @@ fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
             max_records: genv_enforce::snapshot::genv::DEFAULT_MAX_RECORDS,
             groups: Vec::new(),
             utilization: false,
-            fencing: genv_enforce::ha::Fencing::off(),
+            fencing: genv_enforce::ha::Fencing::default(),
         };
         use genv_enforce::host::live::Live;
         let ours = match host.fetch().await {

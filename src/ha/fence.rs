@@ -18,7 +18,8 @@ use crate::model::HostId;
 /// Where agents keep the highest epoch they have seen, by default.
 pub const FENCE_DIR: &str = "/run/genv-enforce";
 
-/// The fleet's fence, shared by the fleet's hosts (cheap to clone).
+/// The fleet's fence, shared by the fleet's hosts (cheap to clone); the
+/// default fences nothing (runs without `--ha-etcd`).
 #[derive(Debug, Clone, Default)]
 pub struct Fencing(Arc<State>);
 
@@ -60,11 +61,6 @@ impl Fencing {
             dir: dir.into(),
             ..State::default()
         }))
-    }
-
-    /// No fencing (runs without `--ha-etcd`).
-    pub fn off() -> Self {
-        Fencing::default()
     }
 
     /// Where agents keep the epoch, when fencing is on.
@@ -163,7 +159,7 @@ mod tests {
 
     #[test]
     fn requests_carry_the_leaders_epoch_only_while_set_and_fencing_is_on() {
-        let off = Fencing::off();
+        let off = Fencing::default();
         off.set(Some(5), None);
         assert_eq!(off.current(), None);
         let f = Fencing::new(FENCE_DIR);
@@ -186,7 +182,7 @@ mod tests {
         let now = Instant::now();
         let later = now + std::time::Duration::from_secs(3);
         // Without fencing (no HA, or a follower's dry run): always.
-        assert_eq!(Fencing::off().may_act(later), Ok(()));
+        assert_eq!(Fencing::default().may_act(later), Ok(()));
         let f = Fencing::new(FENCE_DIR);
         f.set(None, Some(now));
         assert_eq!(f.may_act(later), Ok(()));

@@ -74,7 +74,7 @@ impl LocalHost {
             groups: Vec::new(),
             utilization: false,
             python: PYTHON.to_string(),
-            fencing: crate::ha::Fencing::off(),
+            fencing: crate::ha::Fencing::default(),
             agent: tokio::sync::Mutex::default(),
         }
     }
