@@ -271,11 +271,16 @@ mod tests {
         assert_eq!(devices[0].index, GpuIndex(0));
         let small = left.compact();
         let d = &small.usage.users["alice"].devices[0];
-        assert_eq!((d.eids.len(), d.pids.len(), d.working), (1, 0, true));
-        // A stray keeps its device counted whatever is detached.
+        assert_eq!(d.eids, [EnvId(String::new())], "a placeholder, not the eid");
+        assert_eq!((d.pids.len(), d.working), (0, true));
+        // A stray keeps its device counted whatever is detached, and one
+        // with no environment left publishes none.
         let mut stray = p;
         stray.usage.users.get_mut("alice").unwrap().devices[1].stray = true;
-        assert_eq!(stray.without(&gone).usage.users["alice"].devices.len(), 2);
+        let kept = stray.without(&gone).compact();
+        let devices = &kept.usage.users["alice"].devices;
+        assert_eq!(devices.len(), 2);
+        assert!(devices[1].eids.is_empty() && devices[1].stray);
     }
 
     #[test]
