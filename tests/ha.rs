@@ -452,7 +452,7 @@ fn a_leader_paused_past_its_lease_sends_nothing_more_and_steps_down() {
     let Some(mut f) = Fleet::up(1) else { return };
     let job = stubborn(&mut f);
     let extra = ["--kill-after", "4s"];
-    let mut a = Enforcer::start(&f, "box-a", &[&etcd[0]], &extra);
+    let a = Enforcer::start(&f, "box-a", &[&etcd[0]], &extra);
     let start = Instant::now();
     assert!(
         a.said_after(start, "ha: leader (epoch", Duration::from_secs(20))
@@ -469,7 +469,7 @@ fn a_leader_paused_past_its_lease_sends_nothing_more_and_steps_down() {
     );
     unsafe_kill(a.pid(), 19); // SIGSTOP
     let paused = Instant::now();
-    let mut b = Enforcer::start(&f, "box-b", &[&etcd[0]], &extra);
+    let b = Enforcer::start(&f, "box-b", &[&etcd[0]], &extra);
     assert!(
         b.said_after(paused, "ha: leader (epoch", Duration::from_secs(20))
             .is_some(),
@@ -483,34 +483,43 @@ fn a_leader_paused_past_its_lease_sends_nothing_more_and_steps_down() {
     );
     // It wakes up mid-cycle: its lease ended on its own clock, so its
     // SIGKILL is not sent, and it steps down.
+    wake_deposed(
+        &mut f,
+        a,
+        b,
+        job,
+        "lease ended during the cycle; stepping down",
+        "lease ended",
+    );
+}
+
+/// SIGCONTs the paused old leader `a` mid-cycle: it says `said` and steps
+/// down to follow `b`; its SIGKILL of `job` ends as `refused` says, and
+/// only `b`'s lands.
+fn wake_deposed(
+    f: &mut Fleet,
+    mut a: Enforcer,
+    mut b: Enforcer,
+    job: u32,
+    said: &str,
+    refused: &str,
+) {
     let woke = Instant::now();
     unsafe_kill(a.pid(), 18); // SIGCONT
-    assert!(
-        a.said_after(
-            woke,
-            "lease ended during the cycle; stepping down",
-            Duration::from_secs(15)
-        )
-        .is_some(),
-        "{}",
-        a.stderr()
-    );
-    assert!(
-        a.said_after(woke, "ha: following box-b", Duration::from_secs(15))
-            .is_some(),
-        "{}",
-        a.stderr()
-    );
+    for text in [said, "stepping down", "ha: following box-b"] {
+        assert!(
+            a.said_after(woke, text, Duration::from_secs(15)).is_some(),
+            "{text}: {}",
+            a.stderr()
+        );
+    }
     assert_eq!(f.host(0).wait_signal(job, WAIT), Some(SIGKILL));
     std::thread::sleep(Duration::from_secs(1));
     a.stop();
     b.stop();
-    let refused = kills(&a, job);
-    assert_eq!(refused.len(), 1, "{refused:?}");
-    assert!(
-        refused[0].to_string().contains("lease ended"),
-        "{refused:?}"
-    );
+    let kills = kills(&a, job);
+    assert_eq!(kills.len(), 1, "{kills:?}");
+    assert!(kills[0].to_string().contains(refused), "{kills:?}");
     assert_eq!(
         signalled(&b.done(), "kill"),
         vec![(f.names[0].clone(), u64::from(job))]
@@ -558,7 +567,7 @@ fn a_leader_etcd_moved_on_from_is_fenced_by_the_agents_and_steps_down() {
     let job = stubborn(&mut f);
     // A long lease: the leader's own clock (and etcd) say it holds.
     let extra = ["--kill-after", "4s", "--ha-ttl", "30s"];
-    let mut a = Enforcer::start(&f, "box-a", &[&etcd[0]], &extra);
+    let a = Enforcer::start(&f, "box-a", &[&etcd[0]], &extra);
     let start = Instant::now();
     assert!(
         a.said_after(start, "ha: leader (epoch", Duration::from_secs(20))
@@ -566,7 +575,7 @@ fn a_leader_etcd_moved_on_from_is_fenced_by_the_agents_and_steps_down() {
         "{}",
         a.stderr()
     );
-    let mut b = Enforcer::start(&f, "box-b", &[&etcd[0]], &extra);
+    let b = Enforcer::start(&f, "box-b", &[&etcd[0]], &extra);
     assert!(
         b.said_after(start, "ha: following box-a", Duration::from_secs(20))
             .is_some(),
@@ -603,41 +612,9 @@ fn a_leader_etcd_moved_on_from_is_fenced_by_the_agents_and_steps_down() {
     );
     // The old leader goes on with its cycle: its SIGKILL is refused by
     // the host's agent, which has seen the newer epoch; it steps down.
-    let woke = Instant::now();
-    unsafe_kill(a.pid(), 18);
-    assert!(
-        a.said_after(woke, "ha: fenced on", Duration::from_secs(15))
-            .is_some(),
-        "{}",
-        a.stderr()
-    );
-    assert!(
-        a.said_after(woke, "stepping down", Duration::from_secs(15))
-            .is_some(),
-        "{}",
-        a.stderr()
-    );
-    assert!(
-        a.said_after(woke, "ha: following box-b", Duration::from_secs(15))
-            .is_some(),
-        "{}",
-        a.stderr()
-    );
-    assert_eq!(f.host(0).wait_signal(job, WAIT), Some(SIGKILL));
-    std::thread::sleep(Duration::from_secs(1));
-    a.stop();
-    b.stop();
-    let refused = kills(&a, job);
-    assert_eq!(refused.len(), 1, "{refused:?}");
-    assert!(
-        refused[0].to_string().contains("fenced: epoch"),
-        "{refused:?}"
-    );
-    assert_eq!(
-        signalled(&b.done(), "kill"),
-        vec![(f.names[0].clone(), u64::from(job))]
-    );
-    let epoch = std::fs::read_to_string(f.dir.path().join("h1/run/epoch")).unwrap();
+    let dir = f.dir.path().to_path_buf();
+    wake_deposed(&mut f, a, b, job, "ha: fenced on", "fenced: epoch");
+    let epoch = std::fs::read_to_string(dir.join("h1/run/epoch")).unwrap();
     assert!(epoch.trim().parse::<u64>().unwrap() > 0, "{epoch}");
 }
 
