@@ -243,6 +243,13 @@ impl Enforcer {
         at
     }
 
+    /// As [`Enforcer::said_after`], failing the test (with its stderr)
+    /// when nothing came.
+    fn saw(&self, since: Instant, text: &str, within: Duration) -> Instant {
+        self.said_after(since, text, within)
+            .unwrap_or_else(|| panic!("no {text:?} within {within:?}: {}", self.stderr()))
+    }
+
     fn stderr(&self) -> String {
         self.lines
             .lock()
@@ -454,12 +461,7 @@ fn a_leader_paused_past_its_lease_sends_nothing_more_and_steps_down() {
     let extra = ["--kill-after", "4s"];
     let a = Enforcer::start(&f, "box-a", &[&etcd[0]], &extra);
     let start = Instant::now();
-    assert!(
-        a.said_after(start, "ha: leader (epoch", Duration::from_secs(20))
-            .is_some(),
-        "{}",
-        a.stderr()
-    );
+    a.saw(start, "ha: leader (epoch", Duration::from_secs(20));
     // Its SIGTERM is audited: it now sleeps 4 s before SIGKILL. Pause it
     // past its lease (3 s).
     assert!(
@@ -470,12 +472,7 @@ fn a_leader_paused_past_its_lease_sends_nothing_more_and_steps_down() {
     unsafe_kill(a.pid(), 19); // SIGSTOP
     let paused = Instant::now();
     let b = Enforcer::start(&f, "box-b", &[&etcd[0]], &extra);
-    assert!(
-        b.said_after(paused, "ha: leader (epoch", Duration::from_secs(20))
-            .is_some(),
-        "{}",
-        b.stderr()
-    );
+    b.saw(paused, "ha: leader (epoch", Duration::from_secs(20));
     assert!(
         wait(WAIT, || !signalled(&b.done(), "terminate").is_empty()),
         "{}",
@@ -569,19 +566,9 @@ fn a_leader_etcd_moved_on_from_is_fenced_by_the_agents_and_steps_down() {
     let extra = ["--kill-after", "4s", "--ha-ttl", "30s"];
     let a = Enforcer::start(&f, "box-a", &[&etcd[0]], &extra);
     let start = Instant::now();
-    assert!(
-        a.said_after(start, "ha: leader (epoch", Duration::from_secs(20))
-            .is_some(),
-        "{}",
-        a.stderr()
-    );
+    a.saw(start, "ha: leader (epoch", Duration::from_secs(20));
     let b = Enforcer::start(&f, "box-b", &[&etcd[0]], &extra);
-    assert!(
-        b.said_after(start, "ha: following box-a", Duration::from_secs(20))
-            .is_some(),
-        "{}",
-        b.stderr()
-    );
+    b.saw(start, "ha: following box-a", Duration::from_secs(20));
     assert!(
         wait(WAIT, || !signalled(&a.done(), "terminate").is_empty()),
         "{}",
@@ -599,12 +586,7 @@ fn a_leader_etcd_moved_on_from_is_fenced_by_the_agents_and_steps_down() {
     );
     assert_eq!(deleted["deleted"], "1", "{deleted}");
     let revoked = Instant::now();
-    assert!(
-        b.said_after(revoked, "ha: leader (epoch", Duration::from_secs(20))
-            .is_some(),
-        "{}",
-        b.stderr()
-    );
+    b.saw(revoked, "ha: leader (epoch", Duration::from_secs(20));
     assert!(
         wait(WAIT, || !signalled(&b.done(), "terminate").is_empty()),
         "{}",
@@ -624,12 +606,7 @@ fn without_etcd_the_leader_stops_acting_within_the_ttl_and_resumes_after() {
     let Some(mut f) = Fleet::up(1) else { return };
     let mut a = Enforcer::start(&f, "box-a", &[&etcd[0]], &[]);
     let start = Instant::now();
-    assert!(
-        a.said_after(start, "ha: leader (epoch", Duration::from_secs(20))
-            .is_some(),
-        "{}",
-        a.stderr()
-    );
+    a.saw(start, "ha: leader (epoch", Duration::from_secs(20));
     // etcd stops answering (as a partition would).
     etcd[0].signal(19);
     let cut = Instant::now();
@@ -661,12 +638,7 @@ fn without_etcd_the_leader_stops_acting_within_the_ttl_and_resumes_after() {
     // etcd back: the box leads again and acts.
     let back = Instant::now();
     etcd[0].signal(18);
-    assert!(
-        a.said_after(back, "ha: leader (epoch", Duration::from_secs(20))
-            .is_some(),
-        "{}",
-        a.stderr()
-    );
+    a.saw(back, "ha: leader (epoch", Duration::from_secs(20));
     assert_eq!(f.host(0).wait_signal(p, WAIT), Some(SIGTERM));
     a.stop();
 }
