@@ -783,3 +783,46 @@ fn two_shards_detach_one_global_excess_once_and_a_dead_shards_hosts_drop_out() {
     assert!(f.host(2).running(jobs[2]));
     assert_eq!(detached(&one), [(n[0].clone(), 0)], "{}", one.stderr());
 }
+
+#[test]
+fn a_cron_run_leads_acts_and_leaves_the_key_to_the_next_run() {
+    let Some(etcd) = etcd(1) else { return };
+    let Some(mut f) = Fleet::up(1) else { return };
+    let hosts = f.names.join(",");
+    let url = etcd[0].client.clone();
+    let mut run = |name: &str| {
+        let p = f.host(0).spawn_as("gebob", None);
+        f.host(0).set_apps(&[(p, 0, "100")]);
+        let out = f
+            .command(&[
+                "-H",
+                &hosts,
+                "enforce",
+                "--interval",
+                "0",
+                "--non-env-processes",
+                "--ha-etcd",
+                &url,
+                "--ha-name",
+                name,
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{err}");
+        assert_eq!(f.host(0).wait_signal(p, WAIT), Some(SIGTERM), "{err}");
+        let epoch: u64 = err
+            .split("ha: leader (epoch ")
+            .nth(1)
+            .and_then(|r| r.split(')').next())
+            .and_then(|e| e.parse().ok())
+            .unwrap_or_else(|| panic!("{err}"));
+        epoch
+    };
+    // Each run leads at once: the one before revoked its lease on leaving.
+    let first = run("cron-a");
+    let second = run("cron-b");
+    assert!(second > first, "{first} then {second}");
+    let epoch = std::fs::read_to_string(f.dir.path().join("h1/run/epoch")).unwrap();
+    assert_eq!(epoch.trim(), second.to_string());
+}
