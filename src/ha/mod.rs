@@ -282,6 +282,7 @@ mod tests {
         let s: Shard = "2/3".parse().unwrap();
         let held: Vec<usize> = (0..9).filter(|&p| s.holds(p)).collect();
         assert_eq!(held, [1, 4, 7]);
+        assert_eq!("1024/1024".parse::<Shard>(), Ok(Shard { k: 1024, n: 1024 }));
         let one: Shard = "1/1".parse().unwrap();
         assert!((0..5).all(|p| one.holds(p)));
         for bad in ["0/2", "3/2", "1/0", "2", "a/b", "1/2000", "-1/2"] {
