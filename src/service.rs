@@ -186,9 +186,13 @@ pub async fn run(
                 ms = looked.elapsed().as_secs_f64() * 1e3,
                 "etcd: standing looked up"
             );
-            memory.others = look.others.clone();
-            let now = look.standing.clone();
-            fencing.set(if now.leads() { now.epoch() } else { None }, look.until);
+            let crate::ha::election::Look {
+                standing: now,
+                others,
+                until,
+            } = look;
+            memory.others = others;
+            fencing.set(if now.leads() { now.epoch() } else { None }, until);
             let took_over = now.leads() && !standing.as_ref().is_some_and(|s| s.leads());
             if standing.as_ref().is_none_or(|s| s.changed(&now)) {
                 tracing::info!(standing = %now.describe(), "high availability");
@@ -220,11 +224,13 @@ pub async fn run(
         } else if let Some(elector) = &service.elector {
             // Sharded: our hosts' part, for the other shards' next cycle,
             // without what this cycle detached.
+            let detached = detached_by_host(&report.outcomes);
+            let none = std::collections::HashSet::new();
             let part = std::mem::take(&mut memory.published)
                 .into_iter()
                 .map(|p| {
-                    let gone = detached_on(&report.outcomes, &p.host);
-                    p.without(&gone)
+                    let gone = detached.get(&p.host).unwrap_or(&none);
+                    p.without(gone)
                 })
                 .collect();
             if let Err(e) = elector.publish(part).await {
@@ -365,24 +371,31 @@ pub async fn run(
     Ok(ending)
 }
 
-/// The (device, environment) pairs `outcomes` detached on `host`.
-fn detached_on(
+/// The (device, environment) pairs `outcomes` detached, by host: one pass.
+fn detached_by_host(
     outcomes: &[crate::outcome::Outcome],
-    host: &crate::model::HostId,
-) -> std::collections::HashSet<(crate::model::GpuIndex, crate::model::EnvId)> {
+) -> std::collections::HashMap<
+    &crate::model::HostId,
+    std::collections::HashSet<(crate::model::GpuIndex, crate::model::EnvId)>,
+> {
     use crate::outcome::{DetachResult, Outcome};
-    outcomes
-        .iter()
-        .filter_map(|o| match o {
-            Outcome::Detach {
-                host: h,
-                device,
-                eid,
-                outcome: DetachResult::Detached,
-            } if h == host => Some((*device, eid.clone())),
-            _ => None,
-        })
-        .collect()
+    let mut by_host: std::collections::HashMap<_, std::collections::HashSet<_>> =
+        std::collections::HashMap::new();
+    for o in outcomes {
+        if let Outcome::Detach {
+            host,
+            device,
+            eid,
+            outcome: DetachResult::Detached,
+        } = o
+        {
+            by_host
+                .entry(host)
+                .or_default()
+                .insert((*device, eid.clone()));
+        }
+    }
+    by_host
 }
 
 /// The notification channels of `settings`, started; a channel that

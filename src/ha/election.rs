@@ -292,17 +292,7 @@ impl Elector {
     /// box can lead at once.
     pub async fn leave(self) {
         self.keeper.abort();
-        let id = self.lease.lock().unwrap_or_else(|e| e.into_inner()).id;
-        if let Some(id) = id {
-            let mut client = self.client.clone();
-            let _ =
-                tokio::time::timeout(self.spec.request_timeout(), client.lease_revoke(id)).await;
-        }
-    }
-
-    /// The etcd client, for `doctor`'s checks.
-    pub fn client(&self) -> Client {
-        self.client.clone()
+        self.step_down().await;
     }
 }
 

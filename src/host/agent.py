@@ -637,37 +637,44 @@ def terminate(req, kills):
 MAX_EPOCH = 1 << 63
 
 
-def fence_dir(d):
-    """D, opened: root's own (the agent's euid) 0700 directory, never a link."""
-    try:
-        os.mkdir(d, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        raise Failure("fence", "%s: cannot create: %s" % (d, e.strerror))
+def fence_dir(d, create=True):
+    """D, opened: root's own (the agent's euid) 0700 directory, never a link;
+    made first when `create`."""
+    if create:
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise Failure("fence", "%s: cannot create: %s" % (d, e.strerror))
     try:
         dfd = keep(os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
     except OSError as e:
         what = "a symbolic link" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
-        raise Failure("fence", "%s: %s: refused" % (d, what))
+        raise Failure("fence", "%s: %s" % (d, what))
     st = os.fstat(dfd)
     if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        raise Failure("fence", "%s is not a directory of uid %d only (owner %d, mode %o): refused"
+        raise Failure("fence", "%s is not a directory of uid %d only (owner %d, mode %o)"
                       % (d, os.geteuid(), st.st_uid, stat.S_IMODE(st.st_mode)))
     return dfd
 
 
-def fence_file(dfd, d, deadline):
-    """D/epoch, opened and locked by `deadline`, and the epoch it holds (0: none)."""
+def fence_file(dfd, d, deadline=None):
+    """D/epoch, opened (made, and locked by `deadline`, when one is given;
+    else read only), and the epoch it holds (0: none); (None, 0) when it
+    is absent and not to be made."""
     path = os.path.join(d, "epoch")
+    flags = os.O_RDWR | os.O_CREAT if deadline is not None else os.O_RDONLY
     try:
-        fd = keep(os.open("epoch", os.O_RDWR | os.O_CREAT | SAFE, 0o600, dir_fd=dfd))
+        fd = keep(os.open("epoch", flags | SAFE, 0o600, dir_fd=dfd))
+    except FileNotFoundError:
+        return None, 0
     except OSError as e:
-        raise Failure("fence", "%s: %s: refused" % (path, "a symbolic link" if e.errno == errno.ELOOP else e.strerror))
+        raise Failure("fence", "%s: %s" % (path, "a symbolic link" if e.errno == errno.ELOOP else e.strerror))
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
-        raise Failure("fence", "%s is not a regular file of uid %d alone: refused" % (path, os.geteuid()))
-    while True:
+        raise Failure("fence", "%s is not a regular file of uid %d alone" % (path, os.geteuid()))
+    while deadline is not None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
@@ -683,7 +690,7 @@ def fence_file(dfd, d, deadline):
     except (UnicodeDecodeError, ValueError):
         seen = -1
     if not 0 <= seen < MAX_EPOCH:
-        raise Failure("fence", "%s does not hold an epoch: %r" % (path, text[:20]))
+        raise Failure("fence", "%s does not hold an epoch" % path)
     return fd, seen
 
 
@@ -696,10 +703,13 @@ def fence(req, hold):
     if not (isinstance(f, dict) and set(f) == {"epoch", "dir"} and type(f["epoch"]) is int
             and 0 < f["epoch"] < MAX_EPOCH and isinstance(f["dir"], str) and f["dir"].startswith("/")):
         raise Failure("request", "a fence is {\"epoch\": n > 0, \"dir\": absolute path}: %r" % (f,))
-    dfd = fence_dir(f["dir"])
     # Another agent of ours may act under the lock: wait as long as a step.
     step = req.get("step") if type(req.get("step")) in (int, float) else 5.0
-    fd, seen = fence_file(dfd, f["dir"], time.monotonic() + max(0.1, min(step, 30.0)))
+    try:
+        dfd = fence_dir(f["dir"])
+        fd, seen = fence_file(dfd, f["dir"], time.monotonic() + max(0.1, min(step, 30.0)))
+    except Failure as e:
+        raise Failure("fence", e.message + ": refused")
     if f["epoch"] < seen:
         raise Failure("fenced", "epoch %d is older than epoch %d, which another enforcer has used on this host: refused"
                       % (f["epoch"], seen))
@@ -716,42 +726,16 @@ def fence(req, hold):
 
 
 def fence_facts(d):
-    """What doctor says of the fence: the directory and the epoch, or the problem."""
+    """What doctor says of the fence: the directory and the epoch, or the
+    problem (the checks fence() makes, nothing made or locked)."""
     facts = {"dir": d, "kind": file_kind(d), "epoch": None, "problem": None}
     if facts["kind"] == "missing":
         return facts
     try:
-        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        facts["problem"] = "%s: %s" % (d, "a symbolic link" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror)
-        return facts
-    try:
-        st = os.fstat(dfd)
-        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-            facts["problem"] = "%s is not a directory of uid %d only (owner %d, mode %o)" % (
-                d, os.geteuid(), st.st_uid, stat.S_IMODE(st.st_mode))
-            return facts
-        try:
-            fd = os.open("epoch", os.O_RDONLY | SAFE, dir_fd=dfd)
-        except FileNotFoundError:
-            return facts
-        except OSError as e:
-            facts["problem"] = "%s/epoch: %s" % (d, "a symbolic link" if e.errno == errno.ELOOP else e.strerror)
-            return facts
-        try:
-            st = os.fstat(fd)
-            text = os.read(fd, 64).strip()
-        finally:
-            os.close(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
-            facts["problem"] = "%s/epoch is not a regular file of uid %d alone" % (d, os.geteuid())
-        elif text:
-            try:
-                facts["epoch"] = int(text.decode("ascii"))
-            except (UnicodeDecodeError, ValueError):
-                facts["problem"] = "%s/epoch does not hold an epoch" % d
-    finally:
-        os.close(dfd)
+        _, seen = fence_file(fence_dir(d, create=False), d)
+        facts["epoch"] = seen or None
+    except Failure as e:
+        facts["problem"] = e.message
     return facts
 
 
