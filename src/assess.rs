@@ -17,6 +17,10 @@ pub struct HostStatus {
     pub host: HostId,
     /// Why its snapshot failed, if it did (in JSON, its text).
     pub error: Option<HostFailure>,
+    /// Why its genv state could not be used, if so: it answered, but only
+    /// what needs no genv state was judged there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<String>,
     pub processes: usize,
     pub envs: usize,
     pub devices: usize,
@@ -159,6 +163,7 @@ pub fn statuses(
             Ok(s) => HostStatus {
                 host: host.clone(),
                 error: None,
+                degraded: s.state_problem().map(String::from),
                 processes: s.processes.len(),
                 envs: s.envs.len(),
                 devices: s.devices.len(),
@@ -167,6 +172,7 @@ pub fn statuses(
             Err(e) => HostStatus {
                 host: host.clone(),
                 error: Some(e.clone()),
+                degraded: None,
                 processes: 0,
                 envs: 0,
                 devices: 0,

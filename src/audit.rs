@@ -90,9 +90,12 @@ pub enum Phase {
     Decided,
     /// An action with its outcome.
     Done,
-    /// A stray process left alone, when first seen.
+    /// A stray process left alone, one left unjudged, or one judged as
+    /// carrying no environment because of what it did to its own, when
+    /// first seen.
     Noticed,
-    /// A host that failed, when it starts failing (or fails otherwise).
+    /// A host that failed, or whose genv state could not be used
+    /// (`failure`: `degraded`), when it starts (or fails otherwise).
     Failed,
     /// An action that waits on its grace, when first seen (its owner told).
     Warned,
@@ -199,16 +202,22 @@ impl AuditLog {
         let mut current = HashSet::new();
         let mut entries = Vec::new();
         for n in notices {
-            let Notice::Stray {
-                host,
-                pid,
-                start_time,
-                eid,
-                user,
-                ..
-            } = n
-            else {
-                continue;
+            // Left alone, or judged for what the process did to its own
+            // environment: said once while it lasts.
+            let (host, pid, start_time, eid, user) = match n {
+                Notice::Stray {
+                    host,
+                    pid,
+                    start_time,
+                    eid,
+                    user,
+                    ..
+                } => (host, pid, start_time, Some(eid), user.as_deref()),
+                Notice::HiddenEnviron {
+                    host, pid, user, ..
+                } => (host, pid, &None, None, user.as_deref()),
+                Notice::UnknownOwner { host, pid, .. } => (host, pid, &None, None, None),
+                _ => continue,
             };
             let key = (host.clone(), *pid, *start_time);
             if !noticed.contains(&key) {
@@ -221,8 +230,8 @@ impl AuditLog {
                     pid: Some(*pid),
                     start_time: *start_time,
                     device: None,
-                    eid: Some(eid),
-                    user: user.as_deref(),
+                    eid,
+                    user,
                     rules: Vec::new(),
                     message: report::notice_line(mode, n),
                     outcome: None,
@@ -249,7 +258,13 @@ impl AuditLog {
         let mut current = HashMap::new();
         let mut entries = Vec::new();
         for h in hosts {
-            let Some(f) = &h.error else { continue };
+            let degraded = h
+                .degraded
+                .as_ref()
+                .map(|why| crate::model::HostFailure::new(FailureKind::Degraded, why.clone()));
+            let Some(f) = h.error.as_ref().or(degraded.as_ref()) else {
+                continue;
+            };
             if failing.get(&h.host) != Some(&f.kind) {
                 entries.push(Entry {
                     time: time.clone(),
@@ -566,6 +581,7 @@ mod tests {
         let status = |host: &str, kind: Option<K>| HostStatus {
             host: HostId(host.into()),
             error: kind.map(|k| HostFailure::new(k, "it broke\x1b[2J")),
+            degraded: None,
             processes: 0,
             envs: 0,
             devices: 0,

@@ -585,6 +585,39 @@ pub struct RuleArgs {
     #[arg(long, value_name = "PCT", default_value_t = 5, requires = "idle_after",
           value_parser = clap::value_parser!(u32).range(1..=100), help_heading = "Admin rules")]
     pub idle_below: u32,
+
+    /// Under --non-env-processes, also terminate a GPU job whose
+    /// GENV_ENVIRONMENT_ID names no environment (made up, or its record
+    /// gone), once this grace has passed since it was first seen, its owner
+    /// warned meanwhile (genv leaves such jobs alone) [default: off]
+    #[arg(long, value_name = "GRACE", value_parser = parse_duration, requires = "non_env_processes",
+          help_heading = "Admin rules")]
+    pub orphans_as_non_env: Option<Duration>,
+
+    /// Count the devices of a user's GPU jobs outside genv toward their
+    /// device cap (genv counts attached devices only) [default: off]
+    #[arg(long, help_heading = "Admin rules")]
+    pub count_non_env_devices: bool,
+}
+
+impl RuleArgs {
+    /// The rules' own graces the flags set.
+    pub fn graces(
+        &self,
+    ) -> std::collections::BTreeMap<crate::rules::Rule, crate::ladder::RuleGrace> {
+        self.orphans_as_non_env
+            .map(|after| {
+                (
+                    crate::rules::Rule::OrphanedEnvProcesses,
+                    crate::ladder::RuleGrace {
+                        warn_only: false,
+                        after: Some(after),
+                    },
+                )
+            })
+            .into_iter()
+            .collect()
+    }
 }
 
 /// A memory amount in genv's spelling, in bytes.

@@ -160,11 +160,9 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
         }
         Command::Enforce(args) => {
             let replay = !args.snapshot.is_empty();
-            let settings = with_ha(
-                settings(&args.cycle, policy(&args.rules), Mode::Local, replay),
-                &args.cycle,
-                replay,
-            )?;
+            let mut settings = settings(&args.cycle, policy(&args.rules), Mode::Local, replay);
+            settings.grace.rules = args.rules.graces();
+            let settings = with_ha(settings, &args.cycle, replay)?;
             let fleets = if replay {
                 args.snapshot
                     .iter()
@@ -267,8 +265,10 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
         .as_ref()
         .map(|i| i.emails.clone())
         .unwrap_or_default();
+    settings.grace.rules = enforce.rules.graces();
     if let Some(inv) = &inventory {
-        settings.grace.rules = inv.policy.clone();
+        // The inventory's [policy.<rule>] wins over a flag's grace.
+        settings.grace.rules.extend(inv.policy.clone());
         settings.grace.exempt = inv.exempt.clone();
     }
     let settings = with_notify(settings, &enforce.cycle, &emails)?;
@@ -432,6 +432,8 @@ pub fn policy(r: &RuleArgs) -> Policy {
             after,
             below: r.idle_below,
         }),
+        orphans_as_non_env: r.orphans_as_non_env.is_some(),
+        count_non_env_devices: r.count_non_env_devices,
     }
 }
 

@@ -88,6 +88,8 @@ pub struct Metrics {
     user_devices: Family<UserLabel, Gauge>,
     user_memory: Family<UserLabel, Gauge>,
     unowned_memory: Family<GpuLabels, Gauge>,
+    degraded: Family<HostLabel, Gauge>,
+    unjudged: Family<HostLabel, Gauge>,
     notifications: Family<NotifyLabels, Counter>,
     last_success: Gauge<f64, AtomicU64>,
     ha_leader: Gauge,
@@ -118,6 +120,8 @@ impl Metrics {
             user_devices: Family::default(),
             user_memory: Family::default(),
             unowned_memory: Family::default(),
+            degraded: Family::default(),
+            unjudged: Family::default(),
             notifications: Family::default(),
             last_success: Gauge::default(),
             ha_leader: Gauge::default(),
@@ -172,6 +176,16 @@ impl Metrics {
             "unowned_gpu_memory_bytes",
             "GPU memory the driver lists for pids no live process has, by host and GPU, last cycle (never acted on)",
             m.unowned_memory.clone(),
+        );
+        registry.register(
+            "host_degraded",
+            "Whether the host's genv state could not be used last cycle (only what needs no genv state was judged there)",
+            m.degraded.clone(),
+        );
+        registry.register(
+            "unjudged_gpu_processes",
+            "GPU processes of the host left unjudged last cycle (their environment or user unknown), each also said in the report",
+            m.unjudged.clone(),
         );
         registry.register(
             "notifications",
@@ -251,7 +265,15 @@ impl Metrics {
                 .inc_by(i64::try_from(s.memory_bytes).unwrap_or(i64::MAX));
         }
         self.unowned_memory.clear();
+        self.unjudged.clear();
         for n in &r.notices {
+            if let crate::rules::Notice::UnknownOwner { host, .. } = n {
+                self.unjudged
+                    .get_or_create(&HostLabel {
+                        host: host.0.clone(),
+                    })
+                    .inc();
+            }
             if let crate::rules::Notice::UnownedMemory {
                 host,
                 device,
@@ -277,6 +299,9 @@ impl Metrics {
             self.up
                 .get_or_create(&label)
                 .set(i64::from(h.error.is_none()));
+            self.degraded
+                .get_or_create(&label)
+                .set(i64::from(h.degraded.is_some()));
             if let Some(e) = &h.error {
                 self.error("snapshot");
                 self.host_failures

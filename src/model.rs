@@ -96,6 +96,9 @@ pub enum FailureKind {
     Parse,
     /// A recorded snapshot could not be read.
     Recorded,
+    /// The host answered, but its genv state could not be used (the audit
+    /// log's word for a degraded host; no snapshot failed).
+    Degraded,
     /// A fault on our side: a worker failed (a bug), a file of ours could
     /// not be written.
     Internal,
@@ -123,6 +126,7 @@ impl FailureKind {
             FailureKind::Fence => "fence",
             FailureKind::Parse => "parse",
             FailureKind::Recorded => "recorded",
+            FailureKind::Degraded => "degraded",
             FailureKind::Internal => "internal",
         }
     }
@@ -262,6 +266,11 @@ pub enum Owner {
     NoEnv,
     /// Its environ could not be read (permissions, vanished): never acted on.
     Unknown(String),
+    /// Its environ cannot be read for a reason the process itself controls
+    /// (larger than any program can be started with, a read that fails on
+    /// its memory or hangs): judged as carrying no `GENV_ENVIRONMENT_ID`,
+    /// which it could have had by unsetting it, and said each cycle.
+    Hidden(String),
 }
 
 impl Owner {
@@ -282,8 +291,13 @@ pub struct Process {
     /// One entry per GPU, in nvidia-smi order.
     pub gpus: Vec<DeviceUsage>,
     pub start_time: Option<u64>,
+    /// The uid it is charged to: its real uid, or the owner of the
+    /// subordinate range its real uid is in (`sub_uid`).
     pub uid: Option<u32>,
     pub user: Option<String>,
+    /// Its real uid where that is a sub-uid of `uid`'s range.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sub_uid: Option<u32>,
 }
 
 impl Process {
@@ -357,6 +371,19 @@ pub struct HostTruth {
     /// The host's clock for process start times, when it said.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boot: Option<Boot>,
+    /// Why genv's state could not be used this cycle (a file refused,
+    /// garbled or over its limits): the host is degraded, and only what
+    /// needs no genv state is judged there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_problem: Option<String>,
+    /// Who held genv's lock past the agent's short wait (the state was
+    /// read without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lock_held: Option<String>,
+    /// Uids seen that have no name on the host and could not be resolved
+    /// to one sub-uid range's owner, and why.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub unresolved_uids: BTreeMap<u32, String>,
 }
 
 /// What turns a process's start time (clock ticks since boot, as `/proc`
@@ -425,6 +452,11 @@ pub struct HostSnapshot {
 }
 
 impl HostSnapshot {
+    /// Why its genv state could not be used this cycle, if so.
+    pub fn state_problem(&self) -> Option<&str> {
+        self.truth.as_ref()?.state_problem.as_deref()
+    }
+
     /// The environment with this id.
     pub fn env(&self, eid: &EnvId) -> Option<&Env> {
         self.envs.iter().find(|e| &e.eid == eid)

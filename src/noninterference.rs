@@ -204,6 +204,7 @@ fn job(pid: u32, eid: Option<&EnvId>, uid: u32, gpus: &[u32], mib: Option<u64>) 
         start_time: Some(u64::from(pid)),
         uid: Some(uid),
         user: None,
+        sub_uid: None,
     }
 }
 
@@ -720,7 +721,7 @@ proptest! {
         }
         // 3. bob's jobs count toward his cap.
         for (h, (_, snap)) in cluster.hosts.iter().enumerate() {
-            let usage = HostUsage::of(&Attribution::of(snap, &Default::default()));
+            let usage = HostUsage::of(&Attribution::of(snap, &Default::default()), false);
             let counted: BTreeSet<GpuIndex> = usage
                 .users
                 .get("bob")

@@ -24,6 +24,9 @@ pub struct Termination {
     pub gpus: Vec<GpuIndex>,
     pub uid: Option<u32>,
     pub user: Option<String>,
+    /// Its real uid, where that is a sub-uid of `uid`'s range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub_uid: Option<u32>,
     pub rules: BTreeSet<Rule>,
     /// Its user's groups on the host, when asked for (group exemptions);
     /// not in the JSON plan.
@@ -46,6 +49,7 @@ impl Termination {
             gpus: Vec::new(),
             uid: None,
             user: None,
+            sub_uid: None,
             rules: BTreeSet::new(),
             groups: Vec::new(),
             memory: None,
@@ -235,7 +239,9 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
     let terminate = snap
         .processes
         .iter()
-        .filter(|p| !matches!(p.owner, Owner::Unknown(_)))
+        // Never a process whose identity is not pinned; one whose
+        // environment is unknown only for a rule that needs none of it.
+        .filter(|p| p.start_time.is_some() || !matches!(p.owner, Owner::Unknown(_)))
         .filter_map(|p| {
             let rules = w.pids.remove(&p.pid)?;
             Some(Termination {
@@ -245,6 +251,7 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
                 gpus: p.indices().collect(),
                 uid: p.uid,
                 user: p.user.clone(),
+                sub_uid: p.sub_uid,
                 rules,
                 groups: match (&snap.truth, p.uid) {
                     (Some(t), Some(uid)) => t.groups_of(uid).to_vec(),

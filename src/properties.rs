@@ -376,6 +376,7 @@ fn host() -> impl Strategy<Value = HostSnapshot> {
                         start_time: Some(7),
                         uid: Some(uids[i]),
                         user: None,
+                        sub_uid: None,
                     }
                 })
                 .collect();

@@ -82,15 +82,25 @@ impl CycleReport {
         }
     }
 
-    /// Whether it shows a failure (exit status 1): a host or an action failed.
+    /// Whether it shows a failure (exit status 1): a host or an action
+    /// failed, or a host's genv state could not be used (degraded).
     pub fn failed(&self) -> bool {
-        self.hosts.iter().any(|h| h.error.is_some()) || self.outcomes.iter().any(Outcome::is_error)
+        self.hosts
+            .iter()
+            .any(|h| h.error.is_some() || h.degraded.is_some())
+            || self.outcomes.iter().any(Outcome::is_error)
     }
 }
 
 /// One line that sums a cycle up, for the text output's stderr.
 pub fn summary_line(r: &CycleReport) -> String {
     let failed = r.hosts.iter().filter(|h| h.error.is_some()).count();
+    let degraded = r.hosts.iter().filter(|h| h.degraded.is_some()).count();
+    let degraded = if degraded > 0 {
+        format!(" ({degraded} degraded)")
+    } else {
+        String::new()
+    };
     let sum = |f: fn(&HostStatus) -> usize| r.hosts.iter().map(f).sum::<usize>();
     let acted = r.outcomes.len();
     let action_errors = r.outcomes.iter().filter(|o| o.is_error()).count();
@@ -105,7 +115,7 @@ pub fn summary_line(r: &CycleReport) -> String {
         .duration_ms
         .map_or_else(String::new, |ms| format!(" in {ms} ms"));
     format!(
-        "[SUMMARY] cycle {}: {} hosts ok, {failed} failed; {} GPUs, {} processes, {} environments; {} violations; {actions}{took}",
+        "[SUMMARY] cycle {}: {} hosts ok{degraded}, {failed} failed; {} GPUs, {} processes, {} environments; {} violations; {actions}{took}",
         r.cycle,
         r.hosts.len() - failed,
         sum(|h| h.devices),
@@ -219,6 +229,12 @@ pub fn violation_line(mode: Mode, v: &Violation) -> String {
         Finding::NonEnvProcess { host, pid } => {
             format!("{}Process {pid} is not running in a GPU environment", prefix(mode, host))
         }
+        Finding::OrphanedEnvProcess { host, pid, eid, user } => format!(
+            "{}Process {pid}{} carries environment {}, which does not exist: it is not running in a GPU environment",
+            prefix(mode, host),
+            user.as_deref().map_or(String::new(), |u| format!(" (user {})", clean(u))),
+            clean(&eid.0)
+        ),
         Finding::NonAttachedDevices { host, pid, eid, devices } => format!(
             "{}Process {pid} from environment {} is using non-attached GPU(s) {}",
             prefix(mode, host),
@@ -367,6 +383,28 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
             "{}[WARNING] Utilization of process {pid} on GPU(s) {} is unknown (pmon has no figure for it and it shares its GPU): it is never reclaimed as idle",
             prefix(mode, host),
             indices(gpus)
+        ),
+        Notice::HiddenEnviron { host, pid, user, gpus, reason } => format!(
+            "{}[WARNING] Process {pid}{} on GPU(s) {} is judged as carrying no environment: {}",
+            prefix(mode, host),
+            user.as_deref().map_or(String::new(), |u| format!(" (user {})", clean(u))),
+            indices(gpus),
+            clean(reason)
+        ),
+        Notice::StateUnusable { host, reason } => format!(
+            "{}[ERROR] genv's state cannot be used ({}): the host is degraded; only processes outside genv, per-user memory caps, idle reclaim and the devices the kernel vouches for are judged there",
+            prefix(mode, host),
+            clean(reason)
+        ),
+        Notice::LockHeld { host, holders } => format!(
+            "{}[WARNING] {}: genv's state was read without it",
+            prefix(mode, host),
+            clean(holders)
+        ),
+        Notice::UnresolvedUid { host, uid, reason } => format!(
+            "{}[WARNING] uid {uid} has no name here and is {}: its processes count as their own user's",
+            prefix(mode, host),
+            clean(reason)
         ),
     }
 }

@@ -13,7 +13,7 @@
 # (unknown keys are refused):
 #   {"mode": "hello", "protocol": P}
 #   {"mode": "snapshot", "dir": D, "nvidia_smi": [argv], "step": S, "limit": L,
-#    "max_bytes": B, "max_records": R, "proc": "/proc"}
+#    "max_bytes": B, "max_records": R, "proc": "/proc", "subuid": "/etc/subuid"}
 #   {"mode": "terminate", "kills": [[pid, start_time], ...], "signal": "term"|"kill",
 #    "limit": L, "proc": "/proc"}
 #   {"mode": "detach", "dir": D, "detach": [[index, eid], ...], "step": S, "limit": L, "max_bytes": B}
@@ -32,11 +32,18 @@
 #     gpus, apps         nvidia-smi's two answers (csv,noheader,nounits)
 #     envs, devices      genv's state files, read under a shared lock on
 #                        genv.lock (absent when the file does not exist)
+#     state-error <part> why a state file (envs, devices) or the directory
+#                        (dir) could not be read: the snapshot goes on
+#     lock               who held genv.lock past LOCK_WAIT: read without it
 #     proc <pid>         "seen <start> <uid|-> var|novar|notread\n<value>" or
-#                        "seen <start> <uid|-> unreadable\n<why>" or
+#                        "seen <start> <uid|-> unreadable|hidden\n<why>" or
 #                        "unsure\n<why>", for each GPU pid and each live pid
-#                        an environment lists (absent: not alive)
-#     user <uid>         the host's name for a uid seen
+#                        an environment lists (absent: not alive); hidden:
+#                        the environ cannot be read for a reason the
+#                        process controls (see read_environ)
+#     subuid <uid>       the owner's uid of the sub-uid range holding a uid
+#                        seen that has no name here, or "- <why not>"
+#     user <uid>         the host's name for a uid seen (and for owners)
 #     groups <uid>       (when groups are named) those of them a uid seen
 #                        (a GPU process's or a listed pid's owner) is a
 #                        member of, one a line
@@ -46,7 +53,8 @@
 #     pmon               (when asked, and it succeeded) pmon -c 1 -s u
 #   terminate: {"kills": [{"pid": n, "result": "signalled"|"gone"|"reused"|"denied"|"invalid",
 #               "found": start_time (reused only; null when unreadable)}, ...]}
-#   detach: {"detached": [bool per pair: it was there and is gone]}
+#   detach: {"detached": [bool per pair: it was there and is gone],
+#            "unlocked": who held genv.lock (only when written without it)}
 #   doctor: facts about the host (see doctor())
 #   tell: {"told": [terminals written per note]}
 # Status 1: {"fail": "request"|"state"|"lock"|"nvidia-smi"|"fenced"|"fence"|"agent", "message": why,
@@ -54,17 +62,23 @@
 #   failed changed nothing ("lock": genv.lock stayed held past the step limit).
 # A request past its time limit (L) ends the agent (exit status 124), as
 # does the end of stdin, a signal, or a request that is not JSON:
-# genv-enforce starts a new one when it needs one.
+# genv-enforce starts a new one when it needs one. One stuck in the kernel
+# past L + KILL_GRACE is SIGKILLed by its watchdog thread.
 #
 # Safety: genv's state directory is writable by every user. The directory
 # is opened once without following a symlink and every file in it relative
 # to that handle with O_NOFOLLOW | O_NONBLOCK; only regular files of at most
 # max_bytes are read. A detach writes a new file, created exclusively, and
-# renames it over devices.json under an exclusive lock on genv.lock; the
-# mode of an existing file is never changed. A process's identity (uid,
-# environment) is read between two reads of its start time; a kill
-# re-checks the start time and, where the kernel has pidfds, signals
-# through one. A message goes only to a terminal the kernel says is the
+# renames it over devices.json under an exclusive lock on genv.lock (or
+# without it, when a user holds it past LOCK_WAIT: see lock()); the mode
+# of an existing file is never changed, and what is written back is
+# bounded (see rewritten()). A process's identity (uid, environment) is
+# read between two reads of its start time, from a live thread when its
+# leader has exited; a process that started after nvidia-smi was asked is
+# not taken for the one it listed; a kill re-checks the start time and,
+# where the kernel has pidfds, signals through one (the thread group).
+# What a user controls and could make hang (a process's environ, the
+# state files) is read on a reader thread with a time limit. A message goes only to a terminal the kernel says is the
 # user's: the controlling terminal of one of their processes (pid and
 # start time re-checked) or a login terminal utmp lists for them, opened
 # without following a link, without becoming ours and without blocking,
@@ -80,9 +94,10 @@ import select
 import signal
 import stat
 import sys
+import threading
 import time
 
-PROTOCOL = 5
+PROTOCOL = 6
 VAR = b"GENV_ENVIRONMENT_ID="
 PROC = ["/proc"]  # where procfs is, for the request at hand
 SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -193,8 +208,17 @@ def open_in(dfd, path, name, flags, mode=0):
     return regular(fd, path)
 
 
-def lock(dfd, d, operation, step, deadline):
-    """genv.lock, created 0666 as genv does when missing, locked by `deadline`."""
+LOCK_WAIT = 1.0  # genv holds its lock for milliseconds; a user may hold it for ever
+
+
+def lock(dfd, d, operation, deadline):
+    """genv.lock, created 0666 as genv does when missing, locked within
+    LOCK_WAIT (and by `deadline`): None when it was; else who holds it, and
+    the caller goes on without it. A lock is only advisory: while anyone
+    holds it no genv command writes the state (each waits for it), so what
+    is read without it is what the holder left, and what is written without
+    it can lose only the holder's own concurrent write. That way a user who
+    holds it (flock -s genv.lock sleep inf) blocks nobody's enforcement."""
     path = os.path.join(d, "genv.lock")
     try:
         fd = keep(os.open("genv.lock", os.O_RDONLY | os.O_CREAT | os.O_EXCL | SAFE, 0o666, dir_fd=dfd))
@@ -204,14 +228,46 @@ def lock(dfd, d, operation, step, deadline):
         if fd is None:
             raise Failure("state", "%s: vanished while opened" % path)
         keep(fd)
+    until = min(deadline, time.monotonic() + LOCK_WAIT)
     while True:
         try:
             fcntl.flock(fd, operation | fcntl.LOCK_NB)
-            return fd
+            return None
         except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise Failure("lock", "genv.lock held by another process for %gs" % step)
+            if time.monotonic() >= until:
+                return "genv.lock held for over %gs by %s" % (LOCK_WAIT, lock_holders(fd))
             time.sleep(0.005)
+
+
+def lock_holders(fd):
+    """Who holds locks on the file open at fd, as /proc/locks says: "pid P
+    (user U)" for each (at most 8), or "another process"."""
+    import pwd
+
+    st = os.fstat(fd)
+    inode = "%02x:%02x:%d" % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    try:
+        with open(os.path.join(PROC[0], "locks"), "rb") as f:
+            text = f.read(1 << 20)
+    except OSError:
+        text = b""
+    said = []
+    for line in text.split(b"\n"):
+        words = line.split()
+        if b"->" in words or len(words) < 6 or words[5].decode("ascii", "replace") != inode:
+            continue
+        pid = int(words[4]) if words[4].isdigit() else None
+        if pid is None or pid == os.getpid() or len(said) >= 8:
+            continue
+        who = "pid %d" % pid
+        try:
+            uid = real_uid(proc_read(pid, "status"))
+            name = pwd.getpwuid(uid).pw_name if uid is not None else None
+            who += " (%s)" % (name or "uid %s" % uid)
+        except (OSError, KeyError):
+            pass
+        said.append(who)
+    return ", ".join(said) or "another process"
 
 
 def read_file(dfd, d, name, max_bytes):
@@ -331,27 +387,80 @@ def collect(procs, deadline, max_bytes):
 # /proc.
 
 
-def proc_read(pid, name):
-    with open("%s/%d/%s" % (PROC[0], pid, name), "rb") as f:
-        return f.read(16 << 20)
+def proc_path(pid, name, tid=None):
+    if tid is None:
+        return "%s/%d/%s" % (PROC[0], pid, name)
+    return "%s/%d/task/%d/%s" % (PROC[0], pid, tid, name)
+
+
+def proc_read(pid, name, tid=None):
+    """A small /proc file (stat, status): never one that reads the process's
+    own memory, which it controls (see read_environ)."""
+    with open(proc_path(pid, name, tid), "rb") as f:
+        return f.read(1 << 16)
+
+
+def stat_fields(stat_bytes):
+    """The fields after the last ')' (the command name, which the user
+    picks, may hold anything else): field n of proc(5) is [n - 3]."""
+    close = stat_bytes.rfind(b")")
+    return stat_bytes[close + 1:].split() if close >= 0 else []
 
 
 def start_time(stat_bytes):
-    """Field 22 of /proc/<pid>/stat, counted after the last ')' (the
-    command name, which the user picks, may hold anything else)."""
-    close = stat_bytes.rfind(b")")
-    if close < 0:
-        return None
-    fields = stat_bytes[close + 1:].split()
+    """Field 22 of /proc/<pid>/stat: clock ticks since boot."""
+    fields = stat_fields(stat_bytes)
     if len(fields) < 20 or not fields[19].isdigit():
         return None
     return int(fields[19])
 
 
+def environ_size(stat_bytes):
+    """env_end - env_start (fields 50 and 51), or None where not said."""
+    fields = stat_fields(stat_bytes)
+    if len(fields) < 49 or not (fields[47].isdigit() and fields[48].isdigit()):
+        return None
+    start, end = int(fields[47]), int(fields[48])
+    return end - start if end >= start > 0 else None
+
+
 def exited(stat_bytes):
-    """Whether the process has exited and only waits to be reaped (a signal does nothing)."""
-    rest = stat_bytes[stat_bytes.rfind(b")") + 1 :].split()
+    """Whether this task has exited and only waits to be reaped."""
+    rest = stat_fields(stat_bytes)
     return bool(rest) and rest[0] in (b"Z", b"X")
+
+
+MAX_TASKS_LOOKED = 64
+
+
+def live_thread(pid):
+    """A thread of pid that still runs, when its leader (the thread whose id
+    is the pid) has exited: the process lives while any thread does (its
+    leader shows state Z, its own /proc files answer for nobody); None when
+    none does. Threads other than the leader are reaped as they end, so
+    the first one listed almost always runs: at most MAX_TASKS_LOOKED are
+    looked at."""
+    try:
+        tasks = os.scandir("%s/%d/task" % (PROC[0], pid))
+    except OSError:
+        return None
+    with tasks:
+        for looked, entry in enumerate(tasks):
+            if looked >= MAX_TASKS_LOOKED:
+                break
+            if not entry.name.isdigit() or int(entry.name) == pid:
+                continue
+            try:
+                if not exited(proc_read(pid, "stat", int(entry.name))):
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
+
+
+def alive(pid, stat_bytes):
+    """Whether the process whose leader's stat this is still runs."""
+    return not exited(stat_bytes) or live_thread(pid) is not None
 
 
 def real_uid(status):
@@ -363,33 +472,149 @@ def real_uid(status):
     return None
 
 
-def identity(pid, want_environ):
-    """The identity body of a proc frame, or None when the process is gone."""
+# A process's environment is its own memory, which it controls: it can
+# make it any size (prctl(PR_SET_MM, PR_SET_MM_MAP) is allowed to any user),
+# or map it from a file of its own that never answers (a FUSE file), so
+# that reading it hangs in the kernel. So it is read only as far as needed,
+# on a reader thread (see Reader), and judged by these rules, none of which
+# a process can use to be judged as carrying an environment it did not set:
+# - the first GENV_ENVIRONMENT_ID is taken (genv takes the last; only a
+#   deliberately built environment names it twice);
+# - an environment larger than EXEC_MAX (no program can be started with
+#   one: execve takes at most 6 MiB of arguments and environment) is not
+#   read: its process is judged as carrying none ("hidden");
+# - so is one whose value is longer than VALUE_MAX, one whose read fails
+#   on its memory (EIO, EFAULT), and one whose read does not end within
+#   ENVIRON_WAIT (remembered: it is not read again while it lives).
+EXEC_MAX = 6 << 20
+VALUE_MAX = 4096
+ENVIRON_CHUNK = 1 << 16
+ENVIRON_WAIT = 1.0
+HUNG = set()  # (pid, start time) of processes whose environ read hung
+
+
+class Hidden(Exception):
+    """The environment cannot be read for a reason the process controls."""
+
+
+def read_environ(path, size):
+    """GENV_ENVIRONMENT_ID's value in the environ at path, or None when it
+    is not there; raises Hidden (see above)."""
+    if size is not None and size > EXEC_MAX:
+        raise Hidden("its environment is %d bytes, more than any program can be started with (%d)" % (size, EXEC_MAX))
+    pattern = b"\0" + VAR
+    with open(path, "rb", buffering=0) as f:
+        tail = b"\0"  # the first variable has no NUL before it
+        total = 0
+        while total < EXEC_MAX:
+            chunk = f.read(min(ENVIRON_CHUNK, EXEC_MAX - total))
+            if not chunk:
+                return None
+            total += len(chunk)
+            buf = tail + chunk
+            at = buf.find(pattern)
+            if at >= 0:
+                value = buf[at + len(pattern):]
+                while b"\0" not in value and len(value) <= VALUE_MAX:
+                    more = f.read(ENVIRON_CHUNK)
+                    if not more:
+                        break
+                    value += more
+                value = value.split(b"\0", 1)[0]
+                if len(value) > VALUE_MAX:
+                    raise Hidden("its GENV_ENVIRONMENT_ID is longer than %d bytes" % VALUE_MAX)
+                return value
+            tail = buf[-len(VAR):]
+        if not f.read(1):
+            return None
+    raise Hidden("its environment is larger than %d bytes, more than any program can be started with" % EXEC_MAX)
+
+
+class Hung(Exception):
+    """A read did not end in its time: its thread is left to it."""
+
+
+class Reader:
+    """Runs reads that may hang in the kernel (a process's environ mapped
+    from a file that never answers, genv's state on such a mount) on a
+    worker thread, waiting for each at most a given time: a read that hangs
+    costs its thread (stuck until this agent ends), not the request."""
+
+    def __init__(self):
+        self.jobs = None
+        self.stuck = 0
+
+    def run(self, fn, timeout):
+        import threading
+
+        if self.jobs is None:
+            self.jobs = start_worker()
+        box, done = [], threading.Event()
+        self.jobs.put((fn, box, done))
+        if done.wait(max(0.0, timeout)):
+            ok, value = box[0]
+            if ok:
+                return value
+            raise value
+        self.jobs.put(None)  # that worker ends if its read ever returns
+        self.jobs = None
+        self.stuck += 1
+        raise Hung()
+
+
+def start_worker():
+    import queue
+    import threading
+
+    jobs = queue.Queue()
+
+    def work():
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            fn, box, done = job
+            try:
+                box.append((True, fn()))
+            except BaseException as e:  # handed to the waiting request
+                box.append((False, e))
+            done.set()
+
+    threading.Thread(target=work, name="genv-enforce-reader", daemon=True).start()
+    return jobs
+
+
+READER = Reader()
+MAX_STUCK = 64  # past this many stuck reads, the agent ends after its answer
+
+
+def identity(pid, want_environ, asked=None, deadline=None):
+    """The identity body of a proc frame, or None when the process is gone.
+    `asked`: clock ticks since boot when nvidia-smi was asked; a process
+    that started then or later is not the one it listed."""
     try:
-        before = start_time(proc_read(pid, "stat"))
+        stat = proc_read(pid, "stat")
     except OSError:
         return None
+    before = start_time(stat)
     if before is None:
         return b"unsure\nits /proc stat does not parse"
+    if asked is not None and before >= asked:
+        return b"unsure\nit started after nvidia-smi was asked: what it listed for this pid was another process's"
+    tid = None
+    if exited(stat):
+        tid = live_thread(pid)
+        if tid is None:
+            return None
     try:
-        uid = real_uid(proc_read(pid, "status"))
+        uid = real_uid(proc_read(pid, "status", tid))
     except OSError:
         uid = None
     value = b""
     if want_environ:
-        try:
-            environ = proc_read(pid, "environ")
-            found = [v for v in environ.split(b"\0") if v.startswith(VAR)]
-            if found:
-                env, value = "var", found[-1][len(VAR):]
-            else:
-                env = "novar"
-        except PermissionError:
-            env, value = "unreadable", b"not enough permissions to read its environment"
-        except (FileNotFoundError, ProcessLookupError):
+        env, value = environ_of(pid, tid, before, stat, deadline)
+        if env is None:
             return None
-        except OSError as e:
-            env, value = "unreadable", ("cannot read its environment: %s" % e.strerror).encode()
     else:
         env = "notread"
     try:
@@ -400,6 +625,38 @@ def identity(pid, want_environ):
         return b"unsure\nits pid was reused while it was read"
     uid_text = "-" if uid is None else str(uid)
     return ("seen %d %s %s\n" % (before, uid_text, env)).encode() + value
+
+
+def environ_of(pid, tid, start, stat, deadline):
+    """(kind, value) for a proc frame; (None, None) when the process is gone."""
+    if (pid, start) in HUNG:
+        return "hidden", b"reading its environment hung (it maps it from a file that does not answer)"
+    path = proc_path(pid, "environ", tid)
+    size = environ_size(stat)
+    wait = ENVIRON_WAIT if deadline is None else max(0.05, min(ENVIRON_WAIT, deadline - time.monotonic()))
+    try:
+        found = READER.run(lambda: read_environ(path, size), wait)
+    except Hung:
+        HUNG.add((pid, start))
+        return "hidden", ("reading its environment did not end within %gs" % wait).encode()
+    except Hidden as e:
+        return "hidden", str(e).encode()
+    except PermissionError:
+        return "unreadable", b"not enough permissions to read its environment"
+    except (FileNotFoundError, ProcessLookupError):
+        # Ended, or its leader exited meanwhile: read through a live thread.
+        if tid is None:
+            tid = live_thread(pid)
+            if tid is not None:
+                return environ_of(pid, tid, start, stat, deadline)
+        return None, None
+    except OSError as e:
+        if e.errno in (errno.EIO, errno.EFAULT, errno.ENOMEM):
+            return "hidden", ("reading its environment fails: %s" % e.strerror).encode()
+        return "unreadable", ("cannot read its environment: %s" % e.strerror).encode()
+    if found is None:
+        return "novar", b""
+    return "var", found
 
 
 def listed_pids(envs_text, path="envs.json", max_records=None):
@@ -441,6 +698,45 @@ def gpu_pids(apps):
     return pids
 
 
+def boot_ticks():
+    """Clock ticks since boot now, as /proc counts start times."""
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK") // 1000000000
+
+
+def read_state(d, max_bytes, deadline):
+    """genv's state files as bytes (None: absent), the problems that kept
+    any from being read ({part: why}: a refused file does not fail the
+    snapshot, only what needs it), and who held genv's lock past LOCK_WAIT.
+    All of it on the reader: a state directory on a mount that does not
+    answer costs the state, not the snapshot."""
+
+    def read():
+        state, problems, note = {}, {}, None
+        try:
+            dfd = open_dir(d)
+            if dfd is None:
+                return state, problems, note
+            note = lock(dfd, d, fcntl.LOCK_SH, deadline)
+        except Failure as f:
+            return state, {"dir": f.message}, note
+        except OSError as e:
+            return state, {"dir": "%s: %s" % (d, e.strerror)}, note
+        for name in ("envs", "devices"):
+            try:
+                state[name] = read_file(dfd, d, name + ".json", max_bytes)
+            except Failure as f:
+                problems[name] = f.message
+            except OSError as e:
+                problems[name] = "%s: %s" % (os.path.join(d, name + ".json"), e.strerror)
+        return state, problems, note
+
+    wait = deadline - time.monotonic()
+    try:
+        return READER.run(read, wait)
+    except Hung:
+        return {}, {"dir": "%s did not answer within %gs" % (d, max(wait, 0))}, None
+
+
 def snapshot(req, out):
     max_bytes = req["max_bytes"]
     deadline = time.monotonic() + req["step"]
@@ -455,6 +751,9 @@ def snapshot(req, out):
     ]
     if req.get("utilization"):
         queries.append(("utilization", "--query-gpu=index,utilization.gpu"))
+    # A process that starts from now on is not one nvidia-smi can list (its
+    # pid, reused, would be judged with another's GPU usage).
+    asked = boot_ticks()
     try:
         procs = [spawn(req["nvidia_smi"] + [q, "--format=csv,noheader,nounits"]) for _, q in queries]
         # pmon samples for about a second; it runs beside the rest. It may
@@ -465,13 +764,8 @@ def snapshot(req, out):
         raise Failure("nvidia-smi", "cannot run %s: %s" % (req["nvidia_smi"][0], e.strerror))
     # genv's state is read while nvidia-smi runs.
     d = req["dir"]
-    dfd = open_dir(d)
-    state = {}
-    if dfd is not None:
-        lfd = lock(dfd, d, fcntl.LOCK_SH, req["step"], deadline)
-        for name in ("envs", "devices"):
-            state[name] = read_file(dfd, d, name + ".json", max_bytes)
-        release()  # genv's lock, while nvidia-smi finishes
+    state, problems, lock_note = read_state(d, max_bytes, deadline)
+    release()  # genv's lock, while nvidia-smi finishes
     pmon = procs[len(queries):]
     answers = collect(procs[: len(queries)], deadline, max_bytes)
     if pmon:
@@ -487,24 +781,49 @@ def snapshot(req, out):
             said = (stderr or stdout).decode("utf-8", "replace").strip()
             raise Failure("nvidia-smi", "%s exited with status %d: %s" % (query, status, said))
         frame(out, name, None, stdout)
+    listed = set()
+    if state.get("envs") is not None:
+        try:
+            listed = listed_pids(state["envs"], os.path.join(d, "envs.json"), req.get("max_records"))
+        except Failure as f:
+            problems["envs"] = f.message
+            del state["envs"]
     for name in ("envs", "devices"):
         if state.get(name) is not None:
             frame(out, name, None, state[name])
+    for part in sorted(problems):
+        frame(out, "state-error", part, problems[part].encode("utf-8", "replace"))
+    if lock_note:
+        frame(out, "lock", None, lock_note.encode())
     live = set(int(n) for n in os.listdir(PROC[0]) if n.isdigit())
     on_gpus = gpu_pids(answers[1][1])
     uids = set()
     seen_uids = {}
-    listed = listed_pids(state.get("envs") or b"{}", os.path.join(d, "envs.json"), req.get("max_records"))
-    for pid in sorted(on_gpus | (listed & live)):
-        body = identity(pid, pid in on_gpus)
+    # GPU processes first: past the deadline, what is left is said unsure.
+    order = sorted(on_gpus) + sorted((listed & live) - on_gpus)
+    for pid in order:
+        if time.monotonic() >= deadline:
+            body = b"unsure\nnot read within the snapshot's %gs" % req["step"]
+        else:
+            body = identity(pid, pid in on_gpus, asked if pid in on_gpus else None, deadline)
         if body is not None:
             frame(out, "proc", pid, body)
             words = body.split(b"\n", 1)[0].split()
             if words[0] == b"seen" and words[2] != b"-":
                 uids.add(int(words[2]))
                 seen_uids[pid] = int(words[2])
+    HUNG.intersection_update(set(k for k in HUNG if k[0] in live))
     import pwd
 
+    owners = sub_uid_owners(req.get("subuid") or SUBUID, uids)
+    for uid in sorted(owners):
+        owner = owners[uid]
+        frame(out, "subuid", uid, (b"%d" % owner) if isinstance(owner, int) else b"- " + owner.encode())
+        if isinstance(owner, int):
+            uids.add(owner)
+            for pid, seen in seen_uids.items():
+                if seen == uid:
+                    seen_uids[pid] = owner
     for uid in sorted(uids):
         try:
             frame(out, "user", uid, pwd.getpwuid(uid).pw_name.encode())
@@ -526,6 +845,70 @@ def snapshot(req, out):
         ordered = sorted(gpu_uids) + sorted(uids - gpu_uids)
         for uid, names in memberships(req["groups"], ordered, deadline):
             frame(out, "groups", uid, "\n".join(names).encode())
+
+
+# Subordinate uids: a user with a range in /etc/subuid (Debian's adduser
+# gives every user one; rootless containers need it) can run processes as
+# any uid of it (newuidmap). Such a process is that user's: each uid seen
+# that the host's user database does not name is resolved to the owner of
+# the range that holds it. A uid in the ranges of several users, or in one
+# whose owner is unknown here, is left as it is, with the reason.
+SUBUID = "/etc/subuid"
+MAX_SUBUID_BYTES = 16 << 20
+
+
+def sub_uid_owners(path, uids):
+    """{uid: owner uid, or why not resolved} for the uids of `uids` that
+    have no name here and fall in a range of `path` (root's own file,
+    else it is not read); {} when none does."""
+    import bisect
+    import pwd
+
+    nameless = []
+    for uid in sorted(uids):
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            nameless.append(uid)
+    if not nameless:
+        return {}
+    try:
+        fd = keep(os.open(path, os.O_RDONLY | SAFE))
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+            return {}
+        text = os.read(fd, MAX_SUBUID_BYTES)
+    except OSError:
+        return {}
+    ranges = []
+    for line in text.split(b"\n"):
+        parts = line.strip().split(b":")
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() and parts[0] and int(parts[2]) > 0:
+            ranges.append((int(parts[1]), int(parts[1]) + int(parts[2]), parts[0].decode("utf-8", "replace")))
+    ranges.sort()
+    starts = [r[0] for r in ranges]
+    # reach[i]: the furthest end among ranges[:i + 1], to stop looking back.
+    reach, furthest = [], 0
+    for r in ranges:
+        furthest = max(furthest, r[1])
+        reach.append(furthest)
+    found = {}
+    for uid in nameless:
+        owners = set()
+        i = bisect.bisect_right(starts, uid) - 1
+        while i >= 0 and reach[i] > uid:
+            if ranges[i][1] > uid:
+                owners.add(ranges[i][2])
+            i -= 1
+        if len(owners) > 1:
+            found[uid] = "in the sub-uid ranges of %s" % ", ".join(sorted(owners))
+        elif owners:
+            owner = owners.pop()
+            try:
+                found[uid] = int(owner) if owner.isdigit() else pwd.getpwnam(owner).pw_uid
+            except KeyError:
+                found[uid] = "in the sub-uid range of %s, unknown here" % owner
+    return found
 
 
 def clock():
@@ -603,7 +986,7 @@ def terminate(req, kills):
             except OSError:
                 kills.append({"pid": pid, "result": "gone"})
                 continue
-            if exited(stat):
+            if not alive(pid, stat):
                 kills.append({"pid": pid, "result": "gone"})
                 continue
             if found != want:
@@ -743,16 +1126,26 @@ def fence_facts(d):
 
 
 def detach(req):
-    """Whether each pair of the request was there and is gone now."""
+    """Whether each pair of the request was there and is gone now, and who
+    held genv's lock if it was written without it (see lock()). On the
+    reader: a state directory that does not answer fails the request."""
+    deadline = time.monotonic() + req["step"]
+    try:
+        return READER.run(lambda: detach_pairs(req, deadline), req["step"] + LOCK_WAIT)
+    except Hung:
+        raise Failure("state", "%s did not answer within %gs" % (req["dir"], req["step"]))
+
+
+def detach_pairs(req, deadline):
     d = req["dir"]
     pairs = req["detach"]
     dfd = open_dir(d)
     if dfd is None:
-        return [False] * len(pairs)
-    lock(dfd, d, fcntl.LOCK_EX, req["step"], time.monotonic() + req["step"])
+        return [False] * len(pairs), None
+    note = lock(dfd, d, fcntl.LOCK_EX, deadline)
     text = read_file(dfd, d, "devices.json", req["max_bytes"])
     if text is None:
-        return [False] * len(pairs)
+        return [False] * len(pairs), note
     path = os.path.join(d, "devices.json")
     try:
         state = json.loads(text.decode("utf-8"))
@@ -787,8 +1180,41 @@ def detach(req):
         if len(kept) != len(attachments):
             device["attachments"] = kept
     if removed:
-        replace(dfd, d, "devices.json", json.dumps(state, indent=2).encode())
-    return [(index, eid) in removed for index, eid in pairs]
+        replace(dfd, d, "devices.json", rewritten(state, len(text), req["max_bytes"], path))
+    return [(index, eid) in removed for index, eid in pairs], note
+
+
+def indent_cost(value, depth=1):
+    """The bytes json.dumps(indent=2) adds to the compact form of value:
+    a newline and the indent before each member, and before each closing
+    bracket of a non-empty container. Linear in what value holds."""
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, list):
+        items = value
+    else:
+        return 0
+    if not items:
+        return 0
+    # Each ", " and ": " is one byte more than "," and ":".
+    cost = 1 + 2 * (depth - 1) + len(items) * (1 + 2 * depth + 1)
+    return cost + sum(indent_cost(v, depth + 1) for v in items)
+
+
+def rewritten(state, read, max_bytes, path):
+    """The new devices.json: indented as genv writes it (indent=2), unless
+    that would be more than twice what was read (arrays nested deep, which
+    a user may add under any key, grow 40-fold indented): compact then.
+    Over max_bytes either way fails the detach, naming the file."""
+    try:
+        compact = json.dumps(state, separators=(",", ":"), allow_nan=False)
+        indented = len(compact) + indent_cost(state) <= 2 * read + 4096
+        data = json.dumps(state, indent=2, allow_nan=False) if indented else compact
+    except (ValueError, RecursionError) as e:
+        raise Failure("state", "%s: cannot be written back: %s: nothing detached" % (path, e))
+    if len(data) > max_bytes:
+        raise Failure("state", "%s: written back it would be %d bytes, more than %d: nothing detached" % (path, len(data), max_bytes))
+    return data.encode()
 
 
 def replace(dfd, d, name, data):
@@ -863,11 +1289,12 @@ def controlling_terminal(pid, want, uid):
     process started at `want` and its real uid is uid."""
     try:
         before = proc_read(pid, "stat")
-        owner = real_uid(proc_read(pid, "status"))
+        tid = live_thread(pid) if exited(before) else None
+        owner = real_uid(proc_read(pid, "status", tid))
         after = proc_read(pid, "stat")
     except OSError:
         return None
-    if start_time(before) != want or start_time(after) != want or exited(after) or owner != uid:
+    if start_time(before) != want or start_time(after) != want or not alive(pid, after) or owner != uid:
         return None
     fields = after[after.rfind(b")") + 1 :].split()
     if len(fields) < 5 or not fields[4].lstrip(b"-").isdigit():
@@ -1064,13 +1491,13 @@ def doctor(req):
 KEYS = {
     "hello": {"mode", "protocol"},
     "snapshot": {"mode", "dir", "nvidia_smi", "step", "limit", "max_bytes", "max_records", "proc", "groups", "utilization",
-                 "fence"},
+                 "fence", "subuid"},
     "terminate": {"mode", "kills", "signal", "limit", "proc", "fence"},
     "detach": {"mode", "dir", "detach", "step", "limit", "max_bytes", "fence"},
     "doctor": {"mode", "dir", "nvidia_smi", "step", "limit", "fence_dir"},
     "tell": {"mode", "notes", "utmp", "limit", "proc"},
 }
-OPTIONAL = {"max_records", "proc", "signal", "groups", "utilization", "fence", "fence_dir"}
+OPTIONAL = {"max_records", "proc", "signal", "groups", "utilization", "fence", "fence_dir", "subuid"}
 
 
 def check(req):
@@ -1122,7 +1549,11 @@ def answer(req):
         if mode == "tell":
             return 0, json.dumps({"told": tell(req)}).encode()
         fence(req, True)
-        return 0, json.dumps({"detached": detach(req)}).encode()
+        detached, note = detach(req)
+        body = {"detached": detached}
+        if note:
+            body["unlocked"] = note
+        return 0, json.dumps(body).encode()
     except Failure as f:
         # Kills that happened are answered; a detach that failed changed nothing.
         nothing = ": nothing detached" if f.what == "lock" and req.get("mode") == "detach" else ""
@@ -1131,6 +1562,19 @@ def answer(req):
         # What a host's state or tools did that nothing above foresaw: an
         # answer naming it, never a traceback and a dead agent.
         return failed("agent", "%s: %s" % (type(e).__name__, e), kills=kills)
+
+
+KILL_GRACE = 2.0
+
+
+def kill_self():
+    """A request stuck past its limit and the grace: SIGKILL, which ends even
+    a read stuck in the kernel (a FUSE file that does not answer)."""
+    try:
+        write_all(2, b"genv-enforce agent: stuck past its time limit: killed\n")
+    except OSError:
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main():
@@ -1144,10 +1588,19 @@ def main():
         body = stdin.read(int(header))
         req = json.loads(body.decode("utf-8"))
         limit = req.get("limit") if isinstance(req, dict) else None
-        signal.setitimer(signal.ITIMER_REAL, max(0.1, float(limit)) if type(limit) in (int, float) else 5.0)
+        limit = max(0.1, float(limit)) if type(limit) in (int, float) else 5.0
+        signal.setitimer(signal.ITIMER_REAL, limit)
+        # SIGALRM's handler runs only between bytecodes: a read stuck in the
+        # kernel never returns to it. This one is SIGKILL, from a thread.
+        watchdog = threading.Timer(limit + KILL_GRACE, kill_self)
+        watchdog.daemon = True
+        watchdog.start()
         status, answer = handle(req)
+        watchdog.cancel()
         signal.setitimer(signal.ITIMER_REAL, 0)
         write_all(1, b"@%d %d\n" % (status, len(answer)) + answer)
+        if READER.stuck > MAX_STUCK:
+            end(0, "genv-enforce agent: %d reads stuck in the kernel: ending, to be started afresh" % READER.stuck)
 
 
 if __name__ == "__main__":

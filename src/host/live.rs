@@ -96,7 +96,7 @@ pub trait Live: Sync {
             } else {
                 let request = Request::detach(&self.genv_dir(), &pairs, self.limits())
                     .fenced(self.fencing().current());
-                super::detached(self.asked(&request).await, pairs.len())
+                super::detached(self.id(), self.asked(&request).await, pairs.len())
             };
             super::outcomes(self.id(), plan, terminated, detached)
         }

@@ -100,12 +100,27 @@ pub(crate) fn terminated_blind(terminations: &[Termination]) -> Vec<TerminateRes
 
 /// One outcome per detached pair from a detach answer; a failed detach
 /// changed nothing.
-pub(crate) fn detached(answer: Result<Answer, HostError>, pairs: usize) -> Vec<DetachResult> {
+pub(crate) fn detached(
+    host: &HostId,
+    answer: Result<Answer, HostError>,
+    pairs: usize,
+) -> Vec<DetachResult> {
     let failed = |error: String| vec![DetachResult::Failed { error }; pairs];
     match answer {
         Ok(a) => match a.status {
             Status::Done => match serde_json::from_slice::<protocol::Detached>(&a.body) {
-                Ok(d) => protocol::read_detaches(&d.detached, pairs, "no answer from the host"),
+                Ok(d) => {
+                    if let Some(held) = &d.unlocked {
+                        // A user held genv's lock: written without it (see
+                        // the agent's lock()), said each time.
+                        tracing::warn!(%host, held = %held, "devices.json written without genv's lock");
+                        crate::output::complain(&format!(
+                            "{host}: {}: devices.json was written without it",
+                            crate::report::clean(held)
+                        ));
+                    }
+                    protocol::read_detaches(&d.detached, pairs, "no answer from the host")
+                }
                 Err(e) => failed(format!(
                     "the agent's detach answer is not what we expect: {e}"
                 )),

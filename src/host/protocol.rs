@@ -29,7 +29,7 @@ use crate::outcome::{DetachResult, TerminateResult};
 use crate::plan::{Signal, Termination};
 
 /// The protocol's version: both sides must speak the same.
-pub const PROTOCOL: u32 = 5;
+pub const PROTOCOL: u32 = 6;
 
 /// The host agent's source.
 pub const AGENT: &str = include_str!("agent.py");
@@ -99,6 +99,8 @@ pub enum Request {
         /// The leader's epoch (high availability): raises the host's.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         fence: Option<Fence>,
+        /// Where the host lists its users' subordinate uid ranges.
+        subuid: String,
     },
     /// A signal to each `[pid, start time]` whose start time still matches.
     Terminate {
@@ -160,6 +162,9 @@ pub struct Note {
     pub text: String,
 }
 
+/// Where a host lists its users' subordinate uid ranges (root's file).
+pub const SUBUID: &str = "/etc/subuid";
+
 /// Where login sessions are listed on a host.
 pub const UTMP: &str = "/var/run/utmp";
 
@@ -190,6 +195,7 @@ impl Request {
             groups: groups.to_vec(),
             utilization,
             fence: None,
+            subuid: SUBUID.to_string(),
         }
     }
 
@@ -415,6 +421,9 @@ pub struct Kills {
 #[serde(deny_unknown_fields)]
 pub struct Detached {
     pub detached: Vec<bool>,
+    /// Who held genv's lock, when `devices.json` was written without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unlocked: Option<String>,
 }
 
 /// A tell answer's body: how many terminals each note was written to.
@@ -605,7 +614,26 @@ mod tests {
         let frames = std::fs::read(format!("{GOLDEN}/snapshot.answer")).unwrap();
         let frames = crate::snapshot::frames::parse_frames(&frames, "golden").unwrap();
         let raw = crate::snapshot::frames::raw_host(&frames, "golden").unwrap();
-        assert_eq!(raw.procs.len(), 2);
+        assert_eq!(raw.procs.len(), 4);
+        assert!(matches!(
+            &raw.procs[&5000],
+            crate::snapshot::assemble::RawProc::Seen {
+                environ: crate::snapshot::assemble::Environ::Hidden(why),
+                ..
+            } if why.contains("more than any program can be started with")
+        ));
+        assert!(
+            matches!(&raw.procs[&5001], crate::snapshot::assemble::RawProc::Unsure(why) if why.contains("after nvidia-smi was asked"))
+        );
+        assert_eq!(raw.sub_uids[&300_001], Ok(1002));
+        assert_eq!(
+            raw.sub_uids[&400_000],
+            Err("in the sub-uid ranges of bob, carol".to_string())
+        );
+        assert_eq!(
+            raw.lock_held.as_deref(),
+            Some("genv.lock held for over 1s by pid 4242 (bob)")
+        );
         assert_eq!(raw.user_names[&1001], "alice");
         assert_eq!(
             raw.boot,

@@ -78,6 +78,9 @@ fn why(rule: Rule) -> &'static str {
         Rule::MaxDevicesPerGroup => "its user's group has more GPUs attached than its quota allows",
         Rule::MaxMemoryPerUser => "its user's processes hold more GPU memory than the cap allows",
         Rule::IdleGpu => "it holds GPU memory but has left its GPU idle for the whole idle window",
+        Rule::OrphanedEnvProcesses => {
+            "it carries an environment id that names no environment, so it runs outside genv"
+        }
     }
 }
 
@@ -100,6 +103,9 @@ fn fix(rule: Rule, eid: &str, gpus: &str) -> String {
             "stop the GPU processes you do not need, or make them hold less GPU memory".into()
         }
         Rule::IdleGpu => "end GPU processes once they stop computing, so that others can use the GPU".into(),
+        Rule::OrphanedEnvProcesses => format!(
+            "environment {eid} does not exist: run the job in a genv environment of yours with those GPUs attached, or stop it"
+        ),
     }
 }
 

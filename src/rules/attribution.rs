@@ -170,6 +170,7 @@ impl<'a> Attribution<'a> {
             index.entry(&e.eid).or_insert(i);
         }
         let live = snap.truth.is_some();
+        let degraded = snap.state_problem().is_some();
         let orphaned =
             |p: &crate::model::Process| p.start_time.is_some_and(|t| orphans.contains(&(p.pid, t)));
         let mut carriers = vec![Carriers::None; n];
@@ -220,7 +221,12 @@ impl<'a> Attribution<'a> {
             .map(|(pi, p)| {
                 let s = match &p.owner {
                     Owner::Unknown(_) => Standing::Unknown,
-                    Owner::NoEnv => Standing::NoEnv,
+                    // Judged as carrying none, as it could have by unsetting it.
+                    Owner::NoEnv | Owner::Hidden(_) => Standing::NoEnv,
+                    // Its environment cannot be judged while genv's state
+                    // cannot be read: no member, no stray (never remembered
+                    // as orphaned for a garbled file).
+                    Owner::Env(_) if degraded => Standing::Unknown,
                     Owner::Env(_) if orphaned(p) => {
                         match index.get(p.owner.eid().expect("an Env owner")) {
                             Some(_) => Standing::Stray(Stray::Reclaimed),

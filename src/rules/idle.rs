@@ -248,7 +248,8 @@ pub fn evaluate(
     let mut violations = Vec::new();
     let mut notices = Vec::new();
     for (pi, p) in snap.processes.iter().enumerate() {
-        if matches!(a.standing(pi), Standing::Unknown) || p.start_time.is_none() {
+        let unowned = matches!(a.standing(pi), Standing::Unknown) && a.user_of(pi).is_none();
+        if unowned || p.start_time.is_none() {
             continue;
         }
         if readings.get(&p.pid).copied().flatten().is_none() {
@@ -513,19 +514,24 @@ mod tests {
     }
 
     #[test]
-    fn a_process_whose_user_is_unknown_is_never_reclaimed() {
-        let mut p = proc_(7, Some("e"), &[(0, mib(100))]);
-        p.owner = crate::model::Owner::Unknown("unreadable".into());
-        let mut snap = host_with(vec![p], Some(vec![(0, 7, None)]), &[(0, 0)]);
-        snap.truth = Some(Default::default());
-        let h = HostId("h".into());
-        let tracked = IdleHistory::default().track(&[(&h, &snap)], 5, 0, None);
-        let a = Attribution::of(&snap, &Default::default());
-        let policy = IdlePolicy {
-            after: Duration::ZERO,
-            below: 5,
+    fn a_process_whose_user_is_unknown_is_never_reclaimed_but_an_unknown_environ_is_no_escape() {
+        let reclaimed = |uid: Option<u32>| {
+            let mut p = proc_(7, Some("e"), &[(0, mib(100))]);
+            p.owner = crate::model::Owner::Unknown("unreadable".into());
+            p.uid = uid;
+            let mut snap = host_with(vec![p], Some(vec![(0, 7, None)]), &[(0, 0)]);
+            snap.truth = Some(Default::default());
+            let h = HostId("h".into());
+            let tracked = IdleHistory::default().track(&[(&h, &snap)], 5, 0, None);
+            let a = Attribution::of(&snap, &Default::default());
+            let policy = IdlePolicy {
+                after: Duration::ZERO,
+                below: 5,
+            };
+            evaluate(&h, &a, &tracked, &policy, 0).0.len()
         };
-        assert!(evaluate(&h, &a, &tracked, &policy, 0).0.is_empty());
+        assert_eq!(reclaimed(None), 0, "nobody's: never");
+        assert_eq!(reclaimed(Some(1000)), 1, "the kernel names its owner");
     }
 
     proptest! {

@@ -95,7 +95,9 @@ impl HostUsage {
     /// What each user holds on the host `a` is about. Linear: users are
     /// keyed by borrowed names while it is worked out, and each (record,
     /// device) pair is visited once.
-    pub fn of(a: &Attribution) -> Self {
+    /// `non_env`: the devices of their GPU jobs outside genv count too
+    /// (`--count-non-env-devices`).
+    pub fn of(a: &Attribution, non_env: bool) -> Self {
         let snap = a.snapshot();
         let mut users: HashMap<Cow<str>, Held> = HashMap::new();
         // (user, device) -> its place in that user's list.
@@ -130,7 +132,15 @@ impl HostUsage {
         }
         for (pi, p) in snap.processes.iter().enumerate() {
             let Some(user) = a.user_of(pi) else { continue };
-            let stray = matches!(a.standing(pi), Standing::Stray(_));
+            // Held outside any environment of theirs, and counted: a stray,
+            // a job whose environment cannot be judged (its environ
+            // unreadable, or the host's genv state garbled), and, when
+            // asked, one outside genv.
+            let stray = match a.standing(pi) {
+                Standing::Stray(_) | Standing::Unknown => true,
+                Standing::NoEnv => non_env,
+                Standing::Member(_) => false,
+            };
             for index in p.indices() {
                 if stray {
                     let held = device(&mut users, &mut slots, user.clone(), index);

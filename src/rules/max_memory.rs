@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::attribution::{Attribution, Standing};
+use super::attribution::Attribution;
 use super::{Action, Finding, Notice, Policy, Rule, Violation};
 use crate::model::{HostId, Pid};
 
@@ -50,10 +50,9 @@ impl HostMemory {
     pub fn of(a: &Attribution) -> Self {
         let snap = a.snapshot();
         let mut users: BTreeMap<String, Vec<Held>> = BTreeMap::new();
+        // Every process whose user the host names counts, whatever its
+        // environment (unreadable, or its state garbled).
         for (pi, p) in snap.processes.iter().enumerate() {
-            if matches!(a.standing(pi), Standing::Unknown) {
-                continue;
-            }
             let Some(user) = a.user_of(pi) else { continue };
             let bytes = p
                 .gpus

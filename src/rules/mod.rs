@@ -16,6 +16,7 @@ pub mod max_devices;
 pub mod max_groups;
 pub mod max_memory;
 mod non_env_processes;
+mod orphaned_env_processes;
 pub mod shards;
 
 use std::collections::BTreeMap;
@@ -51,6 +52,13 @@ pub struct Policy {
     pub max_devices_per_group: BTreeMap<String, u32>,
     /// Idle-GPU reclaim (`--idle-after`, `--idle-below`).
     pub idle: Option<idle::IdlePolicy>,
+    /// Under non-env-processes, a job whose environment id names no
+    /// environment of the host is taken as outside genv too, after its own
+    /// grace (`--orphans-as-non-env`; genv leaves it alone).
+    pub orphans_as_non_env: bool,
+    /// The devices of a user's GPU jobs outside genv count toward their
+    /// device cap (`--count-non-env-devices`; genv counts attachments only).
+    pub count_non_env_devices: bool,
 }
 
 impl Default for Policy {
@@ -66,6 +74,8 @@ impl Default for Policy {
             max_memory_for_user: BTreeMap::new(),
             max_devices_per_group: BTreeMap::new(),
             idle: None,
+            orphans_as_non_env: false,
+            count_non_env_devices: false,
         }
     }
 }
@@ -115,11 +125,12 @@ pub enum Rule {
     MaxDevicesPerGroup,
     MaxMemoryPerUser,
     IdleGpu,
+    OrphanedEnvProcesses,
 }
 
 impl Rule {
     /// Every rule: genv's four in its order, then ours.
-    pub const ALL: [Rule; 7] = [
+    pub const ALL: [Rule; 8] = [
         Rule::NonEnvProcesses,
         Rule::EnvDevices,
         Rule::EnvMemory,
@@ -127,6 +138,7 @@ impl Rule {
         Rule::MaxDevicesPerGroup,
         Rule::MaxMemoryPerUser,
         Rule::IdleGpu,
+        Rule::OrphanedEnvProcesses,
     ];
 
     /// The rule of this name ([`Rule::name`]).
@@ -144,6 +156,7 @@ impl Rule {
             Rule::MaxDevicesPerGroup => "max-devices-per-group",
             Rule::MaxMemoryPerUser => "max-memory-per-user",
             Rule::IdleGpu => "idle-gpu",
+            Rule::OrphanedEnvProcesses => "orphaned-env-processes",
         }
     }
 }
@@ -174,6 +187,14 @@ pub enum Action {
 pub enum Finding {
     /// A GPU process outside any environment.
     NonEnvProcess { host: HostId, pid: Pid },
+    /// A GPU process whose environment id names no environment
+    /// (`--orphans-as-non-env`).
+    OrphanedEnvProcess {
+        host: HostId,
+        pid: Pid,
+        eid: EnvId,
+        user: Option<String>,
+    },
     /// A process on devices its environment is not attached to.
     NonAttachedDevices {
         host: HostId,
@@ -234,6 +255,7 @@ impl Finding {
     pub fn host(&self) -> Option<&HostId> {
         match self {
             Finding::NonEnvProcess { host, .. }
+            | Finding::OrphanedEnvProcess { host, .. }
             | Finding::NonAttachedDevices { host, .. }
             | Finding::EnvMemory { host, .. }
             | Finding::Idle { host, .. } => Some(host),
@@ -328,6 +350,28 @@ pub enum Notice {
         pid: Pid,
         gpus: Vec<GpuIndex>,
     },
+    /// A GPU process judged as carrying no environment because its
+    /// environ cannot be read for a reason it controls.
+    HiddenEnviron {
+        host: HostId,
+        pid: Pid,
+        user: Option<String>,
+        gpus: Vec<GpuIndex>,
+        reason: String,
+    },
+    /// The host's genv state cannot be used this cycle: the host is
+    /// degraded, and only what needs no genv state is judged there.
+    StateUnusable { host: HostId, reason: String },
+    /// genv's lock was held past the agent's short wait; the state was
+    /// read without it.
+    LockHeld { host: HostId, holders: String },
+    /// A uid seen that has no name on the host and is in no single
+    /// sub-uid range: counted as its own user.
+    UnresolvedUid {
+        host: HostId,
+        uid: u32,
+        reason: String,
+    },
 }
 
 /// What one host's snapshot shows on its own.
@@ -361,6 +405,9 @@ pub fn assess_host(
     let mut violations = Vec::new();
     if policy.non_env_processes {
         violations.extend(non_env_processes::evaluate(host, &a));
+        if policy.orphans_as_non_env {
+            violations.extend(orphaned_env_processes::evaluate(host, &a));
+        }
     }
     if policy.env_devices {
         violations.extend(env_devices::evaluate(host, &a));
@@ -369,7 +416,7 @@ pub fn assess_host(
         violations.extend(env_memory::evaluate(host, &a));
     }
     let usage = if policy.has_caps() || !policy.max_devices_per_group.is_empty() {
-        HostUsage::of(&a)
+        HostUsage::of(&a, policy.count_non_env_devices)
     } else {
         HostUsage::default()
     };
@@ -478,7 +525,7 @@ pub fn merge(
     for ((host, f), snap) in hosts.iter().zip(snapshots) {
         for v in &f.violations {
             let slot = match v.rule {
-                Rule::NonEnvProcesses => 0,
+                Rule::NonEnvProcesses | Rule::OrphanedEnvProcesses => 0,
                 Rule::EnvDevices => 1,
                 // Per-host rules only: the rest come below.
                 _ => 2,
@@ -551,6 +598,30 @@ pub fn evaluate(cluster: &Cluster, policy: &Policy) -> Vec<Violation> {
 fn notices(host: &HostId, a: &Attribution, policy: &Policy) -> Vec<Notice> {
     let snap = a.snapshot();
     let mut out = Vec::new();
+    if let Some(truth) = &snap.truth {
+        if let Some(reason) = &truth.state_problem {
+            out.push(Notice::StateUnusable {
+                host: host.clone(),
+                reason: reason.clone(),
+            });
+        }
+        if let Some(holders) = &truth.lock_held {
+            out.push(Notice::LockHeld {
+                host: host.clone(),
+                holders: holders.clone(),
+            });
+        }
+        out.extend(
+            truth
+                .unresolved_uids
+                .iter()
+                .map(|(uid, reason)| Notice::UnresolvedUid {
+                    host: host.clone(),
+                    uid: *uid,
+                    reason: reason.clone(),
+                }),
+        );
+    }
     if policy.has_caps() {
         out.extend(charge_notices(host, a));
     }
@@ -570,11 +641,28 @@ fn notices(host: &HostId, a: &Attribution, policy: &Policy) -> Vec<Notice> {
                 gpus: p.indices().collect(),
                 reason: reason.clone(),
             }),
+            (Standing::Unknown, Owner::Env(eid)) if snap.state_problem().is_some() => {
+                out.push(Notice::UnknownOwner {
+                    host: host.clone(),
+                    pid: p.pid,
+                    gpus: p.indices().collect(),
+                    reason: format!(
+                        "it carries environment {eid}, which cannot be judged while genv's state cannot be read"
+                    ),
+                })
+            }
             (Standing::Unknown, _) => out.push(Notice::UnknownOwner {
                 host: host.clone(),
                 pid: p.pid,
                 gpus: p.indices().collect(),
                 reason: "its user could not be read".into(),
+            }),
+            (_, Owner::Hidden(reason)) => out.push(Notice::HiddenEnviron {
+                host: host.clone(),
+                pid: p.pid,
+                user: a.user_of(pi).map(|u| u.into_owned()),
+                gpus: p.indices().collect(),
+                reason: reason.clone(),
             }),
             (Standing::Stray(why), Owner::Env(eid)) => out.push(Notice::Stray {
                 host: host.clone(),
@@ -657,6 +745,7 @@ pub(crate) mod test_support {
             start_time: Some(1000 + u64::from(pid)),
             uid: Some(1000),
             user: Some("alice".into()),
+            sub_uid: None,
         }
     }
 

@@ -34,6 +34,14 @@ pub struct RawHost<'a> {
     /// `--query-gpu=index,utilization.gpu --format=csv,noheader,nounits`,
     /// when asked (utilization is known only then).
     pub gpu_utilization: Option<Cow<'a, str>>,
+    /// `subuid <uid>`: for a uid seen that has no name on the host, the
+    /// uid of the owner of the sub-uid range holding it, or why none.
+    pub sub_uids: BTreeMap<u32, Result<u32, String>>,
+    /// `state-error <part>`: why a state file (or the directory) could
+    /// not be read.
+    pub state_errors: BTreeMap<String, String>,
+    /// `lock`: who held genv's lock past the agent's wait.
+    pub lock_held: Option<String>,
 }
 
 /// What `/proc/<pid>` said.
@@ -62,6 +70,10 @@ pub enum Environ {
     NoVar,
     /// Could not be read, and why.
     Unreadable(String),
+    /// Not read, for a reason the process controls (see [`Owner::Hidden`]).
+    ///
+    /// [`Owner::Hidden`]: crate::model::Owner::Hidden
+    Hidden(String),
 }
 
 /// The state files one host had last time, parsed, kept across cycles:
@@ -90,12 +102,18 @@ fn cached<T: Clone>(
 
 /// Builds a host snapshot as `genv usage snapshot` would (with genv's
 /// load-time clean-up), [`genv::normalize`]d, plus each process's identity
+/// (its uid resolved to a sub-uid range's owner where the host said so)
 /// and the host's names for their users. `source` names the host in
 /// errors; `parsed` is the host's state as parsed last time.
 ///
+/// genv's state that cannot be used (a file the agent refused, one that
+/// does not parse or holds more than `max_records` records) fails nothing:
+/// the snapshot holds no environments and no attachments, and says why in
+/// [`HostTruth::state_problem`] (a degraded host: only what needs no genv
+/// state is judged there).
+///
 /// # Errors
-/// nvidia-smi's answers or a state file do not parse, or a state file
-/// holds more than `max_records` records.
+/// nvidia-smi's answers do not parse.
 pub fn assemble(
     raw: &RawHost,
     source: &str,
@@ -108,28 +126,10 @@ pub fn assemble(
     let apps = nvidia_smi::parse_compute_apps(&raw.apps, "")
         .map_err(named("nvidia-smi --query-compute-apps"))?;
     let by_pid = nvidia_smi::processes(&gpus, &apps, "").map_err(named("nvidia-smi"))?;
-    let mut envs = match &raw.envs {
-        Some(text) => cached(&mut parsed.envs, text, |t| genv::parse_envs(t, ""))
-            .map_err(named("envs.json"))?,
-        None => Vec::new(),
+    let (mut envs, mut devices, state_problem) = match genv_state(raw, parsed, max_records, &gpus) {
+        Ok((envs, devices)) => (envs, devices, None),
+        Err(problem) => (Vec::new(), nvidia_smi::devices(&gpus), Some(problem)),
     };
-    let mut devices = match &raw.devices {
-        Some(text) => cached(&mut parsed.devices, text, |t| genv::parse_devices(t, ""))
-            .map_err(named("devices.json"))?,
-        None => nvidia_smi::devices(&gpus),
-    };
-    genv::within(
-        genv::env_records(&envs),
-        max_records,
-        &format!("{source}: envs.json"),
-        "environments, their pids and kernel ids",
-    )?;
-    genv::within(
-        genv::device_records(&devices),
-        max_records,
-        &format!("{source}: devices.json"),
-        "devices and attachments",
-    )?;
     let alive = |pid: i64| u32::try_from(pid).is_ok_and(|p| raw.procs.contains_key(&p));
     // Kernels are taken as gone, as genv 1.4.3 finds them when run as root
     // (it looks in root's own Jupyter runtime directory): a record kept
@@ -150,7 +150,7 @@ pub fn assemble(
                 RawProc::Seen { uid, .. } => (*uid)?,
                 RawProc::Unsure(_) => return None,
             };
-            Some((*p, uid))
+            Some((*p, charged_uid(raw, uid).0))
         })
         .collect();
     Ok(HostSnapshot {
@@ -162,6 +162,13 @@ pub fn assemble(
             user_names: raw.user_names.clone(),
             groups: raw.groups.clone(),
             boot: raw.boot,
+            state_problem,
+            lock_held: raw.lock_held.clone(),
+            unresolved_uids: raw
+                .sub_uids
+                .iter()
+                .filter_map(|(uid, owner)| Some((*uid, owner.as_ref().err()?.clone())))
+                .collect(),
         }),
         utilization: match &raw.gpu_utilization {
             Some(text) => Some(crate::model::Utilization {
@@ -181,6 +188,55 @@ pub fn assemble(
     })
 }
 
+/// genv's environments and devices as the host's files hold them, or why
+/// they cannot be used (every reason, in one line).
+fn genv_state(
+    raw: &RawHost,
+    parsed: &mut ParsedState,
+    max_records: usize,
+    gpus: &[nvidia_smi::Gpu],
+) -> Result<(Vec<Env>, Vec<Device>), String> {
+    if !raw.state_errors.is_empty() {
+        let said: Vec<&str> = raw.state_errors.values().map(String::as_str).collect();
+        return Err(said.join("; "));
+    }
+    let say = |what: &str, e: ParseError| format!("{what}: {}", e.message);
+    let envs = match &raw.envs {
+        Some(text) => cached(&mut parsed.envs, text, |t| genv::parse_envs(t, ""))
+            .map_err(|e| say("envs.json", e))?,
+        None => Vec::new(),
+    };
+    let devices = match &raw.devices {
+        Some(text) => cached(&mut parsed.devices, text, |t| genv::parse_devices(t, ""))
+            .map_err(|e| say("devices.json", e))?,
+        None => nvidia_smi::devices(gpus),
+    };
+    genv::within(
+        genv::env_records(&envs),
+        max_records,
+        "envs.json",
+        "environments, their pids and kernel ids",
+    )
+    .map_err(|e| e.to_string())?;
+    genv::within(
+        genv::device_records(&devices),
+        max_records,
+        "devices.json",
+        "devices and attachments",
+    )
+    .map_err(|e| e.to_string())?;
+    Ok((envs, devices))
+}
+
+/// The uid a process of real uid `uid` is charged to, and its sub-uid
+/// when that is not its own.
+fn charged_uid(raw: &RawHost, uid: u32) -> (u32, Option<u32>) {
+    match raw.sub_uids.get(&uid) {
+        Some(Ok(owner)) => (*owner, Some(uid)),
+        _ => (uid, None),
+    }
+}
+
 fn process(raw: &RawHost, pid: Pid, gpus: Vec<crate::model::DeviceUsage>) -> Process {
     let unknown = |why: &str| Process {
         pid,
@@ -189,6 +245,7 @@ fn process(raw: &RawHost, pid: Pid, gpus: Vec<crate::model::DeviceUsage>) -> Pro
         start_time: None,
         uid: None,
         user: None,
+        sub_uid: None,
     };
     let (start_time, uid, environ) = match raw.procs.get(&pid.0) {
         None => return unknown(crate::model::EXITED),
@@ -203,7 +260,15 @@ fn process(raw: &RawHost, pid: Pid, gpus: Vec<crate::model::DeviceUsage>) -> Pro
         Environ::Var(value) => Owner::Env(EnvId(String::from_utf8_lossy(value).into_owned())),
         Environ::NoVar => Owner::NoEnv,
         Environ::Unreadable(why) => Owner::Unknown(why.clone()),
+        Environ::Hidden(why) => Owner::Hidden(why.clone()),
         Environ::NotRead => Owner::Unknown("its environment was not read".into()),
+    };
+    let (uid, sub_uid) = match uid {
+        Some(u) => {
+            let (charged, sub) = charged_uid(raw, u);
+            (Some(charged), sub)
+        }
+        None => (None, None),
     };
     Process {
         pid,
@@ -212,6 +277,7 @@ fn process(raw: &RawHost, pid: Pid, gpus: Vec<crate::model::DeviceUsage>) -> Pro
         start_time: Some(start_time),
         uid,
         user: uid.and_then(|u| raw.user_names.get(&u).cloned()),
+        sub_uid,
     }
 }
 
@@ -307,6 +373,49 @@ mod tests {
     }
 
     #[test]
+    fn a_sub_uid_is_charged_to_its_ranges_owner_and_an_unresolved_one_said() {
+        let mut r = raw();
+        r.procs.insert(300, seen(9, 300_001, Environ::NoVar));
+        r.procs.insert(400, seen(9, 400_000, Environ::NoVar));
+        r.sub_uids.insert(300_001, Ok(1002));
+        r.sub_uids
+            .insert(400_000, Err("in the sub-uid ranges of bob, carol".into()));
+        r.user_names.insert(1002, "bob".into());
+        let s = assemble(&r, "h", &mut ParsedState::default(), MAX).unwrap();
+        let p = s.process(Pid(300)).unwrap();
+        assert_eq!(
+            (p.uid, p.sub_uid, p.user.as_deref()),
+            (Some(1002), Some(300_001), Some("bob"))
+        );
+        let p = s.process(Pid(400)).unwrap();
+        assert_eq!((p.uid, p.sub_uid), (Some(400_000), None));
+        let truth = s.truth.unwrap();
+        assert_eq!(
+            truth.unresolved_uids[&400_000],
+            "in the sub-uid ranges of bob, carol"
+        );
+        // A listed pid of a sub-uid vouches for its owner.
+        let mut r = raw();
+        r.procs.insert(7, seen(5, 300_001, Environ::NotRead));
+        r.sub_uids.insert(300_001, Ok(1002));
+        let s = assemble(&r, "h", &mut ParsedState::default(), MAX).unwrap();
+        assert_eq!(s.truth.unwrap().pid_uids[&7], 1002);
+    }
+
+    #[test]
+    fn a_hidden_environ_is_judged_as_carrying_none() {
+        let mut r = raw();
+        r.procs
+            .insert(300, seen(9, 1001, Environ::Hidden("hung".into())));
+        let s = assemble(&r, "h", &mut ParsedState::default(), MAX).unwrap();
+        assert_eq!(
+            s.process(Pid(300)).unwrap().owner,
+            Owner::Hidden("hung".into())
+        );
+        assert_eq!(s.process(Pid(300)).unwrap().owner.eid(), None);
+    }
+
+    #[test]
     fn any_eid_bytes_stay_one_value() {
         let mut r = raw();
         r.procs.insert(
@@ -325,11 +434,28 @@ mod tests {
     }
 
     #[test]
-    fn unparseable_parts_are_errors_naming_the_host_and_part() {
+    fn unusable_genv_state_degrades_the_host_and_unparseable_tools_fail_it() {
         let mut r = raw();
         r.envs = Some("{\"envs\": [{\"eid\": 7}]}".into());
-        let e = assemble(&r, "gpu1", &mut ParsedState::default(), MAX).unwrap_err();
-        assert!(e.to_string().starts_with("gpu1: envs.json"), "{e}");
+        let s = assemble(&r, "gpu1", &mut ParsedState::default(), MAX).unwrap();
+        let problem = s.state_problem().unwrap();
+        assert!(problem.starts_with("envs.json: "), "{problem}");
+        assert!(s.envs.is_empty());
+        assert_eq!(s.devices.len(), 2, "the GPUs, with no attachment known");
+        assert!(s.devices.iter().all(|d| d.attachments.is_empty()));
+        // The processes are still there, with their owners.
+        assert_eq!(s.process(Pid(100)).unwrap().uid, Some(1001));
+        for (part, why) in [
+            ("envs", "/var/tmp/genv/envs.json is a FIFO: refused"),
+            ("dir", "/var/tmp/genv did not answer within 30s"),
+        ] {
+            let mut r = raw();
+            r.state_errors.insert(part.into(), why.into());
+            let s = assemble(&r, "gpu1", &mut ParsedState::default(), MAX).unwrap();
+            assert_eq!(s.state_problem(), Some(why));
+        }
+        let s = assemble(&raw(), "gpu1", &mut ParsedState::default(), 2).unwrap();
+        assert!(s.state_problem().unwrap().contains("--max-records"));
         let mut r = raw();
         r.apps = "GPU-z, 1, 1\n".into();
         assert!(assemble(&r, "gpu1", &mut ParsedState::default(), MAX)
@@ -358,7 +484,10 @@ mod tests {
         let changed = assemble(&r, "h", &mut parsed, MAX).unwrap();
         assert_eq!(changed.envs[0].username.as_deref(), Some("bob"));
         r.envs = Some("{".into());
-        assert!(assemble(&r, "h", &mut parsed, MAX).is_err());
+        assert!(assemble(&r, "h", &mut parsed, MAX)
+            .unwrap()
+            .state_problem()
+            .is_some());
         assert_eq!(
             parsed.envs.as_ref().unwrap().1[0].username.as_deref(),
             Some("bob")

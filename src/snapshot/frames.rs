@@ -89,6 +89,9 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
         boot: None,
         pmon: optional("pmon")?,
         gpu_utilization: optional("utilization")?,
+        sub_uids: BTreeMap::new(),
+        state_errors: BTreeMap::new(),
+        lock_held: find("lock").map(|f| String::from_utf8_lossy(f.body).into_owned()),
     };
     for f in frames {
         let number = |what: &str| {
@@ -108,6 +111,25 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
                 let names = text(f, source)?.lines().map(String::from).collect();
                 raw.groups.insert(number("uid")?, names);
             }
+            "subuid" => {
+                let body = text(f, source)?;
+                let owner = match body.strip_prefix("- ") {
+                    Some(why) => Err(why.to_string()),
+                    None => Ok(body.trim().parse::<u32>().map_err(|_| {
+                        ParseError::new(source, "subuid", format!("bad owner {body:?}"))
+                    })?),
+                };
+                raw.sub_uids.insert(number("uid")?, owner);
+            }
+            "state-error" => {
+                let part = f
+                    .arg
+                    .ok_or_else(|| ParseError::new(source, f.kind, "no part named"))?;
+                raw.state_errors.insert(
+                    part.to_string(),
+                    String::from_utf8_lossy(f.body).into_owned(),
+                );
+            }
             "clock" => {
                 let bad = || ParseError::new(source, "clock", "not \"<btime> <hz>\"");
                 let body = text(f, source)?;
@@ -124,7 +146,7 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
 }
 
 /// A `proc` frame's body: `seen <start> <uid|-> <environ>\n<value>` or
-/// `unsure\n<why>`.
+/// `unsure\n<why>` (`environ`: var, novar, notread, unreadable, hidden).
 fn proc_body(body: &[u8], source: &str) -> Result<RawProc, ParseError> {
     let bad = || {
         ParseError::new(
@@ -152,6 +174,7 @@ fn proc_body(body: &[u8], source: &str) -> Result<RawProc, ParseError> {
                 "novar" => Environ::NoVar,
                 "notread" => Environ::NotRead,
                 "unreadable" => Environ::Unreadable(why()),
+                "hidden" => Environ::Hidden(why()),
                 _ => return Err(bad()),
             },
         }),

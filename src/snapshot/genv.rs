@@ -228,6 +228,7 @@ fn processes_from_json(json: &[ProcessJson], source: &str) -> Result<Vec<Process
                 start_time: p.start_time.filter(|_| !gone),
                 uid: p.uid.filter(|_| !gone),
                 user: None,
+                sub_uid: None,
             })
         })
         .collect()

@@ -25,28 +25,40 @@ def stat_line(start, name=b"sleep"):
 
 
 class Proc:
-    """A fake /proc/42 whose files answer in turn."""
+    """A fake /proc/42 whose files answer in turn (environ through
+    read_environ, as the agent reads it)."""
 
     def __init__(self, answers):
         self.answers = list(answers)
 
-    def __call__(self, pid, name):
+    def __call__(self, pid, name, tid=None):
         expected, answer = self.answers.pop(0)
         assert name == expected, (name, expected)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
+    def environ(self, path, size):
+        answer = self(42, "environ")
+        var = b"\0" + agent["VAR"]
+        text = b"\0" + answer
+        if var not in text:
+            return None
+        return text.split(var, 1)[1].split(b"\0", 1)[0]
+
 
 class Identity(unittest.TestCase):
     def setUp(self):
-        self.real = agent["proc_read"]
+        self.real = agent["proc_read"], agent["read_environ"]
 
     def tearDown(self):
-        agent["proc_read"] = self.real
+        agent["proc_read"], agent["read_environ"] = self.real
+        agent["HUNG"].clear()
 
     def with_proc(self, answers):
-        agent["proc_read"] = Proc(answers)
+        proc = Proc(answers)
+        agent["proc_read"] = proc
+        agent["read_environ"] = proc.environ
 
     def test_identity_is_read_between_two_equal_start_times(self):
         status = b"Name:\tsleep\nUid:\t1001\t1001\t1001\t1001\n"
@@ -60,6 +72,69 @@ class Identity(unittest.TestCase):
         self.assertEqual(agent["identity"](42, True), b"seen 7 1001 unreadable\nnot enough permissions to read its environment")
         self.with_proc([("stat", stat_line(7)), ("status", OSError(errno.ESRCH, "x")), ("stat", stat_line(7))])
         self.assertEqual(agent["identity"](42, False), b"seen 7 - notread\n")
+
+    def test_a_process_that_started_once_nvidia_smi_was_asked_is_not_the_one_it_listed(self):
+        self.with_proc([("stat", stat_line(500))])
+        self.assertEqual(
+            agent["identity"](42, True, 500),
+            b"unsure\nit started after nvidia-smi was asked: what it listed for this pid was another process's",
+        )
+        status = b"Uid:\t1001\t1001\t1001\t1001\n"
+        self.with_proc([("stat", stat_line(499)), ("status", status), ("environ", b"X=1\0"), ("stat", stat_line(499))])
+        self.assertEqual(agent["identity"](42, True, 500), b"seen 499 1001 novar\n")
+
+    def test_an_environ_that_fails_or_hangs_on_its_own_memory_is_hidden_and_a_hang_is_remembered(self):
+        status = b"Uid:\t1001\t1001\t1001\t1001\n"
+        self.with_proc([("stat", stat_line(7)), ("status", status), ("environ", OSError(errno.EIO, "Input/output error")), ("stat", stat_line(7))])
+        self.assertEqual(agent["identity"](42, True), b"seen 7 1001 hidden\nreading its environment fails: Input/output error")
+        waits = []
+
+        def hang(path, size):
+            waits.append(path)
+            agent["time"].sleep(30)
+
+        agent["proc_read"] = Proc([("stat", stat_line(7)), ("status", status), ("stat", stat_line(7))] * 2)
+        agent["read_environ"] = hang
+        wait, agent["ENVIRON_WAIT"] = agent["ENVIRON_WAIT"], 0.2
+        self.addCleanup(agent.__setitem__, "ENVIRON_WAIT", wait)
+        start = agent["time"].monotonic()
+        self.assertEqual(agent["identity"](42, True), b"seen 7 1001 hidden\nreading its environment did not end within 0.2s")
+        self.assertLess(agent["time"].monotonic() - start, 5)
+        # The next snapshot does not wait on it again.
+        self.assertEqual(
+            agent["identity"](42, True),
+            b"seen 7 1001 hidden\nreading its environment hung (it maps it from a file that does not answer)",
+        )
+        self.assertEqual(len(waits), 1)
+        self.assertGreaterEqual(agent["READER"].stuck, 1)
+
+    def test_a_process_whose_leader_exited_is_read_through_a_live_thread(self):
+        proc = tempfile.TemporaryDirectory()
+        self.addCleanup(proc.cleanup)
+        old, agent["PROC"][0] = agent["PROC"][0], proc.name
+        self.addCleanup(agent["PROC"].__setitem__, 0, old)
+        agent["proc_read"], agent["read_environ"] = self.real
+
+        def write(path, data):
+            os.makedirs(os.path.dirname(os.path.join(proc.name, path)), exist_ok=True)
+            with open(os.path.join(proc.name, path), "wb") as f:
+                f.write(data)
+
+        zombie = b"42 (job) Z 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 7 0 0\n"
+        write("42/stat", zombie)
+        write("42/task/42/stat", zombie)
+        write("42/status", b"Uid:\t0\t0\t0\t0\n")
+        write("42/task/43/stat", b"43 (job) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 2 0 9 0 0\n")
+        write("42/task/43/status", b"Uid:\t1002\t1002\t1002\t1002\n")
+        write("42/task/43/environ", b"A=1\0GENV_ENVIRONMENT_ID=bobs\0")
+        self.assertEqual(agent["live_thread"](42), 43)
+        self.assertTrue(agent["alive"](42, zombie))
+        self.assertEqual(agent["identity"](42, True), b"seen 7 1002 var\nbobs")
+        # All threads gone: a zombie waiting to be reaped is no process.
+        write("42/task/43/stat", b"43 (job) Z 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 2 0 9 0 0\n")
+        self.assertIsNone(agent["live_thread"](42))
+        self.assertFalse(agent["alive"](42, zombie))
+        self.assertIsNone(agent["identity"](42, True))
 
     def test_start_time_counts_fields_after_the_last_paren(self):
         start_time = agent["start_time"]
@@ -95,6 +170,73 @@ class Identity(unittest.TestCase):
         with self.assertRaises(agent["Failure"]) as caught:
             agent["listed_pids"](envs, "e", 5)
         self.assertIn("e: 6 records (environments, their pids and kernel ids), more than the limit of 5 (--max-records): refused", caught.exception.message)
+
+
+class Environ(unittest.TestCase):
+    """read_environ on files laid out as /proc/PID/environ reads."""
+
+    def read(self, data, size=None):
+        with tempfile.NamedTemporaryFile() as f:
+            f.write(data)
+            f.flush()
+            return agent["read_environ"](f.name, size)
+
+    def test_the_first_value_is_read_however_the_chunks_fall(self):
+        var = agent["VAR"]
+        self.assertEqual(self.read(var + b"a\0B=1\0"), b"a")
+        self.assertEqual(self.read(b"A=1\0" + var + b"x\0" + var + b"y\0"), b"x", "the first one")
+        self.assertIsNone(self.read(b"A=1\0XGENV_ENVIRONMENT_ID=z\0"), "a longer name is another variable")
+        self.assertIsNone(self.read(b""))
+        chunk = agent["ENVIRON_CHUNK"]
+        for cut in range(-25, 3):
+            pad = b"P=" + b"p" * (chunk + cut - 3) + b"\0"
+            self.assertEqual(self.read(pad + var + b"eid\0"), b"eid", cut)
+            self.assertEqual(self.read(pad[:-1] + b"\0" + var + b"e" * 30), b"e" * 30, "no NUL at the end")
+
+    def test_what_no_program_could_be_started_with_is_hidden_and_bounded(self):
+        Hidden = agent["Hidden"]
+        var = agent["VAR"]
+        with self.assertRaises(Hidden) as caught:
+            self.read(var + b"a\0", size=16 << 20)
+        self.assertIn("is 16777216 bytes, more than any program can be started with", str(caught.exception))
+        big = b"F=" + b"f" * agent["EXEC_MAX"] + b"\0" + var + b"late\0"
+        with self.assertRaises(Hidden):
+            self.read(big)
+        with self.assertRaises(Hidden) as caught:
+            self.read(var + b"v" * (agent["VALUE_MAX"] + 1) + b"\0")
+        self.assertIn("longer than 4096 bytes", str(caught.exception))
+        self.assertEqual(self.read(var + b"v" * agent["VALUE_MAX"] + b"\0"), b"v" * agent["VALUE_MAX"])
+
+
+class SubUids(unittest.TestCase):
+    def owners(self, text, uids, mode=0o644):
+        with tempfile.NamedTemporaryFile() as f:
+            f.write(text)
+            f.flush()
+            os.chmod(f.name, mode)
+            found = agent["sub_uid_owners"](f.name, set(uids))
+            agent["release"]()
+            return found
+
+    def test_a_sub_uid_is_its_ranges_owner_and_overlaps_or_strangers_are_said(self):
+        if os.geteuid() != 0:
+            self.skipTest("the file must be root's")
+        text = b"root:100000:65536\n1234:300000:10\nnobody-here-xyz:400000:10\n1234:500000:10\n77:500005:10\nbad line\n"
+        found = self.owners(text, [0, 100001, 300009, 300010, 400001, 500006, 500001, 999999])
+        self.assertEqual(found[100001], 0)
+        self.assertEqual(found[300009], 1234)
+        self.assertNotIn(300010, found, "past the range")
+        self.assertEqual(found[400001], "in the sub-uid range of nobody-here-xyz, unknown here")
+        self.assertEqual(found[500006], "in the sub-uid ranges of 1234, 77")
+        self.assertEqual(found[500001], 1234)
+        self.assertNotIn(0, found, "a uid with a name is that user")
+        self.assertNotIn(999999, found)
+        # A file others may write is not root's word.
+        self.assertEqual(self.owners(text, [100001], mode=0o666), {})
+        self.assertEqual(agent["sub_uid_owners"]("/nonexistent/subuid", {100001}), {})
+        # A long range reaches past shorter ones that start after it.
+        found = self.owners(b"0:1000000:1000000\n1234:1000010:5\n", [1500000, 1000012])
+        self.assertEqual(found, {1500000: 0, 1000012: "in the sub-uid ranges of 0, 1234"})
 
 
 class StateDir(unittest.TestCase):
@@ -138,7 +280,7 @@ class StateDir(unittest.TestCase):
         self.assertIn("larger than 100 bytes", self.refused(agent["read_file"], dfd, self.dir, "envs.json", 100))
         self.assertIsNone(agent["read_file"](dfd, self.dir, "devices.json", 100))
         os.symlink(self.outside, self.path("genv.lock"))
-        self.assertIn("genv.lock is a symbolic link", self.refused(agent["lock"], dfd, self.dir, fcntl.LOCK_SH, 1, 0))
+        self.assertIn("genv.lock is a symbolic link", self.refused(agent["lock"], dfd, self.dir, fcntl.LOCK_SH, agent["time"].monotonic() + 1))
         with open(self.outside) as f:
             self.assertEqual(f.read(), "root:secret\n")
         self.assertEqual(stat.S_IMODE(os.stat(self.outside).st_mode), 0o600)
@@ -147,17 +289,40 @@ class StateDir(unittest.TestCase):
         self.assertIn("is a symbolic link", self.refused(agent["open_dir"], link))
         self.assertIsNone(agent["open_dir"](os.path.join(self.tmp.name, "missing")))
 
-    def test_lock_is_created_0666_an_existing_one_keeps_its_mode_and_a_held_one_times_out(self):
+    def test_lock_is_created_0666_an_existing_one_keeps_its_mode_and_a_held_one_is_named_not_waited_for(self):
+        import subprocess
+
         dfd = agent["open_dir"](self.dir)
         os.umask(0o022)
-        fd = agent["lock"](dfd, self.dir, fcntl.LOCK_EX, 1, 0)
+        soon = agent["time"].monotonic() + 5
+        self.assertIsNone(agent["lock"](dfd, self.dir, fcntl.LOCK_EX, soon))
         self.assertEqual(stat.S_IMODE(os.stat(self.path("genv.lock")).st_mode), 0o666)
-        message = self.refused(agent["lock"], dfd, self.dir, fcntl.LOCK_SH, 0.05, 0)
-        self.assertEqual(message, "genv.lock held by another process for 0.05s")
-        os.close(fd)
+        agent["release"]()
         os.chmod(self.path("genv.lock"), 0o600)
-        os.close(agent["lock"](dfd, self.dir, fcntl.LOCK_SH, 1, 0))
+        dfd = agent["open_dir"](self.dir)
+        self.assertIsNone(agent["lock"](dfd, self.dir, fcntl.LOCK_SH, soon))
+        agent["release"]()
         self.assertEqual(stat.S_IMODE(os.stat(self.path("genv.lock")).st_mode), 0o600)
+        # A process that holds it (as `flock -s genv.lock sleep inf` would)
+        # is named, after LOCK_WAIT at most, and nothing waits longer.
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import fcntl,sys,time;f=open(sys.argv[1]);fcntl.flock(f,fcntl.LOCK_SH);print(1,flush=True);time.sleep(60)", self.path("genv.lock")],
+            stdout=subprocess.PIPE,
+        )
+        self.addCleanup(holder.stdout.close)
+        self.addCleanup(holder.wait)
+        self.addCleanup(holder.kill)
+        holder.stdout.readline()
+        start = agent["time"].monotonic()
+        dfd = agent["open_dir"](self.dir)
+        note = agent["lock"](dfd, self.dir, fcntl.LOCK_EX, start + 30)
+        self.assertLess(agent["time"].monotonic() - start, agent["LOCK_WAIT"] + 1)
+        self.assertTrue(note.startswith("genv.lock held for over 1s by pid %d (" % holder.pid), note)
+        agent["release"]()
+        # A shared lock is shared: a snapshot reads beside the holder.
+        dfd = agent["open_dir"](self.dir)
+        self.assertIsNone(agent["lock"](dfd, self.dir, fcntl.LOCK_SH, start + 30))
+        agent["release"]()
 
     def test_detach_renames_a_new_file_over_and_keeps_everything_else(self):
         devices = {"devices": [
@@ -168,7 +333,7 @@ class StateDir(unittest.TestCase):
             json.dump(devices, f)
         before = os.stat(self.path("devices.json")).st_ino
         detached = agent["detach"]({"dir": self.dir, "detach": [[0, "a\nb"], [3, "a\nb"]], "step": 1, "limit": 2, "max_bytes": 1000})
-        self.assertEqual(detached, [True, False])
+        self.assertEqual(detached, ([True, False], None))
         with open(self.path("devices.json")) as f:
             text = f.read()
         after = json.loads(text)
@@ -190,13 +355,60 @@ class StateDir(unittest.TestCase):
         with open(self.path("devices.json"), "w") as f:
             json.dump(devices, f)
         detached = agent["detach"]({"dir": self.dir, "detach": [[0, "a"], [0, "x"], [2, "a"]], "step": 1, "limit": 2, "max_bytes": 10000})
-        self.assertEqual(detached, [True, True, False])
+        self.assertEqual(detached, ([True, True, False], None))
         with open(self.path("devices.json")) as f:
             after = json.load(f)["devices"]
         self.assertEqual(after[0]["attachments"], [])
         self.assertEqual(after[1]["attachments"], [{"eid": "a", "gpu_memory": None, "time": "t"}])
         self.assertEqual(after[2]["attachments"], [{"eid": "b"}])
         self.assertEqual(after[3:], [{"index": True, "attachments": [{"eid": "a"}]}, "junk"])
+
+    def test_a_rewrite_stays_within_twice_what_was_read_and_its_cap(self):
+        # Arrays nested 120 deep under a key genv does not know: indented
+        # as genv writes, they would grow 40-fold.
+        deep = 1
+        for _ in range(120):
+            deep = [deep, deep] if isinstance(deep, int) else [deep]
+        junk = [deep] * 1300
+        devices = {"devices": [{"index": 0, "attachments": [{"eid": "a"}]}], "x": junk}
+        with open(self.path("devices.json"), "w") as f:
+            json.dump(devices, f, separators=(",", ":"))
+        size = os.path.getsize(self.path("devices.json"))
+        start = agent["time"].monotonic()
+        detached, _ = agent["detach"]({"dir": self.dir, "detach": [[0, "a"]], "step": 5, "limit": 10, "max_bytes": 64 << 20})
+        agent["release"]()
+        self.assertEqual(detached, [True])
+        self.assertLessEqual(os.path.getsize(self.path("devices.json")), 2 * size + 4096)
+        self.assertLess(agent["time"].monotonic() - start, 3)
+        with open(self.path("devices.json")) as f:
+            after = json.load(f)
+        self.assertEqual(after["devices"][0]["attachments"], [])
+        self.assertEqual(after["x"], junk)
+        # What is written back past the cap fails, naming the file.
+        with open(self.path("devices.json"), "w") as f:
+            json.dump({"devices": [{"index": 0, "attachments": [{"eid": "a"}, {"eid": "\u00e9" * 100}]}]}, f, ensure_ascii=False)
+        message = self.refused(agent["detach"], {"dir": self.dir, "detach": [[0, "a"]], "step": 1, "limit": 2, "max_bytes": 400})
+        agent["release"]()
+        self.assertIn("devices.json: written back it would be", message)
+        self.assertIn("nothing detached", message)
+
+    def test_a_detach_under_a_lock_a_user_holds_goes_on_and_says_who(self):
+        import subprocess
+
+        with open(self.path("devices.json"), "w") as f:
+            json.dump({"devices": [{"index": 0, "attachments": [{"eid": "a"}]}]}, f)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import fcntl,sys,time;f=open(sys.argv[1],'w');fcntl.flock(f,fcntl.LOCK_SH);print(1,flush=True);time.sleep(60)", self.path("genv.lock")],
+            stdout=subprocess.PIPE,
+        )
+        self.addCleanup(holder.stdout.close)
+        self.addCleanup(holder.wait)
+        self.addCleanup(holder.kill)
+        holder.stdout.readline()
+        detached, note = agent["detach"]({"dir": self.dir, "detach": [[0, "a"]], "step": 30, "limit": 60, "max_bytes": 1000})
+        agent["release"]()
+        self.assertEqual(detached, [True])
+        self.assertIn("pid %d" % holder.pid, note)
 
     def test_a_detach_of_devices_nested_too_deeply_fails_and_changes_nothing(self):
         text = b'{"devices": ' + b"[" * 200000 + b"]" * 200000 + b"}"
@@ -320,9 +532,15 @@ class Serve(unittest.TestCase):
             ):
                 ask(request)
             os.mkfifo(os.path.join(d, "envs.json"))
-            status, body = ask({"mode": "snapshot", "dir": d, "nvidia_smi": [smi], "step": 1, "limit": 5, "max_bytes": 1000})
-            self.assertEqual((status, json.loads(body)["fail"]), (1, "state"), body)
-            self.assertIn("envs.json is a FIFO: refused", json.loads(body)["message"])
+            # A refused state file fails no snapshot: it is said in a frame.
+            quick = os.path.join(d, "quick")
+            with open(quick, "w") as f:
+                f.write("#!/bin/sh\nexit 0\n")
+            os.chmod(quick, 0o755)
+            status, body = ask({"mode": "snapshot", "dir": d, "nvidia_smi": [quick], "step": 1, "limit": 5, "max_bytes": 1000})
+            self.assertEqual(status, 0, body)
+            self.assertIn(b"@state-error envs ", body)
+            self.assertIn(b"envs.json is a FIFO: refused", body)
             self.assertEqual(len(os.listdir("/proc/%d/fd" % p.pid)), fds, "an fd outlived its request")
             lock = os.open(os.path.join(d, "genv.lock"), os.O_RDONLY)
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: nobody holds genv's lock
@@ -734,7 +952,8 @@ class Golden(unittest.TestCase):
             text = rest[int(words[-1]):]
         self.assertEqual(
             kinds,
-            ["@pmon", "@gpus", "@apps", "@utilization", "@envs", "@devices", "@proc", "@proc", "@user", "@clock", "@groups"],
+            ["@pmon", "@gpus", "@apps", "@utilization", "@envs", "@devices", "@lock", "@proc", "@proc", "@proc", "@proc",
+             "@subuid", "@subuid", "@user", "@user", "@clock", "@groups"],
         )
 
 

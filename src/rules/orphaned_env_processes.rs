@@ -1,0 +1,86 @@
+//! orphaned-env-processes (ours, opt-in with `--orphans-as-non-env`,
+//! under non-env-processes): a GPU process whose `GENV_ENVIRONMENT_ID`
+//! names no environment of the host is taken as outside genv. genv leaves
+//! such a job alone, and so do we by default: a `nohup` job outlives its
+//! environment's record, and any user can empty `envs.json`. But a made-up
+//! id then takes any job out of non-env-processes; this rule closes that,
+//! with its own grace (the ladder warns the job's owner first), so that a
+//! real orphan's owner has time to act. Only orphans: a job carrying an id
+//! that processes of several users carry (contested) may be the victim of
+//! the others, and stays alone.
+
+use super::attribution::{Attribution, Standing, Stray};
+use super::{Action, Finding, Rule, Violation};
+use crate::model::HostId;
+
+pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
+    a.snapshot()
+        .processes
+        .iter()
+        .enumerate()
+        .filter(|(pi, _)| {
+            matches!(
+                a.standing(*pi),
+                Standing::Stray(Stray::Orphaned | Stray::Reclaimed)
+            )
+        })
+        .filter_map(|(pi, p)| {
+            Some(Violation {
+                rule: Rule::OrphanedEnvProcesses,
+                finding: Finding::OrphanedEnvProcess {
+                    host: host.clone(),
+                    pid: p.pid,
+                    eid: p.owner.eid()?.clone(),
+                    user: a.user_of(pi).map(|u| u.into_owned()),
+                },
+                actions: vec![Action::Terminate {
+                    host: host.clone(),
+                    pid: p.pid,
+                }],
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use super::*;
+    use crate::model::{HostSnapshot, HostTruth, Pid};
+
+    #[test]
+    fn names_jobs_whose_id_names_no_environment_only() {
+        let snap = HostSnapshot {
+            processes: vec![
+                proc_(1, Some("bogus123"), &[(0, mib(10))]),
+                proc_(2, Some("e"), &[(0, mib(10))]),
+                proc_(3, None, &[(1, mib(10))]),
+            ],
+            envs: vec![env("e", Some("alice"), None)],
+            devices: devices(2, &[(0, "e")]),
+            truth: Some(HostTruth {
+                user_names: [(1000, "alice".to_string())].into_iter().collect(),
+                ..HostTruth::default()
+            }),
+            ..Default::default()
+        };
+        let host = HostId("h".into());
+        let v = evaluate(&host, &Attribution::of(&snap, &Default::default()));
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].rule, Rule::OrphanedEnvProcesses);
+        assert_eq!(
+            v[0].finding,
+            Finding::OrphanedEnvProcess {
+                host: host.clone(),
+                pid: Pid(1),
+                eid: crate::model::EnvId("bogus123".into()),
+                user: Some("alice".into()),
+            }
+        );
+        // Seen orphaned before, with a record appearing since: still one.
+        let mut later = snap.clone();
+        later.envs.push(env("bogus123", Some("alice"), None));
+        let orphans = [(Pid(1), 1001)].into_iter().collect();
+        assert_eq!(evaluate(&host, &Attribution::of(&later, &orphans)).len(), 1);
+    }
+}
