@@ -650,6 +650,7 @@ mod tests {
                     username: Some("u".into()),
                     charged: None,
                     owner: None,
+                    working: false,
                 },
                 Detach {
                     rules: Default::default(),
@@ -659,6 +660,7 @@ mod tests {
                     username: Some("u".into()),
                     charged: None,
                     owner: None,
+                    working: false,
                 },
                 Detach {
                     rules: Default::default(),
@@ -668,6 +670,7 @@ mod tests {
                     username: Some("u".into()),
                     charged: None,
                     owner: None,
+                    working: false,
                 },
             ],
         };

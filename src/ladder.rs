@@ -548,6 +548,7 @@ mod tests {
                             username: None,
                             charged: None,
                             owner: None,
+                            working: false,
                         })
                         .collect(),
                 },

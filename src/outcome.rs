@@ -276,6 +276,7 @@ mod tests {
                 username: None,
                 charged: None,
                 owner: None,
+                working: false,
             }],
         };
         let out = failed(&h, &plan, "no audit");
@@ -315,6 +316,7 @@ mod tests {
                         username: None,
                         charged: None,
                         owner: None,
+                        working: false,
                     }],
                 },
             )],

@@ -91,6 +91,11 @@ pub struct Detach {
     /// knows the user (a live process of theirs); not in the JSON plan.
     #[serde(skip)]
     pub groups: Vec<String>,
+    /// A process of the owner runs in the environment on this device: the
+    /// detach costs them work (rate limits tell it from an attachment
+    /// anyone could have written in their name). Not in the JSON plan.
+    #[serde(skip)]
+    pub working: bool,
 }
 
 /// Everything to do on one host.
@@ -272,6 +277,8 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
     // Who the kernel says carries each environment (live hosts only): the
     // uid of a process of theirs.
     let mut carried: HashMap<(&EnvId, &str), u32> = HashMap::new();
+    // The devices each such process runs on, by environment and uid.
+    let mut working: std::collections::HashSet<(&EnvId, GpuIndex, u32)> = Default::default();
     if !w.detach.is_empty() {
         records.reserve(snap.envs.len());
         for (i, e) in snap.envs.iter().enumerate() {
@@ -283,6 +290,7 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
                     (p.owner.eid(), p.user.as_deref(), p.uid)
                 {
                     carried.insert((eid, user), uid);
+                    working.extend(p.indices().map(|g| (eid, g, uid)));
                 }
             }
         }
@@ -297,7 +305,7 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
                 .filter_map(|e| records.get(e).copied())
                 .collect();
             order.sort_unstable();
-            let (w, carried) = (&w, &carried);
+            let (w, carried, working) = (&w, &carried, &working);
             order.into_iter().map(move |i| {
                 let eid = &snap.envs[i].eid;
                 let charged = w.charged.get(eid).cloned();
@@ -313,6 +321,7 @@ fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
                         .cloned()
                         .unwrap_or_default(),
                     username: snap.envs[i].username.clone(),
+                    working: uid.is_some_and(|u| working.contains(&(eid, *device, u))),
                     owner: charged.clone().filter(|_| uid.is_some()),
                     // Only a user the kernel vouches for: a record naming a
                     // group's member never borrows their exemption.

@@ -730,6 +730,7 @@ mod tests {
             username: Some("u\r".into()),
             charged: None,
             owner: None,
+            working: false,
         };
         assert!(!detach_line(&d).contains('\n') && !detach_line(&d).contains('\r'));
     }

@@ -234,6 +234,7 @@ fn concurrent_genv_attach_loses_nothing_to_our_detach() {
                 username: None,
                 charged: None,
                 owner: None,
+                working: false,
             }],
         };
         let out = util::execute(&host, &plan);

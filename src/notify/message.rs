@@ -280,6 +280,7 @@ mod tests {
             username: Some("mallory".into()),
             charged: Some("carol".into()),
             owner: Some("carol".into()),
+            working: false,
         });
         let warned = say(
             &event(Stage::Warned, d.clone(), Some(60_000)),

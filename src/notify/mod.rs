@@ -220,9 +220,11 @@ async fn work(
     while let Some((n, e)) = rx.recv().await {
         // Owners unknown share one allowance.
         let who = message::recipient(&e).unwrap_or_default();
-        if !limit.allow(who, crate::cycle::now_ms()) {
+        if let limit::Verdict::Hold { first, why } = limit.allow(who, &e, crate::cycle::now_ms()) {
             count("rate_limited");
-            unsent(&audit, n, e, name, "rate limited (--notify-rate)".into()).await;
+            if first {
+                unsent(&audit, n, e, name, why).await;
+            }
             continue;
         }
         match channel.deliver(&e).await {
@@ -387,6 +389,7 @@ mod tests {
                 username: None,
                 charged: None,
                 owner: None,
+                working: false,
             })
         };
         let events = vec![

@@ -87,12 +87,17 @@ pub async fn tell(
     let mut allowed = Vec::with_capacity(events.len());
     let now = crate::cycle::now_ms();
     for e in events {
-        match recipient(e) {
-            None => nobody += 1,
-            Some(user) if limit.allow(user, now) => allowed.push(*e),
-            Some(_) => {
+        let Some(user) = recipient(e) else {
+            nobody += 1;
+            continue;
+        };
+        match limit.allow(user, e, now) {
+            super::limit::Verdict::Send => allowed.push(*e),
+            super::limit::Verdict::Hold { first, why } => {
                 count("rate_limited", 1);
-                unsent.push(((*e).clone(), "rate limited (--notify-rate)".into()));
+                if first {
+                    unsent.push(((*e).clone(), why));
+                }
             }
         }
     }
@@ -184,6 +189,7 @@ mod tests {
                 charged: Some("dave".into()),
                 owner: owner.map(String::from),
                 groups: Vec::new(),
+                working: false,
             })
         };
         let events = [
