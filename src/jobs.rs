@@ -21,6 +21,15 @@ pub const USAGE: u8 = 2;
 pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
     match job {
         Job::Snapshot(host) => match Host::Local(host).snapshot().await {
+            // genv's state is what `genv usage snapshot` shows: without it
+            // there is no snapshot to print.
+            Ok(s) if s.state_problem().is_some() => {
+                complain(&format!(
+                    "genv's state cannot be used: {}",
+                    crate::report::clean(s.state_problem().unwrap_or_default())
+                ));
+                1
+            }
             Ok(s) => match serde_json::to_string_pretty(&genv::to_json(&s)) {
                 Ok(t) => {
                     print_stdout(&[t]);

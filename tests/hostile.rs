@@ -325,8 +325,9 @@ fn a_remote_hosts_symlinked_lock_and_state_are_never_followed() {
     assert!(user.join().unwrap());
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
+    // Degraded, not failed: what needs no genv state is still judged.
     assert!(
-        err.contains("Failed running SSH command on h1 (state: /var/tmp/genv/genv.lock is a symbolic link: refused"),
+        err.contains("[h1] [ERROR] genv's state cannot be used (/var/tmp/genv/genv.lock is a symbolic link: refused"),
         "{err}"
     );
     assert!(
@@ -368,8 +369,10 @@ fn a_remote_hosts_symlinked_lock_and_state_are_never_followed() {
     assert!(leftovers(&f, 1).is_empty(), "{:?}", leftovers(&f, 1));
 }
 
+/// A lock a user takes blocks nobody's enforcement (issue 26): the detach
+/// waits a second at most, then goes on without it and says who held it.
 #[test]
-fn a_lock_taken_between_decision_and_detach_means_never() {
+fn a_lock_taken_between_decision_and_detach_holds_nothing_up() {
     let Some(mut f) = Fleet::up(1) else { return };
     let p = f.host(0).spawn_as("alice", Some("a"));
     f.host(0).set_apps(&[(p, 0, "100")]);
@@ -400,20 +403,21 @@ fn a_lock_taken_between_decision_and_detach_means_never() {
     let took = started.elapsed();
     assert!(user.join().unwrap());
     let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("[h1] [ERROR] Failed detaching environment a from device 1: genv.lock held by another process for 2s: nothing detached"),
-        "{err}"
-    );
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("h1: genv.lock held for over 1s by "), "{err}");
+    assert!(err.contains("devices.json was written without it"), "{err}");
     assert!(took < Duration::from_secs(6), "waited {took:?}");
-    // Once the holder has let go, nothing lands late.
+    assert_eq!(f.host(0).attached(1), Vec::<String>::new(), "detached");
+    assert_eq!(f.host(0).attached(0), ["a"]);
+    // Once the holder has let go, nothing else lands late.
     let mut holder = holder.lock().unwrap().take().unwrap();
     holder.wait().unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(
+    assert_ne!(
         std::fs::read(f.host(0).state_dir().join("devices.json")).unwrap(),
         before
     );
+    assert_eq!(f.host(0).attached(1), Vec::<String>::new());
     assert!(leftovers(&f, 0).is_empty(), "{:?}", leftovers(&f, 0));
 }
 
@@ -443,15 +447,16 @@ fn a_fifo_or_dev_zero_on_a_remote_host_fails_it_and_leaves_nothing() {
     let err = stderr(&out);
     assert!(
         err.contains(&format!(
-            "Failed running SSH command on {} (state: /var/tmp/genv/envs.json is a FIFO: refused",
+            "[{}] [ERROR] genv's state cannot be used (/var/tmp/genv/envs.json is a FIFO: refused",
             f.names[0]
         )),
         "{err}"
     );
     assert!(
-        err.contains(&format!("Failed running SSH command on {} (state: /var/tmp/genv/devices.json is a symbolic link: refused", f.names[1])),
+        err.contains(&format!("[{}] [ERROR] genv's state cannot be used (/var/tmp/genv/devices.json is a symbolic link: refused", f.names[1])),
         "{err}"
     );
+    assert_eq!(out.status.code(), Some(1), "degraded hosts: {err}");
     assert_eq!(
         f.host(2).wait_signal(stray, WAIT),
         Some(SIGTERM),

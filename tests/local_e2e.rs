@@ -259,7 +259,8 @@ fn concurrent_genv_attach_loses_nothing_to_our_detach() {
 }
 
 #[test]
-fn failing_hung_or_malformed_sources_are_reported_and_nothing_is_done() {
+fn failing_or_hung_nvidia_smi_is_reported_and_nothing_is_done_but_garbled_state_stops_no_rule_that_needs_none(
+) {
     let mut h = Host::new(1);
     let stray = h.spawn(None);
     h.set_apps(&[(stray, 0, "100")]);
@@ -294,15 +295,24 @@ fn failing_hung_or_malformed_sources_are_reported_and_nothing_is_done() {
         r#"{"envs": [{"eid": "x", "uid": "root"}]}"#,
     )
     .unwrap();
+    assert!(h.running(stray));
+    // A garbled state file degrades the host (exit status 1, said), and
+    // what needs no genv state is still enforced (issue 26).
     let out = h.ours(&args);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("envs.json") && err.contains("envs[0].uid"),
+        err.contains("genv's state cannot be used (envs.json: ") && err.contains("envs[0].uid"),
         "{err}"
     );
-    assert!(lines(&out).is_empty());
-    assert!(h.running(stray));
+    assert_eq!(
+        lines(&out),
+        [
+            format!("Process {stray} is not running in a GPU environment"),
+            format!("Terminating process {stray} from environment N/A that is running on GPU(s) 0"),
+        ]
+    );
+    assert_eq!(h.wait_signal(stray, Duration::from_secs(10)), Some(15));
 }
 
 /// `genv-enforce enforce --interval <interval> --output json` on `h`, stdout piped.

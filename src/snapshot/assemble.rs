@@ -200,7 +200,7 @@ fn genv_state(
         let said: Vec<&str> = raw.state_errors.values().map(String::as_str).collect();
         return Err(said.join("; "));
     }
-    let say = |what: &str, e: ParseError| format!("{what}: {}", e.message);
+    let say = |what: &str, e: ParseError| e.from(what).to_string();
     let envs = match &raw.envs {
         Some(text) => cached(&mut parsed.envs, text, |t| genv::parse_envs(t, ""))
             .map_err(|e| say("envs.json", e))?,
