@@ -90,6 +90,9 @@ pub enum Job {
         format: Format,
         control_dir: Option<tempfile::TempDir>,
         ha: Option<crate::ha::HaSpec>,
+        /// The inventory caps devices per user (doctor says what that
+        /// leaves open).
+        device_caps: bool,
     },
 }
 
@@ -156,6 +159,7 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
                 format: format(args.output.output),
                 control_dir: None,
                 ha,
+                device_caps: false,
             })
         }
         Command::Enforce(args) => {
@@ -221,9 +225,13 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
         RemoteCommand::Enforce(enforce) => enforce,
         RemoteCommand::Doctor(d) => {
             let ha = ha_spec(&d.ha, Duration::ZERO)?;
+            let inventory = load_hosts(&args)?;
+            let device_caps = inventory.as_ref().is_some_and(|i| {
+                i.caps.max_devices_per_user.is_some() || !i.caps.max_devices_for_user.is_empty()
+            });
             let (mut fleet, control_dir) = ssh_fleet(
                 &args,
-                load_hosts(&args)?,
+                inventory,
                 AgentLifetime::OneCycle,
                 Duration::ZERO,
                 crate::snapshot::genv::DEFAULT_MAX_RECORDS,
@@ -235,6 +243,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
                 format: format(d.output),
                 control_dir,
                 ha,
+                device_caps,
             });
         }
     };
@@ -558,7 +567,7 @@ fn ha_spec(
             if password.is_empty() {
                 return bad(format!("--ha-password-file {}: empty", path.display()));
             }
-            Some((user.clone(), password))
+            Some((user.clone(), crate::ha::Secret(password)))
         }
         _ => None,
     };
@@ -954,7 +963,12 @@ mod tests {
         std::fs::write(&path, "s3cret\nignored\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let spec = ha(&args).unwrap().unwrap();
-        assert_eq!(spec.user, Some(("enf".into(), "s3cret".into())));
+        assert_eq!(
+            spec.user,
+            Some(("enf".into(), crate::ha::Secret("s3cret".into())))
+        );
+        let said = format!("{spec:?}");
+        assert!(!said.contains("s3cret") && said.contains("***"), "{said}");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(ha(&args).unwrap_err().contains("others may read"));
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();

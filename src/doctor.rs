@@ -508,7 +508,7 @@ fn state_check(a: &AgentFacts, snapshot: Option<&Result<Counts, String>>) -> Che
             ),
             None,
         ),
-        Some(Err(e)) if e.contains(&s.dir) => check(
+        Some(Err(e)) if e.contains(&s.dir) || e.starts_with(STATE_UNUSABLE) => check(
             "genv state",
             Status::Fail,
             e.clone(),
@@ -517,6 +517,42 @@ fn state_check(a: &AgentFacts, snapshot: Option<&Result<Counts, String>>) -> Che
         _ => check("genv state", Status::Ok, format!("{}: safe", s.dir), None),
     }
 }
+
+/// What a device cap leaves open when GPU jobs outside genv are neither
+/// terminated (`--non-env-processes`) nor counted
+/// (`--count-non-env-devices`): genv counts attached devices only.
+pub const DEVICE_CAP_HOLE: &str = "a device cap counts attached devices only: GPU jobs run outside genv (env -u GENV_ENVIRONMENT_ID) escape it";
+
+/// What `policy` leaves open, said when enforcement starts.
+pub fn policy_hole(policy: &crate::rules::Policy) -> Option<String> {
+    (policy.has_caps() && !policy.non_env_processes && !policy.count_non_env_devices)
+        .then(|| format!("{DEVICE_CAP_HOLE}; add --non-env-processes (or --count-non-env-devices)"))
+}
+
+/// The doctor's word on an inventory that caps devices.
+pub fn device_cap_check() -> Check {
+    check(
+        "device caps",
+        Status::Warn,
+        DEVICE_CAP_HOLE,
+        Some("enforce with --non-env-processes (or --count-non-env-devices)".into()),
+    )
+}
+
+/// What a snapshot holds, for the report, or why its genv state cannot be
+/// used (a degraded host).
+///
+/// # Errors
+/// The state's problem.
+pub fn snapshot_counts(s: &crate::model::HostSnapshot) -> Result<Counts, String> {
+    match s.state_problem() {
+        Some(problem) => Err(format!("{STATE_UNUSABLE}: {problem}")),
+        None => Ok(counts(s)),
+    }
+}
+
+/// How a degraded host's problem starts.
+const STATE_UNUSABLE: &str = "genv's state cannot be used";
 
 /// What a snapshot holds, for the report.
 pub fn counts(s: &crate::model::HostSnapshot) -> Counts {
@@ -893,5 +929,48 @@ mod tests {
         assert_eq!(json["hosts"][0]["ok"], true);
         assert_eq!(json["hosts"][1]["ok"], false);
         assert_eq!(json["hosts"][1]["checks"][2]["status"], "fail");
+    }
+
+    #[test]
+    fn a_device_cap_with_jobs_outside_genv_neither_ended_nor_counted_is_a_hole() {
+        use crate::rules::Policy;
+        let capped = Policy {
+            max_devices_per_user: Some(2),
+            ..Policy::default()
+        };
+        assert!(policy_hole(&capped)
+            .unwrap()
+            .contains("env -u GENV_ENVIRONMENT_ID"));
+        for closed in [
+            Policy {
+                non_env_processes: true,
+                ..capped.clone()
+            },
+            Policy {
+                count_non_env_devices: true,
+                ..capped.clone()
+            },
+            Policy::default(),
+        ] {
+            assert_eq!(policy_hole(&closed), None, "{closed:?}");
+        }
+        let one = Policy {
+            max_devices_for_user: [("bob".to_string(), 1)].into_iter().collect(),
+            ..Policy::default()
+        };
+        assert!(policy_hole(&one).is_some());
+        assert_eq!(device_cap_check().status, Status::Warn);
+    }
+
+    #[test]
+    fn a_degraded_snapshot_fails_the_state_and_snapshot_checks() {
+        let mut snap = crate::model::HostSnapshot {
+            truth: Some(crate::model::HostTruth::default()),
+            ..Default::default()
+        };
+        assert!(snapshot_counts(&snap).is_ok());
+        snap.truth.as_mut().unwrap().state_problem = Some("envs.json: garbled".into());
+        let e = snapshot_counts(&snap).unwrap_err();
+        assert_eq!(e, "genv's state cannot be used: envs.json: garbled");
     }
 }

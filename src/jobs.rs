@@ -62,8 +62,9 @@ pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
             format,
             control_dir,
             ha,
+            device_caps,
         } => {
-            let code = doctor(&fleet, format, ha.as_ref()).await;
+            let code = doctor(&fleet, format, ha.as_ref(), device_caps).await;
             for (host, e) in fleet.close().await {
                 tracing::warn!(%host, error = %chain(&e), "closing the host's connection failed");
             }
@@ -76,6 +77,10 @@ pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
             control_dir,
             metrics,
         } => {
+            if let Some(hole) = crate::doctor::policy_hole(&settings.policy) {
+                tracing::warn!("{hole}");
+                complain(&format!("warning: {hole}"));
+            }
             let mut service = Service {
                 reload: Some(service::reloader(args)),
                 ..Service::default()
@@ -162,7 +167,12 @@ fn report(args: &crate::cli::ReportArgs) -> u8 {
 
 /// Checks every host of `fleet`, a progress line on stderr if it is a
 /// terminal; the report on stdout; 1 if a host failed.
-async fn doctor(fleet: &Fleet, format: Format, ha: Option<&crate::ha::HaSpec>) -> u8 {
+async fn doctor(
+    fleet: &Fleet,
+    format: Format,
+    ha: Option<&crate::ha::HaSpec>,
+    device_caps: bool,
+) -> u8 {
     use std::io::{IsTerminal, Write};
     let tty = std::io::stderr().is_terminal();
     let progress = |done: usize, total: usize| {
@@ -187,6 +197,15 @@ async fn doctor(fleet: &Fleet, format: Format, ha: Option<&crate::ha::HaSpec>) -
             (
                 crate::model::HostId("etcd".into()),
                 crate::ha::doctor::checks(spec).await,
+            ),
+        );
+    }
+    if device_caps {
+        hosts.insert(
+            0,
+            (
+                crate::model::HostId("policy".into()),
+                vec![crate::doctor::device_cap_check()],
             ),
         );
     }

@@ -80,7 +80,7 @@ pub async fn connect(spec: &HaSpec) -> Result<Client, EtcdError> {
         .with_timeout(timeout)
         .with_keep_alive(spec.tick().max(Duration::from_secs(1)), timeout);
     if let Some((user, password)) = &spec.user {
-        options = options.with_user(user.clone(), password.clone());
+        options = options.with_user(user.clone(), password.0.clone());
     }
     if let Some(tls) = &spec.tls {
         let read = |p: &std::path::Path| {

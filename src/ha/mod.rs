@@ -43,9 +43,20 @@ pub struct HaSpec {
     /// for one.
     pub tls: Option<TlsSpec>,
     /// etcd's user and password (`--ha-user`, `--ha-password-file`).
-    pub user: Option<(String, String)>,
+    pub user: Option<(String, Secret)>,
     /// `--shard K/N`: this box enforces shard K of N.
     pub shard: Option<Shard>,
+}
+
+/// A secret (a password): its `Debug` says nothing of it, so no log, panic
+/// or `{:?}` of a spec ever shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
 }
 
 /// One shard of the fleet: the hosts at places `k - 1`, `k - 1 + n`, ...

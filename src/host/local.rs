@@ -151,8 +151,8 @@ impl LocalHost {
             hello,
             snapshot: Some(
                 snapshot
-                    .map(|s| doctor::counts(&s))
-                    .map_err(|e| error::chain(&e)),
+                    .map_err(|e| error::chain(&e))
+                    .and_then(|s| doctor::snapshot_counts(&s)),
             ),
             skew: None,
         }

@@ -226,8 +226,8 @@ impl SshHost {
         f.snapshot = Some(
             async { super::parsed(self.fetch().await?, self.parser()).await }
                 .await
-                .map(|s| doctor::counts(&s))
-                .map_err(|e| error::chain(&e)),
+                .map_err(|e| error::chain(&e))
+                .and_then(|s| doctor::snapshot_counts(&s)),
         );
         f
     }

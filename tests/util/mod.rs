@@ -536,3 +536,52 @@ pub fn after_read(
         false
     })
 }
+
+/// The test job `tests/jobs/<name>.c` compiled with gcc (once per source
+/// change, shared by the test binaries): a user's program doing what a
+/// few lines of C can.
+///
+/// # Panics
+/// gcc is missing or the source does not compile (`.ci/run` installs gcc).
+pub fn job(name: &str) -> PathBuf {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _lock = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let source = repo().join(format!("tests/jobs/{name}.c"));
+    let dir = repo().join("target/test-jobs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(name);
+    let fresh = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if fresh(&out).is_some_and(|built| Some(built) >= fresh(&source)) {
+        return out;
+    }
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let status = Command::new("gcc")
+        .args(["-O2", "-Wall", "-pthread", "-o"])
+        .arg(&tmp)
+        .arg(&source)
+        .status()
+        .expect("gcc (the test jobs are C): apt-get install gcc");
+    assert!(status.success(), "{} does not compile", source.display());
+    std::fs::rename(&tmp, &out).unwrap();
+    out
+}
+
+/// Waits until `holds` (polled every 10 ms) or `limit` passes; whether it held.
+pub fn wait_until(limit: Duration, mut holds: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if holds() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    holds()
+}
+
+/// The state letter of process `pid` (field 3 of `/proc/<pid>/stat`), as
+/// this machine sees it.
+pub fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    stat.get(close + 2).map(|&b| b as char)
+}

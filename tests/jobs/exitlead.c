@@ -1,0 +1,24 @@
+/* A GPU job's stand-in whose main thread exits while a worker thread goes
+ * on, as a few lines of any program can: the process then shows state Z
+ * (its leader a zombie), its own /proc/PID/environ answers for nobody, and
+ * yet it runs, and kill(PID) still ends all of it. Prints "ready" once the
+ * leader has gone. */
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+
+static void *work(void *arg) {
+    (void)arg;
+    /* Give the main thread time to exit, then say so. */
+    usleep(100000);
+    printf("ready\n");
+    fflush(stdout);
+    for (;;) pause();
+    return NULL;
+}
+
+int main(void) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, work, NULL) != 0) return 1;
+    pthread_exit(NULL);
+}
