@@ -70,6 +70,13 @@ fn the_environment_files_flags_are_ours() {
             std::iter::once("genv-enforce".to_string()).chain(args),
         );
         assert!(cli.is_ok(), "{line}: {:?}", cli.err());
+        // No example leaves a device cap open to jobs outside genv.
+        if line.contains("--max-devices-per-user") {
+            assert!(
+                line.contains("--non-env-processes") || line.contains("--count-non-env-devices"),
+                "{line}"
+            );
+        }
         seen += 1;
     }
     assert_eq!(
@@ -179,4 +186,19 @@ fn every_metric_the_dashboard_queries_exists() {
         }
     }
     assert!(queried >= 9, "{queried}");
+}
+
+/// The fence epoch (high availability) lives in the unit's runtime
+/// directory, which systemd removes on every stop unless told to keep it.
+#[test]
+fn the_units_runtime_directory_survives_a_restart() {
+    let unit = std::fs::read_to_string(util::repo().join("contrib/genv-enforce.service")).unwrap();
+    let lines: Vec<&str> = unit.lines().map(str::trim).collect();
+    assert!(lines.contains(&"RuntimeDirectory=genv-enforce"), "{unit}");
+    assert!(lines.contains(&"RuntimeDirectoryPreserve=yes"), "{unit}");
+    assert_eq!(
+        genv_enforce::ha::fence::FENCE_DIR,
+        "/run/genv-enforce",
+        "the fence directory is the unit's runtime directory"
+    );
 }

@@ -7,8 +7,8 @@
  * MIB mebibytes of `FILLER=xxx...` variables, with GENV_ENVIRONMENT_ID=EID
  * first, last or nowhere; with FILE, the environ is mapped from that file
  * instead (one on a FUSE mount that never answers makes every read of
- * /proc/PID/environ hang in the kernel). Prints "ready" once set, then
- * sleeps until killed. */
+ * /proc/PID/environ hang in the kernel). Then sleeps until killed, silent
+ * (a test sees the environ's size in /proc). */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <linux/prctl.h>
@@ -74,7 +74,5 @@ int main(int argc, char **argv) {
         perror("prctl(PR_SET_MM_MAP)");
         return 1;
     }
-    printf("ready\n");
-    fflush(stdout);
     for (;;) pause();
 }
