@@ -361,6 +361,17 @@ pub struct CycleArgs {
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,
 
+    /// TLS and basic authentication of the metrics endpoint, from a web
+    /// configuration file as Prometheus exporters read it (YAML:
+    /// tls_server_config, basic_auth_users with bcrypt hashes)
+    #[arg(
+        long = "web.config.file",
+        alias = "web-config-file",
+        value_name = "FILE",
+        requires = "metrics_listen"
+    )]
+    pub web_config_file: Option<PathBuf>,
+
     /// Mail each warning, action and clearing to the job's owner through
     /// this SMTP server: smtp://HOST:PORT (plain; add ?tls=required for
     /// STARTTLS) or smtps://HOST:PORT (implicit TLS). Not in a dry run.

@@ -77,6 +77,8 @@ pub enum Job {
         control_dir: Option<tempfile::TempDir>,
         /// `--metrics-listen`.
         metrics: Option<std::net::SocketAddr>,
+        /// `--web.config.file`: the metrics endpoint's TLS and users.
+        web: Option<crate::web_config::WebConfig>,
     },
     /// This machine's snapshot as genv prints it.
     Snapshot(Box<LocalHost>),
@@ -133,6 +135,8 @@ pub enum ConfigError {
     Notify(#[from] crate::notify::NotifyError),
     #[error("--ha-etcd: {0}")]
     Ha(String),
+    #[error(transparent)]
+    Web(#[from] crate::web_config::WebConfigError),
 }
 
 /// Resolves a parsed command line.
@@ -187,6 +191,7 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
             };
             Ok(Job::Enforce {
                 metrics: args.cycle.metrics_listen,
+                web: web(&args.cycle)?,
                 fleets: with_audit(fleets, &args.cycle)?,
                 settings: with_notify(
                     with_state(
@@ -298,6 +303,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
             .collect();
         return Ok(Job::Enforce {
             metrics: enforce.cycle.metrics_listen,
+            web: web(&enforce.cycle)?,
             fleets: with_audit(
                 vec![Fleet::new(hosts, usize::from(args.concurrency))],
                 &enforce.cycle,
@@ -323,6 +329,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
     let fleet = sharded(fleet, &settings)?;
     Ok(Job::Enforce {
         metrics: enforce.cycle.metrics_listen,
+        web: web(&enforce.cycle)?,
         fleets: with_audit(vec![fleet], &enforce.cycle)?,
         settings: with_state(settings, &enforce.cycle)?,
         control_dir,
@@ -444,6 +451,14 @@ pub fn policy(r: &RuleArgs) -> Policy {
         orphans_as_non_env: r.orphans_as_non_env.is_some(),
         count_non_env_devices: r.count_non_env_devices,
     }
+}
+
+/// `--web.config.file`, read and checked.
+fn web(c: &CycleArgs) -> Result<Option<crate::web_config::WebConfig>, ConfigError> {
+    Ok(c.web_config_file
+        .as_deref()
+        .map(crate::web_config::WebConfig::load)
+        .transpose()?)
 }
 
 /// Cycle settings from the flags; a replay of recorded snapshots is always

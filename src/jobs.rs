@@ -76,9 +76,9 @@ pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
             settings,
             control_dir,
             metrics,
+            web,
         } => {
             if let Some(hole) = crate::doctor::policy_hole(&settings.policy) {
-                tracing::warn!("{hole}");
                 complain(&format!("warning: {hole}"));
             }
             let mut service = Service {
@@ -96,7 +96,11 @@ pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
                     }
                 };
                 let m = Arc::new(Metrics::new());
-                server = Some(tokio::spawn(metrics::serve(listener, Arc::clone(&m))));
+                server = Some(tokio::spawn(metrics::serve(
+                    listener,
+                    Arc::clone(&m),
+                    web.map(Arc::new),
+                )));
                 service.metrics = Some(m);
             }
             if let Some(spec) = &settings.ha {

@@ -42,6 +42,8 @@ pub mod cycle;
 pub mod docs;
 pub mod doctor;
 pub mod error;
+#[cfg(test)]
+mod evasion;
 pub mod fleet;
 pub mod ha;
 pub mod host;
@@ -65,3 +67,4 @@ pub mod service;
 pub mod snapshot;
 pub mod state_db;
 pub mod usage;
+pub mod web_config;

@@ -408,7 +408,11 @@ const CONNECTION_LIMIT: std::time::Duration = std::time::Duration::from_secs(30)
 /// local user can connect, so each connection is bounded: at most
 /// [`MAX_CONNECTIONS`] at once, a head of at most [`MAX_HEADER_BYTES`]
 /// within [`HEADER_TIMEOUT`], and 30 s in all.
-pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    web: Option<Arc<crate::web_config::WebConfig>>,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
@@ -425,20 +429,70 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
             continue;
         };
         let metrics = Arc::clone(&metrics);
+        let web = web.clone();
         tokio::spawn(async move {
+            let tls = web.as_ref().and_then(|w| w.tls.clone());
+            let users = web.filter(|w| !w.users.is_empty());
             let service = service_fn(move |req: Request<Incoming>| {
                 let metrics = Arc::clone(&metrics);
-                async move { Ok::<_, std::convert::Infallible>(respond(&req, &metrics)) }
+                let users = users.clone();
+                async move {
+                    if let Some(users) = users {
+                        if !admitted(&req, users).await {
+                            return Ok(unauthorized());
+                        }
+                    }
+                    Ok::<_, std::convert::Infallible>(respond(&req, &metrics))
+                }
             });
-            let conn = hyper::server::conn::http1::Builder::new()
+            let http = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .max_buf_size(MAX_HEADER_BYTES)
-                .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(CONNECTION_LIMIT, conn).await;
+                .clone();
+            let served = async {
+                match tls {
+                    // The handshake within the header's time limit.
+                    Some(acceptor) => {
+                        let Ok(Ok(stream)) =
+                            tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await
+                        else {
+                            return;
+                        };
+                        let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                    None => {
+                        let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(CONNECTION_LIMIT, served).await;
             drop(slot);
         });
     }
+}
+
+/// Whether `req` carries the credentials of one of `web`'s users
+/// (bcrypt, off the async workers).
+async fn admitted(req: &Request<Incoming>, web: Arc<crate::web_config::WebConfig>) -> bool {
+    let header = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .map(|v| v.as_bytes().to_vec());
+    tokio::task::spawn_blocking(move || web.admits(header.as_deref()))
+        .await
+        .unwrap_or(false)
+}
+
+/// 401, asking for basic authentication.
+fn unauthorized() -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from_static(b"Unauthorized\n")));
+    *r.status_mut() = StatusCode::UNAUTHORIZED;
+    r.headers_mut().insert(
+        hyper::header::WWW_AUTHENTICATE,
+        hyper::header::HeaderValue::from_static("Basic realm=\"genv-enforce\""),
+    );
+    r
 }
 
 /// The answer to one request.

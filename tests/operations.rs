@@ -811,3 +811,121 @@ fn report_gives_the_gpu_hours_a_multi_cycle_run_recorded() {
     ]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }
+
+/// The metrics endpoint behind TLS and basic authentication, from a web
+/// configuration file as Prometheus exporters read it (issue 26): plain
+/// HTTP, no credentials or a wrong password get nothing.
+#[test]
+fn metrics_may_be_served_over_tls_to_the_users_of_a_web_config_only() {
+    let h = Host::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let key = dir.path().join("metrics.key");
+    std::fs::write(&key, cert.key_pair.serialize_pem()).unwrap();
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::write(dir.path().join("metrics.crt"), cert.cert.pem()).unwrap();
+    let hash = bcrypt::hash("s3cret", 4).unwrap();
+    let web = dir.path().join("web.yml");
+    std::fs::write(
+        &web,
+        format!("tls_server_config:\n  cert_file: metrics.crt\n  key_file: metrics.key\nbasic_auth_users:\n  prometheus: '{hash}'\n"),
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = h
+        .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+        .args([
+            "enforce",
+            "--interval",
+            "1m",
+            "--output",
+            "json",
+            "--metrics-listen",
+            &format!("127.0.0.1:{port}"),
+            "--web.config.file",
+            web.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reports = BufReader::new(child.stdout.take().unwrap()).lines();
+    let _first = reports.next().unwrap().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = format!("https://localhost:{port}/metrics");
+    let (good, wrong, none) = runtime.block_on(async {
+        let client = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(cert.cert.pem().as_bytes()).unwrap(),
+            )
+            .resolve(
+                "localhost",
+                std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            )
+            .build()
+            .unwrap();
+        let get = |user: Option<(&str, &str)>| {
+            let mut r = client.get(&url);
+            if let Some((u, p)) = user {
+                r = r.basic_auth(u, Some(p));
+            }
+            r.send()
+        };
+        let good = get(Some(("prometheus", "s3cret"))).await.unwrap();
+        let good = (good.status().as_u16(), good.text().await.unwrap());
+        let wrong = get(Some(("prometheus", "guess")))
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        let none = get(None).await.unwrap().status().as_u16();
+        (good, wrong, none)
+    });
+    // Plain HTTP gets no metrics.
+    let plain = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let _ = write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
+        let mut text = Vec::new();
+        let _ = s.read_to_end(&mut text);
+        String::from_utf8_lossy(&text).into_owned()
+    };
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let _ = child.wait();
+    assert_eq!(good.0, 200);
+    assert!(good.1.contains("genv_enforce_cycles_total"), "{}", good.1);
+    assert_eq!((wrong, none), (401, 401));
+    assert!(!plain.contains("genv_enforce"), "{plain}");
+    // A web configuration that cannot be used stops the run before it starts.
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let out = h.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--web.config.file",
+        web.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("others may read or write it"),
+        "{}",
+        stderr(&out)
+    );
+}

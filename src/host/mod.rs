@@ -113,7 +113,6 @@ pub(crate) fn detached(
                     if let Some(held) = &d.unlocked {
                         // A user held genv's lock: written without it (see
                         // the agent's lock()), said each time.
-                        tracing::warn!(%host, held = %held, "devices.json written without genv's lock");
                         crate::output::complain(&format!(
                             "{host}: {}: devices.json was written without it",
                             crate::report::clean(held)
