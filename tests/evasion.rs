@@ -665,3 +665,126 @@ fn rows1_to_4_on_the_sshd_fleet() {
     }
     assert_eq!(f.host(1).wait_signal(stray, WAIT), Some(SIGTERM));
 }
+
+/// A FUSE file system that never answers a read (`tests/util/hangfs.py`),
+/// mounted on `dir` serving `names`: what any user can mount on a
+/// directory or file of theirs (fusermount). Unmounted when dropped.
+struct HangFs {
+    daemon: std::process::Child,
+    dir: std::path::PathBuf,
+}
+
+impl HangFs {
+    fn mount(dir: &Path, size: u64, names: &str) -> Option<HangFs> {
+        if !util::prerequisite(
+            Path::new("/dev/fuse").exists(),
+            "/dev/fuse is missing (FUSE)",
+        ) {
+            return None;
+        }
+        let mut daemon = std::process::Command::new("python3")
+            .arg(util::repo().join("tests/util/hangfs.py"))
+            .args([dir.to_str().unwrap(), &size.to_string(), names])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(daemon.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line, "ready\n", "hangfs did not mount");
+        Some(HangFs {
+            daemon,
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for HangFs {
+    fn drop(&mut self) {
+        // Its end answers every waiting read (with an error).
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+// Row 3, a FUSE file: an environ, or genv's state, on a file system of a
+// user's that never answers a read.
+
+#[test]
+fn row3_an_environ_or_state_on_a_fuse_mount_that_never_answers_blocks_nothing() {
+    if !root() {
+        return;
+    }
+    let exe = util::job("fatenv");
+    let mut h = Host::new(2);
+    let mnt = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        mnt.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let Some(fs) = HangFs::mount(mnt.path(), 1 << 20, "env") else {
+        return;
+    };
+    // bob's job maps its environ from the file that never answers.
+    let env_file = mnt.path().join("env");
+    let job = h.start(
+        "evbob",
+        None,
+        &[
+            exe.to_str().unwrap(),
+            "1",
+            "none",
+            "x",
+            env_file.to_str().unwrap(),
+        ],
+    );
+    assert!(wait_until(WAIT, || environ_size(job) == Some(1 << 20)));
+    h.set_apps(&[(job, 0, "100")]);
+    let started = Instant::now();
+    let out = h.ours(&["enforce", "--interval", "0", "--non-env-processes"]);
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // Judged as outside genv (the kernel reads no environ from a file
+    // mapping since 4.18; before, the read hangs and it is hidden).
+    assert_eq!(
+        lines(&out)[0],
+        format!("Process {job} is not running in a GPU environment")
+    );
+    assert_eq!(h.wait_signal(job, WAIT), Some(SIGTERM));
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    drop(fs);
+    // genv's state directory itself on such a mount (its owner mounted it
+    // there): refused at once, the host degraded, the rest enforced.
+    let stray = h.spawn_as("evbob", None);
+    h.set_apps(&[(stray, 1, "100")]);
+    let Some(_fs) = HangFs::mount(&h.state_dir(), 100, "envs.json,devices.json,genv.lock") else {
+        return;
+    };
+    let started = Instant::now();
+    let out = h.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+        "--command-timeout",
+        "3s",
+    ]);
+    let took = started.elapsed();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("genv's state cannot be used (")
+            && (err.contains("on a FUSE file system") || err.contains("did not answer")),
+        "{err}"
+    );
+    assert_eq!(h.wait_signal(stray, WAIT), Some(SIGTERM));
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+}

@@ -176,21 +176,53 @@ def kind_of(mode):
 
 def open_dir(path):
     try:
-        return keep(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
+        fd = keep(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
     except FileNotFoundError:
         return None
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             refuse(path, "a symbolic link" if os.path.islink(path) else "not a directory")
         raise Failure("state", "%s: %s" % (path, e.strerror))
+    if on_fuse(os.fstat(fd)):
+        refuse(path, "on a FUSE file system (served by a user's program, whose reads can hang)")
+    return fd
 
 
 def regular(fd, path):
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        refuse(path, kind_of(mode))
+        refuse(path, kind_of(st.st_mode))
+    if on_fuse(st):
+        os.close(fd)
+        refuse(path, "on a FUSE file system (served by a user's program, whose reads can hang)")
     return fd
+
+
+FUSE_DEVICES = [None]  # the devices of this mount namespace's FUSE mounts, per request
+
+
+def on_fuse(st):
+    """Whether a file (its stat) is on a FUSE mount: any user may mount one
+    (fusermount) over a directory or a file of theirs, and a read there
+    can wait in the kernel, unkillable, for as long as their program
+    wants. /proc/self/mountinfo says which devices are FUSE's."""
+    if FUSE_DEVICES[0] is None:
+        found = set()
+        try:
+            with open("/proc/self/mountinfo", "rb") as f:
+                text = f.read(16 << 20)
+        except OSError:
+            text = b""
+        for line in text.split(b"\n"):
+            head, _, tail = line.partition(b" - ")
+            words, fstype = head.split(), tail.split(b" ", 1)[0]
+            if len(words) > 2 and (fstype in (b"fuse", b"fuseblk") or fstype.startswith(b"fuse.")):
+                major, _, minor = words[2].partition(b":")
+                if major.isdigit() and minor.isdigit():
+                    found.add(os.makedev(int(major), int(minor)))
+        FUSE_DEVICES[0] = found
+    return st.st_dev in FUSE_DEVICES[0]
 
 
 def open_in(dfd, path, name, flags, mode=0):
@@ -1240,7 +1272,9 @@ def replace(dfd, d, name, data):
 
 
 def release():
-    """Closes every fd opened for the request (and so drops genv's lock)."""
+    """Closes every fd opened for the request (and so drops genv's lock),
+    and forgets the mounts it saw."""
+    FUSE_DEVICES[0] = None
     while held:
         try:
             os.close(held.pop())

@@ -558,6 +558,36 @@ class Serve(unittest.TestCase):
         p.stderr.close()
 
 
+class Watchdog(unittest.TestCase):
+    def test_a_request_stuck_where_no_signal_handler_runs_is_killed_past_its_limit(self):
+        import subprocess
+
+        with open(SOURCE, "rb") as f:
+            source = f.read()
+        # A request whose main thread cannot run the SIGALRM handler (a read
+        # stuck in the kernel looks so): the watchdog's SIGKILL ends it.
+        stuck = source.replace(
+            b"\nif __name__ == \"__main__\":",
+            b"\ndef handle(req):\n    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n    time.sleep(60)\n"
+            b"\nif __name__ == \"__main__\":",
+        )
+        boot = "import sys;exec(compile(sys.stdin.buffer.read(%d),'genv-enforce-agent','exec'))" % len(stuck)
+        p = subprocess.Popen([sys.executable, "-I", "-S", "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        body = json.dumps({"mode": "hello", "protocol": agent["PROTOCOL"], "limit": 0.3}).encode()
+        start = agent["time"].monotonic()
+        p.stdin.write(stuck + b"%d\n" % len(body) + body)
+        p.stdin.flush()
+        status = p.wait(30)
+        took = agent["time"].monotonic() - start
+        p.stdin.close()
+        p.stdout.close()
+        err = p.stderr.read()
+        p.stderr.close()
+        self.assertEqual(status, -9, err)
+        self.assertIn(b"stuck past its time limit: killed", err)
+        self.assertLess(took, 0.3 + agent["KILL_GRACE"] + 3)
+
+
 class Terminate(unittest.TestCase):
     def test_nothing_is_signalled_without_a_matching_start_time(self):
         import subprocess
