@@ -1014,3 +1014,67 @@ fn on_the_fleet_a_job_lives_through_its_grace_and_dies_at_the_deadline_unless_fi
     want.sort();
     assert_eq!(stages, want);
 }
+
+/// Issue 26, row 8: bob attaches alice's live environment to spare
+/// devices again and again under a device cap; each is detached and told
+/// to her, but that spends only a few messages about that environment and
+/// her allowance for attachments she does not use, never the one for her
+/// work: her job's termination is still told.
+#[test]
+fn flapping_another_users_attachments_never_spends_her_notifications() {
+    let Some(hook) = Sink::start("http") else {
+        return;
+    };
+    let mut h = Host::new(4);
+    let shell = h.spawn_as("alice", None);
+    let job = h.spawn_as("alice", Some("alices"));
+    h.write_envs(&[env("alices", Some("alice"), None, shell)]);
+    h.write_devices(4, &[(0, "alices")]);
+    h.set_apps(&[(job, 0, "100")]);
+    let url = format!("http://127.0.0.1:{}/hook", hook.port);
+    let mut run = Run::start(
+        &h,
+        &[
+            "--non-env-processes",
+            "--max-devices-per-user",
+            "1",
+            "--notify-rate",
+            "4",
+            "--webhook",
+            &url,
+        ],
+    );
+    run.next();
+    // bob's edits (genv's state is anyone's to write): her environment on
+    // a spare device, cycle after cycle.
+    for k in 0..8u32 {
+        h.write_devices(4, &[(0, "alices"), (1 + k % 3, "alices")]);
+        run.until_acted();
+    }
+    // Her own job outside genv: terminated, and told.
+    let mine = h.spawn_as("alice", None);
+    h.set_apps(&[(job, 0, "100"), (mine, 1, "100")]);
+    run.until_acted();
+    run.next();
+    run.stop();
+    let posts = hook.wait_for(4);
+    std::thread::sleep(Duration::from_millis(500));
+    let posts: Vec<Value> = hook
+        .received()
+        .iter()
+        .map(|p| serde_json::from_str(p["body"].as_str().unwrap()).unwrap())
+        .collect();
+    let detaches = posts
+        .iter()
+        .filter(|p| p["event"]["action"] == "detach" && p["event"]["eid"] == "alices")
+        .count();
+    assert_eq!(detaches, 3, "a few about her environment: {posts:#?}");
+    assert!(
+        posts
+            .iter()
+            .any(|p| p["event"]["action"] == "terminate" && p["event"]["pid"] == mine),
+        "her job's termination was not told: {posts:#?}"
+    );
+    assert_eq!(h.attached(0), ["alices"], "her working device stays");
+    assert!(h.running(job));
+}
