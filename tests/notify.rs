@@ -993,7 +993,7 @@ fn on_the_fleet_a_job_lives_through_its_grace_and_dies_at_the_deadline_unless_fi
     assert!(f.host(0).wait_signal(job, Duration::from_secs(5)).is_some());
     assert!(f.host(0).running(fixed), "the fixed job lives");
     run.stop();
-    let posts = hook.wait_for(4);
+    hook.wait_for(4);
     let mut stages: Vec<(String, u64)> = posts
         .iter()
         .map(|p| {
@@ -1057,7 +1057,7 @@ fn flapping_another_users_attachments_never_spends_her_notifications() {
     run.until_acted();
     run.next();
     run.stop();
-    let posts = hook.wait_for(4);
+    hook.wait_for(4);
     std::thread::sleep(Duration::from_millis(500));
     let posts: Vec<Value> = hook
         .received()
