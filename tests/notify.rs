@@ -993,7 +993,7 @@ fn on_the_fleet_a_job_lives_through_its_grace_and_dies_at_the_deadline_unless_fi
     assert!(f.host(0).wait_signal(job, Duration::from_secs(5)).is_some());
     assert!(f.host(0).running(fixed), "the fixed job lives");
     run.stop();
-    hook.wait_for(4);
+    let posts = hook.wait_for(4);
     let mut stages: Vec<(String, u64)> = posts
         .iter()
         .map(|p| {
