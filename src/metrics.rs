@@ -438,8 +438,14 @@ pub async fn serve(
                 let users = users.clone();
                 async move {
                     if let Some(users) = users {
-                        if !admitted(&req, users).await {
-                            return Ok(unauthorized());
+                        let said = req
+                            .headers()
+                            .get(hyper::header::AUTHORIZATION)
+                            .map(|v| v.as_bytes().to_vec());
+                        match users.admission(said.as_deref()).await {
+                            crate::web_config::Admission::In => {}
+                            crate::web_config::Admission::Out => return Ok(unauthorized()),
+                            crate::web_config::Admission::Busy => return Ok(busy()),
                         }
                     }
                     Ok::<_, std::convert::Infallible>(respond(&req, &metrics))
@@ -472,16 +478,15 @@ pub async fn serve(
     }
 }
 
-/// Whether `req` carries the credentials of one of `web`'s users
-/// (bcrypt, off the async workers).
-async fn admitted(req: &Request<Incoming>, web: Arc<crate::web_config::WebConfig>) -> bool {
-    let header = req
-        .headers()
-        .get(hyper::header::AUTHORIZATION)
-        .map(|v| v.as_bytes().to_vec());
-    tokio::task::spawn_blocking(move || web.admits(header.as_deref()))
-        .await
-        .unwrap_or(false)
+/// 503: every credential check is busy.
+fn busy() -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from_static(b"Busy\n")));
+    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    r.headers_mut().insert(
+        hyper::header::RETRY_AFTER,
+        hyper::header::HeaderValue::from_static("1"),
+    );
+    r
 }
 
 /// 401, asking for basic authentication.

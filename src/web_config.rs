@@ -87,6 +87,26 @@ pub struct WebConfig {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// User name -> bcrypt hash; none: no authentication.
     pub users: BTreeMap<String, String>,
+    /// bcrypt checks under way at most (each takes tens of ms of CPU on
+    /// purpose: unbounded, anyone who can connect would stall us).
+    checks: Arc<tokio::sync::Semaphore>,
+    /// `Authorization` headers that passed lately (a scraper sends the same
+    /// one every time): let in without bcrypt.
+    verified: Arc<std::sync::Mutex<std::collections::VecDeque<Vec<u8>>>>,
+}
+
+/// Concurrent bcrypt checks, at most.
+const CHECKS: usize = 2;
+/// Headers that passed, remembered.
+const VERIFIED: usize = 8;
+
+/// What a request's credentials get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    In,
+    Out,
+    /// Every check is busy: try again.
+    Busy,
 }
 
 impl std::fmt::Debug for WebConfig {
@@ -141,10 +161,61 @@ impl WebConfig {
             })?),
             None => None,
         };
-        Ok(WebConfig {
+        Ok(WebConfig::new(tls, file.basic_auth_users))
+    }
+
+    /// A configuration of these parts.
+    pub fn new(tls: Option<tokio_rustls::TlsAcceptor>, users: BTreeMap<String, String>) -> Self {
+        WebConfig {
             tls,
-            users: file.basic_auth_users,
+            users,
+            checks: Arc::new(tokio::sync::Semaphore::new(CHECKS)),
+            verified: Arc::default(),
+        }
+    }
+
+    /// [`WebConfig::admits`] for a request, off the async workers, with at
+    /// most [`CHECKS`] bcrypt checks at once (more: [`Admission::Busy`]),
+    /// a header seen to pass lately let in at once.
+    pub async fn admission(self: &Arc<Self>, authorization: Option<&[u8]>) -> Admission {
+        if self.users.is_empty() {
+            return Admission::In;
+        }
+        let header = authorization.map(<[u8]>::to_vec);
+        let remembered = |h: &Option<Vec<u8>>| {
+            h.as_ref().is_some_and(|h| {
+                self.verified
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(h)
+            })
+        };
+        if remembered(&header) {
+            return Admission::In;
+        }
+        let Ok(permit) = Arc::clone(&self.checks).try_acquire_owned() else {
+            return Admission::Busy;
+        };
+        let web = Arc::clone(self);
+        let passed = tokio::task::spawn_blocking(move || {
+            let ok = web.admits(header.as_deref());
+            if let (true, Some(h)) = (ok, header) {
+                let mut v = web.verified.lock().unwrap_or_else(|e| e.into_inner());
+                if v.len() >= VERIFIED {
+                    v.pop_front();
+                }
+                v.push_back(h);
+            }
+            drop(permit);
+            ok
         })
+        .await
+        .unwrap_or(false);
+        if passed {
+            Admission::In
+        } else {
+            Admission::Out
+        }
     }
 
     /// Whether a request's `Authorization` header lets it in: always when
@@ -331,11 +402,37 @@ mod tests {
         assert!(!web.admits(None));
         assert!(!web.admits(Some(b"Bearer x")));
         assert!(!format!("{web:?}").contains(&hash));
-        let open = WebConfig {
-            tls: None,
-            users: BTreeMap::new(),
-        };
+        let open = WebConfig::new(None, BTreeMap::new());
         assert!(open.admits(None), "no users: no authentication");
+    }
+
+    #[tokio::test]
+    async fn bcrypt_checks_are_few_at_once_and_a_passed_header_is_remembered() {
+        let hash = bcrypt::hash("s3cret", 4).unwrap();
+        let web = Arc::new(WebConfig::new(
+            None,
+            [("p".to_string(), hash)].into_iter().collect(),
+        ));
+        let good = {
+            use base64::Engine;
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode("p:s3cret")
+            )
+        };
+        assert_eq!(web.admission(Some(b"Basic eDp5")).await, Admission::Out);
+        // Every check taken: the next one is told to come back.
+        let held: Vec<_> = (0..CHECKS)
+            .map(|_| Arc::clone(&web.checks).try_acquire_owned().unwrap())
+            .collect();
+        assert_eq!(web.admission(Some(good.as_bytes())).await, Admission::Busy);
+        drop(held);
+        assert_eq!(web.admission(Some(good.as_bytes())).await, Admission::In);
+        // Remembered: in without a check, even with every check taken.
+        let _held: Vec<_> = (0..CHECKS)
+            .map(|_| Arc::clone(&web.checks).try_acquire_owned().unwrap())
+            .collect();
+        assert_eq!(web.admission(Some(good.as_bytes())).await, Admission::In);
     }
 
     #[test]

@@ -175,6 +175,8 @@ def kind_of(mode):
 
 
 def open_dir(path):
+    if fuse_mountpoint(path):
+        refuse(path, FUSE_REFUSED)
     try:
         fd = keep(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
     except FileNotFoundError:
@@ -184,7 +186,7 @@ def open_dir(path):
             refuse(path, "a symbolic link" if os.path.islink(path) else "not a directory")
         raise Failure("state", "%s: %s" % (path, e.strerror))
     if on_fuse(os.fstat(fd)):
-        refuse(path, "on a FUSE file system (served by a user's program, whose reads can hang)")
+        refuse(path, FUSE_REFUSED)
     return fd
 
 
@@ -195,20 +197,20 @@ def regular(fd, path):
         refuse(path, kind_of(st.st_mode))
     if on_fuse(st):
         os.close(fd)
-        refuse(path, "on a FUSE file system (served by a user's program, whose reads can hang)")
+        refuse(path, FUSE_REFUSED)
     return fd
 
 
-FUSE_DEVICES = [None]  # the devices of this mount namespace's FUSE mounts, per request
+FUSE_DEVICES = [None]  # this mount namespace's FUSE mounts, per request: (devices, paths)
 
 
-def on_fuse(st):
-    """Whether a file (its stat) is on a FUSE mount: any user may mount one
-    (fusermount) over a directory or a file of theirs, and a read there
-    can wait in the kernel, unkillable, for as long as their program
-    wants. /proc/self/mountinfo says which devices are FUSE's."""
+def fuse_mounts():
+    """The devices and mount points of the FUSE mounts /proc/self/mountinfo
+    lists: any user may mount one (fusermount) over a directory or a file
+    of theirs, and anything done there (an open, a stat, a read) can wait
+    in the kernel, unkillable, for as long as their program wants."""
     if FUSE_DEVICES[0] is None:
-        found = set()
+        devices, paths = set(), set()
         try:
             with open("/proc/self/mountinfo", "rb") as f:
                 text = f.read(16 << 20)
@@ -217,16 +219,35 @@ def on_fuse(st):
         for line in text.split(b"\n"):
             head, _, tail = line.partition(b" - ")
             words, fstype = head.split(), tail.split(b" ", 1)[0]
-            if len(words) > 2 and (fstype in (b"fuse", b"fuseblk") or fstype.startswith(b"fuse.")):
+            if len(words) > 4 and (fstype in (b"fuse", b"fuseblk") or fstype.startswith(b"fuse.")):
                 major, _, minor = words[2].partition(b":")
                 if major.isdigit() and minor.isdigit():
-                    found.add(os.makedev(int(major), int(minor)))
-        FUSE_DEVICES[0] = found
-    return st.st_dev in FUSE_DEVICES[0]
+                    devices.add(os.makedev(int(major), int(minor)))
+                # Mount points escape space, tab, newline and backslash in octal.
+                paths.add(os.path.normpath(words[4].decode("unicode_escape", "replace")))
+        FUSE_DEVICES[0] = (devices, paths)
+    return FUSE_DEVICES[0]
+
+
+def on_fuse(st):
+    """Whether a file (its stat) is on a FUSE mount."""
+    return st.st_dev in fuse_mounts()[0]
+
+
+def fuse_mountpoint(path):
+    """Whether a FUSE file system is mounted right on `path`: refused before
+    it is even opened (an open there is already a request to the user's
+    program)."""
+    return os.path.normpath(path) in fuse_mounts()[1]
+
+
+FUSE_REFUSED = "on a FUSE file system (served by a user's program, whose answers can hang)"
 
 
 def open_in(dfd, path, name, flags, mode=0):
     """A file of the directory, opened safely; None when absent."""
+    if fuse_mountpoint(path):
+        refuse(path, FUSE_REFUSED)
     try:
         fd = os.open(name, flags | SAFE, mode, dir_fd=dfd)
     except FileNotFoundError:
@@ -472,22 +493,30 @@ def live_thread(pid):
     none does. Threads other than the leader are reaped as they end, so
     the first one listed almost always runs: at most MAX_TASKS_LOOKED are
     looked at."""
+    return threads(pid)[0]
+
+
+def threads(pid):
+    """(a live thread other than the leader or None, whether any thread
+    other than the leader is listed at all)."""
+    others = False
     try:
         tasks = os.scandir("%s/%d/task" % (PROC[0], pid))
     except OSError:
-        return None
+        return None, False
     with tasks:
         for looked, entry in enumerate(tasks):
             if looked >= MAX_TASKS_LOOKED:
                 break
             if not entry.name.isdigit() or int(entry.name) == pid:
                 continue
+            others = True
             try:
                 if not exited(proc_read(pid, "stat", int(entry.name))):
-                    return int(entry.name)
+                    return int(entry.name), True
             except OSError:
                 continue
-    return None
+    return None, others
 
 
 def alive(pid, stat_bytes):
@@ -617,7 +646,25 @@ def start_worker():
 
 
 READER = Reader()
-MAX_STUCK = 64  # past this many stuck reads, the agent ends after its answer
+
+
+def proc_read_or_empty(pid):
+    try:
+        return proc_read(pid, "stat")
+    except OSError:
+        return b""
+
+
+def environ_of_threads(pid, start, stat, deadline):
+    """environ_of through live threads of a process whose leader exited."""
+    for _ in range(3):
+        tid = live_thread(pid)
+        if tid is None:
+            break
+        found = environ_of(pid, tid, start, stat, deadline)
+        if found[0] is not None:
+            return found
+    return "hidden", b"its main thread exited and no live thread of it could be read"
 
 
 def identity(pid, want_environ, asked=None, deadline=None):
@@ -633,22 +680,28 @@ def identity(pid, want_environ, asked=None, deadline=None):
         return b"unsure\nits /proc stat does not parse"
     if asked is not None and before >= asked:
         return b"unsure\nit started after nvidia-smi was asked: what it listed for this pid was another process's"
-    tid = None
-    if exited(stat):
-        tid = live_thread(pid)
-        if tid is None:
-            return None
+    # The leader keeps the process's credentials when it exits: its uid
+    # is read there whatever the threads do.
     try:
-        uid = real_uid(proc_read(pid, "status", tid))
+        uid = real_uid(proc_read(pid, "status"))
     except OSError:
         uid = None
     value = b""
-    if want_environ:
-        env, value = environ_of(pid, tid, before, stat, deadline)
-        if env is None:
-            return None
-    else:
+    if not want_environ:
         env = "notread"
+    elif not exited(stat):
+        env, value = environ_of(pid, None, before, stat, deadline)
+    else:
+        # Its leader exited: read through a live thread, another if that
+        # one ends meanwhile. A process whose leader is gone and whose
+        # threads cannot be read (they come and go, or exited threads no
+        # one reaps hide the live ones) is judged as carrying none: never
+        # absent while its /proc entry stands.
+        if threads(pid) == (None, False):
+            return None  # no thread left: a zombie waiting to be reaped
+        env, value = environ_of_threads(pid, before, stat, deadline)
+    if env is None:
+        return None
     try:
         after = start_time(proc_read(pid, "stat"))
     except OSError:
@@ -660,30 +713,33 @@ def identity(pid, want_environ, asked=None, deadline=None):
 
 
 def environ_of(pid, tid, start, stat, deadline):
-    """(kind, value) for a proc frame; (None, None) when the process is gone."""
+    """(kind, value) for a proc frame; (None, None) when the process (or
+    the thread `tid`) is gone."""
     if (pid, start) in HUNG:
         return "hidden", b"reading its environment hung (it maps it from a file that does not answer)"
     path = proc_path(pid, "environ", tid)
     size = environ_size(stat)
-    wait = ENVIRON_WAIT if deadline is None else max(0.05, min(ENVIRON_WAIT, deadline - time.monotonic()))
+    left = ENVIRON_WAIT if deadline is None else deadline - time.monotonic()
+    if left < ENVIRON_WAIT:
+        # A read cut short by the snapshot's deadline says nothing of the
+        # process: unread this cycle, never judged for it.
+        return "unreadable", b"not read within the snapshot's time"
     try:
-        found = READER.run(lambda: read_environ(path, size), wait)
+        found = READER.run(lambda: read_environ(path, size), ENVIRON_WAIT)
     except Hung:
         HUNG.add((pid, start))
-        return "hidden", ("reading its environment did not end within %gs" % wait).encode()
+        return "hidden", ("reading its environment did not end within %gs" % ENVIRON_WAIT).encode()
     except Hidden as e:
         return "hidden", str(e).encode()
     except PermissionError:
         return "unreadable", b"not enough permissions to read its environment"
     except (FileNotFoundError, ProcessLookupError):
         # Ended, or its leader exited meanwhile: read through a live thread.
-        if tid is None:
-            tid = live_thread(pid)
-            if tid is not None:
-                return environ_of(pid, tid, start, stat, deadline)
+        if tid is None and exited(proc_read_or_empty(pid)):
+            return environ_of_threads(pid, start, stat, deadline)
         return None, None
     except OSError as e:
-        if e.errno in (errno.EIO, errno.EFAULT, errno.ENOMEM):
+        if e.errno in (errno.EIO, errno.EFAULT):
             return "hidden", ("reading its environment fails: %s" % e.strerror).encode()
         return "unreadable", ("cannot read its environment: %s" % e.strerror).encode()
     if found is None:
@@ -735,6 +791,9 @@ def boot_ticks():
     return time.clock_gettime_ns(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK") // 1000000000
 
 
+STATE_WAIT = LOCK_WAIT + 4.0  # genv's state is a few KiB on a local disk
+
+
 def read_state(d, max_bytes, deadline):
     """genv's state files as bytes (None: absent), the problems that kept
     any from being read ({part: why}: a refused file does not fail the
@@ -762,11 +821,12 @@ def read_state(d, max_bytes, deadline):
                 problems[name] = "%s: %s" % (os.path.join(d, name + ".json"), e.strerror)
         return state, problems, note
 
-    wait = deadline - time.monotonic()
+    # Its own budget: nvidia-smi, running meanwhile, keeps the rest of the step.
+    wait = max(0.0, min(deadline - time.monotonic(), STATE_WAIT))
     try:
         return READER.run(read, wait)
     except Hung:
-        return {}, {"dir": "%s did not answer within %gs" % (d, max(wait, 0))}, None
+        return {}, {"dir": "%s did not answer within %gs" % (d, wait)}, None
 
 
 def snapshot(req, out):
@@ -890,9 +950,9 @@ MAX_SUBUID_BYTES = 16 << 20
 
 
 def sub_uid_owners(path, uids):
-    """{uid: owner uid, or why not resolved} for the uids of `uids` that
-    have no name here and fall in a range of `path` (root's own file,
-    else it is not read); {} when none does."""
+    """{uid: owner uid, or why not resolved} for each uid of `uids` that
+    has no name here (`path`, root's own file, says whose range holds it;
+    a file anyone else may write is not believed)."""
     import bisect
     import pwd
 
@@ -908,10 +968,17 @@ def sub_uid_owners(path, uids):
         fd = keep(os.open(path, os.O_RDONLY | SAFE))
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-            return {}
+            why = "in no sub-uid range (%s is not root's own regular file: not believed)" % path
+            return dict((uid, why) for uid in nameless)
         text = os.read(fd, MAX_SUBUID_BYTES)
-    except OSError:
-        return {}
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            why = "in no sub-uid range (%s is a symbolic link: not believed)" % path
+        elif e.errno == errno.ENOENT:
+            why = "in no sub-uid range (there is no %s)" % path
+        else:
+            why = "in no sub-uid range (%s: %s)" % (path, e.strerror)
+        return dict((uid, why) for uid in nameless)
     ranges = []
     for line in text.split(b"\n"):
         parts = line.strip().split(b":")
@@ -940,6 +1007,8 @@ def sub_uid_owners(path, uids):
                 found[uid] = int(owner) if owner.isdigit() else pwd.getpwnam(owner).pw_uid
             except KeyError:
                 found[uid] = "in the sub-uid range of %s, unknown here" % owner
+        else:
+            found[uid] = "in no sub-uid range of %s" % path
     return found
 
 
@@ -1018,7 +1087,9 @@ def terminate(req, kills):
             except OSError:
                 kills.append({"pid": pid, "result": "gone"})
                 continue
-            if not alive(pid, stat):
+            # A process whose leader exited is signalled as a whole while
+            # any thread lives; one with none left takes no signal.
+            if exited(stat) and not alive(pid, stat):
                 kills.append({"pid": pid, "result": "gone"})
                 continue
             if found != want:
@@ -1175,6 +1246,7 @@ def detach_pairs(req, deadline):
     if dfd is None:
         return [False] * len(pairs), None
     note = lock(dfd, d, fcntl.LOCK_EX, deadline)
+    seen = identity_of(dfd, "devices.json")
     text = read_file(dfd, d, "devices.json", req["max_bytes"])
     if text is None:
         return [False] * len(pairs), note
@@ -1212,7 +1284,7 @@ def detach_pairs(req, deadline):
         if len(kept) != len(attachments):
             device["attachments"] = kept
     if removed:
-        replace(dfd, d, "devices.json", rewritten(state, len(text), req["max_bytes"], path))
+        replace(dfd, d, "devices.json", rewritten(state, len(text), req["max_bytes"], path), seen)
     return [(index, eid) in removed for index, eid in pairs], note
 
 
@@ -1234,24 +1306,48 @@ def indent_cost(value, depth=1):
 
 
 def rewritten(state, read, max_bytes, path):
-    """The new devices.json: indented as genv writes it (indent=2), unless
-    that would be more than twice what was read (arrays nested deep, which
-    a user may add under any key, grow 40-fold indented): compact then.
-    Over max_bytes either way fails the detach, naming the file."""
+    """The new devices.json: indented as genv writes it (indent=2, ASCII),
+    unless that would be more than twice what was read (arrays nested deep,
+    which a user may add under any key, grow 40-fold indented; text outside
+    ASCII grows up to 6-fold escaped): then compact, in UTF-8 if that is
+    smaller. Over max_bytes either way fails the detach, naming the file."""
+    bound = 2 * read + 4096
     try:
-        compact = json.dumps(state, separators=(",", ":"), allow_nan=False)
-        indented = len(compact) + indent_cost(state) <= 2 * read + 4096
-        data = json.dumps(state, indent=2, allow_nan=False) if indented else compact
+        compact = json.dumps(state, separators=(",", ":"), allow_nan=False).encode()
+        data = compact
+        if len(compact) + indent_cost(state) <= bound:
+            indented = json.dumps(state, indent=2, allow_nan=False).encode()
+            if len(indented) <= bound:
+                data = indented
+        if len(data) > bound:
+            try:
+                plain = json.dumps(state, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+                if len(plain) < len(data):
+                    data = plain
+            except UnicodeEncodeError:
+                pass  # a lone surrogate: ASCII escapes only
     except (ValueError, RecursionError) as e:
         raise Failure("state", "%s: cannot be written back: %s: nothing detached" % (path, e))
     if len(data) > max_bytes:
         raise Failure("state", "%s: written back it would be %d bytes, more than %d: nothing detached" % (path, len(data), max_bytes))
-    return data.encode()
+    return data
 
 
-def replace(dfd, d, name, data):
+def identity_of(dfd, name):
+    """(inode, size, mtime) of `name` in the directory, None when absent."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def replace(dfd, d, name, data, seen=None):
     """Writes `data` to a new file created exclusively beside `name`, then
-    renames it over `name` (mode 0666, as genv writes its state)."""
+    renames it over `name` (mode 0666, as genv writes its state); when
+    `seen` is given, only if `name` is still the file then read (a write
+    made meanwhile, under genv's lock or not, is never lost: the detach is
+    retried next cycle instead)."""
     tmp = ".%s.%s" % (name, os.urandom(8).hex())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | SAFE, 0o600, dir_fd=dfd)
     temp_files.append((dfd, tmp))
@@ -1260,12 +1356,16 @@ def replace(dfd, d, name, data):
         os.fchmod(fd, 0o666)
         write_all(fd, data)
         os.fsync(fd)
+        if seen is not None and identity_of(dfd, name) != seen:
+            raise Failure("state", "%s changed while it was detached from: nothing detached" % os.path.join(d, name))
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except OSError as e:
+    except (OSError, Failure) as e:
         try:
             os.unlink(tmp, dir_fd=dfd)
         except OSError:
             pass
+        if isinstance(e, Failure):
+            raise
         raise Failure("state", "%s: cannot replace: %s" % (os.path.join(d, name), e.strerror))
     finally:
         temp_files.remove((dfd, tmp))
@@ -1633,8 +1733,10 @@ def main():
         watchdog.cancel()
         signal.setitimer(signal.ITIMER_REAL, 0)
         write_all(1, b"@%d %d\n" % (status, len(answer)) + answer)
-        if READER.stuck > MAX_STUCK:
-            end(0, "genv-enforce agent: %d reads stuck in the kernel: ending, to be started afresh" % READER.stuck)
+        if READER.stuck:
+            # A thread stuck in the kernel may still hold or close fds of
+            # the requests to come: this agent ends, a fresh one follows.
+            end(0, "genv-enforce agent: a read is stuck in the kernel: ending, to be started afresh")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@
 //!   attachment in their name (genv's state is world-writable), so another
 //!   user's edits can spend only the second.
 //! - Each target (a process; an environment on a host) gets at most
-//!   [`PER_TARGET`] messages an hour, whoever it goes to: flapping one
-//!   environment's attachments costs a few messages, not the allowance.
+//!   [`PER_TARGET`] messages an hour of each class, whoever it goes to:
+//!   flapping one environment's idle attachments costs a few messages, not
+//!   the allowance, nor the messages about devices its jobs use.
 //! - A warning with a deadline about the recipient's work (a job that will
 //!   be terminated, a device in use that will be detached) is never held
 //!   back: it is counted, and sent.
@@ -18,7 +19,7 @@
 //!   says so ([`Verdict::Hold`] with `first`), for the audit log, so that
 //!   a flood is said once.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use crate::ladder::{Event, Stage, What};
 use crate::model::{EnvId, HostId, Pid};
@@ -88,10 +89,11 @@ pub enum Verdict {
 pub struct RateLimit {
     per_hour: u32,
     sent: HashMap<(String, Class), VecDeque<u64>>,
-    targets: HashMap<Target, VecDeque<u64>>,
+    targets: HashMap<(Target, Class), VecDeque<u64>>,
     /// The allowances (by recipient and class) and targets holding back
-    /// now: the first held-back message of each is said, not the rest.
-    holding: HashSet<String>,
+    /// now, since when: the first held-back message of each is said, not
+    /// the rest (forgotten after an hour).
+    holding: HashMap<String, u64>,
 }
 
 /// Drops the times an hour old or more; whether any is left.
@@ -113,7 +115,7 @@ impl RateLimit {
             per_hour,
             sent: HashMap::new(),
             targets: HashMap::new(),
-            holding: HashSet::new(),
+            holding: HashMap::new(),
         }
     }
 
@@ -124,8 +126,10 @@ impl RateLimit {
     pub fn allow(&mut self, recipient: &str, e: &Event, now_ms: u64) -> Verdict {
         self.sent.retain(|_, times| recent(times, now_ms));
         self.targets.retain(|_, times| recent(times, now_ms));
+        self.holding
+            .retain(|_, since| now_ms.saturating_sub(*since) < HOUR_MS);
         let class = Class::of(e);
-        let target = Target::of(e);
+        let target = (Target::of(e), class);
         let never_held =
             class == Class::Work && e.stage == Stage::Warned && e.deadline_ms.is_some();
         let bucket = (recipient.to_string(), class);
@@ -156,7 +160,8 @@ impl RateLimit {
             None
         };
         if let Some((key, why)) = held {
-            let first = self.holding.insert(key);
+            let first = !self.holding.contains_key(&key);
+            self.holding.entry(key).or_insert(now_ms);
             return Verdict::Hold {
                 first,
                 why: format!("rate limited: {why}; further ones held back are not said again"),
@@ -292,10 +297,16 @@ mod tests {
                 50_000
             )));
         }
-        // Other environments of hers have their own few.
+        // Other environments of hers have their own few, and so have the
+        // devices her jobs use in the flapped one.
         assert!(sent(&l.allow(
             "alice",
             &detach("other", 0, false, Stage::Acted),
+            50_000
+        )));
+        assert!(sent(&l.allow(
+            "alice",
+            &detach("alices", 0, true, Stage::Acted),
             50_000
         )));
     }

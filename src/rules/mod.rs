@@ -435,7 +435,21 @@ pub fn assess_host(
         },
         usage,
         groups,
-        orphans: a.orphans(),
+        orphans: if snap.state_problem().is_some() {
+            // Unjudged while the state cannot be read: what was known of
+            // its live processes is kept (garbling the state once must not
+            // make a job's orphanhood forgotten).
+            orphans
+                .iter()
+                .filter(|(pid, start)| {
+                    snap.process(*pid)
+                        .is_some_and(|p| p.start_time == Some(*start))
+                })
+                .cloned()
+                .collect()
+        } else {
+            a.orphans()
+        },
     }
 }
 

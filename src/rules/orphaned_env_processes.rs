@@ -5,9 +5,18 @@
 //! environment's record, and any user can empty `envs.json`. But a made-up
 //! id then takes any job out of non-env-processes; this rule closes that,
 //! with its own grace (the ladder warns the job's owner first), so that a
-//! real orphan's owner has time to act. Only orphans: a job carrying an id
+//! real orphan's owner has time to act. A job seen orphaned whose record
+//! has come back is taken too unless its environment is attached to every
+//! device it runs on (its owner restored it, with `genv activate --id`;
+//! restoring it so is as good as running in an environment: its devices
+//! count toward the owner's cap), so that writing a record back for a
+//! made-up id, which anyone can, is no way out either. A job carrying an id
 //! that processes of several users carry (contested) may be the victim of
 //! the others, and stays alone.
+//!
+//! The limit, as for a removed attachment (README, Safety): another user
+//! who removes a job's record makes it an orphan; its owner is warned, and
+//! has the grace to restore it.
 
 use super::attribution::{Attribution, Standing, Stray};
 use super::{Action, Finding, Rule, Violation};
@@ -18,11 +27,13 @@ pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
         .processes
         .iter()
         .enumerate()
-        .filter(|(pi, _)| {
-            matches!(
-                a.standing(*pi),
-                Standing::Stray(Stray::Orphaned | Stray::Reclaimed)
-            )
+        .filter(|(pi, p)| match a.standing(*pi) {
+            Standing::Stray(Stray::Orphaned) => true,
+            Standing::Stray(Stray::Reclaimed) => match p.owner.eid().and_then(|e| a.env(e)) {
+                Some(i) => !p.indices().all(|d| a.is_attached(i, d)),
+                None => true,
+            },
+            _ => false,
         })
         .filter_map(|(pi, p)| {
             Some(Violation {
@@ -77,10 +88,13 @@ mod tests {
                 user: Some("alice".into()),
             }
         );
-        // Seen orphaned before, with a record appearing since: still one.
+        // Seen orphaned before, with a record appearing since: still one,
+        // until its environment is attached where it runs (restored).
         let mut later = snap.clone();
         later.envs.push(env("bogus123", Some("alice"), None));
         let orphans = [(Pid(1), 1001)].into_iter().collect();
         assert_eq!(evaluate(&host, &Attribution::of(&later, &orphans)).len(), 1);
+        later.devices = devices(2, &[(0, "e"), (0, "bogus123")]);
+        assert!(evaluate(&host, &Attribution::of(&later, &orphans)).is_empty());
     }
 }
