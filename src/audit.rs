@@ -2,8 +2,8 @@
 //! written and flushed to disk before the action, and one with its outcome
 //! after. The file is opened once, append-only, never truncated and never
 //! through a symlink; it must be ours and writable by no one else, so that
-//! no user can forge or erase what root did. The line format is in the
-//! README ("Audit log").
+//! no user can forge or erase what root did. The line format is in
+//! `docs/operations.md` ("Audit log").
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;

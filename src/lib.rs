@@ -4,19 +4,25 @@
 //! # Crate map
 //!
 //! Data flows one way: config -> hosts -> snapshot -> assess -> execute ->
-//! report. A pure core over plain data:
+//! report. `ARCHITECTURE.md` names every module, file by file. A pure
+//! core over plain data:
 //!
 //! - [`snapshot`]: parsers (nvidia-smi CSV, genv JSON, the agent's
 //!   frames) and [`snapshot::assemble`], which makes one host
 //!   snapshot from raw parts, for every kind of host.
 //! - [`model`]: ids, host snapshots, the merged [`model::Cluster`].
-//! - [`rules`]: genv's four rules, each `Cluster -> Vec<Violation>`, and
+//! - [`rules`]: genv's four rules and ours (memory, group and idle caps,
+//!   orphans, shards), each `Cluster -> Vec<Violation>`, and
 //!   [`rules::attribution`] (who an environment is charged to).
 //! - [`plan`]: violations -> per-host pids to terminate and detaches.
 //! - [`assess`]: the hosts' results -> violations, notices and plan.
+//! - [`ladder`]: warn, then act: confirmation, graces, exemptions.
 //! - [`outcome`]: what carrying out a plan did, as data.
 //! - [`report`]: a cycle's report, built once, as genv's text lines or
 //!   our JSON; rendering decides nothing.
+//! - [`usage`]: who uses what, per host and user, from a cycle.
+//! - [`doctor`]: a host's facts -> checks, each with its fix.
+//! - [`inventory`]: `-H`, hostfiles and inventory TOML -> host specs.
 //!
 //! and a thin I/O shell:
 //!
@@ -32,6 +38,15 @@
 //! - [`cycle`]: one cycle over a fleet; [`service`]: the loop around it
 //!   (interval, signals, reload, systemd); [`output`]: stdout and stderr;
 //!   [`jobs`]: what each resolved job does.
+//! - [`notify`]: mail, webhooks and terminals for the job's owner and
+//!   the admins, rate-limited, beside the cycle.
+//! - [`audit`]: the audit log, written before each action;
+//!   [`state_db`]: what a run keeps across restarts and records, in
+//!   SQLite; [`private`]: how root opens files of ours.
+//! - [`metrics`]: Prometheus metrics over HTTP; [`web_config`]: the
+//!   endpoint's TLS and basic authentication.
+//! - [`docs`]: man pages and shell completions from the command line's
+//!   own definitions.
 //! - [`error`]: the shell's errors, each with its cause.
 
 pub mod assess;

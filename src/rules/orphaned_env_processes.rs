@@ -14,7 +14,7 @@
 //! that processes of several users carry (contested) may be the victim of
 //! the others, and stays alone.
 //!
-//! The limit, as for a removed attachment (README, Safety): another user
+//! The limit, as for a removed attachment (`docs/safety.md`): another user
 //! who removes a job's record makes it an orphan; its owner is warned, and
 //! has the grace to restore it.
 
