@@ -719,14 +719,16 @@ def environ_of(pid, tid, start, stat, deadline):
         return "hidden", b"reading its environment hung (it maps it from a file that does not answer)"
     path = proc_path(pid, "environ", tid)
     size = environ_size(stat)
-    left = ENVIRON_WAIT if deadline is None else deadline - time.monotonic()
-    if left < ENVIRON_WAIT:
-        # A read cut short by the snapshot's deadline says nothing of the
-        # process: unread this cycle, never judged for it.
+    wait = ENVIRON_WAIT if deadline is None else min(ENVIRON_WAIT, deadline - time.monotonic())
+    if wait < 0.05:
         return "unreadable", b"not read within the snapshot's time"
     try:
-        found = READER.run(lambda: read_environ(path, size), ENVIRON_WAIT)
+        found = READER.run(lambda: read_environ(path, size), wait)
     except Hung:
+        if wait < ENVIRON_WAIT:
+            # Cut short by the snapshot's deadline: that says nothing of the
+            # process, unread this cycle, never judged for it.
+            return "unreadable", b"not read within the snapshot's time"
         HUNG.add((pid, start))
         return "hidden", ("reading its environment did not end within %gs" % ENVIRON_WAIT).encode()
     except Hidden as e:
