@@ -12,6 +12,7 @@ use crate::audit::{AuditError, AuditLog};
 use crate::cli::{
     Cli, Command, CycleArgs, HostKeyCheck, OutputFormat, RemoteArgs, RemoteCommand, RuleArgs,
 };
+use crate::cycle::Options;
 use crate::fleet::Fleet;
 use crate::host::local::LocalHost;
 use crate::host::recorded::Recorded;
@@ -23,29 +24,18 @@ use crate::model::{HostId, Mode};
 use crate::report::Format;
 use crate::rules::Policy;
 
-/// How a run treats failing hosts (genv's `-e` and `-q`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Failures {
-    /// Abort before enforcing anything when a host fails.
-    pub exit_on_error: bool,
-    /// Do not print host failures (JSON output still carries them).
-    pub quiet: bool,
-}
-
-/// How cycles run.
+/// How a run goes: each cycle's [`Options`], and what the loop around the
+/// cycles needs.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// genv's local or remote wording.
-    pub mode: Mode,
-    pub policy: Policy,
+    /// What each cycle is told.
+    pub cycle: Options,
     /// Between cycles; zero: one cycle.
     pub interval: Duration,
-    /// Report the plan, carry out nothing.
-    pub dry_run: bool,
     pub format: Format,
-    pub failures: Failures,
-    /// SIGKILL what still runs this long after its SIGTERM.
-    pub kill_after: Option<Duration>,
+    /// genv's `-q`: do not print host failures (JSON output still carries
+    /// them).
+    pub quiet: bool,
     /// Consecutive cycles a violation must be seen in before it is acted on.
     /// When actions are carried out: `--confirm-cycles`, `--grace` and
     /// the rules' own.
@@ -54,9 +44,6 @@ pub struct Settings {
     pub state: Option<Arc<crate::state_db::StateDb>>,
     /// `--retain`: how long the database keeps events, actions and usage.
     pub retain: Duration,
-    /// Whether cycles sample who uses what (for `--state-db` and the
-    /// per-user metrics).
-    pub sample_usage: bool,
     /// Where warnings, actions and clearings are told (`--smtp`,
     /// `--webhook`); none in a dry run.
     pub notify: Option<Arc<crate::notify::Notify>>,
@@ -180,12 +167,13 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
                 let mut host = LocalHost::from_env(args.command_timeout);
                 host.max_records = args.cycle.max_records;
                 host.groups = settings
+                    .cycle
                     .policy
                     .max_devices_per_group
                     .keys()
                     .cloned()
                     .collect();
-                host.utilization = settings.policy.idle.is_some();
+                host.utilization = settings.cycle.policy.idle.is_some();
                 host.fencing = fencing(settings.ha.as_deref());
                 vec![Fleet::new(vec![Host::Local(Box::new(host))], 1)]
             };
@@ -194,13 +182,7 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
                 web: web(&args.cycle)?,
                 fleets: with_audit(fleets, &args.cycle)?,
                 settings: with_notify(
-                    with_state(
-                        Settings {
-                            failures: Failures::default(),
-                            ..settings
-                        },
-                        &args.cycle,
-                    )?,
+                    with_state(settings, &args.cycle)?,
                     &args.cycle,
                     &Default::default(),
                 )?,
@@ -263,18 +245,14 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
         caps.extend(policy.max_devices_for_user);
         policy.max_devices_for_user = caps;
     }
-    let mut settings = Settings {
-        failures: Failures {
-            exit_on_error: args.exit_on_error,
-            quiet: args.quiet,
-        },
-        ..settings(
-            &enforce.cycle,
-            policy,
-            Mode::Remote,
-            enforce.snapshot_dir.is_some(),
-        )
-    };
+    let mut settings = settings(
+        &enforce.cycle,
+        policy,
+        Mode::Remote,
+        enforce.snapshot_dir.is_some(),
+    );
+    settings.cycle.exit_on_error = args.exit_on_error;
+    settings.quiet = args.quiet;
     let emails = inventory
         .as_ref()
         .map(|i| i.emails.clone())
@@ -323,7 +301,7 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
         lifetime,
         settings.interval,
         enforce.cycle.max_records,
-        Some(&settings.policy),
+        Some(&settings.cycle.policy),
     )?;
     fleet.set_fencing(&fencing(settings.ha.as_deref()));
     let fleet = sharded(fleet, &settings)?;
@@ -412,7 +390,7 @@ fn ssh_fleet(
                 max_records,
                 groups: groups.clone(),
                 utilization,
-                fencing: crate::ha::Fencing::default(),
+                fencing: crate::host::fence::Fencing::default(),
             }))
         })
         .collect();
@@ -464,26 +442,32 @@ fn web(c: &CycleArgs) -> Result<Option<crate::web_config::WebConfig>, ConfigErro
 /// Cycle settings from the flags; a replay of recorded snapshots is always
 /// a single dry run.
 fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings {
+    // A few intervals (and a slow cycle) between sightings still count as
+    // consecutive; a cron run's sightings always do.
+    let gap = (!c.interval.is_zero()).then(|| c.interval * 3 + Duration::from_secs(60));
     Settings {
-        mode,
-        policy,
+        cycle: Options {
+            mode,
+            policy,
+            dry_run: c.dry_run || replay,
+            exit_on_error: false,
+            kill_after: c.kill_after,
+            // Only a run that keeps or serves them samples usage.
+            sample_usage: c.state_db.is_some() || c.metrics_listen.is_some(),
+            idle_gap: gap.unwrap_or(crate::state_db::MAX_SAMPLE_GAP),
+        },
         interval: if replay { Duration::ZERO } else { c.interval },
-        dry_run: c.dry_run || replay,
         format: format(c.output),
-        failures: Failures::default(),
-        kill_after: c.kill_after,
+        quiet: false,
         grace: crate::ladder::Grace {
             cycles: c.confirm_cycles,
             after: c.grace,
             rules: Default::default(),
             exempt: Vec::new(),
-            // A few intervals (and a slow cycle) between sightings still
-            // count as consecutive; a cron run's sightings always do.
-            gap: (!c.interval.is_zero()).then(|| c.interval * 3 + Duration::from_secs(60)),
+            gap,
         },
         state: None,
         retain: c.retain,
-        sample_usage: c.state_db.is_some() || c.metrics_listen.is_some(),
         notify: None,
         ha: None,
     }
@@ -492,13 +476,13 @@ fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings
 /// `settings` with `--ha-*` resolved; a replay has no hosts to fence.
 fn with_ha(mut settings: Settings, c: &CycleArgs, replay: bool) -> Result<Settings, ConfigError> {
     let spec = ha_spec(&c.ha, settings.interval)?;
-    if spec.is_some() && (replay || settings.dry_run) {
+    if spec.is_some() && (replay || settings.cycle.dry_run) {
         return Err(ConfigError::Ha(
             "a dry run (or a replay of recorded snapshots) acts on nothing: there is no leader to elect"
                 .into(),
         ));
     }
-    if settings.mode == Mode::Local && spec.as_ref().is_some_and(|s| s.shard.is_some()) {
+    if settings.cycle.mode == Mode::Local && spec.as_ref().is_some_and(|s| s.shard.is_some()) {
         return Err(ConfigError::Ha(
             "--shard splits a remote fleet: it is for `remote ... enforce`".into(),
         ));
@@ -508,9 +492,9 @@ fn with_ha(mut settings: Settings, c: &CycleArgs, replay: bool) -> Result<Settin
 }
 
 /// The fence the hosts of a run keep: on under `--ha-etcd`.
-fn fencing(ha: Option<&crate::ha::HaSpec>) -> crate::ha::Fencing {
-    ha.map_or_else(crate::ha::Fencing::default, |h| {
-        crate::ha::Fencing::new(h.fence_dir.clone())
+fn fencing(ha: Option<&crate::ha::HaSpec>) -> crate::host::fence::Fencing {
+    ha.map_or_else(crate::host::fence::Fencing::default, |h| {
+        crate::host::fence::Fencing::new(h.fence_dir.clone())
     })
 }
 
@@ -613,7 +597,7 @@ fn sharded(mut fleet: Fleet, settings: &Settings) -> Result<Fleet, ConfigError> 
     let Some(shard) = settings.ha.as_ref().and_then(|h| h.shard) else {
         return Ok(fleet);
     };
-    let p = &settings.policy;
+    let p = &settings.cycle.policy;
     if !p.max_devices_per_group.is_empty() || p.has_memory_caps() {
         return Err(ConfigError::Ha(
             "--shard counts only the per-user device caps across shards: \
@@ -730,7 +714,7 @@ fn with_notify(
     };
     // Set up once here, so that a bad URL is a usage error before anything runs.
     crate::notify::check(&notify)?;
-    if notify.any() && !settings.dry_run {
+    if notify.any() && !settings.cycle.dry_run {
         settings.notify = Some(Arc::new(notify));
     }
     Ok(settings)
@@ -1049,13 +1033,13 @@ mod tests {
         let e = sharded(recorded_fleet(1), &s).unwrap_err().to_string();
         assert!(e.contains("no host of the inventory falls in it"), "{e}");
         let mut grouped = s.clone();
-        grouped.policy.max_devices_per_group = [("lab".to_string(), 2)].into_iter().collect();
+        grouped.cycle.policy.max_devices_per_group = [("lab".to_string(), 2)].into_iter().collect();
         assert!(sharded(recorded_fleet(3), &grouped)
             .unwrap_err()
             .to_string()
             .contains("--max-devices-per-group"));
         let mut memory = s;
-        memory.policy.max_memory_per_user = Some(1 << 30);
+        memory.cycle.policy.max_memory_per_user = Some(1 << 30);
         assert!(sharded(recorded_fleet(3), &memory).is_err());
     }
 }

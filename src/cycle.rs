@@ -9,27 +9,36 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::assess;
-use crate::config::Settings;
+use crate::clock::{millis, now_ms};
 use crate::error;
 use crate::fleet::Fleet;
 use crate::ladder::Ladder;
-use crate::model::{FailureKind, HostFailure, HostId};
+use crate::model::{FailureKind, HostFailure, HostId, Mode};
 use crate::outcome::{self, Outcome, TerminateResult};
 use crate::plan::{HostPlan, Plan, Termination};
 use crate::report::{CycleReport, Timing};
 use crate::rules::shards::{Published, Shards};
-use crate::rules::{IdleHistory, Moment, Orphans};
+use crate::rules::{IdleHistory, Moment, Orphans, Policy};
 
-/// Now, in milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, millis)
-}
-
-/// Whole milliseconds of `d`, for reports.
-pub fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+/// What one cycle is told of the run (built by `config`).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// genv's local or remote wording.
+    pub mode: Mode,
+    pub policy: Policy,
+    /// Report the plan, carry out nothing.
+    pub dry_run: bool,
+    /// genv's `-e`: abort before enforcing anything when a host fails.
+    pub exit_on_error: bool,
+    /// SIGKILL what still runs this long after its SIGTERM.
+    pub kill_after: Option<Duration>,
+    /// Whether the cycle samples who uses what (for `--state-db` and the
+    /// per-user metrics).
+    pub sample_usage: bool,
+    /// The longest time between two readings of a process that keeps its
+    /// idle window: the run's gap between sightings, an hour for cron runs
+    /// (a paused cron or an unreachable host saw nothing meanwhile).
+    pub idle_gap: Duration,
 }
 
 /// What a run carries from one cycle to the next.
@@ -59,13 +68,13 @@ pub struct Memory {
 /// ends. Returns the report and whether `-e` aborted the cycle.
 pub async fn cycle(
     fleet: &Fleet,
-    settings: &Settings,
+    options: &Options,
     n: u64,
     memory: &mut Memory,
 ) -> (CycleReport, bool) {
     let start = Instant::now();
     // Not with -e: nothing is enforced before every host has answered.
-    let early = !settings.dry_run && !settings.failures.exit_on_error;
+    let early = !options.dry_run && !options.exit_on_error;
     let now = now_ms();
     let held: &Ladder = &memory.ladder;
     let own = |host: &_, snap: &_, findings: &_| {
@@ -76,7 +85,7 @@ pub async fn cycle(
             HostPlan::default()
         }
     };
-    let policy = Arc::new(settings.policy.clone());
+    let policy = Arc::new(options.policy.clone());
     let orphans = Arc::new(std::mem::take(&mut memory.orphans));
     let rounds = fleet
         .snapshots_and(n, &policy, &orphans, own)
@@ -121,15 +130,10 @@ pub async fn cycle(
         }
         results.push((round.host, result));
     }
-    let abort = settings.failures.exit_on_error && results.iter().any(|(_, r)| r.is_err());
+    let abort = options.exit_on_error && results.iter().any(|(_, r)| r.is_err());
     if !abort {
-        memory.idle = assess::track_idle(
-            &memory.idle,
-            &policy,
-            &results,
-            now,
-            Some(idle_gap(settings)),
-        );
+        memory.idle =
+            assess::track_idle(&memory.idle, &policy, &results, now, Some(options.idle_gap));
     }
     let idle = memory.idle.clone();
     // Sharded: what our hosts hold, for the other shards; theirs beside.
@@ -151,7 +155,7 @@ pub async fn cycle(
     };
     let (positions, others) = (fleet.positions.clone(), memory.others.clone());
     let assessed = Instant::now();
-    let (mode, dry_run) = (settings.mode, settings.dry_run);
+    let (mode, dry_run) = (options.mode, options.dry_run);
     // The caps and the plan over every host: off the async workers too.
     let assessing = crate::host::off_workers("assessing the cycle", move || {
         tracing::info_span!("assess", cycle = n).in_scope(|| {
@@ -224,7 +228,7 @@ pub async fn cycle(
     }
     timing.assess_ms = millis(assessed.elapsed());
     let dispatched = Instant::now();
-    if settings.dry_run {
+    if options.dry_run {
         outcomes = outcome::dry_run(&a.plan);
     } else if !abort {
         let rest = assess::remaining(&a.plan, &done);
@@ -234,7 +238,7 @@ pub async fn cycle(
                 .instrument(tracing::info_span!("dispatch", cycle = n))
                 .await,
         );
-        if let Some(grace) = settings.kill_after {
+        if let Some(grace) = options.kill_after {
             let kills = signalled(&a.plan, &outcomes);
             if !kills.is_empty() {
                 tokio::time::sleep(grace).await;
@@ -251,8 +255,7 @@ pub async fn cycle(
     timing.total_ms = millis(start.elapsed());
     // A replay's report is the same every time: no clock in it.
     let timing = (!fleet.is_recorded()).then_some(timing);
-    // Only a run that keeps or serves them samples usage.
-    let usage = if settings.sample_usage {
+    let usage = if options.sample_usage {
         crate::usage::samples(&a.cluster)
     } else {
         Vec::new()
@@ -262,16 +265,6 @@ pub async fn cycle(
     report.at_once = at_once;
     report.usage = usage;
     (report, abort)
-}
-
-/// The longest time between two readings of a process that keeps its
-/// idle window: the run's gap between sightings, an hour for cron runs
-/// (a paused cron or an unreachable host saw nothing meanwhile).
-fn idle_gap(settings: &Settings) -> Duration {
-    settings
-        .grace
-        .gap
-        .unwrap_or(crate::state_db::MAX_SAMPLE_GAP)
 }
 
 /// The planned terminations whose SIGTERM was delivered, by host.

@@ -12,8 +12,8 @@ use futures::stream::{self, StreamExt};
 use tracing::Instrument;
 
 use crate::audit::{self, AuditLog};
-use crate::error::HostError;
 use crate::host::Host;
+use crate::host::HostError;
 use crate::model::{HostId, HostSnapshot};
 use crate::outcome::Outcome;
 use crate::plan::{HostPlan, Plan, Termination};
@@ -28,7 +28,7 @@ pub struct Fleet {
     /// Where every action is recorded before it is carried out.
     pub audit: Option<Arc<AuditLog>>,
     /// The epoch its hosts' requests carry (high availability).
-    pub fencing: crate::ha::Fencing,
+    pub fencing: crate::host::fence::Fencing,
     /// `--shard`: each host's place in the whole inventory (empty: the
     /// fleet is the whole inventory).
     pub positions: HashMap<HostId, usize>,
@@ -74,13 +74,13 @@ impl Fleet {
             hosts,
             concurrency: concurrency.max(1),
             audit: None,
-            fencing: crate::ha::Fencing::default(),
+            fencing: crate::host::fence::Fencing::default(),
             positions: HashMap::new(),
         }
     }
 
     /// Makes every host's requests carry `fencing`'s epoch.
-    pub fn set_fencing(&mut self, fencing: &crate::ha::Fencing) {
+    pub fn set_fencing(&mut self, fencing: &crate::host::fence::Fencing) {
         for h in &mut self.hosts {
             h.set_fencing(fencing);
         }
@@ -236,7 +236,7 @@ impl Fleet {
     pub async fn doctor(
         &self,
         progress: &(dyn Fn(usize, usize) + Sync),
-    ) -> Vec<crate::doctor::Facts> {
+    ) -> Vec<crate::host::facts::Facts> {
         let done = std::sync::atomic::AtomicUsize::new(0);
         let total = self.hosts.len();
         let done = &done;

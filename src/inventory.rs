@@ -11,29 +11,8 @@ use serde::Deserialize;
 use thiserror::Error;
 use toml::Spanned;
 
+pub use crate::host::ssh::HostSpec;
 use crate::model::HostId;
-
-/// How to reach one host and run genv's tools there.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostSpec {
-    /// The name printed in reports (`[gpu1] ...`), as the admin wrote it.
-    pub id: HostId,
-    /// Host name or address to connect to.
-    pub address: String,
-    pub user: Option<String>,
-    pub port: Option<u16>,
-    pub identity_file: Option<PathBuf>,
-    /// Extra `ssh -o` options (`Key=Value`).
-    pub ssh_options: Vec<String>,
-    /// genv's state directory there (`GENV_TMPDIR`).
-    pub genv_dir: String,
-    /// The privilege wrapper, as words (`["sudo", "-n"]`; empty for root logins).
-    pub sudo: Vec<String>,
-    /// The Python 3 that runs our agent on the host (genv's own will do), as words.
-    pub python: Vec<String>,
-    /// The nvidia-smi command, as words.
-    pub nvidia_smi: Vec<String>,
-}
 
 /// Per-user device caps read from an inventory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -338,13 +317,11 @@ pub fn parse_host(text: &str, overrides: &Overrides) -> Result<HostSpec, String>
     spec(text, address, &settings)
 }
 
-impl HostSpec {
-    /// What makes two entries the same machine: the address (case
-    /// insensitive) and the port. Two entries with the same key would be
-    /// snapshotted twice and their devices counted twice toward a user's cap.
-    fn machine(&self) -> (String, u16) {
-        (self.address.to_ascii_lowercase(), self.port.unwrap_or(22))
-    }
+/// What makes two entries the same machine: the address (case
+/// insensitive) and the port. Two entries with the same key would be
+/// snapshotted twice and their devices counted twice toward a user's cap.
+fn machine(h: &HostSpec) -> (String, u16) {
+    (h.address.to_ascii_lowercase(), h.port.unwrap_or(22))
 }
 
 /// The first entry that names the same machine as an earlier one (same
@@ -353,14 +330,14 @@ fn repeated(hosts: &[HostSpec]) -> Option<(&HostSpec, &HostSpec)> {
     hosts.iter().enumerate().find_map(|(i, h)| {
         hosts[..i]
             .iter()
-            .find(|e| e.id == h.id || e.machine() == h.machine())
+            .find(|e| e.id == h.id || machine(e) == machine(h))
             .map(|e| (e, h))
     })
 }
 
 /// Why two entries may not both be enforced.
 fn repeated_message(first: &HostSpec, again: &HostSpec) -> String {
-    let (address, port) = again.machine();
+    let (address, port) = machine(again);
     if first.id == again.id {
         format!("host `{}` is listed twice", again.id)
     } else {

@@ -78,7 +78,7 @@ pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
             metrics,
             web,
         } => {
-            if let Some(hole) = crate::doctor::policy_hole(&settings.policy) {
+            if let Some(hole) = crate::doctor::policy_hole(&settings.cycle.policy) {
                 complain(&format!("warning: {hole}"));
             }
             let mut service = Service {
@@ -149,7 +149,7 @@ fn report(args: &crate::cli::ReportArgs) -> u8 {
             };
         }
     };
-    let since = crate::cycle::now_ms()
+    let since = crate::clock::now_ms()
         .saturating_sub(u64::try_from(args.since.as_millis()).unwrap_or(u64::MAX));
     let recorded = match db.since(since) {
         Ok(r) => r,

@@ -10,7 +10,8 @@
 //! - [`snapshot`]: parsers (nvidia-smi CSV, genv JSON, the agent's
 //!   frames) and [`snapshot::assemble`], which makes one host
 //!   snapshot from raw parts, for every kind of host.
-//! - [`model`]: ids, host snapshots, the merged [`model::Cluster`].
+//! - [`model`]: ids, host snapshots, the merged [`model::Cluster`];
+//!   [`clock`]: milliseconds since the epoch.
 //! - [`rules`]: genv's four rules and ours (memory, group and idle caps,
 //!   orphans, shards), each `Cluster -> Vec<Violation>`, and
 //!   [`rules::attribution`] (who an environment is charged to).
@@ -20,7 +21,8 @@
 //! - [`outcome`]: what carrying out a plan did, as data.
 //! - [`report`]: a cycle's report, built once, as genv's text lines or
 //!   our JSON; rendering decides nothing.
-//! - [`usage`]: who uses what, per host and user, from a cycle.
+//! - [`usage`]: who used what over a period (`report`), from the
+//!   cycles' usage samples.
 //! - [`doctor`]: a host's facts -> checks, each with its fix.
 //! - [`inventory`]: `-H`, hostfiles and inventory TOML -> host specs.
 //!
@@ -47,11 +49,13 @@
 //!   endpoint's TLS and basic authentication.
 //! - [`docs`]: man pages and shell completions from the command line's
 //!   own definitions.
-//! - [`error`]: the shell's errors, each with its cause.
+//! - [`error`]: an error and its causes as one line; each layer keeps
+//!   its own typed errors ([`host::HostError`], ...).
 
 pub mod assess;
 pub mod audit;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod cycle;
 pub mod docs;

@@ -3,24 +3,12 @@
 
 use std::io::Write;
 
-use crate::fleet::Fleet;
-use crate::host::Host;
 use crate::report::{self, CycleReport, Format};
 
 /// A line on stderr, as all our messages; a closed stderr is not worth a
 /// panic.
 pub fn complain(message: &str) {
     let _ = writeln!(std::io::stderr().lock(), "genv-enforce: {message}");
-}
-
-/// `==> file <==` before each file's report, as `head` does.
-pub fn header(fleet: &Fleet, n: u64) -> String {
-    let name = match fleet.hosts.first() {
-        Some(Host::Recorded(r)) => r.path.display().to_string(),
-        Some(h) => h.id().to_string(),
-        None => String::new(),
-    };
-    format!("{}==> {name} <==", if n > 1 { "\n" } else { "" })
 }
 
 /// Writes lines to stdout; false when stdout is gone (a closed pipe), so

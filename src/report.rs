@@ -5,12 +5,14 @@
 //! (warnings, outcomes, host errors) go to stderr in genv's `[LEVEL]` style.
 //! Nothing here decides anything.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use serde::Serialize;
 
 use crate::assess::Assessment;
 pub use crate::assess::HostStatus;
 use crate::ladder::{Event, Stage, Waiting, What};
-use crate::model::{GpuIndex, HostId, Mode};
+use crate::model::{Cluster, GpuIndex, HostId, Mode};
 use crate::outcome::{self, Outcome};
 use crate::plan::{Detach, Plan, Termination};
 use crate::rules::attribution::{Stray, Unconfirmed};
@@ -40,7 +42,7 @@ pub struct CycleReport {
     pub events: Vec<Event>,
     /// Who uses what, per host and user (kept by `--state-db`).
     #[serde(skip)]
-    pub usage: Vec<crate::usage::Sample>,
+    pub usage: Vec<Sample>,
     /// Actions carried out at once (no grace, nothing waits: no ladder
     /// events), as `acted` events, for notifications only.
     #[serde(skip)]
@@ -693,6 +695,52 @@ pub fn render_json(r: &CycleReport) -> String {
         serde_json::to_string(&json)
             .unwrap_or_else(|e| format!("{{\"error\":\"cannot render report: {e}\"}}")),
     )
+}
+
+/// One user's use of one host at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Sample {
+    pub host: HostId,
+    pub user: String,
+    /// GPUs their processes run on.
+    pub devices: u32,
+    /// GPU memory their processes hold (what nvidia-smi could measure).
+    pub memory_bytes: u64,
+    /// Their GPU processes.
+    pub processes: u32,
+}
+
+/// The samples of `cluster`: per host, per user whose GPU processes run
+/// there (a process whose user the host could not tell is left out), in
+/// host then user order.
+pub fn samples(cluster: &Cluster) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for (host, snap) in &cluster.hosts {
+        let mut by_user: BTreeMap<&str, (BTreeSet<u32>, u64, u32)> = BTreeMap::new();
+        for p in &snap.processes {
+            let Some(user) = p.user.as_deref() else {
+                continue;
+            };
+            let entry = by_user.entry(user).or_default();
+            entry.2 = entry.2.saturating_add(1);
+            for g in &p.gpus {
+                entry.0.insert(g.index.0);
+                entry.1 = entry.1.saturating_add(g.usage.bytes().unwrap_or(0));
+            }
+        }
+        out.extend(
+            by_user
+                .into_iter()
+                .map(|(user, (devices, memory_bytes, processes))| Sample {
+                    host: host.clone(),
+                    user: user.to_string(),
+                    devices: u32::try_from(devices.len()).unwrap_or(u32::MAX),
+                    memory_bytes,
+                    processes,
+                }),
+        );
+    }
+    out
 }
 
 #[cfg(test)]

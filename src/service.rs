@@ -15,10 +15,11 @@ use crate::config::{self, ConfigError, Job, Settings};
 use crate::cycle::{cycle, Memory};
 use crate::error;
 use crate::fleet::Fleet;
+use crate::host::Host;
 use crate::ladder::Ladder;
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
-use crate::output::{complain, emit, header, print_stdout};
+use crate::output::{complain, emit, print_stdout};
 use crate::report::{CycleReport, Format};
 use crate::state_db::StateDb;
 
@@ -204,7 +205,10 @@ pub async fn run(
             if !now.leads() {
                 follower = Some((
                     Settings {
-                        dry_run: true,
+                        cycle: crate::cycle::Options {
+                            dry_run: true,
+                            ..settings.cycle.clone()
+                        },
                         notify: None,
                         ..settings.clone()
                     },
@@ -215,7 +219,7 @@ pub async fn run(
         }
         let run = follower.as_ref().map_or(&settings, |(s, _)| s);
         let (report, abort) = tokio::select! {
-            r = cycle(fleet, run, n, &mut memory) => r,
+            r = cycle(fleet, &run.cycle, n, &mut memory) => r,
             _ = term.recv() => { signalled = true; break },
             _ = interrupt.recv() => { signalled = true; break },
         };
@@ -285,7 +289,7 @@ pub async fn run(
         } else if report.dry_run && !report.violations.is_empty() && ending == Ending::Clean {
             ending = Ending::Violations;
         }
-        if !emit(&report, settings.format, !settings.failures.quiet) {
+        if !emit(&report, settings.format, !settings.quiet) {
             // The reader is gone (`| head`): an ending it asked for, not
             // a finding to report.
             if ending == Ending::Violations {
@@ -430,7 +434,7 @@ async fn record(
         crate::outcome::attributed(&report.plan, &report.outcomes),
         report.usage.clone(),
     );
-    let ms = crate::cycle::millis;
+    let ms = crate::clock::millis;
     let retain = ms(retain);
     // Two intervals (and a slow cycle) between samples still count.
     let max_gap = ms(if interval.is_zero() {
@@ -438,7 +442,7 @@ async fn record(
     } else {
         interval * 2 + Duration::from_secs(60)
     });
-    let now = crate::cycle::now_ms();
+    let now = crate::clock::now_ms();
     let written = crate::host::off_workers("recording the cycle", move || {
         db.record(
             now, &ladder, &orphans, &idle, &events, &outcomes, &usage, retain, max_gap,
@@ -491,4 +495,14 @@ pub fn reloader(args: Vec<std::ffi::OsString>) -> Reload {
             }
         }
     })
+}
+
+/// `==> file <==` before each file's report, as `head` does.
+pub fn header(fleet: &Fleet, n: u64) -> String {
+    let name = match fleet.hosts.first() {
+        Some(Host::Recorded(r)) => r.path.display().to_string(),
+        Some(h) => h.id().to_string(),
+        None => String::new(),
+    };
+    format!("{}==> {name} <==", if n > 1 { "\n" } else { "" })
 }

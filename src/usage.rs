@@ -5,53 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::model::{Cluster, HostId};
-
-/// One user's use of one host at one moment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Sample {
-    pub host: HostId,
-    pub user: String,
-    /// GPUs their processes run on.
-    pub devices: u32,
-    /// GPU memory their processes hold (what nvidia-smi could measure).
-    pub memory_bytes: u64,
-    /// Their GPU processes.
-    pub processes: u32,
-}
-
-/// The samples of `cluster`: per host, per user whose GPU processes run
-/// there (a process whose user the host could not tell is left out), in
-/// host then user order.
-pub fn samples(cluster: &Cluster) -> Vec<Sample> {
-    let mut out = Vec::new();
-    for (host, snap) in &cluster.hosts {
-        let mut by_user: BTreeMap<&str, (BTreeSet<u32>, u64, u32)> = BTreeMap::new();
-        for p in &snap.processes {
-            let Some(user) = p.user.as_deref() else {
-                continue;
-            };
-            let entry = by_user.entry(user).or_default();
-            entry.2 = entry.2.saturating_add(1);
-            for g in &p.gpus {
-                entry.0.insert(g.index.0);
-                entry.1 = entry.1.saturating_add(g.usage.bytes().unwrap_or(0));
-            }
-        }
-        out.extend(
-            by_user
-                .into_iter()
-                .map(|(user, (devices, memory_bytes, processes))| Sample {
-                    host: host.clone(),
-                    user: user.to_string(),
-                    devices: u32::try_from(devices.len()).unwrap_or(u32::MAX),
-                    memory_bytes,
-                    processes,
-                }),
-        );
-    }
-    out
-}
+pub use crate::report::{samples, Sample};
 
 /// A usage sample as recorded.
 #[derive(Debug, Clone, PartialEq)]
@@ -293,7 +247,7 @@ pub fn render_json(lines: &[Line]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{HostSnapshot, Mode, Usage};
+    use crate::model::{Cluster, HostId, HostSnapshot, Mode, Usage};
     use crate::rules::test_support::{mib, proc_};
 
     #[test]

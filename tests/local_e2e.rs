@@ -154,28 +154,22 @@ async fn process_of_unknown_ownership_is_reported_never_terminated() {
     }
     let mut host = local(&h);
     host.proc_root = fake_proc;
-    let settings = genv_enforce::config::Settings {
+    let options = genv_enforce::cycle::Options {
         mode: genv_enforce::model::Mode::Local,
         policy: genv_enforce::rules::Policy {
             non_env_processes: true,
             ..Default::default()
         },
-        interval: Duration::ZERO,
         dry_run: false,
-        format: genv_enforce::report::Format::Text,
-        failures: Default::default(),
+        exit_on_error: false,
         kill_after: None,
-        grace: Default::default(),
-        state: None,
-        retain: std::time::Duration::from_secs(3600),
         sample_usage: false,
-        notify: None,
-        ha: None,
+        idle_gap: std::time::Duration::from_secs(3600),
     };
     let fleet =
         genv_enforce::fleet::Fleet::new(vec![genv_enforce::host::Host::Local(Box::new(host))], 1);
     let (report, _) =
-        genv_enforce::cycle::cycle(&fleet, &settings, 1, &mut Default::default()).await;
+        genv_enforce::cycle::cycle(&fleet, &options, 1, &mut Default::default()).await;
     assert!(report.violations.is_empty());
     assert!(report.plan.hosts.is_empty());
     assert!(

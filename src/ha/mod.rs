@@ -14,7 +14,7 @@
 
 pub mod doctor;
 pub mod election;
-pub mod fence;
+pub use crate::host::fence;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
 use super::protocol::{self, Answer, Hello, Request};
-use crate::error::HostError;
+use super::HostError;
 
 /// Exit statuses of an agent, or of the wrapper that bounds a command on a
 /// host, when its time limit was hit.

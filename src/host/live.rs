@@ -6,10 +6,10 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
+use super::fence::Fencing;
 use super::protocol::{Answer, Limits, Note, Request};
+use super::HostError;
 use super::{Fetched, Parser};
-use crate::error::HostError;
-use crate::ha::Fencing;
 use crate::model::HostId;
 use crate::outcome::{Outcome, TerminateResult};
 use crate::plan::{HostPlan, Signal, Termination};

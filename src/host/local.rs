@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::channel::{self, Agent, Process};
+use super::facts::{self, Facts};
 use super::live::Live;
 use super::protocol::{Answer, Limits, Request};
-use crate::doctor::{self, Facts};
-use crate::error::{self, HostError};
+use super::HostError;
+use crate::error;
 use crate::model::HostId;
 use crate::snapshot::assemble::ParsedState;
 
@@ -42,7 +43,7 @@ pub struct LocalHost {
     /// The Python that runs the agent.
     pub python: String,
     /// The epoch its requests carry (high availability).
-    pub fencing: crate::ha::Fencing,
+    pub fencing: crate::host::fence::Fencing,
     /// The agent, once started.
     agent: tokio::sync::Mutex<Option<Agent>>,
 }
@@ -74,7 +75,7 @@ impl LocalHost {
             groups: Vec::new(),
             utilization: false,
             python: PYTHON.to_string(),
-            fencing: crate::ha::Fencing::default(),
+            fencing: crate::host::fence::Fencing::default(),
             agent: tokio::sync::Mutex::default(),
         }
     }
@@ -152,7 +153,7 @@ impl LocalHost {
             snapshot: Some(
                 snapshot
                     .map_err(|e| error::chain(&e))
-                    .and_then(|s| doctor::snapshot_counts(&s)),
+                    .and_then(|s| facts::snapshot_counts(&s)),
             ),
             skew: None,
         }
@@ -202,7 +203,7 @@ impl Live for LocalHost {
 
     /// The agent's steps end at our deadline; the agent itself a second
     /// later (each step reports what hung first).
-    fn fencing(&self) -> &crate::ha::Fencing {
+    fn fencing(&self) -> &crate::host::fence::Fencing {
         &self.fencing
     }
 

@@ -11,6 +11,9 @@
 //! decides what to enforce.
 
 pub mod channel;
+mod error;
+pub mod facts;
+pub mod fence;
 pub mod live;
 pub mod local;
 pub mod protocol;
@@ -18,12 +21,12 @@ pub mod recorded;
 pub mod remote;
 pub mod ssh;
 
+pub use error::HostError;
 use live::Live;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::error::HostError;
 use crate::model::{HostId, HostSnapshot};
 use crate::outcome::{DetachResult, Outcome, TerminateResult};
 use crate::plan::{HostPlan, Termination};
@@ -159,7 +162,7 @@ pub(crate) fn told(answer: Answer, notes: usize) -> Result<Vec<u32>, HostError> 
 ///
 /// # Errors
 /// The doctor request failed, or its answer is not facts.
-pub(crate) fn doctor_facts(answer: &Answer) -> Result<crate::doctor::AgentFacts, HostError> {
+pub(crate) fn doctor_facts(answer: &Answer) -> Result<facts::AgentFacts, HostError> {
     match answer.status {
         Status::Done => serde_json::from_slice(&answer.body).map_err(|e| {
             HostError::Protocol(protocol::ProtocolError::Body {
@@ -300,7 +303,7 @@ impl Host {
     }
 
     /// Makes its requests carry `fencing`'s epoch (a recording has none).
-    pub fn set_fencing(&mut self, fencing: &crate::ha::Fencing) {
+    pub fn set_fencing(&mut self, fencing: &crate::host::fence::Fencing) {
         match self {
             Host::Local(h) => h.fencing = fencing.clone(),
             Host::Ssh(h) => h.fencing = fencing.clone(),
@@ -379,7 +382,7 @@ impl Host {
     }
 
     /// Facts for `doctor` (none for a recording).
-    pub async fn doctor(&self) -> Option<crate::doctor::Facts> {
+    pub async fn doctor(&self) -> Option<facts::Facts> {
         match self {
             Host::Local(h) => Some(h.doctor().await),
             Host::Ssh(h) => Some(h.doctor().await),

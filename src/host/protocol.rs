@@ -608,7 +608,7 @@ mod tests {
         assert_eq!(failure.kills.len(), 1);
         let fenced = Failure::read(golden("fenced.answer.json").as_bytes()).unwrap();
         assert_eq!((fenced.fail, fenced.kills.len()), (FailKind::Fenced, 0));
-        let facts: crate::doctor::AgentFacts =
+        let facts: crate::host::facts::AgentFacts =
             serde_json::from_str(&golden("doctor.answer.json")).unwrap();
         assert_eq!(facts.python, "3.11.2");
         let frames = std::fs::read(format!("{GOLDEN}/snapshot.answer")).unwrap();

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::error::HostError;
+use super::HostError;
 use crate::model::HostId;
 use crate::outcome::Outcome;
 use crate::plan::HostPlan;

@@ -6,11 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::channel::TIMED_OUT;
+use super::facts::{self, Connected, Facts, NotConnected};
 use super::live::Live;
 use super::protocol::{self, Answer, Limits, Request};
 use super::ssh::{AgentStart, AtEnd, Connection, SshOptions};
-use crate::doctor::{self, Connected, Facts, NotConnected};
-use crate::error::{self, ConnectFailure, HostError};
+use super::HostError;
+use crate::error;
+use crate::model::ConnectFailure;
 use crate::model::HostId;
 use crate::snapshot::assemble::ParsedState;
 
@@ -48,7 +50,7 @@ pub struct SshHost {
     /// Whether snapshots say how busy GPUs and processes are (idle rule).
     pub utilization: bool,
     /// The epoch its requests carry (high availability).
-    pub fencing: crate::ha::Fencing,
+    pub fencing: crate::host::fence::Fencing,
 }
 
 impl SshHost {
@@ -227,7 +229,7 @@ impl SshHost {
             async { super::parsed(self.fetch().await?, self.parser()).await }
                 .await
                 .map_err(|e| error::chain(&e))
-                .and_then(|s| doctor::snapshot_counts(&s)),
+                .and_then(|s| facts::snapshot_counts(&s)),
         );
         f
     }
@@ -307,7 +309,7 @@ impl Live for SshHost {
     /// The agent ends itself half a second before the host-side limit,
     /// and its steps (nvidia-smi, genv's lock) half a second before that,
     /// so that each reports what hung.
-    fn fencing(&self) -> &crate::ha::Fencing {
+    fn fencing(&self) -> &crate::host::fence::Fencing {
         &self.fencing
     }
 

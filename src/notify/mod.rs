@@ -220,7 +220,7 @@ async fn work(
     while let Some((n, e)) = rx.recv().await {
         // Owners unknown share one allowance.
         let who = message::recipient(&e).unwrap_or_default();
-        if let limit::Verdict::Hold { first, why } = limit.allow(who, &e, crate::cycle::now_ms()) {
+        if let limit::Verdict::Hold { first, why } = limit.allow(who, &e, crate::clock::now_ms()) {
             count("rate_limited");
             if first {
                 unsent(&audit, n, e, name, why).await;

@@ -85,7 +85,7 @@ pub async fn tell(
     let mut unsent: Vec<(Event, String)> = Vec::new();
     let mut nobody = 0;
     let mut allowed = Vec::with_capacity(events.len());
-    let now = crate::cycle::now_ms();
+    let now = crate::clock::now_ms();
     for e in events {
         let Some(user) = recipient(e) else {
             nobody += 1;

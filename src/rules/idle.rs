@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use super::attribution::{Attribution, Standing};
 use super::{Action, Finding, Notice, Rule, Violation};
-use crate::cycle::millis;
+use crate::clock::millis;
 use crate::model::{GpuIndex, HostId, HostSnapshot, Pid, Process};
 
 /// `--idle-after`, `--idle-below`.

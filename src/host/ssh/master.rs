@@ -11,8 +11,9 @@ use std::time::Duration;
 use openssh::{KnownHosts, Session};
 
 use super::{Connection, SshOptions, DEFAULT_CONNECT_TIMEOUT, MASTER_WAIT};
-use crate::error::{ConnectFailure, HostError};
 use crate::host::channel::Agent;
+use crate::host::HostError;
+use crate::model::ConnectFailure;
 
 /// A running master: its socket, its log, the mux session over it, and
 /// our agent on the host, reached over it, if started.

@@ -25,8 +25,30 @@ use master::{alive, host_key_option, shut, Master};
 
 use super::channel::{self, Agent, Process, TIMED_OUT};
 use super::protocol::{Answer, Request, MAX_ANSWER_BYTES};
-use crate::error::HostError;
-use crate::inventory::HostSpec;
+use crate::host::HostError;
+use crate::model::HostId;
+
+/// How to reach one host and run genv's tools there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSpec {
+    /// The name printed in reports (`[gpu1] ...`), as the admin wrote it.
+    pub id: HostId,
+    /// Host name or address to connect to.
+    pub address: String,
+    pub user: Option<String>,
+    pub port: Option<u16>,
+    pub identity_file: Option<PathBuf>,
+    /// Extra `ssh -o` options (`Key=Value`).
+    pub ssh_options: Vec<String>,
+    /// genv's state directory there (`GENV_TMPDIR`).
+    pub genv_dir: String,
+    /// The privilege wrapper, as words (`["sudo", "-n"]`; empty for root logins).
+    pub sudo: Vec<String>,
+    /// The Python 3 that runs our agent on the host (genv's own will do), as words.
+    pub python: Vec<String>,
+    /// The nvidia-smi command, as words.
+    pub nvidia_smi: Vec<String>,
+}
 
 /// The connect timeout when `-t` gives none.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

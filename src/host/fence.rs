@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::error::HostError;
-use crate::host::protocol::{Answer, FailKind, Failure, Fence, Status};
+use super::protocol::{Answer, FailKind, Failure, Fence, Status};
+use super::HostError;
 use crate::model::HostId;
 
 /// Where agents keep the highest epoch they have seen, by default.
