@@ -14,11 +14,11 @@ use crate::cli::{
 };
 use crate::cycle::Options;
 use crate::fleet::Fleet;
-use crate::host::local::LocalHost;
 use crate::host::recorded::Recorded;
-use crate::host::remote::{AgentLifetime, SshHost};
-use crate::host::ssh::{AtEnd, Connection, SshOptions};
+use crate::host::remote::AgentLifetime;
+use crate::host::ssh::{AtEnd, SshOptions};
 use crate::host::Host;
+use crate::host::LiveHost;
 use crate::inventory::{self, Inventory, InventoryError, Overrides};
 use crate::model::{HostId, Mode};
 use crate::report::Format;
@@ -68,7 +68,7 @@ pub enum Job {
         web: Option<crate::web_config::WebConfig>,
     },
     /// This machine's snapshot as genv prints it.
-    Snapshot(Box<LocalHost>),
+    Snapshot(Box<LiveHost>),
     /// `report` over a state database.
     Report(crate::cli::ReportArgs),
     /// Man pages and completions written under this directory.
@@ -133,13 +133,13 @@ pub enum ConfigError {
 /// that holds no snapshots, an unsafe `--control-dir`.
 pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
     match cli.command {
-        Command::Snapshot(args) => Ok(Job::Snapshot(Box::new(LocalHost::from_env(
+        Command::Snapshot(args) => Ok(Job::Snapshot(Box::new(LiveHost::this_machine(
             args.command_timeout,
         )))),
         Command::Doctor(args) => {
             let ha = ha_spec(&args.output.ha, Duration::ZERO)?;
             let mut fleet = Fleet::new(
-                vec![Host::Local(Box::new(LocalHost::from_env(
+                vec![Host::Live(Box::new(LiveHost::this_machine(
                     args.command_timeout,
                 )))],
                 1,
@@ -164,18 +164,18 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
                     .map(|path| Fleet::new(vec![Host::Recorded(recorded(path))], 1))
                     .collect()
             } else {
-                let mut host = LocalHost::from_env(args.command_timeout);
-                host.max_records = args.cycle.max_records;
-                host.groups = settings
+                let mut host = LiveHost::this_machine(args.command_timeout);
+                host.agent.max_records = args.cycle.max_records;
+                host.agent.groups = settings
                     .cycle
                     .policy
                     .max_devices_per_group
                     .keys()
                     .cloned()
                     .collect();
-                host.utilization = settings.cycle.policy.idle.is_some();
-                host.fencing = fencing(settings.ha.as_deref());
-                vec![Fleet::new(vec![Host::Local(Box::new(host))], 1)]
+                host.agent.utilization = settings.cycle.policy.idle.is_some();
+                host.agent.fencing = fencing(settings.ha.as_deref());
+                vec![Fleet::new(vec![Host::Live(Box::new(host))], 1)]
             };
             Ok(Job::Enforce {
                 metrics: args.cycle.metrics_listen,
@@ -382,16 +382,11 @@ fn ssh_fleet(
         .hosts
         .into_iter()
         .map(|spec| {
-            Host::Ssh(Box::new(SshHost {
-                conn: Connection::new(spec),
-                ssh: Arc::clone(&ssh),
-                command_timeout: args.command_timeout,
-                lifetime,
-                max_records,
-                groups: groups.clone(),
-                utilization,
-                fencing: crate::host::fence::Fencing::default(),
-            }))
+            let mut host = LiveHost::ssh(spec, Arc::clone(&ssh), args.command_timeout, lifetime);
+            host.agent.max_records = max_records;
+            host.agent.groups.clone_from(&groups);
+            host.agent.utilization = utilization;
+            Host::Live(Box::new(host))
         })
         .collect();
     Ok((Fleet::new(hosts, usize::from(args.concurrency)), temp))

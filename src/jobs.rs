@@ -20,7 +20,7 @@ pub const USAGE: u8 = 2;
 /// resolves again); returns the exit status.
 pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
     match job {
-        Job::Snapshot(host) => match Host::Local(host).snapshot().await {
+        Job::Snapshot(host) => match Host::Live(host).snapshot().await {
             // genv's state is what `genv usage snapshot` shows: without it
             // there is no snapshot to print.
             Ok(s) if s.state_problem().is_some() => {

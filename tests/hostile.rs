@@ -182,7 +182,7 @@ fn reuse_a_pid_inside_this_namespace() {
     std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
     let mut second = Command::new("sleep").arg("1000").spawn().unwrap();
     assert_eq!(second.id(), pid, "the pid was not reused: cannot test");
-    let host = genv_enforce::host::local::LocalHost::from_env(Duration::from_secs(5));
+    let host = genv_enforce::host::LiveHost::this_machine(Duration::from_secs(5));
     let outcome = util::terminate(&host, pid, Some(start));
     assert!(
         matches!(outcome, T::PidReused { expected, .. } if expected == start),

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use genv_enforce::host::local::LocalHost;
+use genv_enforce::host::LiveHost;
 use genv_enforce::model::{EnvId, GpuIndex};
 use genv_enforce::outcome::{self, TerminateResult as T};
 use util::{env, lines, Host};
@@ -19,13 +19,13 @@ fn start_time(pid: u32) -> u64 {
     util::start_time(pid)
 }
 
-fn local(h: &Host) -> LocalHost {
-    let mut host = LocalHost::new(
+fn local(h: &Host) -> LiveHost {
+    let mut host = genv_enforce::host::LiveHost::local(
         genv_enforce::model::HostId("local".into()),
         h.state_dir(),
         Duration::from_secs(10),
     );
-    host.nvidia_smi = h.dir.path().join("bin/nvidia-smi").display().to_string();
+    host.agent.nvidia_smi = vec![h.dir.path().join("bin/nvidia-smi").display().to_string()];
     host
 }
 
@@ -153,7 +153,7 @@ async fn process_of_unknown_ownership_is_reported_never_terminated() {
         std::os::unix::fs::symlink(format!("/proc/{p}/{f}"), pdir.join(f)).unwrap();
     }
     let mut host = local(&h);
-    host.proc_root = fake_proc;
+    host.agent.proc_root = fake_proc.display().to_string();
     let options = genv_enforce::cycle::Options {
         mode: genv_enforce::model::Mode::Local,
         policy: genv_enforce::rules::Policy {
@@ -167,7 +167,7 @@ async fn process_of_unknown_ownership_is_reported_never_terminated() {
         idle_gap: std::time::Duration::from_secs(3600),
     };
     let fleet =
-        genv_enforce::fleet::Fleet::new(vec![genv_enforce::host::Host::Local(Box::new(host))], 1);
+        genv_enforce::fleet::Fleet::new(vec![genv_enforce::host::Host::Live(Box::new(host))], 1);
     let (report, _) =
         genv_enforce::cycle::cycle(&fleet, &options, 1, &mut Default::default()).await;
     assert!(report.violations.is_empty());
@@ -216,7 +216,9 @@ fn concurrent_genv_attach_loses_nothing_to_our_detach() {
         })
         .collect();
     let mut host = local(&h);
-    host.timeout = Duration::from_secs(30);
+    if let genv_enforce::host::live::Transport::Local(pipes) = &mut host.via {
+        pipes.timeout = Duration::from_secs(30);
+    }
     for i in 0..N {
         let plan = genv_enforce::plan::HostPlan {
             terminate: Vec::new(),
@@ -427,8 +429,8 @@ async fn an_answer_given_up_on_is_never_read_as_the_next_requests() {
         ),
     );
     let mut host = local(&h);
-    host.nvidia_smi = slow.display().to_string();
-    let host = genv_enforce::host::Host::Local(Box::new(host));
+    host.agent.nvidia_smi = vec![slow.display().to_string()];
+    let host = genv_enforce::host::Host::Live(Box::new(host));
     // The agent up and answering (nvidia-smi quick while slow-once exists).
     let once = h.dir.path().join("slow-once");
     std::fs::create_dir(&once).unwrap();

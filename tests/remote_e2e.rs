@@ -563,17 +563,12 @@ fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
             known_hosts_file: Some(f.dir.path().join("known_hosts")),
             at_end: genv_enforce::host::ssh::AtEnd::Close,
         });
-        let host = genv_enforce::host::remote::SshHost {
-            conn: genv_enforce::host::ssh::Connection::new(spec),
+        let host = genv_enforce::host::LiveHost::ssh(
+            spec,
             ssh,
-            command_timeout: Duration::from_secs(20),
-            lifetime: genv_enforce::host::remote::AgentLifetime::OneCycle,
-            max_records: genv_enforce::snapshot::genv::DEFAULT_MAX_RECORDS,
-            groups: Vec::new(),
-            utilization: false,
-            fencing: genv_enforce::ha::Fencing::default(),
-        };
-        use genv_enforce::host::live::Live;
+            Duration::from_secs(20),
+            genv_enforce::host::remote::AgentLifetime::OneCycle,
+        );
         let ours = match host.fetch().await {
             Ok(fetched) => host.parser().parse(fetched),
             Err(e) => Err(e),
@@ -581,9 +576,12 @@ fn remote_snapshot_matches_genv_usage_snapshot_on_the_host() {
         let argv: Vec<String> = ["sudo", "-n", "genv", "usage", "snapshot"]
             .map(String::from)
             .to_vec();
-        let genv = host
+        let genv_enforce::host::live::Transport::Ssh(ssh) = &host.via else {
+            unreachable!("an SSH host")
+        };
+        let genv = ssh
             .conn
-            .run(&argv, None, Duration::from_secs(20), &host.ssh)
+            .run(&argv, None, Duration::from_secs(20), &ssh.ssh)
             .await
             .unwrap();
         host.close().await.unwrap();

@@ -34,6 +34,24 @@ pub struct Facts {
     pub root: Option<bool>,
 }
 
+impl Facts {
+    /// Nothing learned yet of `host`, whose agent `python_command` runs.
+    pub fn new(host: HostId, python_command: String) -> Facts {
+        Facts {
+            host,
+            ssh: None,
+            sudo: None,
+            login: None,
+            python_command,
+            agent: None,
+            hello: None,
+            snapshot: None,
+            skew: None,
+            root: None,
+        }
+    }
+}
+
 /// A connection that came up.
 #[derive(Debug, Clone)]
 pub struct Connected {

@@ -1,15 +1,17 @@
 //! Hosts: where snapshots come from and where plans are carried out. One
-//! interface, [`Host`], over three kinds:
+//! interface, [`Host`], over two kinds:
 //!
-//! - [`local::LocalHost`]: this machine, and [`remote::SshHost`]: a
-//!   machine reached over SSH ([`ssh`]); on both, our agent (`agent.py`,
-//!   speaking [`protocol`] over a [`channel`]) is the only code that
-//!   touches the host: it takes snapshots, signals and detaches as root;
+//! - [`LiveHost`]: our agent (`agent.py`, speaking [`protocol`] over a
+//!   [`channel`]; its answers read in [`answers`]), the only code that
+//!   touches the host: it takes snapshots, signals and detaches as root.
+//!   It runs on this machine as a child of ours ([`local`]), or on a
+//!   machine reached over SSH ([`remote`], [`ssh`]);
 //! - [`recorded::Recorded`]: a `genv usage snapshot` file, for dry runs.
 //!
 //! A host reports its failures as data ([`HostError`]); nothing here
 //! decides what to enforce.
 
+pub mod answers;
 pub mod channel;
 mod error;
 pub mod facts;
@@ -22,17 +24,16 @@ pub mod remote;
 pub mod ssh;
 
 pub use error::HostError;
-use live::Live;
+pub use live::LiveHost;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::model::{HostId, HostSnapshot};
-use crate::outcome::{DetachResult, Outcome, TerminateResult};
-use crate::plan::{HostPlan, Termination};
+use crate::outcome::Outcome;
+use crate::plan::HostPlan;
 use crate::snapshot::assemble::{assemble, ParsedState};
 use crate::snapshot::{frames, genv};
-use protocol::{Answer, Failure, Status};
 
 /// What a host sent for one snapshot, not yet parsed: parsing is work on
 /// what users wrote, done off the async workers ([`Parser`]).
@@ -42,166 +43,6 @@ pub enum Fetched {
     Agent(Vec<u8>),
     /// A recorded `genv usage snapshot`.
     Recorded(String),
-}
-
-/// A failure answer as an error: the kind of step and why (`state: ...`).
-fn failure(answer: &Answer) -> HostError {
-    match Failure::read(&answer.body) {
-        Ok(f) => HostError::Remote {
-            fail: f.fail,
-            message: f.message,
-        },
-        Err(e) => HostError::Protocol(e),
-    }
-}
-
-/// A snapshot answer: the frames, or why the snapshot failed.
-///
-/// # Errors
-/// A step failed on the host.
-pub(crate) fn fetched(answer: Answer) -> Result<Fetched, HostError> {
-    match answer.status {
-        Status::Done => Ok(Fetched::Agent(answer.body)),
-        Status::Failed => Err(failure(&answer)),
-    }
-}
-
-/// One outcome per termination from a terminate answer: the kills done
-/// are answered even when a later step failed, and the rest fail with
-/// the reason.
-pub(crate) fn terminated(
-    answer: Result<Answer, HostError>,
-    terminations: &[Termination],
-) -> Vec<TerminateResult> {
-    let (kills, missing) = match answer {
-        Ok(a) => match a.status {
-            Status::Done => match serde_json::from_slice::<protocol::Kills>(&a.body) {
-                Ok(k) => (k.kills, "no answer from the host".to_string()),
-                Err(e) => (
-                    Vec::new(),
-                    crate::error::chain(&HostError::Protocol(protocol::ProtocolError::Body {
-                        what: "terminate",
-                        why: e.to_string(),
-                    })),
-                ),
-            },
-            Status::Failed => match Failure::read(&a.body) {
-                Ok(f) => (f.kills, format!("{}: {}", f.fail.word(), f.message)),
-                Err(e) => (Vec::new(), crate::error::chain(&HostError::Protocol(e))),
-            },
-        },
-        Err(e) => (Vec::new(), crate::error::chain(&e)),
-    };
-    protocol::read_terminations(&kills, terminations, &missing)
-}
-
-/// Outcomes for terminations none of which has a start time: never
-/// signalled blind.
-pub(crate) fn terminated_blind(terminations: &[Termination]) -> Vec<TerminateResult> {
-    protocol::read_terminations(&[], terminations, "no answer from the host")
-}
-
-/// One outcome per detached pair from a detach answer; a failed detach
-/// changed nothing.
-pub(crate) fn detached(
-    host: &HostId,
-    answer: Result<Answer, HostError>,
-    pairs: usize,
-) -> Vec<DetachResult> {
-    let failed = |error: String| vec![DetachResult::Failed { error }; pairs];
-    match answer {
-        Ok(a) => match a.status {
-            Status::Done => match serde_json::from_slice::<protocol::Detached>(&a.body) {
-                Ok(d) => {
-                    if let Some(held) = &d.unlocked {
-                        // A user held genv's lock: written without it (see
-                        // the agent's lock()), said each time.
-                        crate::output::complain(&format!(
-                            "{host}: {}: devices.json was written without it",
-                            crate::report::clean(held)
-                        ));
-                    }
-                    protocol::read_detaches(&d.detached, pairs, "no answer from the host")
-                }
-                Err(e) => failed(format!(
-                    "the agent's detach answer is not what we expect: {e}"
-                )),
-            },
-            Status::Failed => match Failure::read(&a.body) {
-                // Said as the agent says it (no kind: the action names it).
-                Ok(f) => failed(f.message),
-                Err(e) => failed(crate::error::chain(&HostError::Protocol(e))),
-            },
-        },
-        Err(e) => failed(crate::error::chain(&e)),
-    }
-}
-
-/// How many terminals each note reached, from a tell answer.
-///
-/// # Errors
-/// The agent refused the notes, or its answer is not a count per note.
-pub(crate) fn told(answer: Answer, notes: usize) -> Result<Vec<u32>, HostError> {
-    match answer.status {
-        Status::Done => match serde_json::from_slice::<protocol::Told>(&answer.body) {
-            Ok(t) if t.told.len() == notes => Ok(t.told),
-            Ok(t) => Err(HostError::Protocol(protocol::ProtocolError::Body {
-                what: "tell",
-                why: format!("{} counts for {notes} notes", t.told.len()),
-            })),
-            Err(e) => Err(HostError::Protocol(protocol::ProtocolError::Body {
-                what: "tell",
-                why: e.to_string(),
-            })),
-        },
-        Status::Failed => Err(failure(&answer)),
-    }
-}
-
-/// A doctor answer's facts.
-///
-/// # Errors
-/// The doctor request failed, or its answer is not facts.
-pub(crate) fn doctor_facts(answer: &Answer) -> Result<facts::AgentFacts, HostError> {
-    match answer.status {
-        Status::Done => serde_json::from_slice(&answer.body).map_err(|e| {
-            HostError::Protocol(protocol::ProtocolError::Body {
-                what: "doctor",
-                why: e.to_string(),
-            })
-        }),
-        Status::Failed => Err(failure(answer)),
-    }
-}
-
-/// A host's outcomes for its plan: terminations, then detaches, in plan
-/// order.
-pub(crate) fn outcomes(
-    host: &HostId,
-    plan: &HostPlan,
-    terminated: Vec<TerminateResult>,
-    detached: Vec<DetachResult>,
-) -> Vec<Outcome> {
-    let t = plan
-        .terminate
-        .iter()
-        .zip(terminated)
-        .map(|(t, outcome)| Outcome::Terminate {
-            host: host.clone(),
-            pid: t.pid,
-            outcome,
-        });
-    let d = plan
-        .detach
-        .iter()
-        .zip(detached)
-        .map(|(d, outcome)| Outcome::Detach {
-            host: host.clone(),
-            device: d.device,
-            eid: d.eid.clone(),
-            outcome,
-        });
-    t.chain(d).collect()
 }
 
 /// Turns what one host sent into its snapshot. Owned and cheap to clone,
@@ -265,20 +106,18 @@ pub async fn off_workers<T: Send + 'static>(
         .map_err(|source| HostError::Join { what, source })
 }
 
-/// A host of any kind.
+/// A host of any kind: live (our agent over a transport), or a recording.
 #[derive(Debug)]
 pub enum Host {
-    Local(Box<local::LocalHost>),
-    Ssh(Box<remote::SshHost>),
+    Live(Box<LiveHost>),
     Recorded(recorded::Recorded),
 }
 
 impl Host {
     /// Its name in reports.
-    pub fn id(&self) -> &crate::model::HostId {
+    pub fn id(&self) -> &HostId {
         match self {
-            Host::Local(h) => &h.id,
-            Host::Ssh(h) => &h.conn.spec.id,
+            Host::Live(h) => h.id(),
             Host::Recorded(h) => &h.id,
         }
     }
@@ -287,27 +126,16 @@ impl Host {
     /// configuration keeps such a host, and its connection).
     pub fn same_as(&self, other: &Host) -> bool {
         match (self, other) {
-            (Host::Local(a), Host::Local(b)) => a.same_as(b),
-            (Host::Ssh(a), Host::Ssh(b)) => {
-                a.conn.spec == b.conn.spec
-                    && a.command_timeout == b.command_timeout
-                    && a.lifetime == b.lifetime
-                    && a.max_records == b.max_records
-                    && a.groups == b.groups
-                    && a.utilization == b.utilization
-                    && a.ssh.same_connection(&b.ssh)
-            }
+            (Host::Live(a), Host::Live(b)) => a.same_as(b),
             (Host::Recorded(a), Host::Recorded(b)) => a.id == b.id && a.path == b.path,
             _ => false,
         }
     }
 
     /// Makes its requests carry `fencing`'s epoch (a recording has none).
-    pub fn set_fencing(&mut self, fencing: &crate::host::fence::Fencing) {
-        match self {
-            Host::Local(h) => h.fencing = fencing.clone(),
-            Host::Ssh(h) => h.fencing = fencing.clone(),
-            Host::Recorded(_) => {}
+    pub fn set_fencing(&mut self, fencing: &fence::Fencing) {
+        if let Host::Live(h) = self {
+            h.agent.fencing = fencing.clone();
         }
     }
 
@@ -323,8 +151,7 @@ impl Host {
     /// Whatever kept it from being taken, naming the step.
     pub async fn fetch(&self) -> Result<Fetched, HostError> {
         match self {
-            Host::Local(h) => h.fetch().await,
-            Host::Ssh(h) => h.fetch().await,
+            Host::Live(h) => h.fetch().await,
             Host::Recorded(h) => h.fetch().await,
         }
     }
@@ -332,8 +159,7 @@ impl Host {
     /// What turns its [`Host::fetch`] into a snapshot.
     pub fn parser(&self) -> Parser {
         match self {
-            Host::Local(h) => h.parser(),
-            Host::Ssh(h) => h.parser(),
+            Host::Live(h) => h.parser(),
             Host::Recorded(h) => h.parser(),
         }
     }
@@ -351,8 +177,7 @@ impl Host {
     /// first), then detaches, as genv does; one outcome per action.
     pub async fn execute(&self, plan: &HostPlan) -> Vec<Outcome> {
         match self {
-            Host::Local(h) => h.execute(plan).await,
-            Host::Ssh(h) => h.execute(plan).await,
+            Host::Live(h) => h.execute(plan).await,
             Host::Recorded(h) => h.execute(plan),
         }
     }
@@ -361,8 +186,7 @@ impl Host {
     /// identity (`--kill-after`); one [`Outcome::Kill`] each.
     pub async fn escalate(&self, terminations: &[crate::plan::Termination]) -> Vec<Outcome> {
         match self {
-            Host::Local(h) => h.escalate(terminations).await,
-            Host::Ssh(h) => h.escalate(terminations).await,
+            Host::Live(h) => h.escalate(terminations).await,
             Host::Recorded(_) => Vec::new(),
         }
     }
@@ -375,8 +199,7 @@ impl Host {
     /// The transport or the agent failed.
     pub async fn tell(&self, notes: Vec<protocol::Note>) -> Result<Vec<u32>, HostError> {
         match self {
-            Host::Local(h) => h.tell(notes).await,
-            Host::Ssh(h) => h.tell(notes).await,
+            Host::Live(h) => h.tell(notes).await,
             Host::Recorded(_) => Ok(vec![0; notes.len()]),
         }
     }
@@ -384,8 +207,7 @@ impl Host {
     /// Facts for `doctor` (none for a recording).
     pub async fn doctor(&self) -> Option<facts::Facts> {
         match self {
-            Host::Local(h) => Some(h.doctor().await),
-            Host::Ssh(h) => Some(h.doctor().await),
+            Host::Live(h) => Some(h.doctor().await),
             Host::Recorded(_) => None,
         }
     }
@@ -394,8 +216,8 @@ impl Host {
     /// opened.
     pub fn take_connect_time(&self) -> Option<Duration> {
         match self {
-            Host::Ssh(h) => h.conn.take_connect_time(),
-            Host::Local(_) | Host::Recorded(_) => None,
+            Host::Live(h) => h.take_connect_time(),
+            Host::Recorded(_) => None,
         }
     }
 
@@ -405,11 +227,7 @@ impl Host {
     /// It could not be closed cleanly (it was killed instead).
     pub async fn close(&self) -> Result<(), HostError> {
         match self {
-            Host::Ssh(h) => h.close().await,
-            Host::Local(h) => {
-                h.close().await;
-                Ok(())
-            }
+            Host::Live(h) => h.close().await,
             Host::Recorded(_) => Ok(()),
         }
     }

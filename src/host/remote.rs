@@ -1,20 +1,17 @@
-//! A remote host: our [`agent`](super::agent) run as root through the
-//! host's sudo over its SSH connection ([`ssh`](super::ssh)), asked for a
-//! snapshot, kills and detaches.
+//! A remote host: our agent run as root through the host's sudo over its
+//! SSH connection ([`ssh`](super::ssh)); what it is asked is written once
+//! in [`super::live`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::channel::TIMED_OUT;
-use super::facts::{self, Connected, Facts, NotConnected};
-use super::live::Live;
+use super::facts::{Connected, Facts, NotConnected};
 use super::protocol::{self, Answer, Limits, Request};
 use super::ssh::{AgentStart, AtEnd, Connection, SshOptions};
 use super::HostError;
 use crate::error;
 use crate::model::ConnectFailure;
-use crate::model::HostId;
-use crate::snapshot::assemble::ParsedState;
 
 /// Runs its arguments under `timeout` when the host has it (coreutils and
 /// busybox both do), so that a command that hangs (sudo waiting on a
@@ -34,26 +31,26 @@ pub enum AgentLifetime {
     Kept,
 }
 
-/// A host reached over SSH.
+/// Our agent under a remote host's sudo, over its SSH master.
 #[derive(Debug)]
-pub struct SshHost {
+pub struct Ssh {
     pub conn: Connection,
     pub ssh: Arc<SshOptions>,
     /// Deadline of each request, connection included.
     pub command_timeout: Duration,
     /// How long its agent lives.
     pub lifetime: AgentLifetime,
-    /// `--max-records`.
-    pub max_records: usize,
-    /// The groups whose members snapshots say (group exemptions, caps).
-    pub groups: Vec<String>,
-    /// Whether snapshots say how busy GPUs and processes are (idle rule).
-    pub utilization: bool,
-    /// The epoch its requests carry (high availability).
-    pub fencing: crate::host::fence::Fencing,
 }
 
-impl SshHost {
+impl Ssh {
+    /// Whether `other` reaches the same host the same way.
+    pub fn same_as(&self, other: &Ssh) -> bool {
+        self.conn.spec == other.conn.spec
+            && self.command_timeout == other.command_timeout
+            && self.lifetime == other.lifetime
+            && self.ssh.same_connection(&other.ssh)
+    }
+
     /// Seconds a command may run on the host: [`BOUNDED`] kills it
     /// (1 s grace included) before our own deadline ends.
     fn host_limit(&self) -> u64 {
@@ -70,23 +67,16 @@ impl SshHost {
             .collect()
     }
 
-    /// Facts for `doctor`: the connection, sudo, the agent's account of
-    /// the host and a real snapshot, each step only if the one before
-    /// went through.
-    pub async fn doctor(&self) -> Facts {
+    /// `doctor`'s facts of how the host is reached: the connection, then
+    /// sudo, each only if the one before went through; the facts so far
+    /// when one did not.
+    ///
+    /// # Errors
+    /// The facts, where the agent cannot be reached.
+    pub async fn reach(&self) -> Result<Facts, Box<Facts>> {
         let spec = &self.conn.spec;
-        let mut f = Facts {
-            host: spec.id.clone(),
-            ssh: None,
-            sudo: None,
-            login: spec.user.clone(),
-            python_command: spec.python.join(" "),
-            agent: None,
-            hello: None,
-            snapshot: None,
-            skew: None,
-            root: None,
-        };
+        let mut f = Facts::new(spec.id.clone(), spec.python.join(" "));
+        f.login.clone_from(&spec.user);
         let port = spec.port.unwrap_or(22);
         let start = std::time::Instant::now();
         let truth = ["true".to_string()];
@@ -139,7 +129,7 @@ impl SshHost {
             },
         );
         if !matches!(f.ssh, Some(Ok(_))) {
-            return f;
+            return Err(Box::new(f));
         }
         let sudo: Vec<String> = spec.sudo.clone();
         let probe = self.bounded(
@@ -200,38 +190,11 @@ impl SshHost {
             }
             Err(e) => Err(error::chain(&e)),
         });
-        if !matches!(f.sudo, Some(Ok(_))) {
-            return f;
+        if matches!(f.sudo, Some(Ok(_))) {
+            Ok(f)
+        } else {
+            Err(Box::new(f))
         }
-        let request = Request::doctor(
-            &spec.genv_dir,
-            &spec.nvidia_smi,
-            self.limits(),
-            self.fencing.dir(),
-        );
-        let asked = std::time::SystemTime::now();
-        let answer = self.ask(&request).await;
-        let answered = std::time::SystemTime::now();
-        f.agent = Some(
-            answer
-                .and_then(|a| super::doctor_facts(&a))
-                .map_err(|e| error::chain(&e)),
-        );
-        f.hello = self.conn.hello().await;
-        if let Some(Ok(a)) = &f.agent {
-            let secs = |t: std::time::SystemTime| {
-                t.duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0.0, |d| d.as_secs_f64())
-            };
-            f.skew = Some(a.time - (secs(asked) + secs(answered)) / 2.0);
-        }
-        f.snapshot = Some(
-            async { super::parsed(self.fetch().await?, self.parser()).await }
-                .await
-                .map_err(|e| error::chain(&e))
-                .and_then(|s| facts::snapshot_counts(&s)),
-        );
-        f
     }
 
     /// How our agent is started, as root through the host's sudo. A run of
@@ -275,45 +238,11 @@ impl SshHost {
             self.conn.close().await
         }
     }
-}
-
-impl Live for SshHost {
-    fn id(&self) -> &HostId {
-        &self.conn.spec.id
-    }
-
-    fn genv_dir(&self) -> String {
-        self.conn.spec.genv_dir.clone()
-    }
-
-    fn proc_root(&self) -> String {
-        "/proc".into()
-    }
-
-    fn nvidia_smi(&self) -> &[String] {
-        &self.conn.spec.nvidia_smi
-    }
-
-    fn max_records(&self) -> usize {
-        self.max_records
-    }
-
-    fn groups(&self) -> &[String] {
-        &self.groups
-    }
-
-    fn utilization(&self) -> bool {
-        self.utilization
-    }
 
     /// The agent ends itself half a second before the host-side limit,
     /// and its steps (nvidia-smi, genv's lock) half a second before that,
     /// so that each reports what hung.
-    fn fencing(&self) -> &crate::host::fence::Fencing {
-        &self.fencing
-    }
-
-    fn limits(&self) -> Limits {
+    pub fn limits(&self) -> Limits {
         let half = Duration::from_millis(500);
         let run = Duration::from_secs(self.host_limit())
             .saturating_sub(half)
@@ -324,16 +253,11 @@ impl Live for SshHost {
         }
     }
 
-    fn source(&self) -> String {
-        self.conn.spec.id.0.clone()
-    }
-
-    fn parsed(&self) -> &Arc<std::sync::Mutex<ParsedState>> {
-        &self.conn.parsed
-    }
-
     /// Asks our agent (started if needed) to carry out `request`.
-    async fn ask(&self, request: &Request) -> Result<Answer, HostError> {
+    ///
+    /// # Errors
+    /// The connection, sudo or the agent failed, or the deadline passed.
+    pub async fn ask(&self, request: &Request) -> Result<Answer, HostError> {
         self.conn
             .exchange(
                 &self.agent_start(),

@@ -436,7 +436,7 @@ pub fn start_time(pid: u32) -> u64 {
 /// Carries out `plan` on this machine's `host` (through its agent) and
 /// returns the outcomes, on a runtime of its own.
 pub fn execute(
-    host: &genv_enforce::host::local::LocalHost,
+    host: &genv_enforce::host::LiveHost,
     plan: &genv_enforce::plan::HostPlan,
 ) -> Vec<genv_enforce::outcome::Outcome> {
     tokio::runtime::Builder::new_current_thread()
@@ -444,16 +444,15 @@ pub fn execute(
         .build()
         .unwrap()
         .block_on(async {
-            use genv_enforce::host::live::Live;
             let out = host.execute(plan).await;
-            host.close().await;
+            let _ = host.close().await;
             out
         })
 }
 
 /// SIGTERMs the process `pid` seen with `start_time` through `host`.
 pub fn terminate(
-    host: &genv_enforce::host::local::LocalHost,
+    host: &genv_enforce::host::LiveHost,
     pid: u32,
     start_time: Option<u64>,
 ) -> genv_enforce::outcome::TerminateResult {

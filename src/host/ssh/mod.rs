@@ -113,8 +113,6 @@ pub struct Connection {
     master: Mutex<Option<Master>>,
     /// How long the last master took to come up, until asked for.
     connected_in: std::sync::Mutex<Option<Duration>>,
-    /// The host's state files as parsed last cycle.
-    pub parsed: Arc<std::sync::Mutex<crate::snapshot::assemble::ParsedState>>,
 }
 
 impl Connection {
@@ -124,7 +122,6 @@ impl Connection {
             spec,
             master: Mutex::new(None),
             connected_in: std::sync::Mutex::new(None),
-            parsed: Arc::default(),
         }
     }
 
