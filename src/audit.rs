@@ -135,6 +135,7 @@ impl AuditLog {
         };
         let refused = |r: Refusal| match r {
             Refusal::Unsafe(why) => unsafe_(why),
+            Refusal::Shared => unsafe_("others may read or write it"),
             Refusal::Io(e) => io(e),
         };
         let fd: OwnedFd = rustix::fs::open(

@@ -120,10 +120,43 @@ pub enum ConfigError {
     Audit(#[from] AuditError),
     #[error(transparent)]
     Notify(#[from] crate::notify::NotifyError),
-    #[error("--ha-etcd: {0}")]
-    Ha(String),
+    #[error("--ha-etcd")]
+    Ha(#[from] HaFlagError),
     #[error(transparent)]
     Web(#[from] crate::web_config::WebConfigError),
+}
+
+/// `--ha-*` and `--shard` flags that cannot be used.
+#[derive(Debug, Error)]
+pub enum HaFlagError {
+    #[error("a dry run (or a replay of recorded snapshots) acts on nothing: there is no leader to elect")]
+    DryRun,
+    #[error("--shard splits a remote fleet: it is for `remote ... enforce`")]
+    LocalShard,
+    #[error("{0} needs --ha-etcd")]
+    NeedsEtcd(&'static str),
+    #[error("{0:?} is not an etcd client URL (http://HOST:PORT, or https:// with --ha-cacert)")]
+    Url(String),
+    #[error("{0}: https:// URLs need --ha-cacert, and --ha-cacert needs https:// URLs")]
+    Tls(String),
+    #[error("--ha-key {0:?}: a prefix such as /genv-enforce")]
+    Key(String),
+    #[error("--ha-fence-dir {0:?}: an absolute path without '.', '..', '//' or a trailing '/'")]
+    FenceDir(String),
+    #[error("--ha-password-file {}", path.display())]
+    PasswordFile {
+        path: PathBuf,
+        #[source]
+        source: crate::private::Refusal,
+    },
+    #[error("--ha-password-file {}: empty", .0.display())]
+    EmptyPassword(PathBuf),
+    #[error("--ha-name {0:?}: 1 to 255 printable characters")]
+    Name(String),
+    #[error("--shard counts only the per-user device caps across shards: --max-devices-per-group and the memory caps would count one shard's hosts alone")]
+    ShardCaps,
+    #[error("--shard {k}/{n}: no host of the inventory falls in it")]
+    EmptyShard { k: u32, n: u32 },
 }
 
 /// Resolves a parsed command line.
@@ -472,15 +505,10 @@ fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings
 fn with_ha(mut settings: Settings, c: &CycleArgs, replay: bool) -> Result<Settings, ConfigError> {
     let spec = ha_spec(&c.ha, settings.interval)?;
     if spec.is_some() && (replay || settings.cycle.dry_run) {
-        return Err(ConfigError::Ha(
-            "a dry run (or a replay of recorded snapshots) acts on nothing: there is no leader to elect"
-                .into(),
-        ));
+        return Err(HaFlagError::DryRun.into());
     }
     if settings.cycle.mode == Mode::Local && spec.as_ref().is_some_and(|s| s.shard.is_some()) {
-        return Err(ConfigError::Ha(
-            "--shard splits a remote fleet: it is for `remote ... enforce`".into(),
-        ));
+        return Err(HaFlagError::LocalShard.into());
     }
     settings.ha = spec.map(Arc::new);
     Ok(settings)
@@ -499,7 +527,7 @@ fn ha_spec(
     interval: Duration,
 ) -> Result<Option<crate::ha::HaSpec>, ConfigError> {
     use crate::ha::{HaSpec, TlsSpec};
-    let bad = |why: String| Err(ConfigError::Ha(why));
+    let bad = |e: HaFlagError| Err(e.into());
     if a.ha_etcd.is_empty() {
         let stray = [
             (a.ha_name.is_some(), "--ha-name"),
@@ -511,21 +539,17 @@ fn ha_spec(
             (a.shard.is_some(), "--shard"),
         ];
         if let Some((_, flag)) = stray.iter().find(|(set, _)| *set) {
-            return bad(format!("{flag} needs --ha-etcd"));
+            return bad(HaFlagError::NeedsEtcd(flag));
         }
         return Ok(None);
     }
     for url in &a.ha_etcd {
         let tls = url.starts_with("https://");
         if !(tls || url.starts_with("http://")) || url.len() < 10 {
-            return bad(format!(
-                "{url:?} is not an etcd client URL (http://HOST:PORT, or https:// with --ha-cacert)"
-            ));
+            return bad(HaFlagError::Url(url.clone()));
         }
         if tls != a.ha_cacert.is_some() {
-            return bad(format!(
-                "{url}: https:// URLs need --ha-cacert, and --ha-cacert needs https:// URLs"
-            ));
+            return bad(HaFlagError::Tls(url.clone()));
         }
     }
     if !a.ha_key.starts_with('/')
@@ -533,10 +557,7 @@ fn ha_spec(
         || a.ha_key.ends_with('/')
         || a.ha_key.chars().any(char::is_control)
     {
-        return bad(format!(
-            "--ha-key {:?}: a prefix such as /genv-enforce",
-            a.ha_key
-        ));
+        return bad(HaFlagError::Key(a.ha_key.clone()));
     }
     let dir = &a.ha_fence_dir;
     // Each part named once: the agent opens the last without following a
@@ -548,18 +569,18 @@ fn ha_spec(
             .any(|p| p.is_empty() || *p == "." || *p == "..")
         || dir.chars().any(char::is_control)
     {
-        return bad(format!(
-            "--ha-fence-dir {dir:?}: an absolute path without '.', '..', '//' or a trailing '/'"
-        ));
+        return bad(HaFlagError::FenceDir(dir.clone()));
     }
     let user = match (&a.ha_user, &a.ha_password_file) {
         (Some(user), Some(path)) => {
-            let text = crate::private::read_secret(path).map_err(|why| {
-                ConfigError::Ha(format!("--ha-password-file {}: {why}", path.display()))
-            })?;
+            let text =
+                crate::private::read_secret(path).map_err(|source| HaFlagError::PasswordFile {
+                    path: path.clone(),
+                    source,
+                })?;
             let password = text.lines().next().unwrap_or("").to_string();
             if password.is_empty() {
-                return bad(format!("--ha-password-file {}: empty", path.display()));
+                return bad(HaFlagError::EmptyPassword(path.clone()));
             }
             Some((user.clone(), crate::ha::Secret(password)))
         }
@@ -567,7 +588,7 @@ fn ha_spec(
     };
     let name = match &a.ha_name {
         Some(n) if !n.is_empty() && !n.chars().any(char::is_control) && n.len() <= 255 => n.clone(),
-        Some(n) => return bad(format!("--ha-name {n:?}: 1 to 255 printable characters")),
+        Some(n) => return bad(HaFlagError::Name(n.clone())),
         None => crate::host::local::hostname().0,
     };
     Ok(Some(HaSpec {
@@ -594,11 +615,7 @@ fn sharded(mut fleet: Fleet, settings: &Settings) -> Result<Fleet, ConfigError> 
     };
     let p = &settings.cycle.policy;
     if !p.max_devices_per_group.is_empty() || p.has_memory_caps() {
-        return Err(ConfigError::Ha(
-            "--shard counts only the per-user device caps across shards: \
-             --max-devices-per-group and the memory caps would count one shard's hosts alone"
-                .into(),
-        ));
+        return Err(HaFlagError::ShardCaps.into());
     }
     let hosts = std::mem::take(&mut fleet.hosts);
     for (position, host) in hosts.into_iter().enumerate() {
@@ -608,10 +625,11 @@ fn sharded(mut fleet: Fleet, settings: &Settings) -> Result<Fleet, ConfigError> 
         }
     }
     if fleet.hosts.is_empty() {
-        return Err(ConfigError::Ha(format!(
-            "--shard {}/{}: no host of the inventory falls in it",
-            shard.k, shard.n
-        )));
+        return Err(HaFlagError::EmptyShard {
+            k: shard.k,
+            n: shard.n,
+        }
+        .into());
     }
     Ok(fleet)
 }
@@ -641,21 +659,16 @@ fn with_notify(
             let from = c.mail_from.as_deref().ok_or(NotifyError::NoSender)?;
             if let Some(t) = &c.mail_to {
                 if !t.contains("{user}") {
-                    return Err(NotifyError::Address {
-                        flag: "--mail-to",
-                        value: t.clone(),
-                        why: "no {user} in it: every owner would get the same address".into(),
-                    }
-                    .into());
+                    return Err(NotifyError::MailTo(t.clone()).into());
                 }
                 mail::mailbox("--mail-to", &t.replace("{user}", "user"))?;
             }
             for (name, a) in users {
-                if let Err(e) = a.parse::<lettre::message::Mailbox>() {
+                if let Err(source) = a.parse::<lettre::message::Mailbox>() {
                     return Err(NotifyError::Address {
                         flag: "[users] email",
                         value: format!("{a} (user {name})"),
-                        why: e.to_string(),
+                        source,
                     }
                     .into());
                 }
@@ -664,9 +677,11 @@ fn with_notify(
                 None => None,
                 Some(path) => Some(mail::credentials(
                     &path.display().to_string(),
-                    &crate::private::read_secret(path).map_err(|why| NotifyError::Credentials {
-                        path: path.display().to_string(),
-                        why,
+                    &crate::private::read_secret(path).map_err(|source| {
+                        NotifyError::Credentials {
+                            path: path.display().to_string(),
+                            source,
+                        }
                     })?,
                 )?),
             };
@@ -688,9 +703,9 @@ fn with_notify(
         (Some(url), _) => Some(url.clone()),
         (None, Some(path)) => {
             let text =
-                crate::private::read_secret(path).map_err(|why| NotifyError::WebhookFile {
+                crate::private::read_secret(path).map_err(|source| NotifyError::WebhookFile {
                     path: path.display().to_string(),
-                    why,
+                    source,
                 })?;
             Some(text.trim().to_string())
         }
@@ -844,7 +859,7 @@ mod tests {
     }
 
     fn ha(args: &[&str]) -> Result<Option<crate::ha::HaSpec>, String> {
-        ha_spec(&cycle(args).ha, Duration::from_secs(10)).map_err(|e| e.to_string())
+        ha_spec(&cycle(args).ha, Duration::from_secs(10)).map_err(|e| crate::error::chain(&e))
     }
 
     #[test]
@@ -973,7 +988,7 @@ mod tests {
     fn settings_with(args: &[&str], mode: Mode) -> Result<Settings, String> {
         let c = cycle(args);
         let policy = crate::rules::Policy::default();
-        with_ha(settings(&c, policy, mode, false), &c, false).map_err(|e| e.to_string())
+        with_ha(settings(&c, policy, mode, false), &c, false).map_err(|e| crate::error::chain(&e))
     }
 
     #[test]
@@ -1025,14 +1040,14 @@ mod tests {
         let whole = settings_with(&["--ha-etcd", "http://e:2379"], Mode::Remote).unwrap();
         let f = sharded(recorded_fleet(3), &whole).unwrap();
         assert_eq!((f.hosts.len(), f.positions.len()), (3, 0));
-        let e = sharded(recorded_fleet(1), &s).unwrap_err().to_string();
+        let e = crate::error::chain(&sharded(recorded_fleet(1), &s).unwrap_err());
         assert!(e.contains("no host of the inventory falls in it"), "{e}");
         let mut grouped = s.clone();
         grouped.cycle.policy.max_devices_per_group = [("lab".to_string(), 2)].into_iter().collect();
-        assert!(sharded(recorded_fleet(3), &grouped)
-            .unwrap_err()
-            .to_string()
-            .contains("--max-devices-per-group"));
+        assert!(
+            crate::error::chain(&sharded(recorded_fleet(3), &grouped).unwrap_err())
+                .contains("--max-devices-per-group")
+        );
         let mut memory = s;
         memory.cycle.policy.max_memory_per_user = Some(1 << 30);
         assert!(sharded(recorded_fleet(3), &memory).is_err());

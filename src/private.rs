@@ -7,10 +7,15 @@ use rustix::fs::{FileType, Stat};
 use rustix::io::Errno;
 
 /// Why a file is refused, or the error that kept it from being checked.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum Refusal {
+    #[error("{0}: refused")]
     Unsafe(&'static str),
-    Io(std::io::Error),
+    /// A secret that others may read or write.
+    #[error("others may read or write it: refused (chmod 600)")]
+    Shared,
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
 }
 
 impl From<Errno> for Refusal {
@@ -21,16 +26,6 @@ impl From<Errno> for Refusal {
             Errno::LOOP => Refusal::Unsafe("a symbolic link"),
             Errno::NXIO => Refusal::Unsafe("a socket or FIFO"),
             e => Refusal::Io(e.into()),
-        }
-    }
-}
-
-impl std::fmt::Display for Refusal {
-    /// In words: why it is refused, or the I/O error.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Refusal::Unsafe(why) => write!(f, "{why}: refused"),
-            Refusal::Io(e) => write!(f, "{e}"),
         }
     }
 }
@@ -56,8 +51,8 @@ pub fn own_file(fd: impl AsFd) -> Result<Stat, Refusal> {
 /// most 4 KiB.
 ///
 /// # Errors
-/// Why it is refused or cannot be read, in words.
-pub fn read_secret(path: &std::path::Path) -> Result<String, String> {
+/// Why it is refused, or what kept it from being read.
+pub fn read_secret(path: &std::path::Path) -> Result<String, Refusal> {
     use rustix::fs::{Mode, OFlags};
     use std::io::Read;
     let fd = rustix::fs::open(
@@ -65,15 +60,14 @@ pub fn read_secret(path: &std::path::Path) -> Result<String, String> {
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
         Mode::empty(),
     )
-    .map_err(|e| Refusal::from(e).to_string())?;
-    let stat = own_file(&fd).map_err(|r| r.to_string())?;
+    .map_err(Refusal::from)?;
+    let stat = own_file(&fd)?;
     if stat.st_mode & 0o077 != 0 {
-        return Err("others may read or write it: refused (chmod 600)".into());
+        return Err(Refusal::Shared);
     }
     let mut text = String::new();
     std::fs::File::from(fd)
         .take(4096)
-        .read_to_string(&mut text)
-        .map_err(|e| e.to_string())?;
+        .read_to_string(&mut text)?;
     Ok(text)
 }

@@ -238,7 +238,10 @@ pub async fn run(
                 })
                 .collect();
             if let Err(e) = elector.publish(part).await {
-                complain(&format!("ha: this shard's part is not published: {e}"));
+                complain(&format!(
+                    "ha: this shard's part is not published: {}",
+                    error::chain(&e)
+                ));
             }
         }
         if let (Some(elector), Some(refusal)) = (&service.elector, fencing.take_refusal()) {

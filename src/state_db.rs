@@ -162,6 +162,7 @@ impl StateDb {
         };
         let refused = |r: Refusal| match r {
             Refusal::Unsafe(why) => unsafe_(why),
+            Refusal::Shared => unsafe_("others may read or write it"),
             Refusal::Io(e) => io(e),
         };
         let name = path.file_name().ok_or_else(|| unsafe_("not a file name"))?;

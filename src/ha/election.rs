@@ -32,7 +32,7 @@ struct Lease {
     /// that etcd answered was sent).
     until: Option<Instant>,
     /// What went wrong last, if the lease is not live.
-    trouble: Option<String>,
+    trouble: Option<Trouble>,
     /// Bumped when this box steps down: a renewal begun before is void.
     generation: u64,
 }
@@ -54,18 +54,77 @@ impl std::fmt::Debug for Elector {
 /// Why etcd could not be reached or used.
 #[derive(Debug, thiserror::Error)]
 pub enum EtcdError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         path: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("etcd at {endpoints}: {source}")]
+    #[error("etcd at {endpoints}")]
     Client {
         endpoints: String,
         #[source]
         source: etcd_client::Error,
     },
+}
+
+/// A request etcd refused or did not answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Asked {
+    #[error("etcd did not answer")]
+    NoAnswer,
+    #[error(transparent)]
+    Refused(Arc<etcd_client::Error>),
+}
+
+impl Asked {
+    /// A request's result, within its timeout.
+    fn of<T>(
+        result: Result<Result<T, etcd_client::Error>, tokio::time::error::Elapsed>,
+    ) -> Result<T, Asked> {
+        match result {
+            Ok(Ok(t)) => Ok(t),
+            Ok(Err(e)) => Err(Asked::Refused(Arc::new(e))),
+            Err(_) => Err(Asked::NoAnswer),
+        }
+    }
+}
+
+/// What went wrong with this box's lease last.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Trouble {
+    #[error("cannot get a lease")]
+    Grant(#[source] Asked),
+    #[error("cannot keep the lease alive")]
+    KeepAlive(#[source] Asked),
+    #[error("the keep-alive stream ended")]
+    StreamEnded,
+    #[error("the lease ended")]
+    Ended,
+    #[error("stepped down")]
+    SteppedDown,
+}
+
+/// Why this box has no live lease now.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LeaseError {
+    #[error("no live etcd lease yet")]
+    NotYet,
+    #[error("no live etcd lease")]
+    Lost(#[source] Trouble),
+}
+
+/// Why this shard's part was not published.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    #[error("it cannot be encoded")]
+    Encode(#[source] serde_json::Error),
+    #[error("{bytes} bytes, over the {most} bytes a part may hold: not published, and the last one taken back")]
+    TooLarge { bytes: usize, most: usize },
+    #[error(transparent)]
+    Put(Asked),
 }
 
 /// A client for `spec`'s etcd: TLS and auth as asked; nothing is sent
@@ -140,7 +199,10 @@ impl Elector {
             Ok(l) => l,
             Err(why) => {
                 return Look {
-                    standing: standing(Err(why), KeySeen::Unanswered(String::new())),
+                    standing: standing(
+                        Err(crate::error::chain(&why)),
+                        KeySeen::Unanswered(String::new()),
+                    ),
                     others: Vec::new(),
                     until: None,
                 }
@@ -222,7 +284,7 @@ impl Elector {
     /// # Errors
     /// etcd did not take it, it is too large, or this box has no live
     /// lease.
-    pub async fn publish(&self, parts: Vec<Published>) -> Result<(), String> {
+    pub async fn publish(&self, parts: Vec<Published>) -> Result<(), PublishError> {
         let (Some(key), Some(shard)) = (self.spec.counts_key(), self.spec.shard) else {
             return Ok(());
         };
@@ -232,41 +294,40 @@ impl Elector {
             of: shard.n,
             hosts: parts.into_iter().map(Published::compact).collect(),
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(PublishError::Encode)?;
         let most = MAX_PART / shard.n as usize;
         let mut client = self.client.clone();
         let timeout = self.spec.request_timeout();
         if value.len() > most {
             let _ = tokio::time::timeout(timeout, client.delete(key.as_bytes(), None)).await;
-            return Err(format!(
-                "{} bytes, over the {most} bytes a part may hold: not published, and the last one taken back",
-                value.len()
-            ));
+            return Err(PublishError::TooLarge {
+                bytes: value.len(),
+                most,
+            });
         }
         let put = client.put(
             key.as_bytes(),
             value,
             Some(PutOptions::new().with_lease(id)),
         );
-        let failed = match tokio::time::timeout(timeout, put).await {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => "etcd did not answer".into(),
+        let failed = match Asked::of(tokio::time::timeout(timeout, put).await) {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
         };
         let _ = tokio::time::timeout(timeout, client.delete(key.as_bytes(), None)).await;
-        Err(failed)
+        Err(PublishError::Put(failed))
     }
 
     /// The lease and until when it holds, if live for at least one more
     /// keep-alive tick.
-    fn live_lease(&self) -> Result<(i64, Instant), String> {
+    fn live_lease(&self) -> Result<(i64, Instant), LeaseError> {
         let lease = self.lease.lock().unwrap_or_else(|e| e.into_inner());
         let margin = self.spec.tick();
         match (lease.id, lease.until) {
             (Some(id), Some(until)) if until > Instant::now() + margin => Ok((id, until)),
             _ => Err(match &lease.trouble {
-                Some(t) => format!("no live etcd lease: {t}"),
-                None => "no live etcd lease yet".to_string(),
+                Some(t) => LeaseError::Lost(t.clone()),
+                None => LeaseError::NotYet,
             }),
         }
     }
@@ -277,7 +338,7 @@ impl Elector {
         let id = {
             let mut lease = self.lease.lock().unwrap_or_else(|e| e.into_inner());
             lease.until = None;
-            lease.trouble = Some("stepped down".into());
+            lease.trouble = Some(Trouble::SteppedDown);
             lease.generation += 1;
             lease.id.take()
         };
@@ -416,12 +477,10 @@ async fn renew(
         (l.id, l.generation)
     };
     let sent = Instant::now();
-    let result: Result<(i64, i64), String> = match id {
-        None => match tokio::time::timeout(timeout, client.lease_grant(ttl, None)).await {
-            Ok(Ok(g)) => Ok((g.id(), g.ttl())),
-            Ok(Err(e)) => Err(format!("cannot get a lease: {e}")),
-            Err(_) => Err("cannot get a lease: etcd did not answer".into()),
-        },
+    let result: Result<(i64, i64), Trouble> = match id {
+        None => Asked::of(tokio::time::timeout(timeout, client.lease_grant(ttl, None)).await)
+            .map(|g| (g.id(), g.ttl()))
+            .map_err(Trouble::Grant),
         Some(id) => {
             let once = async {
                 if stream.as_ref().map(|s| s.0) != Some(id) {
@@ -438,11 +497,11 @@ async fn renew(
             };
             match tokio::time::timeout(timeout, once).await {
                 Ok(Ok(Some(r))) => Ok((id, r.ttl())),
-                Ok(Ok(None)) => Err("the keep-alive stream ended".into()),
+                Ok(Ok(None)) => Err(Trouble::StreamEnded),
                 // etcd no longer has it: as a TTL of 0, a new one.
                 Ok(Err(e)) if lease_gone(&e) => Ok((id, 0)),
-                Ok(Err(e)) => Err(format!("cannot keep the lease alive: {e}")),
-                Err(_) => Err("cannot keep the lease alive: etcd did not answer".into()),
+                Ok(Err(e)) => Err(Trouble::KeepAlive(Asked::Refused(Arc::new(e)))),
+                Err(_) => Err(Trouble::KeepAlive(Asked::NoAnswer)),
             }
         }
     };
@@ -467,7 +526,7 @@ async fn renew(
             // new one next tick.
             *stream = None;
             *l = Lease {
-                trouble: Some("the lease ended".into()),
+                trouble: Some(Trouble::Ended),
                 generation,
                 ..Lease::default()
             };

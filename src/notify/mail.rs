@@ -11,7 +11,7 @@ use lettre::transport::smtp::authentication::Credentials;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 
 use super::message::{self, Medium};
-use super::{address_of, Delivery, NotifyError};
+use super::{address_of, Delivery, DeliveryError, NotifyError, UrlError};
 use crate::ladder::Event;
 
 /// A whole delivery (connect, TLS, send) takes at most this long.
@@ -55,13 +55,11 @@ impl fmt::Debug for MailSpec {
 /// # Errors
 /// Not an address lettre accepts.
 pub fn mailbox(flag: &'static str, value: &str) -> Result<Mailbox, NotifyError> {
-    value
-        .parse()
-        .map_err(|e: lettre::address::AddressError| NotifyError::Address {
-            flag,
-            value: value.to_string(),
-            why: e.to_string(),
-        })
+    value.parse().map_err(|source| NotifyError::Address {
+        flag,
+        value: value.to_string(),
+        source,
+    })
 }
 
 /// The user name and password in `text` (`--smtp-credentials`): the first
@@ -75,9 +73,8 @@ pub fn credentials(path: &str, text: &str) -> Result<(String, String), NotifyErr
         (Some(user), Some(password)) if !user.is_empty() => {
             Ok((user.to_string(), password.to_string()))
         }
-        _ => Err(NotifyError::Credentials {
+        _ => Err(NotifyError::CredentialsText {
             path: path.to_string(),
-            why: "not a user name on one line and a password on the next".into(),
         }),
     }
 }
@@ -90,21 +87,18 @@ pub struct Mailer {
 
 impl Mailer {
     pub fn new(spec: &MailSpec) -> Result<Self, NotifyError> {
-        let parsed = reqwest::Url::parse(&spec.url).map_err(|e| NotifyError::Smtp {
-            url: spec.url.clone(),
-            why: e.to_string(),
-        })?;
+        let bad = |url: String, source: UrlError| NotifyError::Smtp { url, source };
+        let parsed = reqwest::Url::parse(&spec.url).map_err(|e| bad(spec.url.clone(), e.into()))?;
         if !parsed.username().is_empty() || parsed.password().is_some() {
-            return Err(NotifyError::Smtp {
-                url: format!("{}://{}", parsed.scheme(), parsed.host_str().unwrap_or("")),
-                why: "credentials in the URL: refused (use --smtp-credentials)".into(),
-            });
+            return Err(bad(
+                format!("{}://{}", parsed.scheme(), parsed.host_str().unwrap_or("")),
+                UrlError::Credentials {
+                    hint: " (use --smtp-credentials)",
+                },
+            ));
         }
         let mut builder = AsyncSmtpTransport::<Tokio1Executor>::from_url(&spec.url)
-            .map_err(|e| NotifyError::Smtp {
-                url: spec.url.clone(),
-                why: e.to_string(),
-            })?
+            .map_err(|e| bad(spec.url.clone(), e.into()))?
             .timeout(Some(Duration::from_secs(10)));
         if let Some((user, password)) = &spec.credentials {
             builder = builder.credentials(Credentials::new(user.clone(), password.clone()));
@@ -116,7 +110,11 @@ impl Mailer {
     }
 
     /// Sends `e` to its owner (if they have an address) and the admins.
-    pub async fn deliver(&self, e: &Event) -> Result<Delivery, String> {
+    ///
+    /// # Errors
+    /// The mail could not be made, or the server refused it or did not
+    /// answer in time.
+    pub async fn deliver(&self, e: &Event) -> Result<Delivery, DeliveryError> {
         let owner = message::recipient(e).and_then(|u| {
             let a = address_of(u, &self.spec.users, self.spec.to.as_deref())?;
             match a.parse::<Mailbox>() {
@@ -140,11 +138,11 @@ impl Mailer {
         for cc in admins {
             builder = builder.cc(cc);
         }
-        let mail = builder.body(said.body).map_err(|e| e.to_string())?;
+        let mail = builder.body(said.body)?;
         match tokio::time::timeout(DEADLINE, self.transport.send(mail)).await {
             Ok(Ok(_)) => Ok(Delivery::Sent),
-            Ok(Err(e)) => Err(crate::error::chain(&e)),
-            Err(_) => Err(format!("no answer within {}s", DEADLINE.as_secs())),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(DeliveryError::Timeout(DEADLINE)),
         }
     }
 }

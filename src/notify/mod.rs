@@ -51,24 +51,88 @@ impl Notify {
 /// A channel that cannot be set up (before anything runs).
 #[derive(Debug, Error)]
 pub enum NotifyError {
-    #[error("--smtp {url}: {why}")]
-    Smtp { url: String, why: String },
-    #[error("--smtp-credentials {path}: {why}")]
-    Credentials { path: String, why: String },
-    #[error("{flag} {value}: not a mail address ({why})")]
+    #[error("--smtp {url}")]
+    Smtp {
+        url: String,
+        #[source]
+        source: UrlError,
+    },
+    #[error("--smtp-credentials {path}")]
+    Credentials {
+        path: String,
+        #[source]
+        source: crate::private::Refusal,
+    },
+    #[error("--smtp-credentials {path}: not a user name on one line and a password on the next")]
+    CredentialsText { path: String },
+    #[error("{flag} {value}: not a mail address")]
     Address {
         flag: &'static str,
         value: String,
-        why: String,
+        #[source]
+        source: lettre::address::AddressError,
     },
-    #[error("--webhook {url}: {why}")]
-    Webhook { url: String, why: String },
-    #[error("--webhook-file {path}: {why}")]
-    WebhookFile { path: String, why: String },
+    #[error("--mail-to {0}: not a mail address (no {{user}} in it: every owner would get the same address)")]
+    MailTo(String),
+    #[error("--webhook {url}")]
+    Webhook {
+        url: String,
+        #[source]
+        source: UrlError,
+    },
+    #[error("--webhook-file {path}")]
+    WebhookFile {
+        path: String,
+        #[source]
+        source: crate::private::Refusal,
+    },
     #[error("--smtp needs --mail-from")]
     NoSender,
     #[error("{0} needs --smtp")]
     NoSmtp(&'static str),
+}
+
+/// Why a channel's URL cannot be used.
+#[derive(Debug, Error)]
+pub enum UrlError {
+    #[error(transparent)]
+    Parse(#[from] url::ParseError),
+    /// A secret where it would be printed and logged.
+    #[error("credentials in the URL: refused{hint}")]
+    Credentials { hint: &'static str },
+    #[error("not an http:// or https:// URL")]
+    Scheme,
+    #[error(transparent)]
+    Smtp(#[from] lettre::transport::smtp::Error),
+    /// The HTTP client could not be built (the system's CA store).
+    #[error(transparent)]
+    Client(reqwest::Error),
+}
+
+/// Why a notification was not delivered.
+#[derive(Debug, Error)]
+pub enum DeliveryError {
+    /// The mail could not be made (an address lettre refuses).
+    #[error(transparent)]
+    Mail(#[from] lettre::error::Error),
+    #[error(transparent)]
+    Smtp(#[from] lettre::transport::smtp::Error),
+    /// The server gave no answer in time.
+    #[error("no answer within {}s", .0.as_secs())]
+    Timeout(std::time::Duration),
+    /// The webhook's receiver answered with an error.
+    #[error("HTTP {0}")]
+    Status(reqwest::StatusCode),
+    /// The webhook could not be reached (its URL left out: a secret).
+    #[error(transparent)]
+    Http(reqwest::Error),
+    /// Every attempt failed; the last one's error is its cause.
+    #[error("{attempts} attempts failed")]
+    GaveUp {
+        attempts: u32,
+        #[source]
+        last: Box<DeliveryError>,
+    },
 }
 
 /// How one delivery went.
@@ -93,7 +157,7 @@ impl Channel {
         }
     }
 
-    async fn deliver(&self, e: &Event) -> Result<Delivery, String> {
+    async fn deliver(&self, e: &Event) -> Result<Delivery, DeliveryError> {
         match self {
             Channel::Mail(m) => m.deliver(e).await,
             Channel::Webhook(h) => h.deliver(e).await,
@@ -230,8 +294,9 @@ async fn work(
         match channel.deliver(&e).await {
             Ok(Delivery::Sent) => count("sent"),
             Ok(Delivery::Nobody) => count("nobody"),
-            Err(why) => {
+            Err(err) => {
                 count("failed");
+                let why = crate::error::chain(&err);
                 tracing::warn!(channel = name, host = %e.host, error = %why, "notification not sent");
                 unsent(&audit, n, e, name, why).await;
             }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::message::{self, Medium};
-use super::{backoff, Delivery, NotifyError};
+use super::{backoff, Delivery, DeliveryError, NotifyError, UrlError};
 use crate::ladder::Event;
 
 /// `--webhook` and how hard to try. Its URL is a secret (whoever has it
@@ -51,32 +51,31 @@ pub struct Hook {
 /// # Errors
 /// Why not.
 pub fn url(spec: &WebhookSpec) -> Result<reqwest::Url, NotifyError> {
-    let bad = |why: String| NotifyError::Webhook {
+    let bad = |source: UrlError| NotifyError::Webhook {
         url: redacted(&spec.url),
-        why,
+        source,
     };
-    let url = reqwest::Url::parse(&spec.url).map_err(|e| bad(e.to_string()))?;
+    let url = reqwest::Url::parse(&spec.url).map_err(|e| bad(e.into()))?;
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(bad("credentials in the URL: refused".into()));
+        return Err(bad(UrlError::Credentials { hint: "" }));
     }
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(bad("not an http:// or https:// URL".into()));
+        return Err(bad(UrlError::Scheme));
     }
     Ok(url)
 }
 
 impl Hook {
     pub fn new(spec: &WebhookSpec) -> Result<Self, NotifyError> {
-        let bad = |why: String| NotifyError::Webhook {
-            url: redacted(&spec.url),
-            why,
-        };
         let url = url(spec)?;
         let client = reqwest::Client::builder()
             .timeout(spec.timeout)
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| bad(crate::error::chain(&e.without_url())))?;
+            .map_err(|e| NotifyError::Webhook {
+                url: redacted(&spec.url),
+                source: UrlError::Client(e.without_url()),
+            })?;
         Ok(Hook {
             client,
             url,
@@ -85,13 +84,16 @@ impl Hook {
     }
 
     /// Posts `e`, trying again after a failure that may pass.
-    pub async fn deliver(&self, e: &Event) -> Result<Delivery, String> {
+    ///
+    /// # Errors
+    /// A client error (4xx but 429) at once, or every attempt failed.
+    pub async fn deliver(&self, e: &Event) -> Result<Delivery, DeliveryError> {
         let said = message::say(e, Medium::Chat);
         let body = json!({
             "text": format!("{}\n{}", said.subject, said.body.trim_end()),
             "event": e,
         });
-        let mut last = String::new();
+        let mut last = None;
         let mut asked = None;
         for attempt in 1..=self.attempts {
             if attempt > 1 {
@@ -106,17 +108,20 @@ impl Hook {
                         .get(reqwest::header::RETRY_AFTER)
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.trim().parse::<u64>().ok());
-                    last = format!("HTTP {status}");
                     if status.is_client_error() && status != reqwest::StatusCode::TOO_MANY_REQUESTS
                     {
-                        return Err(last);
+                        return Err(DeliveryError::Status(status));
                     }
+                    last = Some(DeliveryError::Status(status));
                 }
                 // Without the URL: it is a secret.
-                Err(err) => last = crate::error::chain(&err.without_url()),
+                Err(err) => last = Some(DeliveryError::Http(err.without_url())),
             }
         }
-        Err(format!("{last} (after {} attempts)", self.attempts))
+        Err(DeliveryError::GaveUp {
+            attempts: self.attempts,
+            last: Box::new(last.unwrap_or(DeliveryError::Timeout(std::time::Duration::ZERO))),
+        })
     }
 }
 
