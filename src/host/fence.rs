@@ -54,6 +54,11 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+/// An action not sent: this box no longer leads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not sent: this box no longer leads ({0})")]
+pub struct NotLeading(pub Refusal);
+
 impl Fencing {
     /// A fence kept by agents in `dir` on their hosts, carrying nothing yet.
     pub fn new(dir: impl Into<String>) -> Self {
@@ -87,7 +92,7 @@ impl Fencing {
     ///
     /// # Errors
     /// Why not, for the action's outcome.
-    pub fn may_act(&self, now: Instant) -> Result<(), String> {
+    pub fn may_act(&self, now: Instant) -> Result<(), NotLeading> {
         if self.current().is_none() {
             return Ok(());
         }
@@ -100,7 +105,7 @@ impl Fencing {
         }
         match &*refused {
             None => Ok(()),
-            Some(r) => Err(format!("not sent: this box no longer leads ({r})")),
+            Some(r) => Err(NotLeading(r.clone())),
         }
     }
 
@@ -188,7 +193,7 @@ mod tests {
         assert_eq!(f.may_act(later), Ok(()));
         f.set(Some(4), Some(later));
         assert_eq!(f.may_act(now), Ok(()));
-        let e = f.may_act(later).unwrap_err();
+        let e = f.may_act(later).unwrap_err().to_string();
         assert!(e.contains("lease ended"), "{e}");
         // It stays refused, even before the deadline, until taken.
         assert!(f.may_act(now).is_err());
@@ -201,11 +206,15 @@ mod tests {
                 r#"{"fail":"fenced","message":"epoch 4 is older"}"#,
             ),
         );
-        let e = f.may_act(now).unwrap_err();
+        let e = f.may_act(now).unwrap_err().to_string();
         assert!(e.contains("fenced on h: epoch 4 is older"), "{e}");
         f.set(Some(4), None);
         assert!(f.take_refusal().is_some());
-        assert!(f.may_act(now).unwrap_err().contains("lease ended"));
+        assert!(f
+            .may_act(now)
+            .unwrap_err()
+            .to_string()
+            .contains("lease ended"));
     }
 
     #[test]

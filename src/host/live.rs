@@ -225,7 +225,7 @@ impl LiveHost {
     /// all detaches, genv's order; one outcome per action.
     pub async fn execute(&self, plan: &HostPlan) -> Vec<Outcome> {
         if let Err(why) = self.agent.fencing.may_act(std::time::Instant::now()) {
-            return crate::outcome::failed(self.id(), plan, &why);
+            return crate::outcome::failed(self.id(), plan, &why.to_string());
         }
         let terminated = self.signal(&plan.terminate, Signal::Term).await;
         let pairs: Vec<(u32, String)> = plan
@@ -256,7 +256,7 @@ impl LiveHost {
     /// See [`Host::escalate`](super::Host::escalate).
     pub async fn escalate(&self, terminations: &[Termination]) -> Vec<Outcome> {
         if let Err(why) = self.agent.fencing.may_act(std::time::Instant::now()) {
-            return crate::outcome::failed_kills(self.id(), terminations, &why);
+            return crate::outcome::failed_kills(self.id(), terminations, &why.to_string());
         }
         self.signal(terminations, Signal::Kill)
             .await
