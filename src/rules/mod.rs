@@ -809,6 +809,37 @@ mod tests {
     use super::*;
     use crate::model::*;
 
+    #[test]
+    fn a_degraded_host_keeps_only_the_orphans_that_still_run_as_they_were() {
+        let host = HostId("h".into());
+        let mut kept = proc_(7, Some("gone"), &[(0, mib(1))]);
+        kept.start_time = Some(100);
+        // Pid 8 was an orphan started at 200; a new process has it now.
+        let mut reused = proc_(8, Some("gone"), &[(0, mib(1))]);
+        reused.start_time = Some(300);
+        let snap = HostSnapshot {
+            processes: vec![kept, reused],
+            truth: Some(HostTruth {
+                state_problem: Some("envs.json: garbled".into()),
+                ..HostTruth::default()
+            }),
+            ..Default::default()
+        };
+        let known: Orphans = [(Pid(7), 100), (Pid(8), 200), (Pid(9), 5)]
+            .into_iter()
+            .collect();
+        let f = assess_host(&host, &snap, &Policy::default(), &known);
+        assert_eq!(f.orphans, [(Pid(7), 100)].into_iter().collect());
+        // No cap asked for: no usage counted for one.
+        assert_eq!(f.usage, HostUsage::default());
+        let capped = Policy {
+            max_devices_per_user: Some(1),
+            ..Policy::default()
+        };
+        let f = assess_host(&host, &snap, &capped, &known);
+        assert_ne!(f.usage, HostUsage::default());
+    }
+
     /// One host with one process or environment behind each notice.
     fn noticed() -> (HostId, HostSnapshot) {
         let mut unknown = proc_(10, None, &[(0, mib(1))]);
