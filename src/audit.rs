@@ -26,17 +26,14 @@ use crate::private::{own_file, Refusal};
 use crate::report;
 use crate::rules::{Notice, Rule};
 
-/// An audit log that cannot be used.
+/// An audit log that cannot be used: why it is refused, or the error that
+/// kept it from being opened.
 #[derive(Debug, Error)]
-pub enum AuditError {
-    #[error("--audit-log {}", path.display())]
-    Open {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("--audit-log {}: {why}: refused", path.display())]
-    Unsafe { path: PathBuf, why: &'static str },
+#[error("--audit-log {}", path.display())]
+pub struct AuditError {
+    pub path: PathBuf,
+    #[source]
+    pub source: Refusal,
 }
 
 /// An open audit log.
@@ -125,18 +122,9 @@ impl AuditLog {
     /// # Errors
     /// The file cannot be opened, or is refused.
     pub fn open(path: &Path) -> Result<Self, AuditError> {
-        let io = |source: std::io::Error| AuditError::Open {
+        let refused = |source: Refusal| AuditError {
             path: path.to_path_buf(),
             source,
-        };
-        let unsafe_ = |why| AuditError::Unsafe {
-            path: path.to_path_buf(),
-            why,
-        };
-        let refused = |r: Refusal| match r {
-            Refusal::Unsafe(why) => unsafe_(why),
-            Refusal::Shared => unsafe_("others may read or write it"),
-            Refusal::Io(e) => io(e),
         };
         let fd: OwnedFd = rustix::fs::open(
             path,
@@ -150,12 +138,9 @@ impl AuditLog {
             Mode::from_raw_mode(0o600),
         )
         .map_err(|e| refused(e.into()))?;
-        let stat = own_file(&fd).map_err(refused)?;
-        if stat.st_mode & 0o022 != 0 {
-            return Err(unsafe_("writable by others"));
-        }
+        let stat = own_file(&fd, 0o022).map_err(refused)?;
         if stat.st_mode & 0o200 == 0 {
-            return Err(unsafe_("write-protected"));
+            return Err(refused(Refusal::WriteProtected));
         }
         Ok(AuditLog {
             file: Mutex::new(File::from(fd)),

@@ -112,8 +112,13 @@ pub enum ConfigError {
     },
     #[error("--snapshot-dir {}: no recorded snapshots (<host>.json) in it", dir.display())]
     NoSnapshots { dir: PathBuf },
-    #[error("--control-dir {}: {reason}", dir.display())]
-    ControlDir { dir: PathBuf, reason: String },
+    /// The SSH control directory: another user could replace our sockets.
+    #[error("--control-dir {}", dir.display())]
+    ControlDir {
+        dir: PathBuf,
+        #[source]
+        source: crate::private::Refusal,
+    },
     #[error("cannot create a directory for SSH sockets")]
     TempDir(#[source] std::io::Error),
     #[error(transparent)]
@@ -379,9 +384,9 @@ fn ssh_fleet(
     }
     let (control_dir, temp) = match &args.control_dir {
         Some(d) => {
-            private_dir(d).map_err(|reason| ConfigError::ControlDir {
+            crate::private::writable_only_by_us(d).map_err(|source| ConfigError::ControlDir {
                 dir: d.clone(),
-                reason,
+                source,
             })?;
             (d.clone(), None)
         }
@@ -816,30 +821,6 @@ fn recorded_hosts(dir: &Path) -> Result<Vec<HostId>, ConfigError> {
     }
     names.sort();
     Ok(names)
-}
-
-/// Makes sure `dir` can hold our master sockets: a directory (created 0700
-/// if missing) owned by us that no one else may write to.
-fn private_dir(dir: &Path) -> Result<(), String> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| e.to_string())?;
-    }
-    let meta = std::fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
-    if !meta.is_dir() {
-        return Err("not a directory".into());
-    }
-    if meta.uid() != rustix::process::geteuid().as_raw() {
-        return Err("not owned by us: another user could replace our sockets".into());
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err("writable by others: another user could replace our sockets".into());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

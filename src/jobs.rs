@@ -137,16 +137,12 @@ pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
 /// cannot be read, 2 if it is refused.
 fn report(args: &crate::cli::ReportArgs) -> u8 {
     use crate::cli::{ReportBy, ReportOutput};
-    use crate::state_db::{StateDb, StateDbError};
+    use crate::state_db::StateDb;
     let db = match StateDb::open_existing(&args.state_db) {
         Ok(db) => db,
         Err(e) => {
             complain(&chain(&e));
-            return if matches!(e, StateDbError::Unsafe { .. }) {
-                USAGE
-            } else {
-                1
-            };
+            return if e.is_refusal() { USAGE } else { 1 };
         }
     };
     let since = crate::clock::now_ms()

@@ -7,32 +7,43 @@
 //! else is refused. Rows older than `--retain` are dropped.
 
 use std::collections::HashMap;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
-use rustix::fs::{FileType, Mode, OFlags};
+use rustix::fs::{Mode, OFlags};
 use thiserror::Error;
 
 use crate::ladder::{Event, Saved, Stage, What};
 use crate::model::HostId;
 use crate::outcome::Outcome;
-use crate::private::{own_file, Refusal};
+use crate::private::{ancestors, own_dir, own_file, Refusal};
 use crate::rules::{IdleHistory, Orphans, Rule};
 use crate::usage::{ActionRow, EventRow, Recorded, Sample, UsageRow};
 
 /// Why the database cannot be used.
 #[derive(Debug, Error)]
 pub enum StateDbError {
+    /// The file is refused, or could not be opened.
     #[error("--state-db {}", path.display())]
-    Open {
+    Refused {
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: Refusal,
     },
-    #[error("--state-db {}: {why}: refused", path.display())]
-    Unsafe { path: PathBuf, why: String },
+    /// Its directory (or one above) is refused, or could not be opened.
+    #[error("--state-db {}: its directory", path.display())]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: Refusal,
+    },
+    #[error("--state-db {}: written by a newer genv-enforce (schema {found}, we know {known}): refused", path.display())]
+    Newer {
+        path: PathBuf,
+        found: usize,
+        known: usize,
+    },
     #[error("--state-db {}: its {what} cannot be read back: {why}", path.display())]
     Corrupt {
         path: PathBuf,
@@ -45,6 +56,20 @@ pub enum StateDbError {
         #[source]
         source: rusqlite::Error,
     },
+}
+
+impl StateDbError {
+    /// Whether the database was refused (a usage error), rather than
+    /// unreadable.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            StateDbError::Refused { source, .. } | StateDbError::Dir { source, .. } => {
+                !matches!(source, Refusal::Io(_))
+            }
+            StateDbError::Newer { .. } => true,
+            StateDbError::Corrupt { .. } | StateDbError::Sql { .. } => false,
+        }
+    }
 }
 
 /// The schema, one step per version (`PRAGMA user_version`).
@@ -82,55 +107,6 @@ pub struct StateDb {
     _lock: Option<std::os::fd::OwnedFd>,
 }
 
-/// Checks that no one but root (or us) can replace a directory on the way
-/// to `dir`: each one above it is ours or root's, and writable by others
-/// only if sticky.
-fn ancestors(dir: &Path, path: &Path) -> Result<(), StateDbError> {
-    use std::os::unix::fs::MetadataExt;
-    let me = rustix::process::geteuid().as_raw();
-    let full = std::fs::canonicalize(dir).map_err(|source| StateDbError::Open {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    for a in full.ancestors().skip(1) {
-        let m = std::fs::metadata(a).map_err(|source| StateDbError::Open {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let others_write = m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0;
-        if (m.uid() != 0 && m.uid() != me) || others_write {
-            return Err(StateDbError::Unsafe {
-                path: path.to_path_buf(),
-                why: format!("{} above it could be replaced by another user", a.display()),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Checks that `fd` (at `path`) is a directory of ours that no one else
-/// may enter.
-fn private_dir(fd: impl AsFd, path: &Path) -> Result<(), StateDbError> {
-    let unsafe_ = |why: &str| StateDbError::Unsafe {
-        path: path.to_path_buf(),
-        why: why.into(),
-    };
-    let stat = rustix::fs::fstat(fd).map_err(|e| StateDbError::Open {
-        path: path.to_path_buf(),
-        source: e.into(),
-    })?;
-    if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
-        return Err(unsafe_("its directory is not a directory"));
-    }
-    if stat.st_uid != rustix::process::geteuid().as_raw() {
-        return Err(unsafe_("its directory is not owned by us"));
-    }
-    if stat.st_mode & 0o077 != 0 {
-        return Err(unsafe_("its directory is open to others (must be 0700)"));
-    }
-    Ok(())
-}
-
 impl StateDb {
     /// Opens (creating it 0600 if missing) the database at `path`, whose
     /// directory must be ours and 0700; brings its schema up to date.
@@ -152,20 +128,15 @@ impl StateDb {
     }
 
     fn open_with(path: &Path, create: bool) -> Result<Self, StateDbError> {
-        let io = |source: std::io::Error| StateDbError::Open {
+        let refused = |source: Refusal| StateDbError::Refused {
             path: path.to_path_buf(),
             source,
         };
-        let unsafe_ = |why: &str| StateDbError::Unsafe {
+        let dir_refused = |source: Refusal| StateDbError::Dir {
             path: path.to_path_buf(),
-            why: why.into(),
+            source,
         };
-        let refused = |r: Refusal| match r {
-            Refusal::Unsafe(why) => unsafe_(why),
-            Refusal::Shared => unsafe_("others may read or write it"),
-            Refusal::Io(e) => io(e),
-        };
-        let name = path.file_name().ok_or_else(|| unsafe_("not a file name"))?;
+        let name = path.file_name().ok_or_else(|| refused(Refusal::NotFile))?;
         let parent = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
@@ -175,13 +146,13 @@ impl StateDb {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| match e {
-            rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
-                unsafe_("its directory is a symbolic link or not a directory")
-            }
-            e => io(e.into()),
+        .map_err(|e| {
+            dir_refused(match e {
+                rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => Refusal::LinkOrNotDir,
+                e => Refusal::Io(e.into()),
+            })
         })?;
-        private_dir(&dir, path)?;
+        own_dir(&dir).map_err(dir_refused)?;
         // The directory is ours alone: what we check here stays so.
         let file = rustix::fs::openat(
             &dir,
@@ -198,24 +169,21 @@ impl StateDb {
             Mode::from_raw_mode(0o600),
         )
         .map_err(|e| refused(e.into()))?;
-        let stat = own_file(&file).map_err(refused)?;
-        if stat.st_mode & 0o077 != 0 {
-            return Err(unsafe_("open to others (must be 0600)"));
-        }
+        own_file(&file, 0o077).map_err(refused)?;
         let lock = if create {
             rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-                .map_err(|e| match e {
-                    rustix::io::Errno::WOULDBLOCK => {
-                        unsafe_("in use by another run of genv-enforce")
-                    }
-                    e => io(e.into()),
+                .map_err(|e| {
+                    refused(match e {
+                        rustix::io::Errno::WOULDBLOCK => Refusal::InUse,
+                        e => Refusal::Io(e.into()),
+                    })
                 })?;
             Some(file)
         } else {
             drop(file);
             None
         };
-        ancestors(parent, path)?;
+        ancestors(parent).map_err(dir_refused)?;
         let sql = |source| StateDbError::Sql {
             path: path.to_path_buf(),
             source,
@@ -237,10 +205,11 @@ impl StateDb {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(sql)?;
         if version > MIGRATIONS.len() {
-            return Err(unsafe_(&format!(
-                "written by a newer genv-enforce (schema {version}, we know {})",
-                MIGRATIONS.len()
-            )));
+            return Err(StateDbError::Newer {
+                path: path.to_path_buf(),
+                found: version,
+                known: MIGRATIONS.len(),
+            });
         }
         for (i, step) in MIGRATIONS.iter().enumerate().skip(version) {
             let tx = conn.unchecked_transaction().map_err(sql)?;
@@ -552,7 +521,10 @@ mod tests {
         let writer = StateDb::open(&path).unwrap();
         // One writer at a time; a reader (report) beside it is fine.
         match StateDb::open(&path) {
-            Err(StateDbError::Unsafe { why, .. }) => assert!(why.contains("in use"), "{why}"),
+            Err(e @ StateDbError::Refused { .. }) => {
+                let why = crate::error::chain(&e);
+                assert!(why.contains("in use"), "{why}");
+            }
             other => panic!("{other:?}"),
         }
         StateDb::open_existing(&path).unwrap();
@@ -560,7 +532,9 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         let refused = |path: &Path| match StateDb::open(path) {
-            Err(StateDbError::Unsafe { why, .. }) => why,
+            Err(e @ (StateDbError::Refused { .. } | StateDbError::Dir { .. })) => {
+                crate::error::chain(&e)
+            }
             other => panic!("{other:?}"),
         };
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -571,7 +545,7 @@ mod tests {
         assert!(refused(&link).contains("symbolic link"));
         let open = tempfile::tempdir().unwrap();
         std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert!(refused(&open.path().join("s.db")).contains("its directory is open"));
+        assert!(refused(&open.path().join("s.db")).contains("its directory: open to others"));
         let linked_dir = dir.path().join("d");
         std::os::unix::fs::symlink(open.path(), &linked_dir).unwrap();
         assert!(refused(&linked_dir.join("s.db")).contains("symbolic link"));
@@ -590,7 +564,9 @@ mod tests {
         c.pragma_update(None, "user_version", 99).unwrap();
         drop(c);
         match StateDb::open(&path) {
-            Err(StateDbError::Unsafe { why, .. }) => assert!(why.contains("newer"), "{why}"),
+            Err(e @ StateDbError::Newer { .. }) => {
+                assert!(e.to_string().contains("newer"), "{e}");
+            }
             other => panic!("{other:?}"),
         }
     }

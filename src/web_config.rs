@@ -42,6 +42,14 @@ pub enum WebConfigError {
     },
     #[error("--web.config.file {}: {what}", path.display())]
     Invalid { path: PathBuf, what: String },
+    /// The TLS key file is refused (another user's, or open to others).
+    #[error("--web.config.file {}: key_file {}", path.display(), key.display())]
+    Key {
+        path: PathBuf,
+        key: PathBuf,
+        #[source]
+        source: crate::private::Refusal,
+    },
     #[error("--web.config.file {}: TLS", path.display())]
     Tls {
         path: PathBuf,
@@ -154,6 +162,11 @@ impl WebConfig {
         let tls = match file.tls_server_config {
             Some(t) => Some(acceptor(&t, dir).map_err(|e| match e {
                 Why::Said(what) => invalid(what),
+                Why::Key(key, source) => WebConfigError::Key {
+                    path: path.to_path_buf(),
+                    key,
+                    source,
+                },
                 Why::Tls(source) => WebConfigError::Tls {
                     path: path.to_path_buf(),
                     source,
@@ -261,6 +274,7 @@ fn basic_credentials(header: &[u8]) -> Option<(String, String)> {
 
 enum Why {
     Said(String),
+    Key(PathBuf, crate::private::Refusal),
     Tls(tokio_rustls::rustls::Error),
 }
 
@@ -286,8 +300,7 @@ fn acceptor(t: &TlsFile, dir: &Path) -> Result<tokio_rustls::TlsAcceptor, Why> {
         )));
     }
     let key_path = at(&t.key_file);
-    check_key_file(&key_path)
-        .map_err(|why| Why::Said(format!("key_file {}: {why}", key_path.display())))?;
+    crate::private::secret_path(&key_path).map_err(|r| Why::Key(key_path.clone(), r))?;
     let key = PrivateKeyDer::from_pem_file(&key_path)
         .map_err(|e| Why::Said(format!("key_file {}: {e}", key_path.display())))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -338,22 +351,6 @@ fn acceptor(t: &TlsFile, dir: &Path) -> Result<tokio_rustls::TlsAcceptor, Why> {
     let mut config = builder.with_single_cert(certs, key)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
-}
-
-/// A private key is root's (ours) and readable by no one else.
-fn check_key_file(path: &Path) -> Result<(), String> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err("not a regular file: refused".into());
-    }
-    if meta.uid() != rustix::process::geteuid().as_raw() {
-        return Err("not owned by us: refused".into());
-    }
-    if meta.permissions().mode() & 0o077 != 0 {
-        return Err("others may read or write it: refused (chmod 600)".into());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -232,12 +232,8 @@ impl Connection {
 /// socket owned by us and private, the process answering on it running as
 /// us and serving that socket. Anything else is not used (and is replaced).
 pub(super) async fn adopt(socket: &Path, log: &Path) -> Option<Master> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let me = rustix::process::geteuid().as_raw();
-    let meta = std::fs::symlink_metadata(socket).ok()?;
-    if !meta.file_type().is_socket() || meta.uid() != me || meta.mode() & 0o077 != 0 {
-        return None;
-    }
+    crate::private::own_path(socket, rustix::fs::FileType::Socket, 0o077).ok()?;
     let pid = master_pid(socket).await?;
     let status = std::fs::read_to_string(format!("/proc/{}/status", pid.as_raw_nonzero())).ok()?;
     let uid = real_uid(&status)?;
