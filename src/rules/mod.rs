@@ -840,6 +840,53 @@ mod tests {
         assert_ne!(f.usage, HostUsage::default());
     }
 
+    #[test]
+    fn violations_come_in_genvs_order_of_rules_whatever_each_host_found_first() {
+        let host = HostId("h".into());
+        let snap = HostSnapshot {
+            processes: vec![
+                proc_(1, Some("a"), &[(1, mib(1))]),
+                proc_(2, None, &[(0, mib(1))]),
+            ],
+            envs: vec![env("a", Some("alice"), None)],
+            devices: devices(2, &[(0, "a")]),
+            ..Default::default()
+        };
+        let policy = Policy {
+            non_env_processes: true,
+            env_devices: true,
+            ..Policy::default()
+        };
+        let mut f = assess_host(&host, &snap, &policy, &Orphans::default());
+        // A host's own order does not matter: the merge puts genv's.
+        f.violations.reverse();
+        let (v, _) = merge(vec![(&host, f)], &[&snap], &policy, Moment::none());
+        let rules: Vec<Rule> = v.iter().map(|v| v.rule).collect();
+        assert_eq!(rules, [Rule::NonEnvProcesses, Rule::EnvDevices]);
+    }
+
+    #[test]
+    fn a_job_of_an_environment_on_a_degraded_host_is_reported_as_such() {
+        let host = HostId("h".into());
+        let snap = HostSnapshot {
+            processes: vec![proc_(1, Some("a"), &[(0, mib(1))])],
+            truth: Some(HostTruth {
+                state_problem: Some("envs.json: garbled".into()),
+                ..HostTruth::default()
+            }),
+            ..Default::default()
+        };
+        let f = assess_host(&host, &snap, &Policy::default(), &Orphans::default());
+        assert!(
+            f.notices
+                .iter()
+                .any(|n| matches!(n, Notice::UnknownOwner { reason, .. }
+                if reason.contains("carries environment a, which cannot be judged"))),
+            "{:?}",
+            f.notices
+        );
+    }
+
     /// One host with one process or environment behind each notice.
     fn noticed() -> (HostId, HostSnapshot) {
         let mut unknown = proc_(10, None, &[(0, mib(1))]);
