@@ -10,7 +10,7 @@
 //!   line for line (same process order, so genv's greedy choices too);
 //! - `genv-enforce snapshot` with `genv usage snapshot`.
 //!
-//! Differences are asserted only where the README's table lists them.
+//! Differences are asserted only where docs/differences.md lists them.
 
 mod util;
 
@@ -287,7 +287,7 @@ fn all_rules_on_a_compliant_host_do_nothing() {
     assert!(assert_agree(&h, &["--non-env-processes", "--max-devices-per-user", "1"]).is_empty());
 }
 
-// Documented differences (README, "Differences from genv").
+// Documented differences (docs/differences.md).
 
 #[test]
 fn an_orphaned_job_is_left_alone_as_genv_does() {
