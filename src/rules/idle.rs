@@ -233,23 +233,46 @@ impl IdleHistory {
     }
 }
 
-/// The processes of one host idle for all of `policy.after` in `history`
+/// Whose a process is, as the idle rule needs it: worked out once with the
+/// host's attribution, beside its snapshot ([`owners`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdleOwner {
+    /// Neither its environment nor its user can be told: never reclaimed.
+    Unknown,
+    /// Its user, as the caps count users (none: a record's nobody).
+    Known(Option<String>),
+}
+
+/// Each process's [`IdleOwner`], in snapshot order.
+pub fn owners(a: &Attribution) -> Vec<IdleOwner> {
+    (0..a.snapshot().processes.len())
+        .map(|pi| match (a.standing(pi), a.user_of(pi)) {
+            (Standing::Unknown, None) => IdleOwner::Unknown,
+            (_, user) => IdleOwner::Known(user.map(|u| u.into_owned())),
+        })
+        .collect()
+}
+
+/// The processes of `snap` idle for all of `policy.after` in `history`
 /// (already tracked through this cycle), and a notice for each process
 /// whose utilization is unknown. Never a process whose user is unknown.
+/// `owners`: each process's, from [`owners`].
 pub fn evaluate(
     host: &HostId,
-    a: &Attribution,
+    snap: &HostSnapshot,
+    owners: &[IdleOwner],
     history: &IdleHistory,
     policy: &IdlePolicy,
     now_ms: u64,
 ) -> (Vec<Violation>, Vec<Notice>) {
-    let snap = a.snapshot();
     let readings = readings(snap);
     let mut violations = Vec::new();
     let mut notices = Vec::new();
-    for (pi, p) in snap.processes.iter().enumerate() {
-        let unowned = matches!(a.standing(pi), Standing::Unknown) && a.user_of(pi).is_none();
-        if unowned || p.start_time.is_none() {
+    for (p, owner) in snap.processes.iter().zip(owners) {
+        let IdleOwner::Known(user) = owner else {
+            continue;
+        };
+        if p.start_time.is_none() {
             continue;
         }
         if readings.get(&p.pid).copied().flatten().is_none() {
@@ -272,7 +295,7 @@ pub fn evaluate(
             finding: Finding::Idle {
                 host: host.clone(),
                 pid: p.pid,
-                user: a.user_of(pi).map(|u| u.into_owned()),
+                user: user.clone(),
                 devices: p.indices().collect(),
                 since_ms: w.since_ms,
                 idle_ms,
@@ -429,7 +452,7 @@ mod tests {
             after: Duration::from_secs(3600),
             below: 5,
         };
-        let (v, n) = evaluate(&h, &a, &tracked, &policy, now);
+        let (v, n) = evaluate(&h, snap, &owners(&a), &tracked, &policy, now);
         (tracked, v, n)
     }
 
@@ -528,7 +551,9 @@ mod tests {
                 after: Duration::ZERO,
                 below: 5,
             };
-            evaluate(&h, &a, &tracked, &policy, 0).0.len()
+            evaluate(&h, &snap, &owners(&a), &tracked, &policy, 0)
+                .0
+                .len()
         };
         assert_eq!(reclaimed(None), 0, "nobody's: never");
         assert_eq!(reclaimed(Some(1000)), 1, "the kernel names its owner");
@@ -559,7 +584,7 @@ mod tests {
                 let tracked = h.track(&[(&HostId("h".into()), &snap)], 5, now, gap);
                 let a = Attribution::of(&snap, &Default::default());
                 let policy = IdlePolicy { after: Duration::from_millis(after), below: 5 };
-                let (v, _) = evaluate(&HostId("h".into()), &a, &tracked, &policy, now);
+                let (v, _) = evaluate(&HostId("h".into()), &snap, &owners(&a), &tracked, &policy, now);
                 // The model: idle since the first of the consecutive low readings.
                 since = match sm {
                     Some(s) if s < 5 => match since {

@@ -388,6 +388,8 @@ pub struct HostFindings {
     pub groups: HostGroups,
     /// Its processes seen orphaned, to remember for the next cycle.
     pub orphans: Orphans,
+    /// Whose each process is, for the idle rule (empty when it is off).
+    pub idle_owners: Vec<idle::IdleOwner>,
 }
 
 /// Assesses one host: who runs what, the rules that need only this host
@@ -427,6 +429,11 @@ pub fn assess_host(
     };
     HostFindings {
         violations,
+        idle_owners: if policy.idle.is_some() {
+            idle::owners(&a)
+        } else {
+            Vec::new()
+        },
         notices: notices(host, &a, policy),
         memory: if policy.has_memory_caps() {
             HostMemory::of(&a)
@@ -548,8 +555,8 @@ pub fn merge(
         }
         notices.extend(f.notices.iter().cloned());
         if let Some(idle) = &policy.idle {
-            let a = Attribution::of(snap, &f.orphans);
-            let (v, n) = idle::evaluate(host, &a, moment.idle, idle, moment.now_ms);
+            let (v, n) =
+                idle::evaluate(host, snap, &f.idle_owners, moment.idle, idle, moment.now_ms);
             idle_violations.extend(v);
             notices.extend(n);
         }
