@@ -360,7 +360,12 @@ fn event_entry(time: String, cycle: u64, e: &Event, phase: Phase, message: Strin
 
 /// Now, for entries.
 pub fn now() -> String {
-    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+    at(SystemTime::now())
+}
+
+/// `time` as entries say it: RFC 3339, UTC, milliseconds.
+pub fn at(time: SystemTime) -> String {
+    humantime::format_rfc3339_millis(time).to_string()
 }
 
 /// The `decided` line of a signal to `t`.
@@ -391,9 +396,15 @@ fn termination<'a>(
     }
 }
 
-/// The `decided` lines of a host's plan, one per action, in plan order.
-pub fn decided<'a>(cycle: u64, host: &'a HostId, plan: &'a HostPlan) -> Vec<Entry<'a>> {
-    let time = now();
+/// The `decided` lines of a host's plan at `time`, one per action, in
+/// plan order.
+pub fn decided<'a>(
+    time: SystemTime,
+    cycle: u64,
+    host: &'a HostId,
+    plan: &'a HostPlan,
+) -> Vec<Entry<'a>> {
+    let time = at(time);
     let terminations = plan.terminate.iter().map(|t| {
         termination(
             &time,
@@ -424,9 +435,14 @@ pub fn decided<'a>(cycle: u64, host: &'a HostId, plan: &'a HostPlan) -> Vec<Entr
     terminations.chain(detaches).collect()
 }
 
-/// The `decided` lines of `--kill-after`'s SIGKILLs.
-pub fn kills<'a>(cycle: u64, host: &'a HostId, terminations: &'a [Termination]) -> Vec<Entry<'a>> {
-    let time = now();
+/// The `decided` lines of `--kill-after`'s SIGKILLs at `time`.
+pub fn kills<'a>(
+    time: SystemTime,
+    cycle: u64,
+    host: &'a HostId,
+    terminations: &'a [Termination],
+) -> Vec<Entry<'a>> {
+    let time = at(time);
     terminations
         .iter()
         .map(|t| {
@@ -436,9 +452,9 @@ pub fn kills<'a>(cycle: u64, host: &'a HostId, terminations: &'a [Termination]) 
         .collect()
 }
 
-/// The `done` lines: each decided line with its outcome (matched by
-/// action and pid, or by device and eid).
-pub fn done<'a>(decided: &[Entry<'a>], outcomes: &[Outcome]) -> Vec<Entry<'a>> {
+/// The `done` lines at `time`: each decided line with its outcome (matched
+/// by action and pid, or by device and eid).
+pub fn done<'a>(time: SystemTime, decided: &[Entry<'a>], outcomes: &[Outcome]) -> Vec<Entry<'a>> {
     /// What an outcome answers.
     #[derive(PartialEq, Eq, Hash)]
     enum Key<'k> {
@@ -455,7 +471,7 @@ pub fn done<'a>(decided: &[Entry<'a>], outcomes: &[Outcome]) -> Vec<Entry<'a>> {
         };
         by_key.entry(key).or_insert(o);
     }
-    let time = now();
+    let time = at(time);
     decided
         .iter()
         .map(|d| {
@@ -660,7 +676,7 @@ mod tests {
                 },
             ],
         };
-        let decided = decided(7, &host, &plan);
+        let decided = decided(SystemTime::now(), 7, &host, &plan);
         assert_eq!(decided.len(), 5);
         assert!(decided
             .iter()
@@ -710,7 +726,7 @@ mod tests {
                 outcome: DetachResult::NotAttached,
             },
         ];
-        let done = done(&decided, &outcomes);
+        let done = done(SystemTime::now(), &decided, &outcomes);
         let result = |i: usize| done[i].outcome.as_ref().unwrap()["result"].clone();
         assert_eq!(
             result(0),
@@ -722,16 +738,16 @@ mod tests {
         assert_eq!(result(3), "failed");
         assert_eq!(result(4), "detached");
         assert!(done.iter().all(|e| e.phase == Phase::Done));
-        let kills = kills(7, &host, &plan.terminate[..1]);
+        let kills = kills(SystemTime::now(), 7, &host, &plan.terminate[..1]);
         assert_eq!(
             (kills[0].action, kills[0].pid),
             (Action::Kill, Some(Pid(1)))
         );
-        let killed = super::done(&kills, &outcomes);
+        let killed = super::done(SystemTime::now(), &kills, &outcomes);
         assert_eq!(killed[0].outcome.as_ref().unwrap()["result"], "signalled");
         // An action without an outcome says so.
         assert_eq!(
-            super::done(&kills, &[])[0].outcome,
+            super::done(SystemTime::now(), &kills, &[])[0].outcome,
             Some(serde_json::Value::Null)
         );
     }

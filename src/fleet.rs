@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::stream::{self, StreamExt};
 use tracing::Instrument;
@@ -91,7 +91,7 @@ impl Fleet {
     async fn execute(&self, cycle: u64, h: &Host, plan: &HostPlan) -> Vec<Outcome> {
         self.audited(
             h,
-            || audit::decided(cycle, h.id(), plan),
+            || audit::decided(SystemTime::now(), cycle, h.id(), plan),
             |error| crate::outcome::failed(h.id(), plan, error),
             h.execute(plan),
         )
@@ -118,7 +118,7 @@ impl Fleet {
             ));
         }
         let outcomes = act.await;
-        if let Err(e) = log.write(&audit::done(&decided, &outcomes)) {
+        if let Err(e) = log.write(&audit::done(SystemTime::now(), &decided, &outcomes)) {
             tracing::error!(host = %h.id(), error = %e, "cannot record outcomes in the audit log");
         }
         outcomes
@@ -221,7 +221,7 @@ impl Fleet {
         fan_out(work, self.concurrency, |(h, ts)| {
             Box::pin(self.audited(
                 h,
-                move || audit::kills(cycle, h.id(), ts),
+                move || audit::kills(SystemTime::now(), cycle, h.id(), ts),
                 move |error| crate::outcome::failed_kills(h.id(), ts, error),
                 h.escalate(ts),
             ))
