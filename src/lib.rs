@@ -30,10 +30,10 @@
 //!
 //! - [`cli`]: clap types; [`config`] resolves them (and [`inventory`])
 //!   into fleets and settings.
-//! - [`host`]: one [`host::Host`] over local, SSH and recorded hosts:
-//!   snapshot, execute, close. Live hosts (this machine and SSH hosts)
-//!   are touched only by our agent (`host/agent.py`), spoken to through
-//!   [`host::protocol`].
+//! - [`host`]: one [`host::Host`] over live and recorded hosts:
+//!   snapshot, execute, close. A [`host::LiveHost`] (this machine, or an
+//!   SSH host) is touched only by our agent (`host/agent.py`), spoken to
+//!   through [`host::protocol`] over a transport.
 //! - [`fleet`]: bounded, unordered fan-out over hosts.
 //! - [`ha`]: several enforcer boxes on etcd: the election, and the
 //!   epoch that fences a deposed leader off the hosts.
@@ -44,7 +44,7 @@
 //!   the admins, rate-limited, beside the cycle.
 //! - [`audit`]: the audit log, written before each action;
 //!   [`state_db`]: what a run keeps across restarts and records, in
-//!   SQLite; [`private`]: how root opens files of ours.
+//!   SQLite; [`private`]: every check that a file of ours is ours alone.
 //! - [`metrics`]: Prometheus metrics over HTTP; [`web_config`]: the
 //!   endpoint's TLS and basic authentication.
 //! - [`docs`]: man pages and shell completions from the command line's
