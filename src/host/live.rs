@@ -1,7 +1,7 @@
 //! A live host: our agent, reached over a transport (this machine's pipes,
 //! or an SSH host's master). What the agent is told of its host is one
 //! [`AgentSpec`]; the steps (a snapshot, signals, detaches, notes,
-//! `doctor`) are written once here, over [`Transport::ask`].
+//! `doctor`) are written once here, over the transport's `ask`.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
