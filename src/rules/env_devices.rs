@@ -7,7 +7,7 @@
 //! does not name a process whose environment does not exist.
 
 use super::attribution::Attribution;
-use super::{Action, Finding, Rule, Violation};
+use super::{Finding, Rule, Violation};
 use crate::model::{GpuIndex, HostId};
 
 pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
@@ -17,19 +17,18 @@ pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
         for p in a.members(i) {
             let unallowed: Vec<GpuIndex> = p.indices().filter(|d| !a.is_attached(i, *d)).collect();
             if !unallowed.is_empty() {
-                out.push(Violation {
-                    rule: Rule::EnvDevices,
-                    finding: Finding::NonAttachedDevices {
-                        host: host.clone(),
-                        pid: p.pid,
-                        eid: env.eid.clone(),
-                        devices: unallowed,
-                    },
-                    actions: vec![Action::Terminate {
-                        host: host.clone(),
-                        pid: p.pid,
-                    }],
-                });
+                let finding = Finding::NonAttachedDevices {
+                    host: host.clone(),
+                    pid: p.pid,
+                    eid: env.eid.clone(),
+                    devices: unallowed,
+                };
+                out.push(Violation::terminating(
+                    Rule::EnvDevices,
+                    finding,
+                    host,
+                    p.pid,
+                ));
             }
         }
     }

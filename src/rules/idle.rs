@@ -28,7 +28,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::attribution::{Attribution, Standing};
-use super::{Action, Finding, Notice, Rule, Violation};
+use super::{Finding, Notice, Rule, Violation};
 use crate::clock::millis;
 use crate::model::{GpuIndex, HostId, HostSnapshot, Pid, Process};
 
@@ -290,23 +290,17 @@ pub fn evaluate(
         if w.last_ms != now_ms || idle_ms < millis(policy.after) {
             continue;
         }
-        violations.push(Violation {
-            rule: Rule::IdleGpu,
-            finding: Finding::Idle {
-                host: host.clone(),
-                pid: p.pid,
-                user: user.clone(),
-                devices: p.indices().collect(),
-                since_ms: w.since_ms,
-                idle_ms,
-                below: policy.below,
-                source: w.source,
-            },
-            actions: vec![Action::Terminate {
-                host: host.clone(),
-                pid: p.pid,
-            }],
-        });
+        let finding = Finding::Idle {
+            host: host.clone(),
+            pid: p.pid,
+            user: user.clone(),
+            devices: p.indices().collect(),
+            since_ms: w.since_ms,
+            idle_ms,
+            below: policy.below,
+            source: w.source,
+        };
+        violations.push(Violation::terminating(Rule::IdleGpu, finding, host, p.pid));
     }
     (violations, notices)
 }
@@ -316,6 +310,7 @@ mod tests {
     use super::super::test_support::*;
     use super::*;
     use crate::model::{ProcessUtilization, Utilization};
+    use crate::rules::Action;
     use proptest::prelude::*;
 
     const H100: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/nvidia-smi/h100/pmon");

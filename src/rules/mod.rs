@@ -274,6 +274,20 @@ pub struct Violation {
     pub actions: Vec<Action>,
 }
 
+impl Violation {
+    /// `rule`'s `finding`, answered by terminating `pid` on `host`.
+    pub fn terminating(rule: Rule, finding: Finding, host: &HostId, pid: Pid) -> Self {
+        Violation {
+            rule,
+            finding,
+            actions: vec![Action::Terminate {
+                host: host.clone(),
+                pid,
+            }],
+        }
+    }
+}
+
 /// Something worth an admin's eye that no rule acts on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

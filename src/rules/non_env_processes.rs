@@ -6,7 +6,7 @@
 //! be read is never named.
 
 use super::attribution::{Attribution, Standing};
-use super::{Action, Finding, Rule, Violation};
+use super::{Finding, Rule, Violation};
 use crate::model::HostId;
 
 pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
@@ -15,16 +15,12 @@ pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
         .iter()
         .enumerate()
         .filter(|(pi, _)| *a.standing(*pi) == Standing::NoEnv)
-        .map(|(_, p)| Violation {
-            rule: Rule::NonEnvProcesses,
-            finding: Finding::NonEnvProcess {
+        .map(|(_, p)| {
+            let finding = Finding::NonEnvProcess {
                 host: host.clone(),
                 pid: p.pid,
-            },
-            actions: vec![Action::Terminate {
-                host: host.clone(),
-                pid: p.pid,
-            }],
+            };
+            Violation::terminating(Rule::NonEnvProcesses, finding, host, p.pid)
         })
         .collect()
 }
@@ -34,6 +30,7 @@ mod tests {
     use super::super::test_support::*;
     use super::*;
     use crate::model::{HostSnapshot, Owner, Pid, Process};
+    use crate::rules::Action;
 
     #[test]
     fn names_env_less_processes_only() {

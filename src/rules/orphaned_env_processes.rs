@@ -19,7 +19,7 @@
 //! has the grace to restore it.
 
 use super::attribution::{Attribution, Standing, Stray};
-use super::{Action, Finding, Rule, Violation};
+use super::{Finding, Rule, Violation};
 use crate::model::HostId;
 
 pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
@@ -36,19 +36,18 @@ pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
             _ => false,
         })
         .filter_map(|(pi, p)| {
-            Some(Violation {
-                rule: Rule::OrphanedEnvProcesses,
-                finding: Finding::OrphanedEnvProcess {
-                    host: host.clone(),
-                    pid: p.pid,
-                    eid: p.owner.eid()?.clone(),
-                    user: a.user_of(pi).map(|u| u.into_owned()),
-                },
-                actions: vec![Action::Terminate {
-                    host: host.clone(),
-                    pid: p.pid,
-                }],
-            })
+            let finding = Finding::OrphanedEnvProcess {
+                host: host.clone(),
+                pid: p.pid,
+                eid: p.owner.eid()?.clone(),
+                user: a.user_of(pi).map(|u| u.into_owned()),
+            };
+            Some(Violation::terminating(
+                Rule::OrphanedEnvProcesses,
+                finding,
+                host,
+                p.pid,
+            ))
         })
         .collect()
 }
