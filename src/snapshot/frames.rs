@@ -261,6 +261,32 @@ mod tests {
     }
 
     #[test]
+    fn state_errors_and_sub_uids_are_kept_as_the_agent_said_them() {
+        let f = [
+            frame("gpus", None, b""),
+            frame("apps", None, b""),
+            frame("state-error", Some("envs"), b"envs.json: not JSON"),
+            frame("subuid", Some("300001"), b"1001"),
+            frame("subuid", Some("999999"), b"- in no range of /etc/subuid"),
+        ]
+        .concat();
+        let raw = raw_host(&parse_frames(&f, "h").unwrap(), "h").unwrap();
+        assert_eq!(raw.state_errors["envs"], "envs.json: not JSON");
+        assert_eq!(raw.sub_uids[&300001], Ok(1001));
+        assert_eq!(
+            raw.sub_uids[&999999],
+            Err("in no range of /etc/subuid".to_string())
+        );
+        let unnamed = [
+            frame("gpus", None, b""),
+            frame("apps", None, b""),
+            frame("state-error", None, b"what part?"),
+        ]
+        .concat();
+        assert!(raw_host(&parse_frames(&unnamed, "h").unwrap(), "h").is_err());
+    }
+
+    #[test]
     fn malformed_and_truncated_answers_are_errors() {
         let mut cut = answer();
         cut.truncate(cut.len() - 3);
