@@ -73,9 +73,66 @@ pub async fn cycle(
     memory: &mut Memory,
 ) -> (CycleReport, bool) {
     let start = Instant::now();
-    // Not with -e: nothing is enforced before every host has answered.
-    let early = !options.dry_run && !options.exit_on_error;
     let now = now_ms();
+    let policy = Arc::new(options.policy.clone());
+    let rounds = snapshots(fleet, options, n, &policy, memory, now).await;
+    let mut timing = Timing {
+        snapshot_ms: millis(start.elapsed()),
+        ..Timing::default()
+    };
+    let Gathered {
+        done,
+        mut outcomes,
+        results,
+    } = gather(rounds, &mut timing, memory);
+    let abort = options.exit_on_error && results.iter().any(|(_, r)| r.is_err());
+    if !abort {
+        memory.idle =
+            assess::track_idle(&memory.idle, &policy, &results, now, Some(options.idle_gap));
+    }
+    memory.published = published(fleet, &results);
+    let assessed = Instant::now();
+    let mut a = assessed_off_workers(fleet, options, n, abort, results, policy, memory, now).await;
+    for (status, host) in a.hosts.iter_mut().zip(&fleet.hosts) {
+        status.recorded = host.is_recorded();
+    }
+    let (events, at_once) = laddered(&mut a, &mut memory.ladder, now, abort);
+    audit_cycle(fleet, n, options.mode, &a, &events);
+    timing.assess_ms = millis(assessed.elapsed());
+    let dispatched = Instant::now();
+    if options.dry_run {
+        outcomes = outcome::dry_run(&a.plan);
+    } else if !abort {
+        outcomes.extend(carry_out(fleet, options, n, &a.plan, &done, &outcomes).await);
+    }
+    timing.dispatch_ms = millis(dispatched.elapsed());
+    timing.total_ms = millis(start.elapsed());
+    // A replay's report is the same every time: no clock in it.
+    let timing = (!fleet.is_recorded()).then_some(timing);
+    let usage = if options.sample_usage {
+        crate::report::samples(&a.cluster)
+    } else {
+        Vec::new()
+    };
+    let mut report = CycleReport::new(a, outcomes, timing);
+    report.events = events;
+    report.at_once = at_once;
+    report.usage = usage;
+    (report, abort)
+}
+
+/// Every host's snapshot and own findings; what a host's own findings
+/// decide is carried out on it at once (not with `-e`, where nothing is
+/// enforced before every host has answered, nor in a dry run).
+async fn snapshots(
+    fleet: &Fleet,
+    options: &Options,
+    n: u64,
+    policy: &Arc<Policy>,
+    memory: &mut Memory,
+    now: u64,
+) -> Vec<crate::fleet::Round> {
+    let early = !options.dry_run && !options.exit_on_error;
     let held: &Ladder = &memory.ladder;
     let own = |host: &_, snap: &_, findings: &_| {
         if early {
@@ -85,16 +142,29 @@ pub async fn cycle(
             HostPlan::default()
         }
     };
-    let policy = Arc::new(options.policy.clone());
     let orphans = Arc::new(std::mem::take(&mut memory.orphans));
     let rounds = fleet
-        .snapshots_and(n, &policy, &orphans, own)
+        .snapshots_and(n, policy, &orphans, own)
         .instrument(tracing::info_span!("snapshot", cycle = n))
         .await;
-    let mut timing = Timing {
-        snapshot_ms: millis(start.elapsed()),
-        ..Timing::default()
-    };
+    // Put back: `gather` keeps what a host that failed had.
+    memory.orphans = Arc::try_unwrap(orphans).unwrap_or_else(|shared| (*shared).clone());
+    rounds
+}
+
+/// What the hosts' rounds gave: what was carried out early, its outcomes,
+/// each host's result.
+struct Gathered {
+    done: Plan,
+    outcomes: Vec<Outcome>,
+    results: Vec<(HostId, assess::HostResult)>,
+}
+
+/// The rounds' timings into `timing`, their orphans into `memory` (a host
+/// that failed keeps what it had; a host no longer in the fleet is
+/// forgotten), their results in host order.
+fn gather(rounds: Vec<crate::fleet::Round>, timing: &mut Timing, memory: &mut Memory) -> Gathered {
+    let mut before = std::mem::take(&mut memory.orphans);
     let mut done = Plan::default();
     let mut outcomes = Vec::new();
     let mut results = Vec::new();
@@ -115,52 +185,62 @@ pub async fn cycle(
         }
         outcomes.extend(round.outcomes);
         let mut result = round.result.map_err(|e| e.failure());
-        match &mut result {
-            Ok((_, findings)) => {
-                memory
-                    .orphans
-                    .insert(round.host.clone(), std::mem::take(&mut findings.orphans));
-            }
+        let orphans = match &mut result {
+            Ok((_, findings)) => Some(std::mem::take(&mut findings.orphans)),
             // Unseen this cycle: what it had is kept.
-            Err(_) => {
-                if let Some(o) = orphans.get(&round.host) {
-                    memory.orphans.insert(round.host.clone(), o.clone());
-                }
-            }
+            Err(_) => before.remove(&round.host),
+        };
+        if let Some(o) = orphans {
+            memory.orphans.insert(round.host.clone(), o);
         }
         results.push((round.host, result));
     }
-    let abort = options.exit_on_error && results.iter().any(|(_, r)| r.is_err());
-    if !abort {
-        memory.idle =
-            assess::track_idle(&memory.idle, &policy, &results, now, Some(options.idle_gap));
+    Gathered {
+        done,
+        outcomes,
+        results,
     }
-    let idle = memory.idle.clone();
-    // Sharded: what our hosts hold, for the other shards; theirs beside.
-    let sharded = !fleet.positions.is_empty();
-    memory.published = if sharded {
-        results
-            .iter()
-            .filter_map(|(host, r)| {
-                let (_, findings) = r.as_ref().ok()?;
-                Some(Published {
-                    host: host.clone(),
-                    position: *fleet.positions.get(host)?,
-                    usage: findings.usage.clone(),
-                })
+}
+
+/// Sharded: what our hosts hold, for the other shards.
+fn published(fleet: &Fleet, results: &[(HostId, assess::HostResult)]) -> Vec<Published> {
+    if fleet.positions.is_empty() {
+        return Vec::new();
+    }
+    results
+        .iter()
+        .filter_map(|(host, r)| {
+            let (_, findings) = r.as_ref().ok()?;
+            Some(Published {
+                host: host.clone(),
+                position: *fleet.positions.get(host)?,
+                usage: findings.usage.clone(),
             })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let (positions, others) = (fleet.positions.clone(), memory.others.clone());
-    let assessed = Instant::now();
+        })
+        .collect()
+}
+
+/// The caps and the plan over every host, off the async workers; with
+/// `-e`'s abort, the hosts' statuses only (genv raises on the first failed
+/// host, before any rule runs). A panic there is every host's failure.
+#[allow(clippy::too_many_arguments)]
+async fn assessed_off_workers(
+    fleet: &Fleet,
+    options: &Options,
+    n: u64,
+    abort: bool,
+    results: Vec<(HostId, assess::HostResult)>,
+    policy: Arc<Policy>,
+    memory: &Memory,
+    now: u64,
+) -> assess::Assessment {
     let (mode, dry_run) = (options.mode, options.dry_run);
-    // The caps and the plan over every host: off the async workers too.
+    let idle = memory.idle.clone();
+    let sharded = !fleet.positions.is_empty();
+    let (positions, others) = (fleet.positions.clone(), memory.others.clone());
     let assessing = crate::host::off_workers("assessing the cycle", move || {
         tracing::info_span!("assess", cycle = n).in_scope(|| {
             if abort {
-                // genv raises on the first failed host, before any rule runs.
                 let results = results
                     .into_iter()
                     .map(|(h, r)| (h, r.map(|(s, _)| s)))
@@ -179,10 +259,9 @@ pub async fn cycle(
             }
         })
     });
-    let mut a = match assessing.await {
+    match assessing.await {
         Ok(a) => a,
         Err(e) => {
-            // Only a panic gets here: report it as every host's failure.
             let why = HostFailure::new(FailureKind::Internal, error::chain(&e));
             let results = fleet
                 .hosts
@@ -191,80 +270,90 @@ pub async fn cycle(
                 .collect();
             assess::statuses(n, mode, dry_run, results)
         }
-    };
-    for (status, host) in a.hosts.iter_mut().zip(&fleet.hosts) {
-        status.recorded = host.is_recorded();
     }
-    if let Some(log) = &fleet.audit {
-        if let Err(e) = log.strays(n, mode, &a.notices) {
-            tracing::error!(error = %e, "cannot record stray processes in the audit log");
-        }
-        if let Err(e) = log.failures(n, &a.hosts) {
-            tracing::error!(error = %e, "cannot record failed hosts in the audit log");
-        }
-    }
+}
+
+/// `a`'s plan split by the ladder into what is due and what waits; the
+/// ladder advanced over the whole plan: the events to tell, and (without
+/// a ladder) what was acted on at once. A host that did not answer keeps
+/// its actions' progress as it was; `-e`'s abort decides nothing, so
+/// nothing moves.
+fn laddered(
+    a: &mut assess::Assessment,
+    ladder: &mut Ladder,
+    now: u64,
+    abort: bool,
+) -> (Vec<crate::ladder::Event>, Vec<crate::ladder::Event>) {
     let whole = std::mem::take(&mut a.plan);
-    (a.plan, a.waiting) = memory.ladder.split(&whole, now);
-    // A host that did not answer keeps its actions' progress as it was;
-    // `-e`'s abort decides nothing, so nothing moves.
+    (a.plan, a.waiting) = ladder.split(&whole, now);
+    if abort {
+        return (Vec::new(), Vec::new());
+    }
     let unanswered: Vec<HostId> = a
         .hosts
         .iter()
         .filter(|h| h.error.is_some())
         .map(|h| h.host.clone())
         .collect();
-    let (events, at_once) = if abort {
-        (Vec::new(), Vec::new())
-    } else {
-        (
-            memory.ladder.advance(&whole, now, &unanswered),
-            memory.ladder.acted_at_once(&a.plan, now),
-        )
+    (
+        ladder.advance(&whole, now, &unanswered),
+        ladder.acted_at_once(&a.plan, now),
+    )
+}
+
+/// The cycle's strays, failed hosts and ladder events in the audit log,
+/// if there is one (a failed write is logged; enforcement goes on).
+fn audit_cycle(
+    fleet: &Fleet,
+    n: u64,
+    mode: Mode,
+    a: &assess::Assessment,
+    events: &[crate::ladder::Event],
+) {
+    let Some(log) = &fleet.audit else {
+        return;
     };
-    if let Some(log) = &fleet.audit {
-        if let Err(e) = log.events(n, &events) {
-            tracing::error!(error = %e, "cannot record warnings in the audit log");
+    if let Err(e) = log.strays(n, mode, &a.notices) {
+        tracing::error!(error = %e, "cannot record stray processes in the audit log");
+    }
+    if let Err(e) = log.failures(n, &a.hosts) {
+        tracing::error!(error = %e, "cannot record failed hosts in the audit log");
+    }
+    if let Err(e) = log.events(n, events) {
+        tracing::error!(error = %e, "cannot record warnings in the audit log");
+    }
+}
+
+/// Carries out what is due of `plan` that the hosts' own rounds (`done`)
+/// did not, then `--kill-after`'s SIGKILLs of what the SIGTERMs (`so_far`
+/// and these) reached; the new outcomes.
+async fn carry_out(
+    fleet: &Fleet,
+    options: &Options,
+    n: u64,
+    plan: &Plan,
+    done: &Plan,
+    so_far: &[Outcome],
+) -> Vec<Outcome> {
+    let rest = assess::remaining(plan, done);
+    let mut outcomes = fleet
+        .dispatch(n, &rest)
+        .instrument(tracing::info_span!("dispatch", cycle = n))
+        .await;
+    if let Some(grace) = options.kill_after {
+        let all: Vec<Outcome> = so_far.iter().chain(&outcomes).cloned().collect();
+        let kills = signalled(plan, &all);
+        if !kills.is_empty() {
+            tokio::time::sleep(grace).await;
+            outcomes.extend(
+                fleet
+                    .escalate(n, &kills)
+                    .instrument(tracing::info_span!("escalate", cycle = n))
+                    .await,
+            );
         }
     }
-    timing.assess_ms = millis(assessed.elapsed());
-    let dispatched = Instant::now();
-    if options.dry_run {
-        outcomes = outcome::dry_run(&a.plan);
-    } else if !abort {
-        let rest = assess::remaining(&a.plan, &done);
-        outcomes.extend(
-            fleet
-                .dispatch(n, &rest)
-                .instrument(tracing::info_span!("dispatch", cycle = n))
-                .await,
-        );
-        if let Some(grace) = options.kill_after {
-            let kills = signalled(&a.plan, &outcomes);
-            if !kills.is_empty() {
-                tokio::time::sleep(grace).await;
-                outcomes.extend(
-                    fleet
-                        .escalate(n, &kills)
-                        .instrument(tracing::info_span!("escalate", cycle = n))
-                        .await,
-                );
-            }
-        }
-    }
-    timing.dispatch_ms = millis(dispatched.elapsed());
-    timing.total_ms = millis(start.elapsed());
-    // A replay's report is the same every time: no clock in it.
-    let timing = (!fleet.is_recorded()).then_some(timing);
-    let usage = if options.sample_usage {
-        crate::usage::samples(&a.cluster)
-    } else {
-        Vec::new()
-    };
-    let mut report = CycleReport::new(a, outcomes, timing);
-    report.events = events;
-    report.at_once = at_once;
-    report.usage = usage;
-    (report, abort)
+    outcomes
 }
 
 /// The planned terminations whose SIGTERM was delivered, by host.
