@@ -120,29 +120,7 @@ pub async fn run(
     let mut kept = Vec::new();
     let each = fleets.len() > 1;
     let mut ending = Ending::Clean;
-    let mut memory = Memory {
-        ladder: Ladder::new(settings.grace.clone()),
-        ..Memory::default()
-    };
-    if let Some(db) = &settings.state {
-        // Where the last run left off: no warning twice, no deadline moved.
-        match db.idle() {
-            Ok(idle) => memory.idle = idle,
-            Err(e) => complain(&format!(
-                "{}: the idle windows start afresh",
-                error::chain(&e)
-            )),
-        }
-        match (db.ladder(), db.orphans()) {
-            (Ok(saved), Ok(orphans)) => {
-                memory.ladder = Ladder::restore(settings.grace.clone(), saved);
-                memory.orphans = orphans;
-            }
-            (Err(e), _) | (_, Err(e)) => {
-                complain(&format!("{}: starting afresh", error::chain(&e)));
-            }
-        }
-    }
+    let mut memory = remembered(&settings);
     let mut notifier = notifier(&settings, &fleets, &service);
     let mut signalled = false;
     let mut repeats = crate::notify::Repeats::default();
@@ -226,23 +204,7 @@ pub async fn run(
         if let Some((_, ladder)) = follower {
             memory.ladder = Ladder::restore(settings.grace.clone(), ladder);
         } else if let Some(elector) = &service.elector {
-            // Sharded: our hosts' part, for the other shards' next cycle,
-            // without what this cycle detached.
-            let detached = detached_by_host(&report.outcomes);
-            let none = std::collections::HashSet::new();
-            let part = std::mem::take(&mut memory.published)
-                .into_iter()
-                .map(|p| {
-                    let gone = detached.get(&p.host).unwrap_or(&none);
-                    p.without(gone)
-                })
-                .collect();
-            if let Err(e) = elector.publish(part).await {
-                complain(&format!(
-                    "ha: this shard's part is not published: {}",
-                    error::chain(&e)
-                ));
-            }
+            publish(elector, std::mem::take(&mut memory.published), &report).await;
         }
         if let (Some(elector), Some(refusal)) = (&service.elector, fencing.take_refusal()) {
             // Another leader has acted on a host since this cycle began,
@@ -403,6 +365,60 @@ fn detached_by_host(
         }
     }
     by_host
+}
+
+/// Sharded: our hosts' part, for the other shards' next cycle, without
+/// what this cycle detached (said when it cannot be published).
+async fn publish(
+    elector: &crate::ha::Elector,
+    parts: Vec<crate::rules::shards::Published>,
+    report: &CycleReport,
+) {
+    let detached = detached_by_host(&report.outcomes);
+    let none = std::collections::HashSet::new();
+    let part = parts
+        .into_iter()
+        .map(|p| {
+            let gone = detached.get(&p.host).unwrap_or(&none);
+            p.without(gone)
+        })
+        .collect();
+    if let Err(e) = elector.publish(part).await {
+        complain(&format!(
+            "ha: this shard's part is not published: {}",
+            error::chain(&e)
+        ));
+    }
+}
+
+/// What a run starts from: where the last run left off (`--state-db`: no
+/// warning twice, no deadline moved, idle windows and orphans kept), or
+/// afresh, said, when that cannot be read.
+fn remembered(settings: &Settings) -> Memory {
+    let mut memory = Memory {
+        ladder: Ladder::new(settings.grace.clone()),
+        ..Memory::default()
+    };
+    let Some(db) = &settings.state else {
+        return memory;
+    };
+    match db.idle() {
+        Ok(idle) => memory.idle = idle,
+        Err(e) => complain(&format!(
+            "{}: the idle windows start afresh",
+            error::chain(&e)
+        )),
+    }
+    match (db.ladder(), db.orphans()) {
+        (Ok(saved), Ok(orphans)) => {
+            memory.ladder = Ladder::restore(settings.grace.clone(), saved);
+            memory.orphans = orphans;
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            complain(&format!("{}: starting afresh", error::chain(&e)));
+        }
+    }
+    memory
 }
 
 /// The notification channels of `settings`, started; a channel that
