@@ -212,8 +212,11 @@ pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
                     .cloned()
                     .collect();
                 host.agent.utilization = settings.cycle.policy.idle.is_some();
-                host.agent.fencing = fencing(settings.ha.as_deref());
-                vec![Fleet::new(vec![Host::Live(Box::new(host))], 1)]
+                // One fence for the fleet and its host: the election sets
+                // the fleet's, the host's requests carry it.
+                let mut fleet = Fleet::new(vec![Host::Live(Box::new(host))], 1);
+                fleet.set_fencing(&fencing(settings.ha.as_deref()));
+                vec![fleet]
             };
             Ok(Job::Enforce {
                 metrics: args.cycle.metrics_listen,
@@ -992,6 +995,23 @@ mod tests {
             .unwrap_err()
             .contains("remote"));
         assert!(settings_with(&shard, Mode::Remote).is_ok());
+    }
+
+    #[test]
+    fn a_local_run_under_ha_fences_its_host_with_the_fence_the_election_sets() {
+        let cli =
+            Cli::try_parse_from(["genv-enforce", "enforce", "--ha-etcd", "http://e:2379"]).unwrap();
+        let Ok(Job::Enforce { fleets, .. }) = resolve(cli) else {
+            panic!("not an enforcing job")
+        };
+        let fleet = &fleets[0];
+        assert_eq!(fleet.fencing.dir(), Some(crate::ha::FENCE_DIR));
+        // What the election sets is what the host's requests carry.
+        fleet.fencing.set(Some(7), None);
+        let Host::Live(h) = &fleet.hosts[0] else {
+            panic!("a live host")
+        };
+        assert_eq!(h.agent.fencing.current().map(|f| f.epoch), Some(7));
     }
 
     fn recorded_fleet(n: usize) -> Fleet {
