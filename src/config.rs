@@ -672,11 +672,11 @@ fn with_notify(
                 mail::mailbox("--mail-to", &t.replace("{user}", "user"))?;
             }
             for (name, a) in users {
-                if let Err(source) = a.parse::<lettre::message::Mailbox>() {
+                if let Err(why) = a.parse::<lettre::message::Mailbox>() {
                     return Err(NotifyError::Address {
                         flag: "[users] email",
                         value: format!("{a} (user {name})"),
-                        source,
+                        why,
                     }
                     .into());
                 }

@@ -21,6 +21,9 @@ pub enum Refusal {
     FifoOrSocket,
     #[error("not a regular file: refused")]
     NotFile,
+    /// A path that names no file (`/`, `..`).
+    #[error("not a file name: refused")]
+    NoName,
     #[error("not a directory: refused")]
     NotDir,
     /// What a directory opened without following a link turned out to

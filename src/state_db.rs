@@ -136,7 +136,7 @@ impl StateDb {
             path: path.to_path_buf(),
             source,
         };
-        let name = path.file_name().ok_or_else(|| refused(Refusal::NotFile))?;
+        let name = path.file_name().ok_or_else(|| refused(Refusal::NoName))?;
         let parent = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),

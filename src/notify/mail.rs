@@ -55,10 +55,10 @@ impl fmt::Debug for MailSpec {
 /// # Errors
 /// Not an address lettre accepts.
 pub fn mailbox(flag: &'static str, value: &str) -> Result<Mailbox, NotifyError> {
-    value.parse().map_err(|source| NotifyError::Address {
+    value.parse().map_err(|why| NotifyError::Address {
         flag,
         value: value.to_string(),
-        source,
+        why,
     })
 }
 
@@ -98,7 +98,7 @@ impl Mailer {
             ));
         }
         let mut builder = AsyncSmtpTransport::<Tokio1Executor>::from_url(&spec.url)
-            .map_err(|e| bad(spec.url.clone(), e.into()))?
+            .map_err(|e| bad(spec.url.clone(), UrlError::Smtp(e)))?
             .timeout(Some(Duration::from_secs(10)));
         if let Some((user, password)) = &spec.credentials {
             builder = builder.credentials(Credentials::new(user.clone(), password.clone()));
@@ -138,10 +138,10 @@ impl Mailer {
         for cc in admins {
             builder = builder.cc(cc);
         }
-        let mail = builder.body(said.body)?;
+        let mail = builder.body(said.body).map_err(DeliveryError::Mail)?;
         match tokio::time::timeout(DEADLINE, self.transport.send(mail)).await {
             Ok(Ok(_)) => Ok(Delivery::Sent),
-            Ok(Err(e)) => Err(e.into()),
+            Ok(Err(e)) => Err(DeliveryError::Smtp(e)),
             Err(_) => Err(DeliveryError::Timeout(DEADLINE)),
         }
     }

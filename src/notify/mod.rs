@@ -65,12 +65,11 @@ pub enum NotifyError {
     },
     #[error("--smtp-credentials {path}: not a user name on one line and a password on the next")]
     CredentialsText { path: String },
-    #[error("{flag} {value}: not a mail address")]
+    #[error("{flag} {value}: not a mail address ({why})")]
     Address {
         flag: &'static str,
         value: String,
-        #[source]
-        source: lettre::address::AddressError,
+        why: lettre::address::AddressError,
     },
     #[error("--mail-to {0}: not a mail address (no {{user}} in it: every owner would get the same address)")]
     MailTo(String),
@@ -102,8 +101,9 @@ pub enum UrlError {
     Credentials { hint: &'static str },
     #[error("not an http:// or https:// URL")]
     Scheme,
-    #[error(transparent)]
-    Smtp(#[from] lettre::transport::smtp::Error),
+    /// lettre's words, which already tell their cause.
+    #[error("{0}")]
+    Smtp(lettre::transport::smtp::Error),
     /// The HTTP client could not be built (the system's CA store).
     #[error(transparent)]
     Client(reqwest::Error),
@@ -113,10 +113,11 @@ pub enum UrlError {
 #[derive(Debug, Error)]
 pub enum DeliveryError {
     /// The mail could not be made (an address lettre refuses).
-    #[error(transparent)]
-    Mail(#[from] lettre::error::Error),
-    #[error(transparent)]
-    Smtp(#[from] lettre::transport::smtp::Error),
+    #[error("{0}")]
+    Mail(lettre::error::Error),
+    /// lettre's words, which already tell their cause.
+    #[error("{0}")]
+    Smtp(lettre::transport::smtp::Error),
     /// The server gave no answer in time.
     #[error("no answer within {}s", .0.as_secs())]
     Timeout(std::time::Duration),
@@ -126,11 +127,10 @@ pub enum DeliveryError {
     /// The webhook could not be reached (its URL left out: a secret).
     #[error(transparent)]
     Http(reqwest::Error),
-    /// Every attempt failed; the last one's error is its cause.
-    #[error("{attempts} attempts failed")]
+    /// Every attempt failed: the last one's error, all told.
+    #[error("{} (after {attempts} attempts)", crate::error::chain(&**last))]
     GaveUp {
         attempts: u32,
-        #[source]
         last: Box<DeliveryError>,
     },
 }

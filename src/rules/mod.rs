@@ -443,10 +443,13 @@ pub fn assess_host(
     };
     HostFindings {
         violations,
-        idle_owners: if policy.idle.is_some() {
-            idle::owners(&a)
-        } else {
-            Vec::new()
+        idle_owners: match (&policy.idle, orphans.is_empty()) {
+            (None, _) => Vec::new(),
+            (Some(_), true) => idle::owners(&a),
+            // Who a process is for the idle rule does not hang on its past
+            // orphanhood: a known orphan whose uid cannot be read now stays
+            // unknown, never reclaimed.
+            (Some(_), false) => idle::owners(&Attribution::of(snap, &Orphans::default())),
         },
         notices: notices(host, &a, policy),
         memory: if policy.has_memory_caps() {
@@ -906,6 +909,30 @@ mod tests {
             "{:?}",
             f.notices
         );
+    }
+
+    #[test]
+    fn a_known_orphan_whose_uid_cannot_be_read_is_never_idle_reclaimable() {
+        let host = HostId("h".into());
+        let mut p = proc_(7, Some("gone"), &[(0, mib(1))]);
+        (p.uid, p.user) = (None, None);
+        let snap = HostSnapshot {
+            processes: vec![p],
+            truth: Some(HostTruth::default()),
+            ..Default::default()
+        };
+        let policy = Policy {
+            idle: Some(idle::IdlePolicy {
+                after: std::time::Duration::ZERO,
+                below: 5,
+            }),
+            ..Policy::default()
+        };
+        let known: Orphans = [(Pid(7), 1007)].into_iter().collect();
+        for orphans in [Orphans::default(), known] {
+            let f = assess_host(&host, &snap, &policy, &orphans);
+            assert_eq!(f.idle_owners, [idle::IdleOwner::Unknown], "{orphans:?}");
+        }
     }
 
     /// One host with one process or environment behind each notice.
