@@ -75,7 +75,7 @@ pub async fn cycle(
     let start = Instant::now();
     let now = now_ms();
     let policy = Arc::new(options.policy.clone());
-    let rounds = snapshots(fleet, options, n, &policy, memory, now).await;
+    let (rounds, orphans) = snapshots(fleet, options, n, &policy, memory, now).await;
     let mut timing = Timing {
         snapshot_ms: millis(start.elapsed()),
         ..Timing::default()
@@ -84,7 +84,7 @@ pub async fn cycle(
         done,
         mut outcomes,
         results,
-    } = gather(rounds, &mut timing, memory);
+    } = gather(rounds, &orphans, &mut timing, memory);
     let abort = options.exit_on_error && results.iter().any(|(_, r)| r.is_err());
     if !abort {
         memory.idle =
@@ -123,7 +123,8 @@ pub async fn cycle(
 
 /// Every host's snapshot and own findings; what a host's own findings
 /// decide is carried out on it at once (not with `-e`, where nothing is
-/// enforced before every host has answered, nor in a dry run).
+/// enforced before every host has answered, nor in a dry run). Also the
+/// orphans known before, taken out of `memory` (see [`gather`]).
 async fn snapshots(
     fleet: &Fleet,
     options: &Options,
@@ -131,7 +132,7 @@ async fn snapshots(
     policy: &Arc<Policy>,
     memory: &mut Memory,
     now: u64,
-) -> Vec<crate::fleet::Round> {
+) -> (Vec<crate::fleet::Round>, Arc<HashMap<HostId, Orphans>>) {
     let early = !options.dry_run && !options.exit_on_error;
     let held: &Ladder = &memory.ladder;
     let own = |host: &_, snap: &_, findings: &_| {
@@ -147,9 +148,7 @@ async fn snapshots(
         .snapshots_and(n, policy, &orphans, own)
         .instrument(tracing::info_span!("snapshot", cycle = n))
         .await;
-    // Put back: `gather` keeps what a host that failed had.
-    memory.orphans = Arc::try_unwrap(orphans).unwrap_or_else(|shared| (*shared).clone());
-    rounds
+    (rounds, orphans)
 }
 
 /// What the hosts' rounds gave: what was carried out early, its outcomes,
@@ -163,8 +162,12 @@ struct Gathered {
 /// The rounds' timings into `timing`, their orphans into `memory` (a host
 /// that failed keeps what it had; a host no longer in the fleet is
 /// forgotten), their results in host order.
-fn gather(rounds: Vec<crate::fleet::Round>, timing: &mut Timing, memory: &mut Memory) -> Gathered {
-    let mut before = std::mem::take(&mut memory.orphans);
+fn gather(
+    rounds: Vec<crate::fleet::Round>,
+    before: &HashMap<HostId, Orphans>,
+    timing: &mut Timing,
+    memory: &mut Memory,
+) -> Gathered {
     let mut done = Plan::default();
     let mut outcomes = Vec::new();
     let mut results = Vec::new();
@@ -188,7 +191,7 @@ fn gather(rounds: Vec<crate::fleet::Round>, timing: &mut Timing, memory: &mut Me
         let orphans = match &mut result {
             Ok((_, findings)) => Some(std::mem::take(&mut findings.orphans)),
             // Unseen this cycle: what it had is kept.
-            Err(_) => before.remove(&round.host),
+            Err(_) => before.get(&round.host).cloned(),
         };
         if let Some(o) = orphans {
             memory.orphans.insert(round.host.clone(), o);
