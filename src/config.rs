@@ -1,26 +1,27 @@
-//! The command line (and the inventory it names) resolved into a job: the
-//! hosts, as [`Fleet`]s, and how cycles run. Every way the flags can be
-//! wrong is a [`ConfigError`] here, before anything runs.
+//! The command line, and the host list or inventory text it names, resolved
+//! into a [`Request`]: validated settings and what to open and build, with
+//! no syscall and no environment read (what had to be read first comes in
+//! [`Read`]). Every way the flags can be wrong is a [`ConfigError`] here,
+//! before anything runs; [`crate::setup`] then does the I/O.
 
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::audit::{AuditError, AuditLog};
 use crate::cli::{
     Cli, Command, CycleArgs, HostKeyCheck, OutputFormat, RemoteArgs, RemoteCommand, RuleArgs,
 };
 use crate::cycle::Options;
-use crate::fleet::Fleet;
+use crate::ha::HaSpec;
 use crate::host::recorded::Recorded;
 use crate::host::remote::AgentLifetime;
-use crate::host::ssh::{AtEnd, SshOptions};
-use crate::host::Host;
-use crate::host::LiveHost;
+use crate::host::ssh::{AtEnd, HostSpec, SshOptions};
 use crate::inventory::{self, Inventory, InventoryError, Overrides};
 use crate::model::{HostId, Mode};
+use crate::notify::{mail, MailSpec, Notify, NotifyError, WebhookSpec};
 use crate::report::Format;
 use crate::rules::Policy;
 
@@ -40,95 +41,180 @@ pub struct Settings {
     /// When actions are carried out: `--confirm-cycles`, `--grace` and
     /// the rules' own.
     pub grace: crate::ladder::Grace,
-    /// `--state-db`: kept across restarts.
+    /// `--state-db`, opened by [`crate::setup`]: kept across restarts.
     pub state: Option<Arc<crate::state_db::StateDb>>,
     /// `--retain`: how long the database keeps events, actions and usage.
     pub retain: Duration,
     /// Where warnings, actions and clearings are told (`--smtp`,
-    /// `--webhook`); none in a dry run.
-    pub notify: Option<Arc<crate::notify::Notify>>,
-    /// `--ha-etcd`: one of several boxes, acting only while it leads.
-    pub ha: Option<Arc<crate::ha::HaSpec>>,
+    /// `--webhook`), with their secrets read by [`crate::setup`]; none in a
+    /// dry run.
+    pub notify: Option<Arc<Notify>>,
+    /// `--ha-etcd`: one of several boxes, acting only while it leads (its
+    /// password read by [`crate::setup`]).
+    pub ha: Option<Arc<HaSpec>>,
 }
 
-/// What a command line asks for.
-// One per run (and per reload): its size does not matter.
-#[allow(clippy::large_enum_variant)]
+/// What had to be read before the command line could be resolved: the
+/// files it names and this machine's facts (see [`crate::setup::read`]).
+#[derive(Debug, Clone, Default)]
+pub struct Read {
+    /// The text of `--hostfile` or `--inventory`.
+    pub hosts_text: Option<String>,
+    /// The `<host>.json` files of `--snapshot-dir` (when no host list
+    /// names them), by name.
+    pub recorded: Vec<HostId>,
+    /// This machine's name: its host's id, and `--ha-name`'s default.
+    pub hostname: HostId,
+    /// genv's state directory here (`$GENV_TMPDIR`, or genv's default).
+    pub state_dir: PathBuf,
+}
+
+/// What a command line asks for, checked; nothing opened or made yet.
 #[derive(Debug)]
-pub enum Job {
+pub enum Request {
     /// Cycles over fleets (see [`crate::service::run`]).
-    Enforce {
-        fleets: Vec<Fleet>,
-        settings: Settings,
-        /// The temporary directory of the SSH sockets, removed when dropped.
-        control_dir: Option<tempfile::TempDir>,
-        /// `--metrics-listen`.
-        metrics: Option<std::net::SocketAddr>,
-        /// `--web.config.file`: the metrics endpoint's TLS and users.
-        web: Option<crate::web_config::WebConfig>,
-    },
+    Enforce(Box<Enforce>),
     /// This machine's snapshot as genv prints it.
-    Snapshot(Box<LiveHost>),
+    Snapshot(Here),
     /// `report` over a state database.
     Report(crate::cli::ReportArgs),
     /// Man pages and completions written under this directory.
     Docs(PathBuf),
     /// `doctor` over these hosts (and etcd, under `--ha-etcd`).
-    Doctor {
-        fleet: Fleet,
-        format: Format,
-        control_dir: Option<tempfile::TempDir>,
-        ha: Option<crate::ha::HaSpec>,
-        /// The inventory caps devices per user (doctor says what that
-        /// leaves open).
-        device_caps: bool,
+    Doctor(Box<Doctor>),
+}
+
+/// An enforcing run: its settings, and the files and hosts setup opens.
+#[derive(Debug)]
+pub struct Enforce {
+    /// `state`, `notify` and `ha` are left for setup to fill.
+    pub settings: Settings,
+    pub hosts: Hosts,
+    pub notify: Option<Notifications>,
+    pub ha: Option<Ha>,
+    /// `--state-db`.
+    pub state_db: Option<PathBuf>,
+    /// `--audit-log`.
+    pub audit_log: Option<PathBuf>,
+    /// `--metrics-listen`.
+    pub metrics: Option<std::net::SocketAddr>,
+    /// `--web.config.file`: the metrics endpoint's TLS and users.
+    pub web_config: Option<PathBuf>,
+}
+
+/// `doctor`, here or over SSH.
+#[derive(Debug)]
+pub struct Doctor {
+    pub hosts: Hosts,
+    pub format: Format,
+    pub ha: Option<Ha>,
+    /// The inventory caps devices per user (doctor says what that leaves
+    /// open).
+    pub device_caps: bool,
+}
+
+/// The hosts a run works on.
+#[derive(Debug)]
+pub enum Hosts {
+    /// This machine, one fleet.
+    Here(Here),
+    /// `enforce --snapshot FILE...`: a fleet of one per file.
+    Files(Vec<Recorded>),
+    /// `remote enforce --snapshot-dir`: one fleet.
+    Recorded {
+        hosts: Vec<Recorded>,
+        concurrency: usize,
     },
+    /// Over SSH, one fleet.
+    Ssh(Box<SshHosts>),
+}
+
+/// This machine, reached by running the agent as a child.
+#[derive(Debug, Clone)]
+pub struct Here {
+    pub id: HostId,
+    /// genv's state directory.
+    pub state_dir: PathBuf,
+    /// Each request's deadline.
+    pub timeout: Duration,
+    pub agent: AgentTuning,
+}
+
+/// What each host's agent is asked to say beyond genv's snapshot.
+#[derive(Debug, Clone)]
+pub struct AgentTuning {
+    /// `--max-records`.
+    pub max_records: usize,
+    /// The groups whose members snapshots say (group exemptions, caps).
+    pub groups: Vec<String>,
+    /// How busy GPUs and processes are (the idle rule).
+    pub utilization: bool,
+}
+
+impl Default for AgentTuning {
+    fn default() -> Self {
+        AgentTuning {
+            max_records: crate::snapshot::genv::DEFAULT_MAX_RECORDS,
+            groups: Vec::new(),
+            utilization: false,
+        }
+    }
+}
+
+/// The SSH hosts of a run (a shard's, under `--shard`).
+#[derive(Debug)]
+pub struct SshHosts {
+    pub specs: Vec<HostSpec>,
+    /// `--shard`: each host's place in the whole inventory (empty: all of
+    /// it).
+    pub positions: HashMap<HostId, usize>,
+    /// How connections are made; `control_dir` is `--control-dir`, or
+    /// empty for setup to make a private temporary one.
+    pub ssh: SshOptions,
+    pub command_timeout: Duration,
+    pub lifetime: AgentLifetime,
+    pub agent: AgentTuning,
+    pub concurrency: usize,
+}
+
+/// The notification channels, checked; the secrets they name are read by
+/// setup.
+#[derive(Debug)]
+pub struct Notifications {
+    /// Its webhook is `None` while it is still in `webhook_file`.
+    pub notify: Notify,
+    /// `--smtp-credentials`.
+    pub credentials_file: Option<PathBuf>,
+    /// `--webhook-file`.
+    pub webhook_file: Option<PathBuf>,
+}
+
+/// `--ha-*`, checked; the password it names is read by setup.
+#[derive(Debug, Clone)]
+pub struct Ha {
+    /// Its `user` is `None` until setup reads `login`'s password.
+    pub spec: HaSpec,
+    /// `--ha-user` and `--ha-password-file`.
+    pub login: Option<(String, PathBuf)>,
 }
 
 /// A command line that cannot run.
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    #[error("{}", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("-H: {0}")]
     HostList(String),
     #[error(transparent)]
     Inventory(#[from] InventoryError),
-    #[error(transparent)]
-    StateDb(#[from] crate::state_db::StateDbError),
     #[error("{}: no hosts", path.display())]
     NoHosts { path: PathBuf },
     #[error("remote: one of -H/--host, --hostfile or --inventory is required")]
     NoHostsGiven,
-    #[error("--snapshot-dir {}", dir.display())]
-    SnapshotDir {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("--snapshot-dir {}: no recorded snapshots (<host>.json) in it", dir.display())]
     NoSnapshots { dir: PathBuf },
-    /// The SSH control directory: another user could replace our sockets.
-    #[error("--control-dir {}", dir.display())]
-    ControlDir {
-        dir: PathBuf,
-        #[source]
-        source: crate::private::Refusal,
-    },
-    #[error("cannot create a directory for SSH sockets")]
-    TempDir(#[source] std::io::Error),
     #[error(transparent)]
-    Audit(#[from] AuditError),
-    #[error(transparent)]
-    Notify(#[from] crate::notify::NotifyError),
+    Notify(#[from] NotifyError),
     #[error("--ha-etcd")]
     Ha(#[from] HaFlagError),
-    #[error(transparent)]
-    Web(#[from] crate::web_config::WebConfigError),
 }
 
 /// `--ha-*` and `--shard` flags that cannot be used.
@@ -148,14 +234,6 @@ pub enum HaFlagError {
     Key(String),
     #[error("--ha-fence-dir {0:?}: an absolute path without '.', '..', '//' or a trailing '/'")]
     FenceDir(String),
-    #[error("--ha-password-file {}", path.display())]
-    PasswordFile {
-        path: PathBuf,
-        #[source]
-        source: crate::private::Refusal,
-    },
-    #[error("--ha-password-file {}: empty", .0.display())]
-    EmptyPassword(PathBuf),
     #[error("--ha-name {0:?}: 1 to 255 printable characters")]
     Name(String),
     #[error("--shard counts only the per-user device caps across shards: --max-devices-per-group and the memory caps would count one shard's hosts alone")]
@@ -164,80 +242,60 @@ pub enum HaFlagError {
     EmptyShard { k: u32, n: u32 },
 }
 
-/// Resolves a parsed command line.
+/// Resolves a parsed command line, with what it names already `read`.
 ///
 /// # Errors
-/// Unreadable or invalid host lists and inventories, a `--snapshot-dir`
-/// that holds no snapshots, an unsafe `--control-dir`.
-pub fn resolve(cli: Cli) -> Result<Job, ConfigError> {
+/// Invalid host lists and inventories, a `--snapshot-dir` that holds no
+/// snapshots, flags that contradict each other or cannot be used.
+pub fn resolve(cli: Cli, read: &Read) -> Result<Request, ConfigError> {
     match cli.command {
-        Command::Snapshot(args) => Ok(Job::Snapshot(Box::new(LiveHost::this_machine(
+        Command::Snapshot(args) => Ok(Request::Snapshot(here(
+            read,
             args.command_timeout,
-        )))),
-        Command::Doctor(args) => {
-            let ha = ha_spec(&args.output.ha, Duration::ZERO)?;
-            let mut fleet = Fleet::new(
-                vec![Host::Live(Box::new(LiveHost::this_machine(
-                    args.command_timeout,
-                )))],
-                1,
-            );
-            fleet.set_fencing(&fencing(ha.as_ref()));
-            Ok(Job::Doctor {
-                fleet,
-                format: format(args.output.output),
-                control_dir: None,
-                ha,
-                device_caps: false,
-            })
-        }
+            AgentTuning::default(),
+        ))),
+        Command::Doctor(args) => Ok(Request::Doctor(Box::new(Doctor {
+            ha: ha(&args.output.ha, Duration::ZERO, read)?,
+            hosts: Hosts::Here(here(read, args.command_timeout, AgentTuning::default())),
+            format: format(args.output.output),
+            device_caps: false,
+        }))),
         Command::Enforce(args) => {
             let replay = !args.snapshot.is_empty();
             let mut settings = settings(&args.cycle, policy(&args.rules), Mode::Local, replay);
             settings.grace.rules = args.rules.graces();
-            let settings = with_ha(settings, &args.cycle, replay)?;
-            let fleets = if replay {
-                args.snapshot
-                    .iter()
-                    .map(|path| Fleet::new(vec![Host::Recorded(recorded(path))], 1))
-                    .collect()
+            let ha = checked_ha(&settings, &args.cycle, replay, read)?;
+            let hosts = if replay {
+                Hosts::Files(
+                    args.snapshot
+                        .iter()
+                        .map(|p| recorded(p.as_path()))
+                        .collect(),
+                )
             } else {
-                let mut host = LiveHost::this_machine(args.command_timeout);
-                host.agent.max_records = args.cycle.max_records;
-                host.agent.groups = settings
-                    .cycle
-                    .policy
-                    .max_devices_per_group
-                    .keys()
-                    .cloned()
-                    .collect();
-                host.agent.utilization = settings.cycle.policy.idle.is_some();
-                // One fence for the fleet and its host: the election sets
-                // the fleet's, the host's requests carry it.
-                let mut fleet = Fleet::new(vec![Host::Live(Box::new(host))], 1);
-                fleet.set_fencing(&fencing(settings.ha.as_deref()));
-                vec![fleet]
+                let agent = tuning(&args.cycle, &settings.cycle.policy, []);
+                Hosts::Here(here(read, args.command_timeout, agent))
             };
-            Ok(Job::Enforce {
-                metrics: args.cycle.metrics_listen,
-                web: web(&args.cycle)?,
-                fleets: with_audit(fleets, &args.cycle)?,
-                settings: with_notify(
-                    with_state(settings, &args.cycle)?,
-                    &args.cycle,
-                    &Default::default(),
-                )?,
-                control_dir: None,
-            })
+            enforce(settings, hosts, ha, &args.cycle, &BTreeMap::new())
         }
-        Command::Remote(args) => remote(*args),
-        Command::Report(args) => Ok(Job::Report(args)),
-        Command::Docs(args) => Ok(Job::Docs(args.out)),
+        Command::Remote(args) => remote(*args, read),
+        Command::Report(args) => Ok(Request::Report(args)),
+        Command::Docs(args) => Ok(Request::Docs(args.out)),
+    }
+}
+
+/// This machine.
+fn here(read: &Read, timeout: Duration, agent: AgentTuning) -> Here {
+    Here {
+        id: read.hostname.clone(),
+        state_dir: read.state_dir.clone(),
+        timeout,
+        agent,
     }
 }
 
 /// A recorded snapshot named by its file's stem.
-fn recorded(path: &Path) -> Recorded {
+fn recorded(path: &std::path::Path) -> Recorded {
     let id = path.file_stem().map_or_else(
         || path.display().to_string(),
         |s| s.to_string_lossy().into_owned(),
@@ -248,35 +306,56 @@ fn recorded(path: &Path) -> Recorded {
     }
 }
 
-fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
-    let enforce = match &args.command {
+/// An enforcing request: `settings` with the channels and files `c` names.
+fn enforce(
+    settings: Settings,
+    hosts: Hosts,
+    ha: Option<Ha>,
+    c: &CycleArgs,
+    users: &BTreeMap<String, String>,
+) -> Result<Request, ConfigError> {
+    Ok(Request::Enforce(Box::new(Enforce {
+        notify: notifications(c, users)?,
+        settings,
+        hosts,
+        ha,
+        state_db: c.state_db.clone(),
+        audit_log: c.audit_log.clone(),
+        metrics: c.metrics_listen,
+        web_config: c.web_config_file.clone(),
+    })))
+}
+
+fn remote(args: RemoteArgs, read: &Read) -> Result<Request, ConfigError> {
+    let enforce_args = match &args.command {
         RemoteCommand::Enforce(enforce) => enforce,
         RemoteCommand::Doctor(d) => {
-            let ha = ha_spec(&d.ha, Duration::ZERO)?;
-            let inventory = load_hosts(&args)?;
+            let ha = ha(&d.ha, Duration::ZERO, read)?;
+            let inventory = hosts(&args, read)?;
             let device_caps = inventory.as_ref().is_some_and(|i| {
                 i.caps.max_devices_per_user.is_some() || !i.caps.max_devices_for_user.is_empty()
             });
-            let (mut fleet, control_dir) = ssh_fleet(
+            let agent = AgentTuning {
+                groups: exempt_groups(inventory.as_ref()),
+                ..AgentTuning::default()
+            };
+            let ssh = ssh_hosts(
                 &args,
                 inventory,
                 AgentLifetime::OneCycle,
                 Duration::ZERO,
-                crate::snapshot::genv::DEFAULT_MAX_RECORDS,
-                None,
+                agent,
             )?;
-            fleet.set_fencing(&fencing(ha.as_ref()));
-            return Ok(Job::Doctor {
-                fleet,
+            return Ok(Request::Doctor(Box::new(Doctor {
+                hosts: Hosts::Ssh(Box::new(ssh)),
                 format: format(d.output),
-                control_dir,
                 ha,
                 device_caps,
-            });
+            })));
         }
     };
-    let inventory = load_hosts(&args)?;
-    let mut policy = policy(&enforce.rules);
+    let inventory = hosts(&args, read)?;
+    let mut policy = policy(&enforce_args.rules);
     if let Some(inv) = &inventory {
         // Flags win over the inventory's caps.
         policy.max_devices_per_user = policy
@@ -286,124 +365,100 @@ fn remote(args: RemoteArgs) -> Result<Job, ConfigError> {
         caps.extend(policy.max_devices_for_user);
         policy.max_devices_for_user = caps;
     }
-    let mut settings = settings(
-        &enforce.cycle,
-        policy,
-        Mode::Remote,
-        enforce.snapshot_dir.is_some(),
-    );
+    let c = &enforce_args.cycle;
+    let replay = enforce_args.snapshot_dir.is_some();
+    let mut settings = settings(c, policy, Mode::Remote, replay);
     settings.cycle.exit_on_error = args.exit_on_error;
     settings.quiet = args.quiet;
     let emails = inventory
         .as_ref()
         .map(|i| i.emails.clone())
         .unwrap_or_default();
-    settings.grace.rules = enforce.rules.graces();
+    settings.grace.rules = enforce_args.rules.graces();
     if let Some(inv) = &inventory {
         // The inventory's [policy.<rule>] wins over a flag's grace.
         settings.grace.rules.extend(inv.policy.clone());
         settings.grace.exempt = inv.exempt.clone();
     }
-    let settings = with_notify(settings, &enforce.cycle, &emails)?;
-    let settings = with_ha(settings, &enforce.cycle, enforce.snapshot_dir.is_some())?;
-    if let Some(dir) = &enforce.snapshot_dir {
+    let ha = checked_ha(&settings, c, replay, read)?;
+    if let Some(dir) = &enforce_args.snapshot_dir {
         let ids = match inventory {
             Some(i) => i.hosts.into_iter().map(|h| h.id).collect(),
-            None => recorded_hosts(dir)?,
+            None if read.recorded.is_empty() => {
+                return Err(ConfigError::NoSnapshots { dir: dir.clone() })
+            }
+            None => read.recorded.clone(),
         };
         let hosts = ids
             .into_iter()
-            .map(|id| {
-                Host::Recorded(Recorded {
-                    path: dir.join(format!("{id}.json")),
-                    id,
-                })
+            .map(|id| Recorded {
+                path: dir.join(format!("{id}.json")),
+                id,
             })
             .collect();
-        return Ok(Job::Enforce {
-            metrics: enforce.cycle.metrics_listen,
-            web: web(&enforce.cycle)?,
-            fleets: with_audit(
-                vec![Fleet::new(hosts, usize::from(args.concurrency))],
-                &enforce.cycle,
-            )?,
-            settings: with_state(settings, &enforce.cycle)?,
-            control_dir: None,
-        });
+        let hosts = Hosts::Recorded {
+            hosts,
+            concurrency: usize::from(args.concurrency),
+        };
+        return enforce(settings, hosts, ha, c, &emails);
     }
     let lifetime = if settings.interval.is_zero() {
         AgentLifetime::OneCycle
     } else {
         AgentLifetime::Kept
     };
-    let (mut fleet, control_dir) = ssh_fleet(
-        &args,
-        inventory,
-        lifetime,
-        settings.interval,
-        enforce.cycle.max_records,
-        Some(&settings.cycle.policy),
-    )?;
-    fleet.set_fencing(&fencing(settings.ha.as_deref()));
-    let fleet = sharded(fleet, &settings)?;
-    Ok(Job::Enforce {
-        metrics: enforce.cycle.metrics_listen,
-        web: web(&enforce.cycle)?,
-        fleets: with_audit(vec![fleet], &enforce.cycle)?,
-        settings: with_state(settings, &enforce.cycle)?,
-        control_dir,
-    })
+    let agent = tuning(c, &settings.cycle.policy, exempt_groups(inventory.as_ref()));
+    let mut ssh = ssh_hosts(&args, inventory, lifetime, settings.interval, agent)?;
+    sharded(&mut ssh, &settings, ha.as_ref())?;
+    enforce(settings, Hosts::Ssh(Box::new(ssh)), ha, c, &emails)
+}
+
+/// What agents say for `policy`: the members of `groups` and of the
+/// capped groups, and utilization for the idle rule.
+fn tuning(c: &CycleArgs, policy: &Policy, groups: impl IntoIterator<Item = String>) -> AgentTuning {
+    AgentTuning {
+        max_records: c.max_records,
+        groups: groups
+            .into_iter()
+            .chain(policy.max_devices_per_group.keys().cloned())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect(),
+        utilization: policy.idle.is_some(),
+    }
+}
+
+/// The groups the inventory exempts (their members must be said).
+fn exempt_groups(inventory: Option<&Inventory>) -> Vec<String> {
+    inventory
+        .iter()
+        .flat_map(|i| i.exempt.iter().filter_map(|e| e.group.clone()))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
 }
 
 /// The SSH hosts of `inventory` (one of -H, --hostfile, --inventory is
-/// required), and the temporary socket directory if we made one.
-fn ssh_fleet(
+/// required).
+fn ssh_hosts(
     args: &RemoteArgs,
     inventory: Option<Inventory>,
     lifetime: AgentLifetime,
     interval: Duration,
-    max_records: usize,
-    policy: Option<&Policy>,
-) -> Result<(Fleet, Option<tempfile::TempDir>), ConfigError> {
-    let mut inventory = inventory.ok_or(ConfigError::NoHostsGiven)?;
-    let groups: Vec<String> = inventory
-        .exempt
-        .iter()
-        .filter_map(|e| e.group.clone())
-        .chain(
-            policy
-                .into_iter()
-                .flat_map(|p| p.max_devices_per_group.keys().cloned()),
-        )
-        .collect::<std::collections::BTreeSet<_>>()
+    agent: AgentTuning,
+) -> Result<SshHosts, ConfigError> {
+    let inventory = inventory.ok_or(ConfigError::NoHostsGiven)?;
+    let specs = inventory
+        .hosts
         .into_iter()
+        .map(|mut h| {
+            h.identity_file = h.identity_file.or_else(|| args.identity_file.clone());
+            h
+        })
         .collect();
-    let utilization = policy.is_some_and(|p| p.idle.is_some());
-    for h in &mut inventory.hosts {
-        h.identity_file = h
-            .identity_file
-            .take()
-            .or_else(|| args.identity_file.clone());
-    }
-    let (control_dir, temp) = match &args.control_dir {
-        Some(d) => {
-            crate::private::writable_only_by_us(d).map_err(|source| ConfigError::ControlDir {
-                dir: d.clone(),
-                source,
-            })?;
-            (d.clone(), None)
-        }
-        None => {
-            let t = tempfile::Builder::new()
-                .prefix("genv-enforce-")
-                .tempdir()
-                .map_err(ConfigError::TempDir)?;
-            (t.path().to_path_buf(), Some(t))
-        }
-    };
-    let ssh = Arc::new(SshOptions {
+    let ssh = SshOptions {
         connect_timeout: args.timeout.map(Duration::from_secs),
-        control_dir,
+        control_dir: args.control_dir.clone().unwrap_or_default(),
         // Masters left by a crash exit on their own once idle this long.
         persist: args
             .control_persist
@@ -418,19 +473,16 @@ fn ssh_fleet(
             HostKeyCheck::AcceptNew => openssh::KnownHosts::Add,
         },
         known_hosts_file: args.known_hosts_file.clone(),
-    });
-    let hosts = inventory
-        .hosts
-        .into_iter()
-        .map(|spec| {
-            let mut host = LiveHost::ssh(spec, Arc::clone(&ssh), args.command_timeout, lifetime);
-            host.agent.max_records = max_records;
-            host.agent.groups.clone_from(&groups);
-            host.agent.utilization = utilization;
-            Host::Live(Box::new(host))
-        })
-        .collect();
-    Ok((Fleet::new(hosts, usize::from(args.concurrency)), temp))
+    };
+    Ok(SshHosts {
+        specs,
+        positions: HashMap::new(),
+        ssh,
+        command_timeout: args.command_timeout,
+        lifetime,
+        agent,
+        concurrency: usize::from(args.concurrency),
+    })
 }
 
 /// The policy the rule flags ask for, genv's defaults elsewhere.
@@ -467,14 +519,6 @@ pub fn policy(r: &RuleArgs) -> Policy {
     }
 }
 
-/// `--web.config.file`, read and checked.
-fn web(c: &CycleArgs) -> Result<Option<crate::web_config::WebConfig>, ConfigError> {
-    Ok(c.web_config_file
-        .as_deref()
-        .map(crate::web_config::WebConfig::load)
-        .transpose()?)
-}
-
 /// Cycle settings from the flags; a replay of recorded snapshots is always
 /// a single dry run.
 fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings {
@@ -509,32 +553,26 @@ fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings
     }
 }
 
-/// `settings` with `--ha-*` resolved; a replay has no hosts to fence.
-fn with_ha(mut settings: Settings, c: &CycleArgs, replay: bool) -> Result<Settings, ConfigError> {
-    let spec = ha_spec(&c.ha, settings.interval)?;
-    if spec.is_some() && (replay || settings.cycle.dry_run) {
+/// `--ha-*` resolved for `settings`; a dry run or a replay elects nobody.
+fn checked_ha(
+    settings: &Settings,
+    c: &CycleArgs,
+    replay: bool,
+    read: &Read,
+) -> Result<Option<Ha>, ConfigError> {
+    let ha = ha(&c.ha, settings.interval, read)?;
+    if ha.is_some() && (replay || settings.cycle.dry_run) {
         return Err(HaFlagError::DryRun.into());
     }
-    if settings.cycle.mode == Mode::Local && spec.as_ref().is_some_and(|s| s.shard.is_some()) {
+    if settings.cycle.mode == Mode::Local && ha.as_ref().is_some_and(|h| h.spec.shard.is_some()) {
         return Err(HaFlagError::LocalShard.into());
     }
-    settings.ha = spec.map(Arc::new);
-    Ok(settings)
+    Ok(ha)
 }
 
-/// The fence the hosts of a run keep: on under `--ha-etcd`.
-fn fencing(ha: Option<&crate::ha::HaSpec>) -> crate::host::fence::Fencing {
-    ha.map_or_else(crate::host::fence::Fencing::default, |h| {
-        crate::host::fence::Fencing::new(h.fence_dir.clone())
-    })
-}
-
-/// `--ha-*` checked: URLs, the fence directory, TLS files, the password.
-fn ha_spec(
-    a: &crate::cli::HaArgs,
-    interval: Duration,
-) -> Result<Option<crate::ha::HaSpec>, ConfigError> {
-    use crate::ha::{HaSpec, TlsSpec};
+/// `--ha-*` checked: URLs, the fence directory, the name, TLS.
+fn ha(a: &crate::cli::HaArgs, interval: Duration, read: &Read) -> Result<Option<Ha>, ConfigError> {
+    use crate::ha::TlsSpec;
     let bad = |e: HaFlagError| Err(e.into());
     if a.ha_etcd.is_empty() {
         let stray = [
@@ -579,77 +617,63 @@ fn ha_spec(
     {
         return bad(HaFlagError::FenceDir(dir.clone()));
     }
-    let user = match (&a.ha_user, &a.ha_password_file) {
-        (Some(user), Some(path)) => {
-            let text =
-                crate::private::read_secret(path).map_err(|source| HaFlagError::PasswordFile {
-                    path: path.clone(),
-                    source,
-                })?;
-            let password = text.lines().next().unwrap_or("").to_string();
-            if password.is_empty() {
-                return bad(HaFlagError::EmptyPassword(path.clone()));
-            }
-            Some((user.clone(), crate::ha::Secret(password)))
-        }
-        _ => None,
-    };
     let name = match &a.ha_name {
         Some(n) if !n.is_empty() && !n.chars().any(char::is_control) && n.len() <= 255 => n.clone(),
         Some(n) => return bad(HaFlagError::Name(n.clone())),
-        None => crate::host::local::hostname().0,
+        None => read.hostname.0.clone(),
     };
-    Ok(Some(HaSpec {
-        endpoints: a.ha_etcd.clone(),
-        key: a.ha_key.clone(),
-        name,
-        ttl: a.ha_ttl.unwrap_or_else(|| crate::ha::default_ttl(interval)),
-        fence_dir: dir.clone(),
-        tls: a.ha_cacert.as_ref().map(|ca| TlsSpec {
-            ca: ca.clone(),
-            identity: a.ha_cert.clone().zip(a.ha_cert_key.clone()),
-        }),
-        user,
-        shard: a.shard,
+    Ok(Some(Ha {
+        spec: HaSpec {
+            endpoints: a.ha_etcd.clone(),
+            key: a.ha_key.clone(),
+            name,
+            ttl: a.ha_ttl.unwrap_or_else(|| crate::ha::default_ttl(interval)),
+            fence_dir: dir.clone(),
+            tls: a.ha_cacert.as_ref().map(|ca| TlsSpec {
+                ca: ca.clone(),
+                identity: a.ha_cert.clone().zip(a.ha_cert_key.clone()),
+            }),
+            user: None,
+            shard: a.shard,
+        },
+        login: a.ha_user.clone().zip(a.ha_password_file.clone()),
     }))
 }
 
-/// `fleet` cut to `settings`' shard (`--shard K/N`): its hosts at places
-/// K, K+N, ... of the inventory, each with its place. Only the per-user
+/// `hosts` cut to `ha`'s shard (`--shard K/N`): its hosts at places K,
+/// K+N, ... of the inventory, each with its place. Only the per-user
 /// device caps count across shards: the other caps are refused.
-fn sharded(mut fleet: Fleet, settings: &Settings) -> Result<Fleet, ConfigError> {
-    let Some(shard) = settings.ha.as_ref().and_then(|h| h.shard) else {
-        return Ok(fleet);
+fn sharded(hosts: &mut SshHosts, settings: &Settings, ha: Option<&Ha>) -> Result<(), ConfigError> {
+    let Some(shard) = ha.and_then(|h| h.spec.shard) else {
+        return Ok(());
     };
     let p = &settings.cycle.policy;
     if !p.max_devices_per_group.is_empty() || p.has_memory_caps() {
         return Err(HaFlagError::ShardCaps.into());
     }
-    let hosts = std::mem::take(&mut fleet.hosts);
-    for (position, host) in hosts.into_iter().enumerate() {
+    let specs = std::mem::take(&mut hosts.specs);
+    for (position, spec) in specs.into_iter().enumerate() {
         if shard.holds(position) {
-            fleet.positions.insert(host.id().clone(), position);
-            fleet.hosts.push(host);
+            hosts.positions.insert(spec.id.clone(), position);
+            hosts.specs.push(spec);
         }
     }
-    if fleet.hosts.is_empty() {
+    if hosts.specs.is_empty() {
         return Err(HaFlagError::EmptyShard {
             k: shard.k,
             n: shard.n,
         }
         .into());
     }
-    Ok(fleet)
+    Ok(())
 }
 
-/// The notification channels of the flags, each checked (addresses,
-/// URLs, the credentials file); `users`: the inventory's addresses.
-fn with_notify(
-    mut settings: Settings,
+/// The notification channels of the flags, each checked (addresses, the
+/// mail template); `users`: the inventory's addresses. `None`: no channel.
+fn notifications(
     c: &CycleArgs,
-    users: &std::collections::BTreeMap<String, String>,
-) -> Result<Settings, ConfigError> {
-    use crate::notify::{mail, MailSpec, Notify, NotifyError, WebhookSpec};
+    users: &BTreeMap<String, String>,
+) -> Result<Option<Notifications>, ConfigError> {
     let mail = match &c.smtp {
         None => {
             let stray = [
@@ -681,21 +705,9 @@ fn with_notify(
                     .into());
                 }
             }
-            let credentials = match &c.smtp_credentials {
-                None => None,
-                Some(path) => Some(mail::credentials(
-                    &path.display().to_string(),
-                    &crate::private::read_secret(path).map_err(|source| {
-                        NotifyError::Credentials {
-                            path: path.display().to_string(),
-                            source,
-                        }
-                    })?,
-                )?),
-            };
             Some(MailSpec {
                 url: url.clone(),
-                credentials,
+                credentials: None,
                 from: mail::mailbox("--mail-from", from)?,
                 to: c.mail_to.clone(),
                 users: users.clone(),
@@ -707,54 +719,25 @@ fn with_notify(
             })
         }
     };
-    let url = match (&c.webhook, &c.webhook_file) {
-        (Some(url), _) => Some(url.clone()),
-        (None, Some(path)) => {
-            let text =
-                crate::private::read_secret(path).map_err(|source| NotifyError::WebhookFile {
-                    path: path.display().to_string(),
-                    source,
-                })?;
-            Some(text.trim().to_string())
-        }
-        (None, None) => None,
+    let webhook = c.webhook.clone().map(WebhookSpec::new);
+    let webhook_file = if webhook.is_none() {
+        c.webhook_file.clone()
+    } else {
+        None
     };
-    let webhook = url.map(|url| WebhookSpec {
-        url,
-        timeout: std::time::Duration::from_secs(10),
-        attempts: 4,
-    });
     let notify = Notify {
         mail,
         webhook,
         terminal: c.notify_terminal,
         per_user_hour: c.notify_rate,
     };
-    // Set up once here, so that a bad URL is a usage error before anything runs.
-    crate::notify::check(&notify)?;
-    if notify.any() && !settings.cycle.dry_run {
-        settings.notify = Some(Arc::new(notify));
-    }
-    Ok(settings)
-}
-
-/// Opens `--state-db`, if given, for `settings`.
-fn with_state(mut settings: Settings, c: &CycleArgs) -> Result<Settings, ConfigError> {
-    if let Some(path) = &c.state_db {
-        settings.state = Some(Arc::new(crate::state_db::StateDb::open(path)?));
-    }
-    Ok(settings)
-}
-
-/// Opens `--audit-log` and hands it to every fleet.
-fn with_audit(mut fleets: Vec<Fleet>, c: &CycleArgs) -> Result<Vec<Fleet>, ConfigError> {
-    if let Some(path) = &c.audit_log {
-        let log = Arc::new(AuditLog::open(path)?);
-        for f in &mut fleets {
-            f.audit = Some(Arc::clone(&log));
-        }
-    }
-    Ok(fleets)
+    Ok(
+        (notify.any() || webhook_file.is_some()).then(|| Notifications {
+            notify,
+            credentials_file: c.smtp_credentials.clone(),
+            webhook_file,
+        }),
+    )
 }
 
 fn format(f: OutputFormat) -> Format {
@@ -764,17 +747,13 @@ fn format(f: OutputFormat) -> Format {
     }
 }
 
-/// The hosts named by -H, --hostfile or --inventory, if any.
-fn load_hosts(args: &RemoteArgs) -> Result<Option<Inventory>, ConfigError> {
+/// The hosts named by -H, or by the text of --hostfile or --inventory
+/// (`read.hosts_text`), if any.
+fn hosts(args: &RemoteArgs, read: &Read) -> Result<Option<Inventory>, ConfigError> {
     let overrides = Overrides {
         user: args.username.clone(),
     };
-    let read = |p: &Path| {
-        std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
-            path: p.to_path_buf(),
-            source,
-        })
-    };
+    let text = read.hosts_text.as_deref().unwrap_or_default();
     if let Some(list) = &args.host {
         let hosts = inventory::parse_host_list(list, &overrides).map_err(ConfigError::HostList)?;
         return Ok(Some(Inventory {
@@ -783,8 +762,7 @@ fn load_hosts(args: &RemoteArgs) -> Result<Option<Inventory>, ConfigError> {
         }));
     }
     if let Some(path) = &args.hostfile {
-        let hosts =
-            inventory::parse_hostfile(&read(path)?, &path.display().to_string(), &overrides)?;
+        let hosts = inventory::parse_hostfile(text, &path.display().to_string(), &overrides)?;
         if hosts.is_empty() {
             return Err(ConfigError::NoHosts { path: path.clone() });
         }
@@ -795,7 +773,7 @@ fn load_hosts(args: &RemoteArgs) -> Result<Option<Inventory>, ConfigError> {
     }
     if let Some(path) = &args.inventory {
         return Ok(Some(inventory::parse_inventory(
-            &read(path)?,
+            text,
             &path.display().to_string(),
             &overrides,
         )?));
@@ -803,34 +781,28 @@ fn load_hosts(args: &RemoteArgs) -> Result<Option<Inventory>, ConfigError> {
     Ok(None)
 }
 
-/// Every `<host>.json` in `dir`, by name.
-fn recorded_hosts(dir: &Path) -> Result<Vec<HostId>, ConfigError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| ConfigError::SnapshotDir {
-        dir: dir.to_path_buf(),
-        source,
-    })?;
-    let mut names: Vec<HostId> = entries
-        .flatten()
-        .filter_map(|e| {
-            let p = e.path();
-            let stem = p.file_stem()?.to_string_lossy().into_owned();
-            (p.extension()? == "json").then_some(HostId(stem))
-        })
-        .collect();
-    if names.is_empty() {
-        return Err(ConfigError::NoSnapshots {
-            dir: dir.to_path_buf(),
-        });
+/// The file of hosts `args` names (`--hostfile` or `--inventory`), read by
+/// setup before [`resolve`]; none for `-H`.
+pub fn hosts_file(args: &RemoteArgs) -> Option<&std::path::Path> {
+    if args.host.is_some() {
+        return None;
     }
-    names.sort();
-    Ok(names)
+    args.hostfile.as_deref().or(args.inventory.as_deref())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
-    use std::os::unix::fs::PermissionsExt;
+
+    /// What setup would have read: a machine called `here`.
+    fn read() -> Read {
+        Read {
+            hostname: HostId("here".into()),
+            state_dir: PathBuf::from("/var/tmp/genv"),
+            ..Read::default()
+        }
+    }
 
     /// `enforce <args>`'s cycle flags.
     fn cycle(args: &[&str]) -> CycleArgs {
@@ -843,7 +815,9 @@ mod tests {
     }
 
     fn ha(args: &[&str]) -> Result<Option<crate::ha::HaSpec>, String> {
-        ha_spec(&cycle(args).ha, Duration::from_secs(10)).map_err(|e| crate::error::chain(&e))
+        super::ha(&cycle(args).ha, Duration::from_secs(10), &read())
+            .map(|h| h.map(|h| h.spec))
+            .map_err(|e| crate::error::chain(&e))
     }
 
     #[test]
@@ -854,7 +828,7 @@ mod tests {
             .unwrap();
         assert_eq!(spec.endpoints.len(), 2);
         assert_eq!(spec.key, crate::ha::DEFAULT_KEY);
-        assert_eq!(spec.name, crate::host::local::hostname().0);
+        assert_eq!(spec.name, "here");
         assert_eq!(spec.ttl, Duration::from_secs(30));
         assert_eq!(spec.fence_dir, crate::ha::FENCE_DIR);
         assert_eq!((spec.tls, spec.user, spec.shard), (None, None, None));
@@ -941,116 +915,137 @@ mod tests {
     }
 
     #[test]
-    fn the_etcd_password_file_must_be_ours_alone_and_not_empty() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("pw");
-        let file = path.to_str().unwrap();
+    fn the_etcd_login_is_left_for_setup_to_read() {
         let args = [
             "--ha-etcd",
             "http://e:2379",
             "--ha-user",
             "enf",
             "--ha-password-file",
-            file,
+            "/etc/pw",
         ];
-        std::fs::write(&path, "s3cret\nignored\n").unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let spec = ha(&args).unwrap().unwrap();
-        assert_eq!(
-            spec.user,
-            Some(("enf".into(), crate::ha::Secret("s3cret".into())))
-        );
-        let said = format!("{spec:?}");
-        assert!(!said.contains("s3cret") && said.contains("***"), "{said}");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(ha(&args).unwrap_err().contains("others may read"));
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        std::fs::write(&path, "\n").unwrap();
-        assert!(ha(&args).unwrap_err().contains("empty"));
+        let h = super::ha(&cycle(&args).ha, Duration::ZERO, &read())
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.login, Some(("enf".into(), PathBuf::from("/etc/pw"))));
+        assert_eq!(h.spec.user, None);
     }
 
-    fn settings_with(args: &[&str], mode: Mode) -> Result<Settings, String> {
+    fn ha_with(args: &[&str], mode: Mode) -> Result<Option<Ha>, String> {
         let c = cycle(args);
         let policy = crate::rules::Policy::default();
-        with_ha(settings(&c, policy, mode, false), &c, false).map_err(|e| crate::error::chain(&e))
+        checked_ha(&settings(&c, policy, mode, false), &c, false, &read())
+            .map_err(|e| crate::error::chain(&e))
     }
 
     #[test]
     fn a_dry_run_elects_nobody_and_shards_split_remote_fleets_only() {
         let etcd = ["--ha-etcd", "http://e:2379"];
-        assert!(settings_with(&etcd, Mode::Remote).unwrap().ha.is_some());
+        assert!(ha_with(&etcd, Mode::Remote).unwrap().is_some());
         let dry = [&etcd[..], &["--dry-run"]].concat();
-        assert!(settings_with(&dry, Mode::Remote)
+        assert!(ha_with(&dry, Mode::Remote)
             .unwrap_err()
             .contains("a dry run"));
         let c = cycle(&etcd);
-        let e = with_ha(
-            settings(&c, Default::default(), Mode::Remote, true),
-            &c,
-            true,
-        );
-        assert!(e.is_err(), "a replay");
+        let s = settings(&c, Default::default(), Mode::Remote, true);
+        assert!(checked_ha(&s, &c, true, &read()).is_err(), "a replay");
         let shard = [&etcd[..], &["--shard", "1/2"]].concat();
-        assert!(settings_with(&shard, Mode::Local)
-            .unwrap_err()
-            .contains("remote"));
-        assert!(settings_with(&shard, Mode::Remote).is_ok());
+        assert!(ha_with(&shard, Mode::Local).unwrap_err().contains("remote"));
+        assert!(ha_with(&shard, Mode::Remote).is_ok());
     }
 
-    #[test]
-    fn a_local_run_under_ha_fences_its_host_with_the_fence_the_election_sets() {
-        let cli =
-            Cli::try_parse_from(["genv-enforce", "enforce", "--ha-etcd", "http://e:2379"]).unwrap();
-        let Ok(Job::Enforce { fleets, .. }) = resolve(cli) else {
-            panic!("not an enforcing job")
-        };
-        let fleet = &fleets[0];
-        assert_eq!(fleet.fencing.dir(), Some(crate::ha::FENCE_DIR));
-        // What the election sets is what the host's requests carry.
-        fleet.fencing.set(Some(7), None);
-        let Host::Live(h) = &fleet.hosts[0] else {
-            panic!("a live host")
-        };
-        assert_eq!(h.agent.fencing.current().map(|f| f.epoch), Some(7));
-    }
-
-    fn recorded_fleet(n: usize) -> Fleet {
-        let hosts = (0..n)
-            .map(|i| {
-                Host::Recorded(Recorded {
-                    id: HostId(format!("h{}", i + 1)),
-                    path: PathBuf::from("/nonexistent"),
-                })
-            })
-            .collect();
-        Fleet::new(hosts, 4)
+    /// `remote -H h1,...,hN enforce <args>` resolved.
+    fn remote_hosts(n: usize, args: &[&str]) -> Result<SshHosts, String> {
+        let list = (1..=n)
+            .map(|i| format!("h{i}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let cli = Cli::try_parse_from(
+            ["genv-enforce", "remote", "-H", &list, "enforce"]
+                .iter()
+                .chain(args),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        match resolve(cli, &read()).map_err(|e| crate::error::chain(&e))? {
+            Request::Enforce(e) => match e.hosts {
+                Hosts::Ssh(s) => Ok(*s),
+                h => panic!("{h:?}"),
+            },
+            r => panic!("{r:?}"),
+        }
     }
 
     #[test]
     fn a_shard_keeps_every_nth_host_with_its_place_and_refuses_caps_it_cannot_count() {
         let args = ["--ha-etcd", "http://e:2379", "--shard", "2/3"];
-        let s = settings_with(&args, Mode::Remote).unwrap();
-        let f = sharded(recorded_fleet(7), &s).unwrap();
-        let ids: Vec<&str> = f.hosts.iter().map(|h| h.id().0.as_str()).collect();
+        let s = remote_hosts(7, &args).unwrap();
+        let ids: Vec<&str> = s.specs.iter().map(|h| h.id.0.as_str()).collect();
         assert_eq!(ids, ["h2", "h5"]);
         let mut places: Vec<(String, usize)> =
-            f.positions.iter().map(|(h, p)| (h.0.clone(), *p)).collect();
+            s.positions.iter().map(|(h, p)| (h.0.clone(), *p)).collect();
         places.sort();
         assert_eq!(places, [("h2".into(), 1), ("h5".into(), 4)]);
         // Unsharded: the fleet as it was, no places.
-        let whole = settings_with(&["--ha-etcd", "http://e:2379"], Mode::Remote).unwrap();
-        let f = sharded(recorded_fleet(3), &whole).unwrap();
-        assert_eq!((f.hosts.len(), f.positions.len()), (3, 0));
-        let e = crate::error::chain(&sharded(recorded_fleet(1), &s).unwrap_err());
+        let s = remote_hosts(3, &["--ha-etcd", "http://e:2379"]).unwrap();
+        assert_eq!((s.specs.len(), s.positions.len()), (3, 0));
+        let e = remote_hosts(1, &args).unwrap_err();
         assert!(e.contains("no host of the inventory falls in it"), "{e}");
-        let mut grouped = s.clone();
-        grouped.cycle.policy.max_devices_per_group = [("lab".to_string(), 2)].into_iter().collect();
-        assert!(
-            crate::error::chain(&sharded(recorded_fleet(3), &grouped).unwrap_err())
-                .contains("--max-devices-per-group")
+        let grouped = [&args[..], &["--max-devices-per-group", "lab=2"]].concat();
+        assert!(remote_hosts(3, &grouped)
+            .unwrap_err()
+            .contains("--max-devices-per-group"));
+        let memory = [&args[..], &["--max-memory-per-user", "1g"]].concat();
+        assert!(remote_hosts(3, &memory).is_err());
+    }
+
+    #[test]
+    fn resolving_reads_nothing_it_was_not_given() {
+        // The hosts' text, the recorded snapshots' names and this
+        // machine's facts all come in `Read`.
+        let cli = Cli::try_parse_from([
+            "genv-enforce",
+            "remote",
+            "--inventory",
+            "/nonexistent/hosts.toml",
+            "enforce",
+            "--state-db",
+            "/nonexistent/state.db",
+            "--audit-log",
+            "/nonexistent/audit.log",
+        ])
+        .unwrap();
+        let r = Read {
+            hosts_text: Some(
+                "[[host]]\nname = \"gpu1\"\n[[host]]\nname = \"gpu2\"\naddress = \"10.0.0.2\"\n"
+                    .into(),
+            ),
+            ..read()
+        };
+        let Request::Enforce(e) = resolve(cli, &r).unwrap() else {
+            panic!("not enforcing")
+        };
+        let Hosts::Ssh(s) = &e.hosts else {
+            panic!("{:?}", e.hosts)
+        };
+        let ids: Vec<&str> = s.specs.iter().map(|h| h.id.0.as_str()).collect();
+        assert_eq!(ids, ["gpu1", "gpu2"]);
+        assert!(s.ssh.control_dir.as_os_str().is_empty(), "made by setup");
+        assert_eq!(e.state_db, Some(PathBuf::from("/nonexistent/state.db")));
+        let cli =
+            Cli::try_parse_from(["genv-enforce", "remote", "enforce", "--snapshot-dir", "/d"])
+                .unwrap();
+        let e = crate::error::chain(&resolve(cli, &read()).unwrap_err());
+        assert!(e.contains("no recorded snapshots"), "{e}");
+        let cli = Cli::try_parse_from(["genv-enforce", "enforce"]).unwrap();
+        let Request::Enforce(e) = resolve(cli, &read()).unwrap() else {
+            panic!("not enforcing")
+        };
+        let Hosts::Here(h) = &e.hosts else {
+            panic!("{:?}", e.hosts)
+        };
+        assert_eq!(
+            (h.id.0.as_str(), h.state_dir.to_str()),
+            ("here", Some("/var/tmp/genv"))
         );
-        let mut memory = s;
-        memory.cycle.policy.max_memory_per_user = Some(1 << 30);
-        assert!(sharded(recorded_fleet(3), &memory).is_err());
     }
 }

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use crate::config::Job;
 use crate::error::chain;
 use crate::fleet::Fleet;
 use crate::host::Host;
@@ -11,6 +10,7 @@ use crate::metrics::{self, Metrics};
 use crate::output::{complain, print_stdout};
 use crate::report::Format;
 use crate::service::{self, Service};
+use crate::setup::Job;
 use crate::snapshot::genv;
 
 /// The exit status of a command line that cannot run (as clap's).

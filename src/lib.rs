@@ -28,8 +28,10 @@
 //!
 //! and a thin I/O shell:
 //!
-//! - [`cli`]: clap types; [`config`] resolves them (and [`inventory`])
-//!   into fleets and settings.
+//! - [`cli`]: clap types; [`config`] resolves them (and the
+//!   [`inventory`]'s text) into checked settings and a request, with no
+//!   I/O; [`setup`] reads what they name first and opens and builds
+//!   what the request asks for (secrets, hosts, audit log, database).
 //! - [`host`]: one [`host::Host`] over live and recorded hosts:
 //!   snapshot, execute, close. A [`host::LiveHost`] (this machine, or an
 //!   SSH host) is touched only by our agent (`host/agent.py`), spoken to
@@ -83,6 +85,7 @@ mod properties;
 pub mod report;
 pub mod rules;
 pub mod service;
+pub mod setup;
 pub mod snapshot;
 pub mod state_db;
 pub mod usage;

@@ -9,7 +9,7 @@ use tracing_subscriber::EnvFilter;
 use genv_enforce::cli::{self, Cli};
 use genv_enforce::error::chain;
 use genv_enforce::jobs::{self, USAGE};
-use genv_enforce::{config, output::complain};
+use genv_enforce::{output::complain, setup};
 
 /// A cycle makes and drops many small values per host (ids, records):
 /// mimalloc does that a third faster than glibc's malloc (the 1,000-host
@@ -25,7 +25,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     raise_fd_limit();
-    let job = match config::resolve(cli) {
+    let job = match setup::job(cli) {
         Ok(job) => job,
         Err(e) => {
             complain(&chain(&e));

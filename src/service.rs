@@ -11,7 +11,7 @@ use thiserror::Error;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::Cli;
-use crate::config::{self, ConfigError, Job, Settings};
+use crate::config::Settings;
 use crate::cycle::{cycle, Memory};
 use crate::error;
 use crate::fleet::Fleet;
@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::output::{complain, emit, print_stdout};
 use crate::report::{CycleReport, Format};
+use crate::setup::{self, Job, SetupError};
 use crate::state_db::StateDb;
 
 /// How long a run that ends by itself waits for its notifications to go.
@@ -77,7 +78,7 @@ pub enum ReloadError {
     Usage(#[from] clap::Error),
     /// A file it names is missing, malformed or refused.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] SetupError),
     /// It resolves to another job than enforcing.
     #[error("not an enforcing run")]
     NotEnforcing,
@@ -498,7 +499,7 @@ async fn merge(mut old: Vec<Fleet>, mut new: Vec<Fleet>) -> Vec<Fleet> {
 pub fn reloader(args: Vec<std::ffi::OsString>) -> Reload {
     Box::new(move || {
         let cli = Cli::try_parse_from(&args)?;
-        match config::resolve(cli)? {
+        match setup::job(cli)? {
             Job::Enforce {
                 fleets,
                 settings,

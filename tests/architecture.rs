@@ -261,3 +261,34 @@ fn a_cycle_is_found_where_there_is_one() {
         ["a::B", "a::c::D", "e", "host::f::g"]
     );
 }
+
+/// Config is pure: it resolves flags and the text setup read into
+/// settings, and never reads a file, the environment or the clock, makes
+/// a directory or opens a database itself (`setup` does).
+#[test]
+fn config_does_no_io() {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/config.rs"))
+        .unwrap();
+    let code = code(&text);
+    let io = [
+        "std::fs",
+        "fs::",
+        "std::env",
+        "env::var",
+        "tempfile",
+        "read_secret",
+        "hostname(",
+        "state_dir_from_env",
+        "::open(",
+        "::load(",
+        "SystemTime",
+        "Instant",
+        "File::",
+        "private::",
+        "this_machine",
+        "std::net::TcpListener",
+        "std::process",
+    ];
+    let found: Vec<&str> = io.iter().copied().filter(|n| code.contains(n)).collect();
+    assert!(found.is_empty(), "src/config.rs does I/O: {found:?}");
+}

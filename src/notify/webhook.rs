@@ -20,6 +20,17 @@ pub struct WebhookSpec {
     pub attempts: u32,
 }
 
+impl WebhookSpec {
+    /// `url`, each attempt within 10 s, four attempts.
+    pub fn new(url: String) -> Self {
+        WebhookSpec {
+            url,
+            timeout: Duration::from_secs(10),
+            attempts: 4,
+        }
+    }
+}
+
 impl std::fmt::Debug for WebhookSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WebhookSpec")

@@ -1,0 +1,479 @@
+//! The I/O around [`config::resolve`]: [`read`] what the command line names
+//! (its host list or inventory, the recorded snapshots, this machine's name
+//! and genv directory), then [`build`] what the checked request asks for:
+//! read the secrets, make the SSH control directory, open the audit log and
+//! the state database, load the metrics endpoint's web config, and build
+//! the hosts.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::audit::{AuditError, AuditLog};
+use crate::cli::{Cli, Command, RemoteCommand};
+use crate::config::{
+    self, AgentTuning, ConfigError, Doctor, Enforce, Ha, Here, Hosts, Notifications, Read, Request,
+    Settings, SshHosts,
+};
+use crate::fleet::Fleet;
+use crate::ha::HaSpec;
+use crate::host::fence::Fencing;
+use crate::host::{local, Host, LiveHost};
+use crate::model::HostId;
+use crate::notify::{mail, Notify, NotifyError, WebhookSpec};
+use crate::report::Format;
+
+/// What a command line asks for, ready to run.
+// One per run (and per reload): its size does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Job {
+    /// Cycles over fleets (see [`crate::service::run`]).
+    Enforce {
+        fleets: Vec<Fleet>,
+        settings: Settings,
+        /// The temporary directory of the SSH sockets, removed when dropped.
+        control_dir: Option<tempfile::TempDir>,
+        /// `--metrics-listen`.
+        metrics: Option<std::net::SocketAddr>,
+        /// `--web.config.file`: the metrics endpoint's TLS and users.
+        web: Option<crate::web_config::WebConfig>,
+    },
+    /// This machine's snapshot as genv prints it.
+    Snapshot(Box<LiveHost>),
+    /// `report` over a state database.
+    Report(crate::cli::ReportArgs),
+    /// Man pages and completions written under this directory.
+    Docs(PathBuf),
+    /// `doctor` over these hosts (and etcd, under `--ha-etcd`).
+    Doctor {
+        fleet: Fleet,
+        format: Format,
+        control_dir: Option<tempfile::TempDir>,
+        ha: Option<HaSpec>,
+        /// The inventory caps devices per user (doctor says what that
+        /// leaves open).
+        device_caps: bool,
+    },
+}
+
+/// A command line that is wrong, or names what cannot be read or opened.
+#[derive(Debug, Error)]
+pub enum SetupError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--snapshot-dir {}", dir.display())]
+    SnapshotDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    StateDb(#[from] crate::state_db::StateDbError),
+    /// The SSH control directory: another user could replace our sockets.
+    #[error("--control-dir {}", dir.display())]
+    ControlDir {
+        dir: PathBuf,
+        #[source]
+        source: crate::private::Refusal,
+    },
+    #[error("cannot create a directory for SSH sockets")]
+    TempDir(#[source] std::io::Error),
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+    #[error(transparent)]
+    Notify(#[from] NotifyError),
+    #[error("--ha-password-file {}", path.display())]
+    HaPassword {
+        path: PathBuf,
+        #[source]
+        source: crate::private::Refusal,
+    },
+    #[error("--ha-password-file {}: empty", .0.display())]
+    HaPasswordEmpty(PathBuf),
+    #[error(transparent)]
+    Web(#[from] crate::web_config::WebConfigError),
+}
+
+/// The job `cli` asks for: [`read`], [`config::resolve`], [`build`].
+///
+/// # Errors
+/// See [`SetupError`].
+pub fn job(cli: Cli) -> Result<Job, SetupError> {
+    let read = read(&cli)?;
+    build(config::resolve(cli, &read)?)
+}
+
+/// What `cli` names, read: the host list or inventory, the recorded
+/// snapshots of `--snapshot-dir` (when no host list names them), this
+/// machine's name and genv directory.
+///
+/// # Errors
+/// A file or directory that cannot be read.
+pub fn read(cli: &Cli) -> Result<Read, SetupError> {
+    let mut read = Read {
+        hostname: local::hostname(),
+        state_dir: local::state_dir_from_env(),
+        ..Read::default()
+    };
+    let Command::Remote(args) = &cli.command else {
+        return Ok(read);
+    };
+    if let Some(path) = config::hosts_file(args) {
+        read.hosts_text =
+            Some(
+                std::fs::read_to_string(path).map_err(|source| SetupError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })?,
+            );
+    }
+    let named = args.host.is_some() || read.hosts_text.is_some();
+    if let (RemoteCommand::Enforce(e), false) = (&args.command, named) {
+        if let Some(dir) = &e.snapshot_dir {
+            read.recorded = recorded_hosts(dir)?;
+        }
+    }
+    Ok(read)
+}
+
+/// Every `<host>.json` in `dir`, by name.
+fn recorded_hosts(dir: &std::path::Path) -> Result<Vec<HostId>, SetupError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| SetupError::SnapshotDir {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    let mut names: Vec<HostId> = entries
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            let stem = p.file_stem()?.to_string_lossy().into_owned();
+            (p.extension()? == "json").then_some(HostId(stem))
+        })
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Opens and builds what `request` asks for.
+///
+/// # Errors
+/// A secret, the control directory, the audit log, the state database or
+/// the web config that cannot be read, made or opened.
+pub fn build(request: Request) -> Result<Job, SetupError> {
+    match request {
+        Request::Snapshot(here) => Ok(Job::Snapshot(Box::new(local_host(&here)))),
+        Request::Report(args) => Ok(Job::Report(args)),
+        Request::Docs(dir) => Ok(Job::Docs(dir)),
+        Request::Doctor(d) => {
+            let Doctor {
+                hosts,
+                format,
+                ha,
+                device_caps,
+            } = *d;
+            let ha = ha.map(ha_spec).transpose()?;
+            let (mut fleets, control_dir) = fleets(hosts)?;
+            let mut fleet = fleets.pop().unwrap_or_else(|| Fleet::new(Vec::new(), 1));
+            fleet.set_fencing(&fencing(ha.as_ref()));
+            Ok(Job::Doctor {
+                fleet,
+                format,
+                control_dir,
+                ha,
+                device_caps,
+            })
+        }
+        Request::Enforce(e) => enforce(*e),
+    }
+}
+
+fn enforce(e: Enforce) -> Result<Job, SetupError> {
+    let Enforce {
+        mut settings,
+        hosts,
+        notify,
+        ha,
+        state_db,
+        audit_log,
+        metrics,
+        web_config,
+    } = e;
+    let web = web_config
+        .as_deref()
+        .map(crate::web_config::WebConfig::load)
+        .transpose()?;
+    settings.ha = ha.map(ha_spec).transpose()?.map(Arc::new);
+    if let Some(n) = notify {
+        let notify = notify_with_secrets(n)?;
+        // Set up once here, so that a bad URL is a usage error before
+        // anything runs.
+        crate::notify::check(&notify)?;
+        if notify.any() && !settings.cycle.dry_run {
+            settings.notify = Some(Arc::new(notify));
+        }
+    }
+    let (mut fleets, control_dir) = fleets(hosts)?;
+    // One fence for a fleet and its hosts: the election sets the fleet's,
+    // the hosts' requests carry it.
+    let fence = fencing(settings.ha.as_deref());
+    for f in &mut fleets {
+        f.set_fencing(&fence);
+    }
+    if let Some(path) = &audit_log {
+        let log = Arc::new(AuditLog::open(path)?);
+        for f in &mut fleets {
+            f.audit = Some(Arc::clone(&log));
+        }
+    }
+    if let Some(path) = &state_db {
+        settings.state = Some(Arc::new(crate::state_db::StateDb::open(path)?));
+    }
+    Ok(Job::Enforce {
+        fleets,
+        settings,
+        control_dir,
+        metrics,
+        web,
+    })
+}
+
+/// The fleets of `hosts`, and the temporary socket directory if one was
+/// made.
+fn fleets(hosts: Hosts) -> Result<(Vec<Fleet>, Option<tempfile::TempDir>), SetupError> {
+    Ok(match hosts {
+        Hosts::Here(here) => (
+            vec![Fleet::new(vec![Host::Live(Box::new(local_host(&here)))], 1)],
+            None,
+        ),
+        Hosts::Files(files) => (
+            files
+                .into_iter()
+                .map(|r| Fleet::new(vec![Host::Recorded(r)], 1))
+                .collect(),
+            None,
+        ),
+        Hosts::Recorded { hosts, concurrency } => (
+            vec![Fleet::new(
+                hosts.into_iter().map(Host::Recorded).collect(),
+                concurrency,
+            )],
+            None,
+        ),
+        Hosts::Ssh(ssh) => {
+            let (fleet, temp) = ssh_fleet(*ssh)?;
+            (vec![fleet], temp)
+        }
+    })
+}
+
+/// This machine's host.
+fn local_host(here: &Here) -> LiveHost {
+    let mut host = LiveHost::local(here.id.clone(), here.state_dir.clone(), here.timeout);
+    tune(&mut host, &here.agent);
+    host
+}
+
+fn tune(host: &mut LiveHost, agent: &AgentTuning) {
+    host.agent.max_records = agent.max_records;
+    host.agent.groups.clone_from(&agent.groups);
+    host.agent.utilization = agent.utilization;
+}
+
+/// The SSH hosts, with their control directory: `--control-dir` if only
+/// we may write it, else a private temporary one (returned, to be kept).
+fn ssh_fleet(hosts: SshHosts) -> Result<(Fleet, Option<tempfile::TempDir>), SetupError> {
+    let SshHosts {
+        specs,
+        positions,
+        mut ssh,
+        command_timeout,
+        lifetime,
+        agent,
+        concurrency,
+    } = hosts;
+    let temp = if ssh.control_dir.as_os_str().is_empty() {
+        let t = tempfile::Builder::new()
+            .prefix("genv-enforce-")
+            .tempdir()
+            .map_err(SetupError::TempDir)?;
+        ssh.control_dir = t.path().to_path_buf();
+        Some(t)
+    } else {
+        crate::private::writable_only_by_us(&ssh.control_dir).map_err(|source| {
+            SetupError::ControlDir {
+                dir: ssh.control_dir.clone(),
+                source,
+            }
+        })?;
+        None
+    };
+    let ssh = Arc::new(ssh);
+    let hosts = specs
+        .into_iter()
+        .map(|spec| {
+            let mut host = LiveHost::ssh(spec, Arc::clone(&ssh), command_timeout, lifetime);
+            tune(&mut host, &agent);
+            Host::Live(Box::new(host))
+        })
+        .collect();
+    let mut fleet = Fleet::new(hosts, concurrency);
+    fleet.positions = positions;
+    Ok((fleet, temp))
+}
+
+/// The fence the hosts of a run keep: on under `--ha-etcd`.
+fn fencing(ha: Option<&HaSpec>) -> Fencing {
+    ha.map_or_else(Fencing::default, |h| Fencing::new(h.fence_dir.clone()))
+}
+
+/// `ha` with its password read (`--ha-password-file`: ours alone, its
+/// first line).
+fn ha_spec(ha: Ha) -> Result<HaSpec, SetupError> {
+    let Ha { mut spec, login } = ha;
+    if let Some((user, path)) = login {
+        let text = crate::private::read_secret(&path).map_err(|source| SetupError::HaPassword {
+            path: path.clone(),
+            source,
+        })?;
+        let password = text.lines().next().unwrap_or("").to_string();
+        if password.is_empty() {
+            return Err(SetupError::HaPasswordEmpty(path));
+        }
+        spec.user = Some((user, crate::ha::Secret(password)));
+    }
+    Ok(spec)
+}
+
+/// The channels with their secrets read: the SMTP credentials and the
+/// webhook's URL from its file.
+fn notify_with_secrets(n: Notifications) -> Result<Notify, SetupError> {
+    let Notifications {
+        mut notify,
+        credentials_file,
+        webhook_file,
+    } = n;
+    if let (Some(m), Some(path)) = (&mut notify.mail, &credentials_file) {
+        let name = path.display().to_string();
+        let text =
+            crate::private::read_secret(path).map_err(|source| NotifyError::Credentials {
+                path: name.clone(),
+                source,
+            })?;
+        m.credentials = Some(mail::credentials(&name, &text)?);
+    }
+    if let Some(path) = &webhook_file {
+        let text =
+            crate::private::read_secret(path).map_err(|source| NotifyError::WebhookFile {
+                path: path.display().to_string(),
+                source,
+            })?;
+        notify.webhook = Some(WebhookSpec::new(text.trim().to_string()));
+    }
+    Ok(notify)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn login(path: &std::path::Path) -> Result<HaSpec, String> {
+        let args = [
+            "genv-enforce",
+            "enforce",
+            "--ha-etcd",
+            "http://e:2379",
+            "--ha-user",
+            "enf",
+            "--ha-password-file",
+            path.to_str().unwrap(),
+        ];
+        let cli = Cli::try_parse_from(args).unwrap();
+        let Ok(Request::Enforce(e)) = config::resolve(cli, &Read::default()) else {
+            panic!("not an enforcing request")
+        };
+        ha_spec(e.ha.unwrap()).map_err(|e| crate::error::chain(&e))
+    }
+
+    #[test]
+    fn the_etcd_password_file_must_be_ours_alone_and_not_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pw");
+        std::fs::write(&path, "s3cret\nignored\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let spec = login(&path).unwrap();
+        assert_eq!(
+            spec.user,
+            Some(("enf".into(), crate::ha::Secret("s3cret".into())))
+        );
+        let said = format!("{spec:?}");
+        assert!(!said.contains("s3cret") && said.contains("***"), "{said}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(login(&path).unwrap_err().contains("others may read"));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(&path, "\n").unwrap();
+        assert!(login(&path).unwrap_err().contains("empty"));
+    }
+
+    #[test]
+    fn a_local_run_under_ha_fences_its_host_with_the_fence_the_election_sets() {
+        let cli =
+            Cli::try_parse_from(["genv-enforce", "enforce", "--ha-etcd", "http://e:2379"]).unwrap();
+        let Ok(Job::Enforce { fleets, .. }) = job(cli) else {
+            panic!("not an enforcing job")
+        };
+        let fleet = &fleets[0];
+        assert_eq!(fleet.fencing.dir(), Some(crate::ha::FENCE_DIR));
+        // What the election sets is what the host's requests carry.
+        fleet.fencing.set(Some(7), None);
+        let Host::Live(h) = &fleet.hosts[0] else {
+            panic!("a live host")
+        };
+        assert_eq!(h.agent.fencing.current().map(|f| f.epoch), Some(7));
+    }
+
+    #[test]
+    fn a_snapshot_dir_is_listed_only_when_no_host_list_names_the_hosts() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["b.json", "a.json", "notes.txt"] {
+            std::fs::write(dir.path().join(f), "{}").unwrap();
+        }
+        let d = dir.path().to_str().unwrap();
+        let cli = |args: &[&str]| {
+            let mut all = vec!["genv-enforce", "remote"];
+            all.extend(args);
+            all.extend(["enforce", "--snapshot-dir", d]);
+            Cli::try_parse_from(all).unwrap()
+        };
+        let r = read(&cli(&[])).unwrap();
+        assert_eq!(r.recorded, [HostId("a".into()), HostId("b".into())]);
+        assert!(read(&cli(&["-H", "x"])).unwrap().recorded.is_empty());
+        let Job::Enforce {
+            fleets, settings, ..
+        } = job(cli(&["-H", "b"])).unwrap()
+        else {
+            panic!("not enforcing")
+        };
+        assert!(settings.cycle.dry_run);
+        let ids: Vec<&str> = fleets[0].hosts.iter().map(|h| h.id().0.as_str()).collect();
+        assert_eq!(ids, ["b"]);
+        let missing = Cli::try_parse_from([
+            "genv-enforce",
+            "remote",
+            "enforce",
+            "--snapshot-dir",
+            "/nonexistent",
+        ])
+        .unwrap();
+        assert!(crate::error::chain(&read(&missing).unwrap_err()).contains("--snapshot-dir"));
+    }
+}
