@@ -397,6 +397,22 @@ fn fleet_benches(c: &mut Criterion) {
             )
         },
     );
+    // The serial part: what needs every host (the caps, the plan, the
+    // report's statuses), the hosts' parts done beforehand.
+    let results = |steady: &mut [ParsedState]| {
+        answers
+            .iter()
+            .zip(steady.iter_mut())
+            .map(|((h, bytes), p)| (h.clone(), host_part(h, bytes, p, &policy)))
+            .collect::<Vec<_>>()
+    };
+    group.bench_function("cluster-wide part only (merge, caps, plan)", |b| {
+        b.iter_batched(
+            || results(&mut steady),
+            |r| assess_found(1, Mode::Remote, false, &policy, r, Moment::none()),
+            criterion::BatchSize::LargeInput,
+        )
+    });
     group.bench_function("parse + assemble only, steady state", |b| {
         b.iter(|| {
             answers

@@ -43,6 +43,9 @@ pub struct Assessment {
     pub plan: Plan,
     /// Actions held back: not yet confirmed, or within their grace.
     pub waiting: Vec<Waiting>,
+    /// The hosts whose own plan the cluster-wide rules (idle, caps) added
+    /// to: their plan is not the one worked out beside their snapshot.
+    pub extended: Vec<HostId>,
 }
 
 /// One host's result: its snapshot and what it shows on its own, or why
@@ -122,6 +125,25 @@ pub fn assess_found(
     results: Vec<(HostId, HostResult)>,
     moment: Moment,
 ) -> Assessment {
+    let own = results
+        .iter()
+        .filter_map(|(h, r)| r.as_ref().ok().map(|(s, f)| own_plan(h, s, f)))
+        .collect();
+    assess_planned(cycle, mode, dry_run, policy, results, own, moment)
+}
+
+/// [`assess_found`] with each answering host's own plan (see
+/// [`own_plan`]) already made, in host order: only what the cluster-wide
+/// rules add is planned here.
+pub fn assess_planned(
+    cycle: u64,
+    mode: Mode,
+    dry_run: bool,
+    policy: &Policy,
+    results: Vec<(HostId, HostResult)>,
+    own: Vec<HostPlan>,
+    moment: Moment,
+) -> Assessment {
     let mut findings = Vec::new();
     let results: Vec<(HostId, Result<HostSnapshot, HostFailure>)> = results
         .into_iter()
@@ -142,8 +164,10 @@ pub fn assess_found(
         .zip(findings)
         .collect();
     let snapshots: Vec<&HostSnapshot> = a.cluster.hosts.iter().map(|(_, s)| s).collect();
+    // merge puts the hosts' own violations first.
+    let owned: usize = hosts.iter().map(|(_, f)| f.violations.len()).sum();
     let (violations, notices) = rules::merge(hosts, &snapshots, policy, moment);
-    a.plan = plan::build(&a.cluster, &violations);
+    (a.plan, a.extended) = plan::whole(&a.cluster, own, &violations[owned..]);
     a.violations = violations;
     a.notices = notices;
     a
@@ -190,6 +214,7 @@ pub fn statuses(
         violations: Vec::new(),
         plan: Plan::default(),
         waiting: Vec::new(),
+        extended: Vec::new(),
     }
 }
 

@@ -11,8 +11,8 @@ use tracing::Instrument;
 use crate::assess;
 use crate::clock::{millis, now_ms};
 use crate::error;
-use crate::fleet::Fleet;
-use crate::ladder::Ladder;
+use crate::fleet::{Fleet, Own};
+use crate::ladder::{Ladder, Waiting};
 use crate::model::{FailureKind, HostFailure, HostId, Mode};
 use crate::outcome::{self, Outcome, TerminateResult};
 use crate::plan::{HostPlan, Plan, Termination};
@@ -84,6 +84,8 @@ pub async fn cycle(
         done,
         mut outcomes,
         results,
+        own,
+        mut early,
     } = gather(rounds, &orphans, &mut timing, memory);
     let abort = options.exit_on_error && results.iter().any(|(_, r)| r.is_err());
     if !abort {
@@ -92,11 +94,21 @@ pub async fn cycle(
     }
     memory.published = published(fleet, &results);
     let assessed = Instant::now();
-    let mut a = assessed_off_workers(fleet, options, n, abort, results, policy, memory, now).await;
+    let mut a = assessed_off_workers(
+        fleet,
+        options,
+        n,
+        abort,
+        (results, own),
+        policy,
+        memory,
+        now,
+    )
+    .await;
     for (status, host) in a.hosts.iter_mut().zip(&fleet.hosts) {
         status.recorded = host.is_recorded();
     }
-    let (events, at_once) = laddered(&mut a, &mut memory.ladder, now, abort);
+    let (events, at_once) = laddered(&mut a, &mut memory.ladder, &mut early, now, abort);
     audit_cycle(fleet, n, options.mode, &a, &events);
     timing.assess_ms = millis(assessed.elapsed());
     let dispatched = Instant::now();
@@ -136,12 +148,9 @@ async fn snapshots(
     let early = !options.dry_run && !options.exit_on_error;
     let held: &Ladder = &memory.ladder;
     let own = |host: &_, snap: &_, findings: &_| {
-        if early {
-            held.split_host(host, &assess::own_plan(host, snap, findings), now)
-                .0
-        } else {
-            HostPlan::default()
-        }
+        let plan = assess::own_plan(host, snap, findings);
+        let early = early.then(|| held.split_host(host, &plan, now));
+        Own { plan, early }
     };
     let orphans = Arc::new(std::mem::take(&mut memory.orphans));
     let rounds = fleet
@@ -152,12 +161,18 @@ async fn snapshots(
 }
 
 /// What the hosts' rounds gave: what was carried out early, its outcomes,
-/// each host's result.
+/// each host's result, the own plans of those that answered (in host
+/// order), and the ladder's split of each own plan acted on early.
 struct Gathered {
     done: Plan,
     outcomes: Vec<Outcome>,
     results: Vec<(HostId, assess::HostResult)>,
+    own: Vec<HostPlan>,
+    early: Early,
 }
+
+/// Each host's own plan as the ladder split it beside its snapshot.
+type Early = HashMap<HostId, (HostPlan, Vec<Waiting>)>;
 
 /// The rounds' timings into `timing`, their orphans into `memory` (a host
 /// that failed keeps what it had; a host no longer in the fleet is
@@ -171,6 +186,8 @@ fn gather(
     let mut done = Plan::default();
     let mut outcomes = Vec::new();
     let mut results = Vec::new();
+    let mut own = Vec::new();
+    let mut early = Early::new();
     for round in rounds {
         if let Some(c) = round.connect {
             timing.connects += 1;
@@ -183,13 +200,19 @@ fn gather(
             timing.slowest_ms = millis(round.elapsed);
             timing.slowest_host = Some(round.host.clone());
         }
-        if !round.plan.is_empty() {
-            done.hosts.push((round.host.clone(), round.plan));
+        if let Some(due) = round.own.due().filter(|d| !d.is_empty()) {
+            done.hosts.push((round.host.clone(), due.clone()));
+        }
+        if let Some(split) = round.own.early {
+            early.insert(round.host.clone(), split);
         }
         outcomes.extend(round.outcomes);
         let mut result = round.result.map_err(|e| e.failure());
         let orphans = match &mut result {
-            Ok((_, findings)) => Some(std::mem::take(&mut findings.orphans)),
+            Ok((_, findings)) => {
+                own.push(round.own.plan);
+                Some(std::mem::take(&mut findings.orphans))
+            }
             // Unseen this cycle: what it had is kept.
             Err(_) => before.get(&round.host).cloned(),
         };
@@ -202,6 +225,8 @@ fn gather(
         done,
         outcomes,
         results,
+        own,
+        early,
     }
 }
 
@@ -232,7 +257,7 @@ async fn assessed_off_workers(
     options: &Options,
     n: u64,
     abort: bool,
-    results: Vec<(HostId, assess::HostResult)>,
+    (results, own): (Vec<(HostId, assess::HostResult)>, Vec<HostPlan>),
     policy: Arc<Policy>,
     memory: &Memory,
     now: u64,
@@ -258,7 +283,7 @@ async fn assessed_off_workers(
                         others: &others,
                     }),
                 };
-                assess::assess_found(n, mode, dry_run, &policy, results, moment)
+                assess::assess_planned(n, mode, dry_run, &policy, results, own, moment)
             }
         })
     });
@@ -276,19 +301,31 @@ async fn assessed_off_workers(
     }
 }
 
-/// `a`'s plan split by the ladder into what is due and what waits; the
-/// ladder advanced over the whole plan: the events to tell, and (without
-/// a ladder) what was acted on at once. A host that did not answer keeps
-/// its actions' progress as it was; `-e`'s abort decides nothing, so
-/// nothing moves.
+/// `a`'s plan split by the ladder into what is due and what waits, each
+/// host's once: a host whose whole plan is its own keeps the split made
+/// beside its snapshot (`early`); the ladder advanced over the whole plan:
+/// the events to tell, and (without a ladder) what was acted on at once.
+/// A host that did not answer keeps its actions' progress as it was;
+/// `-e`'s abort decides nothing, so nothing moves.
 fn laddered(
     a: &mut assess::Assessment,
     ladder: &mut Ladder,
+    early: &mut Early,
     now: u64,
     abort: bool,
 ) -> (Vec<crate::ladder::Event>, Vec<crate::ladder::Event>) {
     let whole = std::mem::take(&mut a.plan);
-    (a.plan, a.waiting) = ladder.split(&whole, now);
+    let extended: std::collections::HashSet<&HostId> = a.extended.iter().collect();
+    for (host, p) in &whole.hosts {
+        let (due, waiting) = match early.remove(host) {
+            Some(split) if !extended.contains(host) => split,
+            _ => ladder.split_host(host, p, now),
+        };
+        if !due.is_empty() {
+            a.plan.hosts.push((host.clone(), due));
+        }
+        a.waiting.extend(waiting);
+    }
     if abort {
         return (Vec::new(), Vec::new());
     }

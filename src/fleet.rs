@@ -44,9 +44,27 @@ pub struct Round {
     pub elapsed: Duration,
     /// How long a new connection took to come up, if one was opened.
     pub connect: Option<Duration>,
-    /// What the host's own snapshot decided, carried out right after it.
-    pub plan: HostPlan,
+    /// What the host's own snapshot decided.
+    pub own: Own,
+    /// What carrying out its due part right after the snapshot did.
     pub outcomes: Vec<Outcome>,
+}
+
+/// What a host's own findings decide, worked out beside its snapshot.
+#[derive(Debug, Default)]
+pub struct Own {
+    /// Its own plan, whole (every rule but those that need every host).
+    pub plan: HostPlan,
+    /// Split by the ladder when what is due is carried out at once: the
+    /// due part (carried out right after the snapshot) and what waits.
+    pub early: Option<(HostPlan, Vec<crate::ladder::Waiting>)>,
+}
+
+impl Own {
+    /// What was carried out right after the snapshot.
+    pub fn due(&self) -> Option<&HostPlan> {
+        self.early.as_ref().map(|(due, _)| due)
+    }
 }
 
 /// Runs `work` over `items`, at most `n` at a time, starting the next as
@@ -133,8 +151,9 @@ impl Fleet {
     /// rules in the blocking pool: a host whose users wrote a huge state
     /// delays only itself), then right after carries out the plan `now`
     /// makes from it, in the same slot: what one host's snapshot alone
-    /// decides is enforced without waiting for the slowest host. Results in
-    /// host order, with those early plans and outcomes.
+    /// decides is enforced without waiting for the slowest host (the due
+    /// part of [`Own::early`]). Results in host order, with what each host
+    /// decided and the outcomes.
     /// `orphans`: each host's processes seen orphaned before.
     pub async fn snapshots_and<F>(
         &self,
@@ -144,7 +163,7 @@ impl Fleet {
         now: F,
     ) -> Vec<Round>
     where
-        F: Fn(&HostId, &HostSnapshot, &HostFindings) -> HostPlan + Sync,
+        F: Fn(&HostId, &HostSnapshot, &HostFindings) -> Own + Sync,
     {
         let now = &now;
         fan_out(&self.hosts, self.concurrency, |h| {
@@ -171,21 +190,20 @@ impl Fleet {
                         Err(e) => Err(e),
                     };
                     let elapsed = start.elapsed();
-                    let plan = match &result {
+                    let own = match &result {
                         Ok((snap, findings)) => now(h.id(), snap, findings),
-                        Err(_) => HostPlan::default(),
+                        Err(_) => Own::default(),
                     };
-                    let outcomes = if plan.is_empty() {
-                        Vec::new()
-                    } else {
-                        self.execute(cycle, h, &plan).await
+                    let outcomes = match own.due() {
+                        Some(due) if !due.is_empty() => self.execute(cycle, h, due).await,
+                        _ => Vec::new(),
                     };
                     Round {
                         host: h.id().clone(),
                         result,
                         elapsed,
                         connect: h.take_connect_time(),
-                        plan,
+                        own,
                         outcomes,
                     }
                 }

@@ -694,10 +694,18 @@ proptest! {
             .map(|((h, s), m)| (h, rules::assess_host(h, s, &policy, m)))
             .collect();
         let snaps: Vec<_> = cluster.hosts.iter().map(|(_, s)| s).collect();
-        let plan = plan::build(
-            &cluster,
-            &rules::merge(found, &snaps, &policy, rules::Moment::none()).0,
-        );
+        let found: Vec<(&HostId, rules::HostFindings)> = found;
+        let own: Vec<plan::HostPlan> = found
+            .iter()
+            .zip(&snaps)
+            .map(|((h, f), s)| plan::for_host(h, s, &f.violations))
+            .collect();
+        let owned: usize = found.iter().map(|(_, f)| f.violations.len()).sum();
+        let violations = rules::merge(found, &snaps, &policy, rules::Moment::none()).0;
+        let plan = plan::build(&cluster, &violations);
+        // The plan a cycle builds (each host's own, then what the caps
+        // add) is the plan of every violation at once.
+        prop_assert_eq!(&plan::whole(&cluster, own, &violations[owned..]).0, &plan);
         for (host, hp) in &plan.hosts {
             let h: usize = host.0[1..].parse().unwrap();
             let (w, snap) = (&worlds[h], &cluster.hosts[h].1);

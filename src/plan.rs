@@ -167,8 +167,8 @@ impl Wanted {
     }
 }
 
-/// Builds the plan for `violations` found in `cluster`.
-pub fn build(cluster: &Cluster, violations: &[Violation]) -> Plan {
+/// What `violations` ask for, host by host.
+fn wanted_by(violations: &[Violation]) -> BTreeMap<&HostId, Wanted> {
     let mut wanted: BTreeMap<&HostId, Wanted> = BTreeMap::new();
     for v in violations {
         for action in &v.actions {
@@ -195,6 +195,12 @@ pub fn build(cluster: &Cluster, violations: &[Violation]) -> Plan {
             }
         }
     }
+    wanted
+}
+
+/// Builds the plan for `violations` found in `cluster`.
+pub fn build(cluster: &Cluster, violations: &[Violation]) -> Plan {
+    let mut wanted = wanted_by(violations);
     let hosts = cluster
         .hosts
         .iter()
@@ -205,6 +211,63 @@ pub fn build(cluster: &Cluster, violations: &[Violation]) -> Plan {
         })
         .collect();
     Plan { hosts }
+}
+
+/// The whole plan over `cluster`: each host's `own` plan (built beside its
+/// snapshot by [`for_host`], in `cluster`'s host order) with what the
+/// `more` violations (the idle rule, the caps) add there; the same plan as
+/// [`build`] over all the violations, each host's own part not built again.
+/// Also the hosts `more` added to.
+pub fn whole(cluster: &Cluster, own: Vec<HostPlan>, more: &[Violation]) -> (Plan, Vec<HostId>) {
+    let mut wanted = wanted_by(more);
+    let mut added = Vec::new();
+    let hosts = cluster
+        .hosts
+        .iter()
+        .zip(own)
+        .filter_map(|((host, snap), own)| {
+            let plan = match wanted.remove(host) {
+                Some(w) => {
+                    added.push(host.clone());
+                    merged(snap, own, host_plan(snap, w))
+                }
+                None => own,
+            };
+            (!plan.is_empty()).then(|| (host.clone(), plan))
+        })
+        .collect();
+    (Plan { hosts }, added)
+}
+
+/// One host's two plans as one: terminations in the snapshot's order (a
+/// pid in both: once, for the rules of both), `own`'s detaches (it has
+/// none: [`for_host`] plans terminations only) then `more`'s. Both are in
+/// the snapshot's order already (see [`host_plan`]).
+fn merged(snap: &HostSnapshot, own: HostPlan, more: HostPlan) -> HostPlan {
+    if own.is_empty() {
+        return more;
+    }
+    let mut terminate = Vec::with_capacity(own.terminate.len() + more.terminate.len());
+    let mut a = own.terminate.into_iter().peekable();
+    let mut b = more.terminate.into_iter().peekable();
+    for p in &snap.processes {
+        let x = a.next_if(|t| t.pid == p.pid);
+        let y = b.next_if(|t| t.pid == p.pid);
+        match (x, y) {
+            (Some(mut x), Some(y)) => {
+                x.rules.extend(y.rules);
+                terminate.push(x);
+            }
+            (Some(t), None) | (None, Some(t)) => terminate.push(t),
+            (None, None) => {}
+        }
+    }
+    // None is left where both follow the snapshot; were one not to, its
+    // actions stay all the same.
+    terminate.extend(a.chain(b));
+    let mut detach = own.detach;
+    detach.extend(more.detach);
+    HostPlan { terminate, detach }
 }
 
 /// The plan for one host's own violations (those of
