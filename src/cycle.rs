@@ -80,45 +80,47 @@ pub async fn cycle(
         snapshot_ms: millis(start.elapsed()),
         ..Timing::default()
     };
-    let Gathered {
-        done,
-        mut outcomes,
-        results,
-        own,
-        mut early,
-    } = gather(rounds, &orphans, &mut timing, memory);
-    let abort = options.exit_on_error && results.iter().any(|(_, r)| r.is_err());
+    let mut g = gather(rounds, &orphans, &mut timing, memory);
+    let abort = options.exit_on_error && g.results.iter().any(|(_, r)| r.is_err());
     if !abort {
-        memory.idle =
-            assess::track_idle(&memory.idle, &policy, &results, now, Some(options.idle_gap));
+        let gap = Some(options.idle_gap);
+        memory.idle = assess::track_idle(&memory.idle, &policy, &g.results, now, gap);
     }
-    memory.published = published(fleet, &results);
+    memory.published = published(fleet, &g.results);
     let assessed = Instant::now();
-    let mut a = assessed_off_workers(
-        fleet,
-        options,
-        n,
-        abort,
-        (results, own),
-        policy,
-        memory,
-        now,
-    )
-    .await;
-    for (status, host) in a.hosts.iter_mut().zip(&fleet.hosts) {
-        status.recorded = host.is_recorded();
-    }
-    let (events, at_once) = laddered(&mut a, &mut memory.ladder, &mut early, now, abort);
-    audit_cycle(fleet, n, options.mode, &a, &events);
+    let found = (std::mem::take(&mut g.results), std::mem::take(&mut g.own));
+    let mut a = assessed_off_workers(fleet, options, n, abort, found, policy, memory, now).await;
+    let events = laddered(&mut a, &mut memory.ladder, &mut g.early, now, abort);
+    audit_cycle(fleet, n, options.mode, &a, &events.0);
     timing.assess_ms = millis(assessed.elapsed());
     let dispatched = Instant::now();
     if options.dry_run {
-        outcomes = outcome::dry_run(&a.plan);
+        g.outcomes = outcome::dry_run(&a.plan);
     } else if !abort {
-        outcomes.extend(carry_out(fleet, options, n, &a.plan, &done, &outcomes).await);
+        let more = carry_out(fleet, options, n, &a.plan, &g.done, &g.outcomes).await;
+        g.outcomes.extend(more);
     }
     timing.dispatch_ms = millis(dispatched.elapsed());
     timing.total_ms = millis(start.elapsed());
+    (
+        reported(fleet, options, a, g.outcomes, timing, events),
+        abort,
+    )
+}
+
+/// The cycle's report: `a` with its outcomes, ladder events (and what was
+/// acted on at once), timing and usage samples.
+fn reported(
+    fleet: &Fleet,
+    options: &Options,
+    mut a: assess::Assessment,
+    outcomes: Vec<Outcome>,
+    timing: Timing,
+    (events, at_once): (Vec<crate::ladder::Event>, Vec<crate::ladder::Event>),
+) -> CycleReport {
+    for (status, host) in a.hosts.iter_mut().zip(&fleet.hosts) {
+        status.recorded = host.is_recorded();
+    }
     // A replay's report is the same every time: no clock in it.
     let timing = (!fleet.is_recorded()).then_some(timing);
     let usage = if options.sample_usage {
@@ -130,7 +132,7 @@ pub async fn cycle(
     report.events = events;
     report.at_once = at_once;
     report.usage = usage;
-    (report, abort)
+    report
 }
 
 /// Every host's snapshot and own findings; what a host's own findings

@@ -297,6 +297,13 @@ impl Ladder {
         ladder
     }
 
+    /// Every action's progress kept, waiting now as `grace` says (a
+    /// reloaded configuration).
+    pub fn regrace(&mut self, mut grace: Grace) {
+        grace.cycles = grace.cycles.max(1);
+        self.grace = grace;
+    }
+
     /// Whether anything ever waits.
     fn immediate(&self) -> bool {
         self.grace.cycles == 1

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use thiserror::Error;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::cli::Cli;
 use crate::config::Settings;
@@ -108,237 +108,371 @@ fn notify(state: &[sd_notify::NotifyState]) {
 /// # Errors
 /// Signal handlers cannot be installed.
 pub async fn run(
-    mut fleets: Vec<Fleet>,
-    mut settings: Settings,
-    mut service: Service,
+    fleets: Vec<Fleet>,
+    settings: Settings,
+    service: Service,
 ) -> std::io::Result<Ending> {
-    let mut term = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut hangup = signal(SignalKind::hangup())?;
-    let mut watchdog_usec = 0;
-    let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec)
-        .then(|| Duration::from_micros(watchdog_usec / 2).max(Duration::from_millis(500)));
-    let mut kept = Vec::new();
-    let each = fleets.len() > 1;
+    let mut run = Run::new(fleets, settings, service)?;
+    let each = run.fleets.len() > 1;
     let mut ending = Ending::Clean;
-    let mut memory = remembered(&settings);
-    let mut notifier = notifier(&settings, &fleets, &service);
-    let mut signalled = false;
-    let mut repeats = crate::notify::Repeats::default();
-    let mut terminals = crate::notify::limit::RateLimit::new(
-        settings.notify.as_ref().map_or(0, |s| s.per_user_hour),
-    );
-    // Channels replaced by a reload, letting their queues go.
-    let mut draining = Vec::new();
-    // High availability: the fence every fleet's hosts carry, and where
-    // this box stood last cycle.
-    let fencing = fleets
-        .first()
-        .map(|f| f.fencing.clone())
-        .unwrap_or_default();
-    let mut standing: Option<crate::ha::Standing> = None;
     for n in 1.. {
-        let fleet = if each {
-            match fleets.get(n as usize - 1) {
-                Some(f) => f,
-                None => break,
-            }
-        } else {
-            match fleets.first() {
-                Some(f) => f,
-                None => break,
-            }
+        let i = if each { n as usize - 1 } else { 0 };
+        let Some(fleet) = run.fleets.get(i) else {
+            break;
         };
-        if each && settings.format == Format::Text && !print_stdout(&[header(fleet, n)]) {
+        if each && run.settings.format == Format::Text && !print_stdout(&[header(fleet, n)]) {
             break;
         }
-        // Under --ha-etcd only the leader acts: another box's cycle is a
-        // dry run whose ladder moves nothing (a takeover warns afresh).
-        let mut follower = None;
-        if let Some(elector) = &service.elector {
-            let looked = std::time::Instant::now();
-            let look = tokio::select! {
-                s = elector.look() => s,
-                _ = term.recv() => { signalled = true; break },
-                _ = interrupt.recv() => { signalled = true; break },
-            };
-            tracing::debug!(
-                ms = looked.elapsed().as_secs_f64() * 1e3,
-                "etcd: standing looked up"
-            );
-            let crate::ha::election::Look {
-                standing: now,
-                others,
-                until,
-            } = look;
-            memory.others = others;
-            fencing.set(if now.leads() { now.epoch() } else { None }, until);
-            let took_over = now.leads() && !standing.as_ref().is_some_and(|s| s.leads());
-            if standing.as_ref().is_none_or(|s| s.changed(&now)) {
-                tracing::info!(standing = %now.describe(), "high availability");
-                complain(&format!("ha: {}", now.describe()));
-            }
-            if let Some(m) = &service.metrics {
-                m.standing(&now, took_over);
-            }
-            if !now.leads() {
-                follower = Some((
-                    Settings {
-                        cycle: crate::cycle::Options {
-                            dry_run: true,
-                            ..settings.cycle.clone()
-                        },
-                        notify: None,
-                        ..settings.clone()
-                    },
-                    memory.ladder.export(),
-                ));
-            }
-            standing = Some(now);
-        }
-        let run = follower.as_ref().map_or(&settings, |(s, _)| s);
-        let (report, abort) = tokio::select! {
-            r = cycle(fleet, &run.cycle, n, &mut memory) => r,
-            _ = term.recv() => { signalled = true; break },
-            _ = interrupt.recv() => { signalled = true; break },
+        let Ok(follower) = run.stand().await else {
+            break;
         };
-        if let Some((_, ladder)) = follower {
-            memory.ladder = Ladder::restore(settings.grace.clone(), ladder);
-        } else if let Some(elector) = &service.elector {
-            publish(elector, std::mem::take(&mut memory.published), &report).await;
-        }
-        if let (Some(elector), Some(refusal)) = (&service.elector, fencing.take_refusal()) {
-            // Another leader has acted on a host since this cycle began,
-            // or this box's lease ended meanwhile: it no longer leads.
-            fencing.set(None, None);
-            complain(&format!("ha: {refusal}; stepping down"));
-            if let (Some(m), crate::ha::Refusal::Fenced { .. }) = (&service.metrics, &refusal) {
-                m.fenced();
-            }
-            elector.step_down().await;
-            standing = None;
-        }
-        if let Some(m) = &service.metrics {
-            m.observe(&report);
-        }
-        let mut events = Vec::new();
-        if let Some(tell) = &notifier {
-            events = crate::notify::told(&report.events, &report.outcomes);
-            events.extend(repeats.fresh(crate::notify::told(&report.at_once, &report.outcomes)));
-            tell.send(n, &events);
-        }
-        if let Some(db) = &settings.state {
-            record(db, &memory, &report, settings.retain, settings.interval).await;
-        }
-        if settings.notify.as_ref().is_some_and(|s| s.terminal) && !events.is_empty() {
-            let (audit, metrics) = (fleet.audit.as_ref(), service.metrics.as_ref());
-            // This cycle's actions are done and recorded; a signal still
-            // ends the run at once.
-            tokio::select! {
-                _ = crate::notify::terminal::tell(fleet, n, &events, &mut terminals, audit, metrics) => {}
-                _ = term.recv() => { signalled = true; break },
-                _ = interrupt.recv() => { signalled = true; break },
-            }
+        let Some((report, abort)) = run.cycle(i, n, follower).await else {
+            break;
+        };
+        if !run.tell(i, n, &report).await {
+            break;
         }
         if n == 1 {
             notify(&[sd_notify::NotifyState::Ready]);
         }
         notify(&[sd_notify::NotifyState::Watchdog]);
-        if abort {
-            // genv raises on the first failure whatever -q says.
-            let _ = emit(&report, settings.format, true);
-            ending = Ending::Aborted;
+        let go_on;
+        (ending, go_on) = ended(ending, &report, abort, &run.settings);
+        if !go_on || (!each && (run.settings.interval.is_zero() || run.wait().await)) {
             break;
         }
-        if report.failed() {
-            ending = Ending::Errors;
-        } else if report.dry_run && !report.violations.is_empty() && ending == Ending::Clean {
-            ending = Ending::Violations;
+    }
+    run.finish().await;
+    Ok(ending)
+}
+
+/// How a run stands after a cycle's `report` is printed (per `settings`),
+/// and whether it goes on: `-e`'s abort and a reader gone end it.
+fn ended(ending: Ending, report: &CycleReport, abort: bool, settings: &Settings) -> (Ending, bool) {
+    if abort {
+        // genv raises on the first failure whatever -q says.
+        let _ = emit(report, settings.format, true);
+        return (Ending::Aborted, false);
+    }
+    let ending = if report.failed() {
+        Ending::Errors
+    } else if report.dry_run && !report.violations.is_empty() && ending == Ending::Clean {
+        Ending::Violations
+    } else {
+        ending
+    };
+    if !emit(report, settings.format, !settings.quiet) {
+        // The reader is gone (`| head`): an ending it asked for, not a
+        // finding to report.
+        let ending = if ending == Ending::Violations {
+            Ending::Clean
+        } else {
+            ending
+        };
+        return (ending, false);
+    }
+    (ending, true)
+}
+
+/// SIGTERM and SIGINT (either ends the run), SIGHUP (a reload).
+struct Signals {
+    term: Signal,
+    interrupt: Signal,
+    hangup: Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// When SIGTERM or SIGINT comes.
+    async fn stop(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.interrupt.recv() => {}
         }
-        if !emit(&report, settings.format, !settings.quiet) {
-            // The reader is gone (`| head`): an ending it asked for, not
-            // a finding to report.
-            if ending == Ending::Violations {
-                ending = Ending::Clean;
+    }
+
+    /// When SIGTERM or SIGINT (`true`) or SIGHUP (`false`) comes.
+    async fn stop_or_reload(&mut self) -> bool {
+        tokio::select! {
+            _ = self.term.recv() => true,
+            _ = self.interrupt.recv() => true,
+            _ = self.hangup.recv() => false,
+        }
+    }
+}
+
+/// A signal ended the run.
+struct Stopped;
+
+/// A run's state between cycles.
+struct Run {
+    fleets: Vec<Fleet>,
+    settings: Settings,
+    service: Service,
+    signals: Signals,
+    /// Half systemd's watchdog interval, if it watches us.
+    watchdog: Option<Duration>,
+    memory: Memory,
+    notifier: Option<Notifier>,
+    /// Channels replaced by a reload, letting their queues go.
+    draining: Vec<tokio::task::JoinHandle<()>>,
+    repeats: crate::notify::Repeats,
+    terminals: crate::notify::limit::RateLimit,
+    /// High availability: the fence every fleet's hosts carry, and where
+    /// this box stood last cycle.
+    fencing: crate::host::fence::Fencing,
+    standing: Option<crate::ha::Standing>,
+    /// What must live as long as reloaded hosts (their socket directory).
+    kept: Vec<tempfile::TempDir>,
+    signalled: bool,
+}
+
+impl Run {
+    fn new(fleets: Vec<Fleet>, settings: Settings, service: Service) -> std::io::Result<Self> {
+        let mut usec = 0;
+        let watchdog = sd_notify::watchdog_enabled(false, &mut usec)
+            .then(|| Duration::from_micros(usec / 2).max(Duration::from_millis(500)));
+        let fencing = fleets
+            .first()
+            .map(|f| f.fencing.clone())
+            .unwrap_or_default();
+        Ok(Run {
+            signals: Signals::new()?,
+            watchdog,
+            memory: remembered(&settings),
+            notifier: notifier(&settings, &fleets, &service),
+            draining: Vec::new(),
+            repeats: crate::notify::Repeats::default(),
+            terminals: crate::notify::limit::RateLimit::new(
+                settings.notify.as_ref().map_or(0, |s| s.per_user_hour),
+            ),
+            fencing,
+            standing: None,
+            kept: Vec::new(),
+            signalled: false,
+            fleets,
+            settings,
+            service,
+        })
+    }
+
+    /// Under `--ha-etcd`, where this box stands: only the leader acts,
+    /// another box's cycle is a dry run (these options) whose ladder moves
+    /// nothing (a takeover warns afresh).
+    async fn stand(&mut self) -> Result<Option<crate::cycle::Options>, Stopped> {
+        let Some(elector) = &self.service.elector else {
+            return Ok(None);
+        };
+        let looked = std::time::Instant::now();
+        let look = tokio::select! {
+            s = elector.look() => s,
+            () = self.signals.stop() => {
+                self.signalled = true;
+                return Err(Stopped);
             }
-            break;
+        };
+        tracing::debug!(
+            ms = looked.elapsed().as_secs_f64() * 1e3,
+            "etcd: standing looked up"
+        );
+        let crate::ha::election::Look {
+            standing: now,
+            others,
+            until,
+        } = look;
+        self.memory.others = others;
+        self.fencing
+            .set(if now.leads() { now.epoch() } else { None }, until);
+        let took_over = now.leads() && !self.standing.as_ref().is_some_and(|s| s.leads());
+        if self.standing.as_ref().is_none_or(|s| s.changed(&now)) {
+            tracing::info!(standing = %now.describe(), "high availability");
+            complain(&format!("ha: {}", now.describe()));
         }
-        if each {
-            continue;
+        if let Some(m) = &self.service.metrics {
+            m.standing(&now, took_over);
         }
-        if settings.interval.is_zero() {
-            break;
+        let follower = (!now.leads()).then(|| crate::cycle::Options {
+            dry_run: true,
+            ..self.settings.cycle.clone()
+        });
+        self.standing = Some(now);
+        Ok(follower)
+    }
+
+    /// Cycle `n` over fleet `i` (as a follower, under its options); `None`
+    /// when a signal ended it. A leader publishes its shard's part; a
+    /// refused fence steps it down.
+    async fn cycle(
+        &mut self,
+        i: usize,
+        n: u64,
+        follower: Option<crate::cycle::Options>,
+    ) -> Option<(CycleReport, bool)> {
+        let before = follower.is_some().then(|| self.memory.ladder.clone());
+        let options = follower.as_ref().unwrap_or(&self.settings.cycle);
+        let (report, abort) = tokio::select! {
+            r = cycle(&self.fleets[i], options, n, &mut self.memory) => r,
+            () = self.signals.stop() => {
+                self.signalled = true;
+                return None;
+            }
+        };
+        if let Some(ladder) = before {
+            self.memory.ladder = ladder;
+        } else if let Some(elector) = &self.service.elector {
+            publish(elector, std::mem::take(&mut self.memory.published), &report).await;
         }
-        let wake = tokio::time::Instant::now() + settings.interval;
-        let stop = loop {
-            let tick = watchdog.map_or(wake, |w| wake.min(tokio::time::Instant::now() + w));
+        if let (Some(elector), Some(refusal)) = (&self.service.elector, self.fencing.take_refusal())
+        {
+            // Another leader has acted on a host since this cycle began,
+            // or this box's lease ended meanwhile: it no longer leads.
+            self.fencing.set(None, None);
+            complain(&format!("ha: {refusal}; stepping down"));
+            if let (Some(m), crate::ha::Refusal::Fenced { .. }) = (&self.service.metrics, &refusal)
+            {
+                m.fenced();
+            }
+            elector.step_down().await;
+            self.standing = None;
+        }
+        Some((report, abort))
+    }
+
+    /// `report` told: the metrics, the notification channels, the state
+    /// database, the owners' terminals on fleet `i`'s hosts; `false` when
+    /// a signal came meanwhile.
+    async fn tell(&mut self, i: usize, n: u64, report: &CycleReport) -> bool {
+        if let Some(m) = &self.service.metrics {
+            m.observe(report);
+        }
+        let mut events = Vec::new();
+        if let Some(tell) = &self.notifier {
+            events = crate::notify::told(&report.events, &report.outcomes);
+            events.extend(
+                self.repeats
+                    .fresh(crate::notify::told(&report.at_once, &report.outcomes)),
+            );
+            tell.send(n, &events);
+        }
+        if let Some(db) = &self.settings.state {
+            let (retain, interval) = (self.settings.retain, self.settings.interval);
+            record(db, &self.memory, report, retain, interval).await;
+        }
+        if self.settings.notify.as_ref().is_some_and(|s| s.terminal) && !events.is_empty() {
+            let fleet = &self.fleets[i];
+            let (audit, metrics) = (fleet.audit.as_ref(), self.service.metrics.as_ref());
+            // This cycle's actions are done and recorded; a signal still
+            // ends the run at once.
+            let terminals = &mut self.terminals;
+            tokio::select! {
+                _ = crate::notify::terminal::tell(fleet, n, &events, terminals, audit, metrics) => {}
+                () = self.signals.stop() => {
+                    self.signalled = true;
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Waits out the interval, telling systemd's watchdog meanwhile and
+    /// reloading on SIGHUP; `true` when a signal ends the run.
+    async fn wait(&mut self) -> bool {
+        let wake = tokio::time::Instant::now() + self.settings.interval;
+        loop {
+            let tick = self
+                .watchdog
+                .map_or(wake, |w| wake.min(tokio::time::Instant::now() + w));
             tokio::select! {
                 _ = tokio::time::sleep_until(tick) => {
                     notify(&[sd_notify::NotifyState::Watchdog]);
                     if tick >= wake {
-                        break false;
+                        return false;
                     }
                 }
-                _ = term.recv() => break true,
-                _ = interrupt.recv() => break true,
-                _ = hangup.recv() => {
-                    if let Some(reload) = service.reload.as_mut() {
-                        notify(&[sd_notify::NotifyState::Reloading]);
-                        match reload() {
-                            Ok(new) => {
-                                let old = std::mem::take(&mut fleets);
-                                fleets = merge(old, new.fleets).await;
-                                if service.elector.is_some() {
-                                    // The election's options stay as the run began.
-                                    for f in &mut fleets {
-                                        f.set_fencing(&fencing);
-                                    }
-                                }
-                                // Unchanged channels keep their queues and rate limits.
-                                if new.settings.notify != settings.notify {
-                                    if let Some(old) = notifier.take() {
-                                        draining.push(tokio::spawn(old.close(DRAIN)));
-                                    }
-                                    notifier = self::notifier(&new.settings, &fleets, &service);
-                                }
-                                settings = new.settings;
-                                memory.ladder = Ladder::restore(settings.grace.clone(), memory.ladder.export());
-                                kept.extend(new.keep);
-                                tracing::info!(hosts = fleets.first().map_or(0, |f| f.hosts.len()), "configuration reloaded");
-                                complain("configuration reloaded");
-                            }
-                            Err(e) => complain(&format!("configuration not reloaded, the old one is kept: {}", error::chain(&e))),
-                        }
-                        notify(&[sd_notify::NotifyState::Ready]);
+                stop = self.signals.stop_or_reload() => {
+                    if stop {
+                        self.signalled = true;
+                        return true;
                     }
+                    self.reload().await;
                 }
             }
+        }
+    }
+
+    /// SIGHUP: the configuration read again; an error keeps the old one.
+    async fn reload(&mut self) {
+        let Some(reload) = self.service.reload.as_mut() else {
+            return;
         };
-        if stop {
-            signalled = true;
-            break;
+        notify(&[sd_notify::NotifyState::Reloading]);
+        match reload() {
+            Ok(new) => {
+                let old = std::mem::take(&mut self.fleets);
+                self.fleets = merge(old, new.fleets).await;
+                if self.service.elector.is_some() {
+                    // The election's options stay as the run began.
+                    for f in &mut self.fleets {
+                        f.set_fencing(&self.fencing);
+                    }
+                }
+                // Unchanged channels keep their queues and rate limits.
+                if new.settings.notify != self.settings.notify {
+                    if let Some(old) = self.notifier.take() {
+                        self.draining.push(tokio::spawn(old.close(DRAIN)));
+                    }
+                    self.notifier = notifier(&new.settings, &self.fleets, &self.service);
+                }
+                self.settings = new.settings;
+                self.memory.ladder.regrace(self.settings.grace.clone());
+                self.kept.extend(new.keep);
+                tracing::info!(
+                    hosts = self.fleets.first().map_or(0, |f| f.hosts.len()),
+                    "configuration reloaded"
+                );
+                complain("configuration reloaded");
+            }
+            Err(e) => complain(&format!(
+                "configuration not reloaded, the old one is kept: {}",
+                error::chain(&e)
+            )),
         }
+        notify(&[sd_notify::NotifyState::Ready]);
     }
-    notify(&[sd_notify::NotifyState::Stopping]);
-    if let Some(elector) = service.elector.take() {
-        // Another box may lead at once.
-        let _ = tokio::time::timeout(DRAIN_SIGNALLED, elector.leave()).await;
-    }
-    if let Some(tell) = notifier {
-        // A signal is honoured within 2 s; a run that ends by itself (cron)
-        // lets its mail go first.
-        tell.close(if signalled { DRAIN_SIGNALLED } else { DRAIN })
-            .await;
-    }
-    let within = if signalled { DRAIN_SIGNALLED } else { DRAIN };
-    let _ = tokio::time::timeout(within, futures::future::join_all(draining)).await;
-    for fleet in &fleets {
-        for (host, e) in fleet.close().await {
-            tracing::warn!(%host, error = %error::chain(&e), "closing the host's connection failed");
+
+    /// The end of a run: the election left, the notifications let go (a
+    /// signal is honoured within 2 s; a run that ends by itself, cron, lets
+    /// its mail go first), every host closed.
+    async fn finish(mut self) {
+        notify(&[sd_notify::NotifyState::Stopping]);
+        if let Some(elector) = self.service.elector.take() {
+            // Another box may lead at once.
+            let _ = tokio::time::timeout(DRAIN_SIGNALLED, elector.leave()).await;
         }
+        let within = if self.signalled {
+            DRAIN_SIGNALLED
+        } else {
+            DRAIN
+        };
+        if let Some(tell) = self.notifier.take() {
+            tell.close(within).await;
+        }
+        let _ = tokio::time::timeout(within, futures::future::join_all(self.draining)).await;
+        for fleet in &self.fleets {
+            for (host, e) in fleet.close().await {
+                tracing::warn!(%host, error = %error::chain(&e), "closing the host's connection failed");
+            }
+        }
+        drop(self.kept);
     }
-    drop(kept);
-    Ok(ending)
 }
 
 /// The (device, environment) pairs `outcomes` detached, by host: one pass.
@@ -396,29 +530,29 @@ async fn publish(
 /// warning twice, no deadline moved, idle windows and orphans kept), or
 /// afresh, said, when that cannot be read.
 fn remembered(settings: &Settings) -> Memory {
-    let mut memory = Memory {
-        ladder: Ladder::new(settings.grace.clone()),
-        ..Memory::default()
-    };
-    let Some(db) = &settings.state else {
-        return memory;
-    };
-    match db.idle() {
-        Ok(idle) => memory.idle = idle,
-        Err(e) => complain(&format!(
-            "{}: the idle windows start afresh",
-            error::chain(&e)
-        )),
-    }
-    match (db.ladder(), db.orphans()) {
-        (Ok(saved), Ok(orphans)) => {
-            memory.ladder = Ladder::restore(settings.grace.clone(), saved);
-            memory.orphans = orphans;
+    let mut memory = Memory::default();
+    let mut saved = Vec::new();
+    if let Some(db) = &settings.state {
+        match db.idle() {
+            Ok(idle) => memory.idle = idle,
+            Err(e) => complain(&format!(
+                "{}: the idle windows start afresh",
+                error::chain(&e)
+            )),
         }
-        (Err(e), _) | (_, Err(e)) => {
-            complain(&format!("{}: starting afresh", error::chain(&e)));
+        match (db.ladder(), db.orphans()) {
+            (Ok(ladder), Ok(orphans)) => {
+                saved = ladder;
+                memory.orphans = orphans;
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                complain(&format!("{}: starting afresh", error::chain(&e)));
+            }
         }
     }
+    // The run's one ladder: a reload changes its graces, a follower's
+    // cycle puts it back as it was.
+    memory.ladder = Ladder::restore(settings.grace.clone(), saved);
     memory
 }
 
