@@ -304,6 +304,9 @@ impl HostPlan {
 }
 
 fn host_plan(snap: &HostSnapshot, mut w: Wanted) -> HostPlan {
+    if w.pids.is_empty() && w.detach.is_empty() {
+        return HostPlan::default();
+    }
     let terminate = snap
         .processes
         .iter()

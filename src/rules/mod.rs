@@ -557,20 +557,22 @@ pub fn merge(
     policy: &Policy,
     moment: Moment,
 ) -> (Vec<Violation>, Vec<Notice>) {
+    let mut hosts = hosts;
     let mut by_rule: [Vec<Violation>; 3] = Default::default();
     let mut notices = Vec::new();
     let mut idle_violations = Vec::new();
-    for ((host, f), snap) in hosts.iter().zip(snapshots) {
-        for v in &f.violations {
+    for ((host, f), snap) in hosts.iter_mut().zip(snapshots) {
+        // Taken, not copied: the caps below read the hosts' usage only.
+        for v in std::mem::take(&mut f.violations) {
             let slot = match v.rule {
                 Rule::NonEnvProcesses | Rule::OrphanedEnvProcesses => 0,
                 Rule::EnvDevices => 1,
                 // Per-host rules only: the rest come below.
                 _ => 2,
             };
-            by_rule[slot].push(v.clone());
+            by_rule[slot].push(v);
         }
-        notices.extend(f.notices.iter().cloned());
+        notices.append(&mut f.notices);
         if let Some(idle) = &policy.idle {
             let (v, n) =
                 idle::evaluate(host, snap, &f.idle_owners, moment.idle, idle, moment.now_ms);
