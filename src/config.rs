@@ -1048,4 +1048,129 @@ mod tests {
             ("here", Some("/var/tmp/genv"))
         );
     }
+
+    /// `remote --inventory I <command...>` resolved with `text` as I.
+    fn with_inventory(text: &str, command: &[&str]) -> Request {
+        let cli = Cli::try_parse_from(
+            ["genv-enforce", "remote", "--inventory", "/i.toml"]
+                .iter()
+                .chain(command),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let r = Read {
+            hosts_text: Some(text.into()),
+            ..read()
+        };
+        resolve(cli, &r).unwrap_or_else(|e| panic!("{}", crate::error::chain(&e)))
+    }
+
+    #[test]
+    fn agents_are_asked_for_the_groups_the_rules_name_and_for_utilization_when_idle_counts() {
+        let inventory = "[[host]]\nname = \"a\"\n[[exempt]]\ngroup = \"vision\"\nreason = \"r\"\n";
+        let Request::Enforce(e) = with_inventory(
+            inventory,
+            &[
+                "enforce",
+                "--max-devices-per-group",
+                "lab=2",
+                "--idle-after",
+                "1h",
+                "--max-records",
+                "50",
+            ],
+        ) else {
+            panic!("not enforcing")
+        };
+        let Hosts::Ssh(s) = e.hosts else {
+            panic!("not over SSH")
+        };
+        assert_eq!(s.agent.groups, ["lab", "vision"]);
+        assert!(s.agent.utilization);
+        assert_eq!(s.agent.max_records, 50);
+        let Request::Enforce(e) = with_inventory("[[host]]\nname = \"a\"\n", &["enforce"]) else {
+            panic!("not enforcing")
+        };
+        let Hosts::Ssh(s) = e.hosts else {
+            panic!("not over SSH")
+        };
+        assert!(s.agent.groups.is_empty() && !s.agent.utilization);
+        // doctor: the exempt groups' members too.
+        let Request::Doctor(d) = with_inventory(inventory, &["doctor"]) else {
+            panic!("not doctor")
+        };
+        let Hosts::Ssh(s) = d.hosts else {
+            panic!("not over SSH")
+        };
+        assert_eq!(s.agent.groups, ["vision"]);
+    }
+
+    #[test]
+    fn a_snapshot_dir_replays_the_files_setup_found_there() {
+        let cli =
+            Cli::try_parse_from(["genv-enforce", "remote", "enforce", "--snapshot-dir", "/d"])
+                .unwrap();
+        let r = Read {
+            recorded: vec![HostId("a".into()), HostId("b".into())],
+            ..read()
+        };
+        let Request::Enforce(e) = resolve(cli, &r).unwrap() else {
+            panic!("not enforcing")
+        };
+        let Hosts::Recorded { hosts, .. } = e.hosts else {
+            panic!("not a replay")
+        };
+        let files: Vec<_> = hosts.iter().map(|h| h.path.to_str().unwrap()).collect();
+        assert_eq!(files, ["/d/a.json", "/d/b.json"]);
+        assert!(e.settings.cycle.dry_run);
+    }
+
+    #[test]
+    fn notifications_are_resolved_when_a_channel_is_named_and_their_secrets_left_to_setup() {
+        let c = cycle(&[]);
+        assert!(notifications(&c, &BTreeMap::new()).unwrap().is_none());
+        let c = cycle(&["--webhook-file", "/etc/hook"]);
+        let n = notifications(&c, &BTreeMap::new()).unwrap().unwrap();
+        assert_eq!(n.webhook_file, Some(PathBuf::from("/etc/hook")));
+        assert!(n.notify.webhook.is_none(), "read by setup");
+        let c = cycle(&["--webhook", "http://127.0.0.1:9/x"]);
+        let n = notifications(&c, &BTreeMap::new()).unwrap().unwrap();
+        assert_eq!(
+            n.notify.webhook.map(|w| w.url).as_deref(),
+            Some("http://127.0.0.1:9/x")
+        );
+        assert_eq!(n.webhook_file, None);
+        let c = cycle(&[
+            "--smtp",
+            "smtp://127.0.0.1:25",
+            "--mail-from",
+            "enforcer@lab.example",
+            "--smtp-credentials",
+            "/etc/cred",
+        ]);
+        let n = notifications(&c, &BTreeMap::new()).unwrap().unwrap();
+        assert!(n.notify.mail.is_some_and(|m| m.credentials.is_none()));
+        assert_eq!(n.credentials_file, Some(PathBuf::from("/etc/cred")));
+    }
+
+    #[test]
+    fn the_hosts_file_to_read_is_the_hostfile_or_the_inventory_never_for_a_host_list() {
+        let remote = |args: &[&str]| {
+            let cli = Cli::try_parse_from(
+                ["genv-enforce", "remote"]
+                    .iter()
+                    .chain(args)
+                    .chain(&["enforce"]),
+            )
+            .unwrap();
+            match cli.command {
+                Command::Remote(r) => r,
+                _ => unreachable!(),
+            }
+        };
+        assert_eq!(hosts_file(&remote(&["-H", "a"])), None);
+        let r = remote(&["--hostfile", "/h"]);
+        assert_eq!(hosts_file(&r), Some(std::path::Path::new("/h")));
+        let r = remote(&["--inventory", "/i.toml"]);
+        assert_eq!(hosts_file(&r), Some(std::path::Path::new("/i.toml")));
+    }
 }

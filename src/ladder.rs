@@ -582,6 +582,25 @@ mod tests {
     }
 
     #[test]
+    fn a_reload_regraces_the_ladder_and_keeps_every_actions_progress() {
+        let p = plan(&[(10, 1)], &[]);
+        let mut c = Ladder::new(cycles(4));
+        c.advance(&p, 0, &[]);
+        c.advance(&p, 1, &[]);
+        assert_eq!(
+            acted_at(&c, &p, 2),
+            (vec![], vec![], 1),
+            "a third sighting of four"
+        );
+        // Three sightings now suffice: this third is due; none is lost.
+        c.regrace(cycles(3));
+        assert_eq!(acted_at(&c, &p, 2), (vec![10], vec![], 0));
+        // Zero cycles asked: still one.
+        c.regrace(cycles(0));
+        assert_eq!(c.grace.cycles, 1);
+    }
+
+    #[test]
     fn acting_at_once_tells_each_action_and_a_ladder_tells_its_own() {
         let p = plan(&[(7, 1)], &[(2, "e")]);
         let at_once = Ladder::new(cycles(1)).acted_at_once(&p, 50);

@@ -45,14 +45,32 @@ fn rows<'a>(
         .filter(move |(n, l)| {
             !(*n == 1 && column_name(l.split(", ").next().unwrap_or("")) == first_column)
         })
-        .map(|(n, l)| {
-            let mut fields = Fields { f: [""; 3], n: 0 };
-            for (slot, v) in fields.f.iter_mut().zip(l.split(", ")) {
-                *slot = v.trim();
-                fields.n += 1;
-            }
-            (n, l, fields)
-        })
+        .map(|(n, l)| (n, l, fields(l)))
+}
+
+/// The first three `, `-separated fields of `line`, trimmed, as
+/// `line.split(", ")` gives them (a comma alone separates nothing).
+fn fields(line: &str) -> Fields<'_> {
+    let mut fields = Fields { f: [""; 3], n: 0 };
+    let mut rest = line;
+    while fields.n < 3 {
+        let sep = rest
+            .bytes()
+            .enumerate()
+            .find(|&(i, b)| b == b',' && rest.as_bytes().get(i + 1) == Some(&b' '))
+            .map(|(i, _)| i);
+        let (field, next) = match sep {
+            Some(i) => (&rest[..i], Some(&rest[i + 2..])),
+            None => (rest, None),
+        };
+        fields.f[fields.n] = field.trim();
+        fields.n += 1;
+        match next {
+            Some(r) => rest = r,
+            None => break,
+        }
+    }
+    fields
 }
 
 /// A header field without its unit: `used_gpu_memory [MiB]` -> `used_gpu_memory`.
@@ -295,6 +313,26 @@ pub fn parse_gpu_utilization(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fields_are_split_as_split_on_comma_space_splits_them() {
+        for line in [
+            "GPU-1, 123, 1000 MiB",
+            "a, b, c, d",
+            "a,b, c",
+            ",, x",
+            "a, , b",
+            ", ",
+            "",
+            "a,",
+            " a ,  b , c ",
+            "é, ü, ñ",
+        ] {
+            let want: Vec<&str> = line.split(", ").take(3).map(str::trim).collect();
+            let got = fields(line);
+            assert_eq!(&got.f[..got.n], &want[..], "{line:?}");
+        }
+    }
 
     const GPUS: &str = include_str!("../../fixtures/nvidia-smi/query-gpu.csv");
     const GPUS_HEADER: &str = include_str!("../../fixtures/nvidia-smi/query-gpu-header-units.csv");
