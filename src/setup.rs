@@ -90,13 +90,13 @@ pub enum SetupError {
     Audit(#[from] AuditError),
     #[error(transparent)]
     Notify(#[from] NotifyError),
-    #[error("--ha-password-file {}", path.display())]
+    #[error("--ha-etcd: --ha-password-file {}", path.display())]
     HaPassword {
         path: PathBuf,
         #[source]
         source: crate::private::Refusal,
     },
-    #[error("--ha-password-file {}: empty", .0.display())]
+    #[error("--ha-etcd: --ha-password-file {}: empty", .0.display())]
     HaPasswordEmpty(PathBuf),
     #[error(transparent)]
     Web(#[from] crate::web_config::WebConfigError),
