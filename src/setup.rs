@@ -476,4 +476,83 @@ mod tests {
         .unwrap();
         assert!(crate::error::chain(&read(&missing).unwrap_err()).contains("--snapshot-dir"));
     }
+
+    /// `enforce <args>` made into a job, its settings and its host.
+    fn local(args: &[&str]) -> (Settings, LiveHost) {
+        let cli = Cli::try_parse_from(["genv-enforce", "enforce"].iter().chain(args)).unwrap();
+        let Job::Enforce {
+            mut fleets,
+            settings,
+            ..
+        } = job(cli).unwrap_or_else(|e| panic!("{}", crate::error::chain(&e)))
+        else {
+            panic!("not enforcing")
+        };
+        let Some(Host::Live(h)) = fleets.remove(0).hosts.pop() else {
+            panic!("not a live host")
+        };
+        (settings, *h)
+    }
+
+    #[test]
+    fn this_machine_is_named_and_found_where_it_says() {
+        let cli = Cli::try_parse_from(["genv-enforce", "enforce"]).unwrap();
+        let r = read(&cli).unwrap();
+        assert_eq!(r.hostname, local::hostname());
+        assert_eq!(r.state_dir, local::state_dir_from_env());
+        let (_, host) = local(&[]);
+        assert_eq!(host.id(), &local::hostname());
+    }
+
+    #[test]
+    fn the_host_is_tuned_as_the_rules_ask_and_a_dry_run_tells_nobody() {
+        let (settings, host) = local(&[
+            "--max-records",
+            "50",
+            "--max-devices-per-group",
+            "lab=2",
+            "--idle-after",
+            "1h",
+            "--notify-terminal",
+        ]);
+        assert_eq!(host.agent.max_records, 50);
+        assert_eq!(host.agent.groups, ["lab"]);
+        assert!(host.agent.utilization);
+        assert!(settings.notify.is_some_and(|n| n.terminal));
+        let (settings, _) = local(&["--notify-terminal", "--dry-run"]);
+        assert!(settings.notify.is_none());
+        let (settings, _) = local(&[]);
+        assert!(settings.notify.is_none());
+    }
+
+    #[test]
+    fn the_notification_secrets_are_read_from_their_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let (hook, cred) = (dir.path().join("hook"), dir.path().join("cred"));
+        std::fs::write(&hook, "http://127.0.0.1:9/h\n").unwrap();
+        std::fs::write(&cred, "enforcer\ns3cret\n").unwrap();
+        for f in [&hook, &cred] {
+            std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let (settings, _) = local(&[
+            "--webhook-file",
+            hook.to_str().unwrap(),
+            "--smtp",
+            "smtp://127.0.0.1:25",
+            "--mail-from",
+            "enforcer@lab.example",
+            "--smtp-credentials",
+            cred.to_str().unwrap(),
+        ]);
+        let n = settings.notify.unwrap();
+        assert_eq!(
+            n.webhook.as_ref().map(|w| w.url.as_str()),
+            Some("http://127.0.0.1:9/h")
+        );
+        let m = n.mail.as_ref().unwrap();
+        assert_eq!(
+            m.credentials,
+            Some(("enforcer".to_string(), "s3cret".to_string()))
+        );
+    }
 }
