@@ -18,6 +18,13 @@ pub struct Cli {
     /// (`GENV_ENFORCE_LOG` or `RUST_LOG` take a full filter instead).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+
+    /// The configuration file: every setting as a key named as its flag,
+    /// in sections (see `config check`); a flag on the command line wins.
+    /// With no command, runs `remote enforce` if the file names hosts,
+    /// else `enforce`.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 /// `--version`: the version and the commit it was built from.
@@ -81,10 +88,40 @@ pub enum Command {
     /// GPU-hours, peak GPUs, mean GPU memory, violations by rule,
     /// warnings, terminations and detaches.
     Report(ReportArgs),
+    /// Check a configuration file (--config, default
+    /// /etc/genv-enforce/genv-enforce.toml) without touching any host, or
+    /// print its JSON Schema.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Write the man pages and the bash, zsh and fish completions, made
     /// from these very definitions, under DIR (for packagers).
     #[command(hide = true)]
     Docs(DocsArgs),
+}
+
+/// `config`'s subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Check the file: unknown keys, wrong types, impossible values and
+    /// contradictions, each at its line and column (exit status 2), as the
+    /// command that runs with it would see them; touches no host.
+    Check(ConfigCheckArgs),
+    /// Print the file's JSON Schema (editors check and complete keys with it).
+    Schema,
+}
+
+/// `config check` options.
+#[derive(Debug, Args)]
+pub struct ConfigCheckArgs {
+    /// Also print the resolved configuration, each value with where it
+    /// came from (file, flag, default); secrets are never printed.
+    #[arg(long)]
+    pub effective: bool,
+    /// The command line to check the file with (after `--`), e.g.
+    /// `-- remote --inventory hosts.toml enforce --dry-run`
+    /// [default: what --config alone runs].
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 /// `docs` options.

@@ -215,6 +215,8 @@ pub enum ConfigError {
     Notify(#[from] NotifyError),
     #[error("--ha-etcd")]
     Ha(#[from] HaFlagError),
+    #[error("`config` checks a configuration file; it runs nothing")]
+    ConfigCommand,
 }
 
 /// `--ha-*` and `--shard` flags that cannot be used.
@@ -281,6 +283,7 @@ pub fn resolve(cli: Cli, read: &Read) -> Result<Request, ConfigError> {
         Command::Remote(args) => remote(*args, read),
         Command::Report(args) => Ok(Request::Report(args)),
         Command::Docs(args) => Ok(Request::Docs(args.out)),
+        Command::Config(_) => Err(ConfigError::ConfigCommand),
     }
 }
 

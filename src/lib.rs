@@ -59,6 +59,8 @@ pub mod audit;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod config_check;
+pub mod config_file;
 pub mod cycle;
 pub mod docs;
 pub mod doctor;

@@ -6,10 +6,10 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use genv_enforce::cli::{self, Cli};
+use genv_enforce::cli::{self, Cli, Command, ConfigCommand};
 use genv_enforce::error::chain;
 use genv_enforce::jobs::{self, USAGE};
-use genv_enforce::{output::complain, setup};
+use genv_enforce::{config_check, config_file, output::complain, setup};
 
 /// A cycle makes and drops many small values per host (ids, records):
 /// mimalloc does that a third faster than glibc's malloc (the 1,000-host
@@ -19,11 +19,27 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let args = cli::normalize_args(std::env::args_os());
-    let cli = Cli::parse_from(&args);
+    // The configuration file's settings become arguments; a reload applies
+    // the file to `args` anew.
+    let cli = match setup::config_args(args.clone()) {
+        Ok(with_file) => Cli::parse_from(&with_file),
+        Err(e) => {
+            complain(&chain(&e));
+            return ExitCode::from(USAGE);
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(log_filter(cli.verbose))
         .with_writer(std::io::stderr)
         .init();
+    match &cli.command {
+        Command::Config(ConfigCommand::Check(check)) => {
+            return ExitCode::from(config_check::run(cli.config.clone(), check))
+        }
+        Command::Config(ConfigCommand::Schema) => return ExitCode::from(config_check::schema()),
+        _ => {}
+    }
+    note_service_flags(&args);
     raise_fd_limit();
     let job = match setup::job(cli) {
         Ok(job) => job,
@@ -62,6 +78,25 @@ fn log_filter(verbose: u8) -> EnvFilter {
                 _ => "trace",
             })
         })
+}
+
+/// The service's flags still in `GENV_ENFORCE_ARGS` (an environment file
+/// from before the configuration file) keep working; the log says how to
+/// move them into the file.
+fn note_service_flags(args: &[std::ffi::OsString]) {
+    let Ok(line) = std::env::var("GENV_ENFORCE_ARGS") else {
+        return;
+    };
+    if line.trim().is_empty() || config_file::path_in(args).is_some() {
+        return;
+    }
+    tracing::warn!(
+        "GENV_ENFORCE_ARGS holds the service's flags: they keep working. To move them into {path}, \
+         run `genv-enforce config check --effective -- $GENV_ENFORCE_ARGS > {path}` (secrets are left \
+         out: add those keys by hand), then set GENV_ENFORCE_ARGS=\"--config {path}\" in \
+         /etc/genv-enforce/genv-enforce.env",
+        path = config_file::DEFAULT_PATH
+    );
 }
 
 /// A fleet costs a few file descriptors per host (the mux connection and

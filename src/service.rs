@@ -632,7 +632,9 @@ async fn merge(mut old: Vec<Fleet>, mut new: Vec<Fleet>) -> Vec<Fleet> {
 /// inventory (or hostfile) and the audit log are read and opened anew.
 pub fn reloader(args: Vec<std::ffi::OsString>) -> Reload {
     Box::new(move || {
-        let cli = Cli::try_parse_from(&args)?;
+        // The configuration file read again, whole: a file that fails its
+        // check fails the reload.
+        let cli = Cli::try_parse_from(setup::config_args(args.clone())?)?;
         match setup::job(cli)? {
             Job::Enforce {
                 fleets,

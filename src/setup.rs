@@ -5,9 +5,11 @@
 //! the state database, load the metrics endpoint's web config, and build
 //! the hosts.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use clap::CommandFactory;
 use thiserror::Error;
 
 use crate::audit::{AuditError, AuditLog};
@@ -16,6 +18,7 @@ use crate::config::{
     self, AgentTuning, ConfigError, Doctor, Enforce, Ha, Here, Hosts, Notifications, Read, Request,
     Settings, SshHosts,
 };
+use crate::config_file::{self, Problem};
 use crate::fleet::Fleet;
 use crate::ha::HaSpec;
 use crate::host::fence::Fencing;
@@ -63,6 +66,11 @@ pub enum Job {
 pub enum SetupError {
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error("{}", located(path, problems))]
+    ConfigFile {
+        path: PathBuf,
+        problems: Vec<Problem>,
+    },
     #[error("{}", path.display())]
     Read {
         path: PathBuf,
@@ -100,6 +108,43 @@ pub enum SetupError {
     HaPasswordEmpty(PathBuf),
     #[error(transparent)]
     Web(#[from] crate::web_config::WebConfigError),
+}
+
+/// The command line `args` with the configuration file it names
+/// (`--config`) applied ([`config_file::apply`]); `args` as they are
+/// without one, or for `config` itself (which checks the file).
+///
+/// # Errors
+/// The file cannot be read, or fails the check.
+pub fn config_args(args: Vec<OsString>) -> Result<Vec<OsString>, SetupError> {
+    let Some(path) = config_file::path_in(&args) else {
+        return Ok(args);
+    };
+    let root = Cli::command();
+    if config_file::command_of(&root, &args)
+        .first()
+        .map(String::as_str)
+        == Some("config")
+    {
+        return Ok(args);
+    }
+    let path = PathBuf::from(path);
+    let text = std::fs::read_to_string(&path).map_err(|source| SetupError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let settings = config_file::parse(&text, &root)
+        .map_err(|problems| SetupError::ConfigFile { path, problems })?;
+    Ok(config_file::apply(&root, &args, &settings).0)
+}
+
+/// `path:line:column: message`, one problem a line.
+fn located(path: &std::path::Path, problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("{}:{p}", path.display()))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The job `cli` asks for: [`read`], [`config::resolve`], [`build`].

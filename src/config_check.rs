@@ -1,0 +1,238 @@
+//! `config check` and `config schema`: the configuration file checked as
+//! the command that runs with it would take it (its keys, then the whole
+//! command line, then what `config::resolve` makes of it and the files it
+//! names), touching no host; with `--effective`, every resolved value and
+//! where it came from.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches};
+
+use crate::cli::{Cli, ConfigCheckArgs};
+use crate::config_file::{self, Setting, Source, SECRET_KEYS, SECTIONS};
+use crate::error::chain;
+
+/// A check that failed: exit status 2, as any command-line error.
+pub const FAILED: u8 = 2;
+
+/// `config schema`: the file's JSON Schema on stdout.
+pub fn schema() -> u8 {
+    let text =
+        serde_json::to_string_pretty(&config_file::schema(&Cli::command())).expect("a JSON value");
+    println!("{text}");
+    0
+}
+
+/// `config check`: 0 when the file at `path` (or the default) passes,
+/// [`FAILED`] with each problem on stderr otherwise.
+pub fn run(path: Option<PathBuf>, args: &ConfigCheckArgs) -> u8 {
+    let given = path.is_some();
+    let path = path.unwrap_or_else(|| PathBuf::from(config_file::DEFAULT_PATH));
+    let root = Cli::command();
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        // Without --config, a missing default file checks the command line
+        // alone (moving GENV_ENFORCE_ARGS into a first file).
+        Err(e) if !given && e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => {
+            eprintln!("{}: {e}", path.display());
+            return FAILED;
+        }
+    };
+    let settings = match config_file::parse(&text, &root) {
+        Ok(s) => s,
+        Err(problems) => {
+            for p in problems {
+                eprintln!("{}:{p}", path.display());
+            }
+            return FAILED;
+        }
+    };
+    let line: Vec<OsString> = std::iter::once(OsString::from("genv-enforce"))
+        .chain(args.command.iter().cloned())
+        .collect();
+    let (merged, sources) = config_file::apply(&root, &line, &settings);
+    let command = config_file::command_of(&root, &merged).join(" ");
+    let fail = |message: &str| {
+        match locate(message, &settings, &sources) {
+            Some(at) => eprintln!("{}:{}:{}: {message}", path.display(), at.line, at.column),
+            None => eprintln!("{}: {message}", path.display()),
+        }
+        FAILED
+    };
+    let matches = match root.clone().try_get_matches_from(&merged) {
+        Ok(m) => m,
+        Err(e) => return fail(&clap_message(&e)),
+    };
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => return fail(&clap_message(&e)),
+    };
+    let read = match crate::setup::read(&cli) {
+        Ok(r) => r,
+        Err(e) => return fail(&chain(&e)),
+    };
+    if let Err(e) = crate::config::resolve(cli, &read) {
+        return fail(&chain(&e));
+    }
+    if args.effective {
+        print!("{}", effective(&path, &command, &matches, &sources));
+    }
+    eprintln!(
+        "{}: the configuration is valid for `genv-enforce {command}`",
+        path.display()
+    );
+    0
+}
+
+/// clap's message without its `error: ` and usage lines.
+fn clap_message(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    text.lines()
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_string()
+}
+
+/// The file's place of the first key (in file order) that `message`
+/// names, as a flag (`--shard`) or by its value (a path).
+fn locate(
+    message: &str,
+    settings: &[Setting],
+    sources: &BTreeMap<String, Source>,
+) -> Option<config_file::At> {
+    let from_file = |s: &&Setting| matches!(sources.get(&s.key), Some(Source::File(_)));
+    let named = |s: &&Setting| {
+        let flag = format!("--{}", config_file::long_of(&s.key));
+        message.match_indices(&flag).any(|(i, _)| {
+            !message[i + flag.len()..].starts_with(|c: char| c == '-' || c.is_alphanumeric())
+        }) || s
+            .values
+            .iter()
+            .any(|v| v.len() > 1 && message.contains(v.as_str()))
+    };
+    let mut hits: Vec<&Setting> = settings.iter().filter(from_file).filter(named).collect();
+    hits.sort_by_key(|s| s.at);
+    hits.first().map(|s| s.at)
+}
+
+/// The resolved configuration as the file's TOML, each value followed by
+/// where it came from; secrets replaced by a note.
+fn effective(
+    path: &Path,
+    command: &str,
+    matches: &ArgMatches,
+    sources: &BTreeMap<String, Source>,
+) -> String {
+    let mut levels = vec![matches];
+    while let Some((_, sub)) = levels.last().and_then(|m| m.subcommand()) {
+        levels.push(sub);
+    }
+    let root = Cli::command();
+    let flags = config_file::flags(&root);
+    let mut out = format!(
+        "# The configuration `genv-enforce {command}` runs with, from {} and the\n\
+         # command line; after each value, where it came from.\n",
+        path.display()
+    );
+    for (section, _, keys) in SECTIONS {
+        let mut lines = Vec::new();
+        for key in *keys {
+            let Some(arg) = flags.get(config_file::long_of(key)) else {
+                continue;
+            };
+            let id = arg.get_id().as_str();
+            let Some(m) = levels
+                .iter()
+                .rev()
+                .find(|m| m.ids().any(|i| i.as_str() == id))
+            else {
+                continue;
+            };
+            let Some(source) = m.value_source(id) else {
+                continue;
+            };
+            let from = match (source, sources.get(*key)) {
+                (ValueSource::DefaultValue, _) => "default".to_string(),
+                (_, Some(Source::File(at))) => {
+                    format!("{}:{}:{}", path.display(), at.line, at.column)
+                }
+                _ => "command line".to_string(),
+            };
+            if SECRET_KEYS.contains(key) {
+                lines.push(format!("# {key} = (set; secret, not printed)  # {from}"));
+                continue;
+            }
+            let raw: Vec<String> = m
+                .get_raw(id)
+                .map(|r| r.map(|v| v.to_string_lossy().into_owned()).collect())
+                .unwrap_or_default();
+            let value = if matches!(
+                arg.get_action(),
+                clap::ArgAction::SetTrue | clap::ArgAction::SetFalse
+            ) {
+                // A switch left off says nothing (`env-devices` off is
+                // genv's default on, not its opposite).
+                if !m.get_flag(id) {
+                    continue;
+                }
+                "true".to_string()
+            } else if raw.is_empty() {
+                continue;
+            } else {
+                toml_value(&raw, arg)
+            };
+            lines.push(format!("{key} = {value}  # {from}"));
+        }
+        if !lines.is_empty() {
+            out.push_str(&format!("\n[{section}]\n{}\n", lines.join("\n")));
+        }
+    }
+    out
+}
+
+/// Raw values as a TOML value: an integer, a string, a list, or for
+/// `NAME=VALUE` flags a table.
+fn toml_value(raw: &[String], arg: &clap::Arg) -> String {
+    let one = |v: &str| match v.parse::<i64>() {
+        Ok(n) => n.to_string(),
+        Err(_) => toml_edit::Value::from(v).to_string().trim().to_string(),
+    };
+    let pairs = arg
+        .get_value_names()
+        .and_then(|n| n.first())
+        .is_some_and(|n| n.as_str().contains('='));
+    if pairs {
+        let items: Vec<String> = raw
+            .iter()
+            .filter_map(|v| v.split_once('='))
+            .map(|(k, v)| format!("{} = {}", toml_key(k), one(v)))
+            .collect();
+        return format!("{{ {} }}", items.join(", "));
+    }
+    let many = matches!(arg.get_action(), clap::ArgAction::Append)
+        || arg.get_num_args().is_some_and(|r| r.max_values() > 1);
+    if many {
+        format!(
+            "[{}]",
+            raw.iter().map(|v| one(v)).collect::<Vec<_>>().join(", ")
+        )
+    } else {
+        one(&raw[0])
+    }
+}
+
+fn toml_key(k: &str) -> String {
+    if !k.is_empty()
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        k.to_string()
+    } else {
+        toml_edit::Value::from(k).to_string().trim().to_string()
+    }
+}

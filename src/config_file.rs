@@ -1,0 +1,885 @@
+//! The configuration file (`--config FILE`): one TOML file whose keys are
+//! the flags' long names, in sections. Its values are checked by the
+//! flags' own parsers and become command-line arguments, placed before the
+//! admin's own at the subcommand that owns each flag, so that a flag given
+//! on the command line wins and everything after is as if typed. Pure: the
+//! file's text and the arguments in; arguments, or errors each at a file,
+//! line and column, out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+
+use clap::{Arg, ArgAction, Command};
+use serde_json::{json, Value as Json};
+use thiserror::Error;
+use toml_edit::{ImDocument, Item, Value};
+
+/// Where the service's configuration lives (`config check`'s default).
+pub const DEFAULT_PATH: &str = "/etc/genv-enforce/genv-enforce.toml";
+
+/// The file's sections, in the README's order: each a name, what it holds
+/// and its keys (flags' long names; `web-config-file` is
+/// `--web.config.file`'s alias, a key without dots).
+pub const SECTIONS: &[(&str, &str, &[&str])] = &[
+    (
+        "hosts",
+        "Which hosts and how to reach them (`remote`), or this machine's own (`enforce`).",
+        &[
+            "host",
+            "hostfile",
+            "inventory",
+            "username",
+            "identity-file",
+            "timeout",
+            "concurrency",
+            "command-timeout",
+            "control-dir",
+            "control-persist",
+            "host-key-check",
+            "known-hosts-file",
+            "exit-on-error",
+            "quiet",
+            "max-records",
+            "snapshot-dir",
+            "snapshot",
+        ],
+    ),
+    (
+        "rules",
+        "genv's rules and the per-user and per-group limits.",
+        &[
+            "non-env-processes",
+            "no-non-env-processes",
+            "env-devices",
+            "no-env-devices",
+            "env-memory",
+            "no-env-memory",
+            "max-devices-per-user",
+            "max-devices-for-user",
+            "max-memory-per-user",
+            "max-memory-for-user",
+            "max-devices-per-group",
+            "idle-after",
+            "idle-below",
+            "orphans-as-non-env",
+            "count-non-env-devices",
+        ],
+    ),
+    (
+        "policy",
+        "How and when violations are acted on: cycles, warnings first, confirmation.",
+        &[
+            "interval",
+            "dry-run",
+            "output",
+            "grace",
+            "confirm-cycles",
+            "kill-after",
+        ],
+    ),
+    (
+        "notifications",
+        "Mail, webhooks and terminals for the job's owner and the admins.",
+        &[
+            "smtp",
+            "smtp-credentials",
+            "mail-from",
+            "mail-to",
+            "mail-admin",
+            "webhook",
+            "webhook-file",
+            "notify-terminal",
+            "notify-rate",
+        ],
+    ),
+    (
+        "state",
+        "What a run keeps and records: the state database and the audit log.",
+        &["state-db", "retain", "audit-log"],
+    ),
+    (
+        "metrics",
+        "Prometheus metrics over HTTP.",
+        &["metrics-listen", "web-config-file"],
+    ),
+    (
+        "high-availability",
+        "Several enforcer boxes on etcd, and shards.",
+        &[
+            "ha-etcd",
+            "ha-key",
+            "shard",
+            "ha-name",
+            "ha-ttl",
+            "ha-fence-dir",
+            "ha-cacert",
+            "ha-cert",
+            "ha-cert-key",
+            "ha-user",
+            "ha-password-file",
+        ],
+    ),
+];
+
+/// Flags that are not settings, so have no key: the file itself, logging
+/// (the environment file's `GENV_ENFORCE_LOG`), help and version.
+pub const NOT_KEYS: &[&str] = &["config", "verbose", "help", "version"];
+
+/// Keys whose values are secrets or may hold one: never printed.
+pub const SECRET_KEYS: &[&str] = &["webhook", "smtp"];
+
+/// The flag a key sets (its long name).
+pub fn long_of(key: &str) -> &str {
+    match key {
+        "web-config-file" => "web.config.file",
+        k => k,
+    }
+}
+
+/// The key of a flag's long name.
+pub fn key_of(long: &str) -> &str {
+    match long {
+        "web.config.file" => "web-config-file",
+        l => l,
+    }
+}
+
+/// The section a key belongs in.
+pub fn section_of(key: &str) -> Option<&'static str> {
+    SECTIONS
+        .iter()
+        .find(|(_, _, keys)| keys.contains(&key))
+        .map(|(s, _, _)| *s)
+}
+
+/// A place in the file: 1-based line and column (in characters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct At {
+    pub line: usize,
+    pub column: usize,
+}
+
+impl At {
+    fn of(text: &str, offset: usize) -> Self {
+        let before = &text[..offset.min(text.len())];
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        At {
+            line: before.matches('\n').count() + 1,
+            column: before[line_start..].chars().count() + 1,
+        }
+    }
+}
+
+/// What is wrong at one place of the file.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{}:{}: {message}", at.line, at.column)]
+pub struct Problem {
+    pub at: At,
+    pub message: String,
+}
+
+/// One key the file sets: its flag's values as they would be typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    pub section: String,
+    pub key: String,
+    /// Each a value of one `--flag=value` (none for a `true` switch).
+    pub values: Vec<String>,
+    /// `false` for a switch set to false: nothing to pass.
+    pub on: bool,
+    pub at: At,
+}
+
+/// Every command-line flag that has a key, from clap's definitions of
+/// `root` and all its subcommands, by long name.
+pub fn flags(root: &Command) -> BTreeMap<String, Arg> {
+    let mut root = root.clone();
+    root.build();
+    let mut out = BTreeMap::new();
+    let mut stack = vec![&root];
+    while let Some(cmd) = stack.pop() {
+        for arg in cmd.get_arguments() {
+            if let Some(long) = arg.get_long() {
+                if !NOT_KEYS.contains(&long) {
+                    out.entry(long.to_string()).or_insert_with(|| arg.clone());
+                }
+            }
+        }
+        stack.extend(cmd.get_subcommands().filter(|c| !is_unconfigured(c)));
+    }
+    out
+}
+
+/// Subcommands whose flags are not configuration (`report` reads a
+/// database; `docs` and `snapshot` write files or print).
+fn is_unconfigured(cmd: &Command) -> bool {
+    matches!(cmd.get_name(), "report" | "docs" | "snapshot" | "config")
+}
+
+/// Whether a flag takes a value (not a switch).
+fn takes_value(arg: &Arg) -> bool {
+    matches!(arg.get_action(), ArgAction::Set | ArgAction::Append)
+}
+
+/// Whether a flag takes several values.
+fn takes_many(arg: &Arg) -> bool {
+    matches!(arg.get_action(), ArgAction::Append)
+        || arg.get_num_args().is_some_and(|r| r.max_values() > 1)
+        || arg.get_value_delimiter().is_some()
+}
+
+/// Whether a flag's values are `NAME=VALUE` pairs (written as a table).
+fn takes_pairs(arg: &Arg) -> bool {
+    arg.get_value_names()
+        .and_then(|n| n.first())
+        .is_some_and(|n| n.as_str().contains('='))
+}
+
+/// The file's settings, each value checked by its flag's own parser
+/// (`root`'s definitions).
+///
+/// # Errors
+/// Every problem found, in file order: TOML syntax, unknown sections or
+/// keys, a key in the wrong section, wrong types, values the flag
+/// refuses.
+pub fn parse(text: &str, root: &Command) -> Result<Vec<Setting>, Vec<Problem>> {
+    let doc = ImDocument::parse(text).map_err(|e| {
+        vec![Problem {
+            at: At::of(text, e.span().map_or(0, |s| s.start)),
+            message: format!("not TOML: {}", e.message().trim_end()),
+        }]
+    })?;
+    let flags = flags(root);
+    let at = |span: Option<std::ops::Range<usize>>| At::of(text, span.map_or(0, |s| s.start));
+    let mut settings = Vec::new();
+    let mut problems = Vec::new();
+    for (name, item) in doc.as_table().iter() {
+        let key_at = at(doc.as_table().key(name).and_then(toml_edit::Key::span));
+        let Some(table) = item.as_table_like() else {
+            problems.push(Problem {
+                at: key_at,
+                message: match section_of(name) {
+                    Some(s) => format!("{name:?} belongs in a section: [{s}]"),
+                    None => format!("{name:?}: keys belong in sections ({})", section_list()),
+                },
+            });
+            continue;
+        };
+        let Some((_, _, keys)) = SECTIONS.iter().find(|(s, _, _)| *s == name) else {
+            problems.push(Problem {
+                at: key_at,
+                message: format!("unknown section [{name}] (sections: {})", section_list()),
+            });
+            continue;
+        };
+        for (key, item) in table.iter() {
+            let key_at = at(table.key(key).and_then(toml_edit::Key::span));
+            if !keys.contains(&key) {
+                problems.push(Problem {
+                    at: key_at,
+                    message: match section_of(key) {
+                        Some(s) => format!("{key:?} belongs in [{s}], not [{name}]"),
+                        None => format!("unknown key {key:?} in [{name}]{}", nearest(key, keys)),
+                    },
+                });
+                continue;
+            }
+            let Some(arg) = flags.get(long_of(key)) else {
+                problems.push(Problem {
+                    at: key_at,
+                    message: format!("{key:?} is not a flag of this genv-enforce"),
+                });
+                continue;
+            };
+            let value_at = at(item.span()).max(key_at);
+            match values(key, arg, item) {
+                Ok((values, on)) => {
+                    let refused: Vec<String> =
+                        values.iter().filter_map(|v| refusal(arg, v)).collect();
+                    if let Some(why) = refused.into_iter().next() {
+                        problems.push(Problem {
+                            at: value_at,
+                            message: format!("{key}: {why}"),
+                        });
+                        continue;
+                    }
+                    settings.push(Setting {
+                        section: name.to_string(),
+                        key: key.to_string(),
+                        values,
+                        on,
+                        at: key_at,
+                    });
+                }
+                Err(why) => problems.push(Problem {
+                    at: value_at,
+                    message: format!("{key}: {why}"),
+                }),
+            }
+        }
+    }
+    problems.sort_by_key(|p| p.at);
+    if problems.is_empty() {
+        Ok(settings)
+    } else {
+        Err(problems)
+    }
+}
+
+fn section_list() -> String {
+    SECTIONS
+        .iter()
+        .map(|(s, _, _)| format!("[{s}]"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// ", did you mean ...?" for a key one or two edits from a known one.
+fn nearest(key: &str, keys: &[&str]) -> String {
+    keys.iter()
+        .map(|k| (strsim_distance(key, k), k))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map_or(String::new(), |(_, k)| format!("; did you mean {k:?}?"))
+}
+
+/// Levenshtein distance (keys are short).
+fn strsim_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+/// A TOML value as the flag's values: a switch takes `true` or `false`;
+/// a flag a string or an integer, a list of them where it takes several,
+/// a table of `NAME = VALUE` where its values are such pairs.
+fn values(key: &str, arg: &Arg, item: &Item) -> Result<(Vec<String>, bool), String> {
+    let Some(value) = item.as_value() else {
+        return Err(format!("a value, not a table (write `{key} = ...`)"));
+    };
+    if !takes_value(arg) {
+        return match value.as_bool() {
+            Some(on) => Ok((Vec::new(), on)),
+            None => Err(format!("true or false, not {}", kind(value))),
+        };
+    }
+    let scalar = |v: &Value| match v {
+        Value::String(s) => Ok(s.value().clone()),
+        Value::Integer(i) => Ok(i.value().to_string()),
+        other => Err(format!("a string or an integer, not {}", kind(other))),
+    };
+    if takes_pairs(arg) {
+        let pair = |(name, v): (&str, &Value)| scalar(v).map(|v| format!("{name}={v}"));
+        return match value {
+            Value::InlineTable(t) => t.iter().map(|(n, v)| pair((n, v))).collect(),
+            Value::Array(a) => a.iter().map(scalar).collect(),
+            other => Err(format!(
+                "a table such as {{ alice = 4 }}, not {}",
+                kind(other)
+            )),
+        }
+        .map(|v| (v, true));
+    }
+    match value {
+        Value::Array(a) if takes_many(arg) => a.iter().map(scalar).collect(),
+        Value::Array(_) => Err("one value, not a list".into()),
+        v => scalar(v).map(|v| vec![v]),
+    }
+    .map(|v| (v, true))
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::String(_) => "a string",
+        Value::Integer(_) => "an integer",
+        Value::Float(_) => "a float",
+        Value::Boolean(_) => "a boolean",
+        Value::Datetime(_) => "a date",
+        Value::Array(_) => "a list",
+        Value::InlineTable(_) => "a table",
+    }
+}
+
+/// Why `arg`'s own parser refuses `value`, if it does.
+fn refusal(arg: &Arg, value: &str) -> Option<String> {
+    let probe = Command::new("config")
+        .no_binary_name(true)
+        .disable_help_flag(true)
+        .arg(
+            Arg::new("v")
+                .long("v")
+                .action(ArgAction::Set)
+                .allow_hyphen_values(true)
+                .value_parser(arg.get_value_parser().clone()),
+        );
+    let e = probe.try_get_matches_from([format!("--v={value}")]).err()?;
+    if let Some(source) = std::error::Error::source(&e) {
+        return Some(format!("{value:?}: {source}"));
+    }
+    let valid: Vec<String> = arg
+        .get_possible_values()
+        .iter()
+        .map(|p| p.get_name().to_string())
+        .collect();
+    Some(if valid.is_empty() {
+        format!("{value:?} is refused")
+    } else {
+        format!("{value:?} is not one of {}", valid.join(", "))
+    })
+}
+
+/// Where one subcommand's arguments begin on the command line, and which
+/// flags (ids) the admin gave there.
+#[derive(Debug)]
+struct Level {
+    cmd: Command,
+    /// The index just after the subcommand's name (1 for the binary's).
+    start: usize,
+    given: BTreeSet<String>,
+}
+
+/// The subcommands the command line `args` runs and the flags it gives
+/// at each (as clap would split them).
+fn levels(root: &Command, args: &[OsString]) -> Vec<Level> {
+    let mut root = root.clone();
+    root.build();
+    let mut levels = vec![Level {
+        cmd: root,
+        start: 1,
+        given: BTreeSet::new(),
+    }];
+    let mut i = 1;
+    while i < args.len() {
+        let Some(tok) = args[i].to_str() else {
+            i += 1;
+            continue;
+        };
+        let level = levels.last_mut().expect("the root");
+        if tok == "--" {
+            break;
+        }
+        let found = if let Some(long) = tok.strip_prefix("--") {
+            let (name, inline) = match long.split_once('=') {
+                Some((n, _)) => (n, true),
+                None => (long, false),
+            };
+            level
+                .cmd
+                .get_arguments()
+                .find(|a| {
+                    a.get_long() == Some(name)
+                        || a.get_all_aliases().is_some_and(|al| al.contains(&name))
+                })
+                .map(|a| (a.clone(), inline))
+        } else if let Some(shorts) = tok.strip_prefix('-').filter(|s| !s.is_empty()) {
+            // A cluster (-vv, -Hgpu1): the first short that takes a value
+            // takes the rest, or the next word.
+            let mut last = None;
+            for (n, c) in shorts.char_indices() {
+                if let Some(a) = level.cmd.get_arguments().find(|a| a.get_short() == Some(c)) {
+                    level.given.insert(a.get_id().to_string());
+                    if takes_value(a) {
+                        last = Some((a.clone(), n + c.len_utf8() < shorts.len()));
+                        break;
+                    }
+                }
+            }
+            last
+        } else {
+            let sub = level
+                .cmd
+                .get_subcommands()
+                .find(|c| c.get_name() == tok || c.get_all_aliases().any(|a| a == tok))
+                .cloned();
+            if let Some(sub) = sub {
+                levels.push(Level {
+                    cmd: sub,
+                    start: i + 1,
+                    given: BTreeSet::new(),
+                });
+            }
+            i += 1;
+            continue;
+        };
+        i += 1;
+        if let Some((arg, inline)) = found {
+            level.given.insert(arg.get_id().to_string());
+            if takes_value(&arg) && !inline {
+                i += 1;
+                if arg.get_num_args().is_some_and(|r| r.max_values() > 1) {
+                    while i < args.len() && !args[i].to_string_lossy().starts_with('-') {
+                        i += 1;
+                    }
+                }
+            }
+        }
+    }
+    levels
+}
+
+/// Where a file setting went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// Passed on, as if typed.
+    File(At),
+    /// The command line gives the flag, or one that excludes it: it wins.
+    Overridden(At),
+    /// The command run has no such flag (e.g. `[hosts]` for `enforce`).
+    Unused(At),
+}
+
+/// The command line `args` with the file's `settings` added: each at the
+/// subcommand that owns its flag, unless the command line gives that flag
+/// or one that excludes it. Returns the arguments and where each key
+/// went.
+pub fn merge(
+    root: &Command,
+    args: &[OsString],
+    settings: &[Setting],
+) -> (Vec<OsString>, BTreeMap<String, Source>) {
+    let levels = levels(root, args);
+    let given: BTreeSet<&str> = levels
+        .iter()
+        .flat_map(|l| l.given.iter().map(String::as_str))
+        .collect();
+    let mut inserts: Vec<(usize, Vec<OsString>)> = Vec::new();
+    let mut sources = BTreeMap::new();
+    for s in settings {
+        let owner = levels.iter().rev().find_map(|l| {
+            l.cmd
+                .get_arguments()
+                .find(|a| a.get_long() == Some(long_of(&s.key)) && !a.is_global_set())
+                .map(|a| (l, a))
+        });
+        let Some((level, arg)) = owner else {
+            sources.insert(s.key.clone(), Source::Unused(s.at));
+            continue;
+        };
+        let id = arg.get_id().as_str();
+        let excluded = given.contains(id)
+            || level
+                .cmd
+                .get_arg_conflicts_with(arg)
+                .iter()
+                .any(|c| given.contains(c.get_id().as_str()))
+            || level.cmd.get_groups().any(|g| {
+                let members: Vec<&str> = g.get_args().map(clap::Id::as_str).collect();
+                !g.clone().is_multiple()
+                    && members.contains(&id)
+                    && members.iter().any(|m| given.contains(m))
+            })
+            || levels.iter().any(|l| {
+                l.cmd.get_arguments().any(|other| {
+                    given.contains(other.get_id().as_str())
+                        && l.cmd
+                            .get_arg_conflicts_with(other)
+                            .iter()
+                            .any(|c| c.get_id() == arg.get_id())
+                })
+            });
+        if excluded {
+            sources.insert(s.key.clone(), Source::Overridden(s.at));
+            continue;
+        }
+        sources.insert(s.key.clone(), Source::File(s.at));
+        let long = arg.get_long().expect("a key's flag has a long name");
+        let words: Vec<OsString> = if takes_value(arg) {
+            s.values
+                .iter()
+                .map(|v| format!("--{long}={v}").into())
+                .collect()
+        } else if s.on {
+            vec![format!("--{long}").into()]
+        } else {
+            Vec::new()
+        };
+        inserts.push((level.start, words));
+    }
+    let mut out = args.to_vec();
+    // Later places first, so that earlier ones stay where they were; a
+    // stable sort keeps the file's order at one place.
+    inserts.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
+    let mut by_place: Vec<(usize, Vec<OsString>)> = Vec::new();
+    for (at, words) in inserts {
+        match by_place.last_mut() {
+            Some((p, w)) if *p == at => w.extend(words),
+            _ => by_place.push((at, words)),
+        }
+    }
+    for (at, words) in by_place {
+        let at = at.min(out.len());
+        out.splice(at..at, words);
+    }
+    (out, sources)
+}
+
+/// Keys that name a fleet: a file with one runs `remote enforce` by default.
+const FLEET_KEYS: &[&str] = &["host", "hostfile", "inventory", "snapshot-dir"];
+
+/// The command `--config` alone runs: `remote enforce` where the file
+/// names hosts, else `enforce`.
+pub fn default_command(settings: &[Setting]) -> &'static [&'static str] {
+    if settings
+        .iter()
+        .any(|s| FLEET_KEYS.contains(&s.key.as_str()))
+    {
+        &["remote", "enforce"]
+    } else {
+        &["enforce"]
+    }
+}
+
+/// The subcommands (names) the command line `args` runs.
+pub fn command_of(root: &Command, args: &[OsString]) -> Vec<String> {
+    levels(root, args)
+        .iter()
+        .skip(1)
+        .map(|l| l.cmd.get_name().to_string())
+        .collect()
+}
+
+/// `args` run with the file's `settings`: [`merge`]d, after the
+/// [`default_command`] where `args` name none.
+pub fn apply(
+    root: &Command,
+    args: &[OsString],
+    settings: &[Setting],
+) -> (Vec<OsString>, BTreeMap<String, Source>) {
+    let mut args = args.to_vec();
+    if command_of(root, &args).is_empty() {
+        args.extend(default_command(settings).iter().map(OsString::from));
+    }
+    merge(root, &args, settings)
+}
+
+/// The value of `--config` on the command line `args`, if any.
+pub fn path_in(args: &[OsString]) -> Option<OsString> {
+    let mut it = args.iter().skip(1);
+    while let Some(a) = it.next() {
+        if a == "--" {
+            return None;
+        }
+        if a == "--config" {
+            return it.next().cloned();
+        }
+        if let Some(v) = a.to_str().and_then(|s| s.strip_prefix("--config=")) {
+            return Some(v.into());
+        }
+    }
+    None
+}
+
+/// The JSON Schema (draft 2020-12) of the file, from clap's definitions of
+/// `root`: what editors (taplo, Even Better TOML) check and complete.
+pub fn schema(root: &Command) -> Json {
+    let flags = flags(root);
+    let mut sections = serde_json::Map::new();
+    for (name, about, keys) in SECTIONS {
+        let mut props = serde_json::Map::new();
+        for key in *keys {
+            let Some(arg) = flags.get(long_of(key)) else {
+                continue;
+            };
+            props.insert((*key).to_string(), key_schema(arg));
+        }
+        sections.insert(
+            (*name).to_string(),
+            json!({
+                "type": "object",
+                "description": about,
+                "additionalProperties": false,
+                "properties": props,
+            }),
+        );
+    }
+    json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://github.com/genv-enforce/genv-enforce/genv-enforce.schema.json",
+        "title": "genv-enforce configuration",
+        "description": "genv-enforce's configuration file: each key is the flag of the same name (`genv-enforce --help`); a flag on the command line wins over the file. Check a file with `genv-enforce config check --config FILE`.",
+        "type": "object",
+        "additionalProperties": false,
+        "properties": sections,
+    })
+}
+
+fn key_schema(arg: &Arg) -> Json {
+    let help = arg
+        .get_long_help()
+        .or_else(|| arg.get_help())
+        .map(|h| h.to_string())
+        .unwrap_or_default();
+    let mut s = if !takes_value(arg) {
+        json!({ "type": "boolean" })
+    } else {
+        let possible: Vec<String> = arg
+            .get_possible_values()
+            .iter()
+            .map(|p| p.get_name().to_string())
+            .collect();
+        let one = if possible.is_empty() {
+            json!({ "type": ["string", "integer"] })
+        } else {
+            json!({ "type": "string", "enum": possible })
+        };
+        if takes_pairs(arg) {
+            json!({
+                "anyOf": [
+                    { "type": "object", "additionalProperties": { "type": ["string", "integer"] } },
+                    { "type": "array", "items": { "type": "string" } },
+                ]
+            })
+        } else if takes_many(arg) {
+            json!({ "anyOf": [one.clone(), { "type": "array", "items": one }] })
+        } else {
+            one
+        }
+    };
+    let obj = s.as_object_mut().expect("an object");
+    obj.insert("description".into(), help.into());
+    if let Some(d) = arg
+        .get_default_values()
+        .first()
+        .and_then(|d| d.to_str())
+        .filter(|_| takes_value(arg))
+    {
+        obj.insert("default".into(), d.into());
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn root() -> Command {
+        crate::cli::Cli::command()
+    }
+
+    fn args(line: &str) -> Vec<OsString> {
+        std::iter::once("genv-enforce")
+            .chain(line.split_whitespace())
+            .map(OsString::from)
+            .collect()
+    }
+
+    fn words(a: &[OsString]) -> String {
+        a[1..]
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    const FILE: &str = r#"
+[hosts]
+inventory = "/etc/genv-enforce/hosts.toml"
+concurrency = 8
+
+[rules]
+non-env-processes = true
+max-devices-per-user = 2
+max-devices-for-user = { alice = 4 }
+
+[policy]
+interval = "30s"
+dry-run = false
+
+[high-availability]
+ha-etcd = ["http://a:2379", "http://b:2379"]
+"#;
+
+    #[test]
+    fn each_value_goes_to_the_subcommand_that_owns_its_flag() {
+        let settings = parse(FILE, &root()).unwrap();
+        let (merged, _) = merge(&root(), &args("remote enforce"), &settings);
+        assert_eq!(
+            words(&merged),
+            "remote --inventory=/etc/genv-enforce/hosts.toml --concurrency=8 enforce \
+             --non-env-processes --max-devices-per-user=2 --max-devices-for-user=alice=4 \
+             --interval=30s --ha-etcd=http://a:2379 --ha-etcd=http://b:2379"
+        );
+        use clap::Parser;
+        crate::cli::Cli::try_parse_from(&merged).unwrap();
+    }
+
+    #[test]
+    fn the_command_line_wins_and_excludes_what_conflicts() {
+        let settings = parse(FILE, &root()).unwrap();
+        let (merged, sources) = merge(
+            &root(),
+            &args("-v remote -H gpu1 -t 5 enforce --max-devices-per-user 3 --no-non-env-processes -- x"),
+            &settings,
+        );
+        assert_eq!(
+            words(&merged),
+            "-v remote --concurrency=8 -H gpu1 -t 5 enforce --max-devices-for-user=alice=4 \
+             --interval=30s --ha-etcd=http://a:2379 --ha-etcd=http://b:2379 \
+             --max-devices-per-user 3 --no-non-env-processes -- x"
+        );
+        assert!(matches!(sources["inventory"], Source::Overridden(_)));
+        assert!(matches!(
+            sources["non-env-processes"],
+            Source::Overridden(_)
+        ));
+        assert!(matches!(
+            sources["max-devices-per-user"],
+            Source::Overridden(_)
+        ));
+        assert!(matches!(sources["concurrency"], Source::File(_)));
+    }
+
+    #[test]
+    fn keys_a_command_lacks_are_unused() {
+        let settings = parse(FILE, &root()).unwrap();
+        let (merged, sources) = merge(&root(), &args("enforce --dry-run"), &settings);
+        assert!(words(&merged).starts_with("enforce --non-env-processes"));
+        assert!(matches!(sources["inventory"], Source::Unused(_)));
+        assert!(matches!(sources["interval"], Source::File(_)));
+    }
+
+    #[test]
+    fn problems_are_named_at_their_line_and_column() {
+        let text = "[rules]\nmax-devices-per-user = \"two\"\nmax-device-per-user = 2\ninterval = 3\n[nope]\n[policy]\ndry-run = \"yes\"\ngrace = 3.5\n";
+        let problems: Vec<String> = parse(text, &root())
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            problems,
+            [
+                "2:24: max-devices-per-user: \"two\": invalid digit found in string",
+                "3:1: unknown key \"max-device-per-user\" in [rules]; did you mean \"max-devices-per-user\"?",
+                "4:1: \"interval\" belongs in [policy], not [rules]",
+                "5:2: unknown section [nope] (sections: [hosts], [rules], [policy], [notifications], [state], [metrics], [high-availability])",
+                "7:11: dry-run: true or false, not a string",
+                "8:9: grace: a string or an integer, not a float",
+            ]
+        );
+        let bad = parse("[rules\n", &root()).unwrap_err();
+        assert_eq!(bad[0].at.line, 1, "{bad:?}");
+        assert!(bad[0].message.starts_with("not TOML"), "{bad:?}");
+    }
+
+    #[test]
+    fn the_config_flag_is_found_as_clap_reads_it() {
+        assert_eq!(path_in(&args("--config a remote")), Some("a".into()));
+        assert_eq!(
+            path_in(&args("remote --config=b enforce")),
+            Some("b".into())
+        );
+        assert_eq!(path_in(&args("remote enforce -- --config c")), None);
+        assert_eq!(path_in(&args("remote enforce")), None);
+    }
+}
