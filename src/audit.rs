@@ -101,6 +101,11 @@ pub enum Phase {
     /// A notification that could not be sent (`failure`: its channel,
     /// `message`: why).
     Unsent,
+    /// The configuration read again on SIGHUP (no host).
+    Reloaded,
+    /// A configuration refused on SIGHUP, the running one kept (`message`:
+    /// why).
+    Refused,
 }
 
 /// The action a line is about.
@@ -319,6 +324,41 @@ impl AuditLog {
         entry.failure = Some(channel);
         entry.deadline = None;
         self.write(&[entry])
+    }
+}
+
+impl AuditLog {
+    /// Records a reload (SIGHUP) before cycle `cycle`: applied, or
+    /// refused and why.
+    ///
+    /// # Errors
+    /// The write or the flush failed.
+    pub fn reload(&self, cycle: u64, refused: Option<&str>) -> std::io::Result<()> {
+        let none = HostId::default();
+        self.write(&[Entry {
+            time: now(),
+            cycle,
+            host: &none,
+            phase: if refused.is_some() {
+                Phase::Refused
+            } else {
+                Phase::Reloaded
+            },
+            action: Action::None,
+            pid: None,
+            start_time: None,
+            device: None,
+            eid: None,
+            user: None,
+            rules: Vec::new(),
+            message: refused.map_or_else(
+                || "configuration reloaded".to_string(),
+                |why| format!("configuration not reloaded, the old one is kept: {why}"),
+            ),
+            outcome: None,
+            failure: None,
+            deadline: None,
+        }])
     }
 }
 

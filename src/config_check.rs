@@ -121,7 +121,7 @@ fn locate(
 }
 
 /// The resolved configuration as the file's TOML, each value followed by
-/// where it came from; secrets replaced by a note.
+/// where it came from, defaults commented out; secrets replaced by a note.
 fn effective(
     path: &Path,
     command: &str,
@@ -186,7 +186,15 @@ fn effective(
             } else {
                 toml_value(&raw, arg)
             };
-            lines.push(format!("{key} = {value}  # {from}"));
+            // Defaults commented out: the output is a file that checks and
+            // runs as this one does (a default made explicit could need
+            // another flag, as --idle-below needs --idle-after).
+            let off = if source == ValueSource::DefaultValue {
+                "# "
+            } else {
+                ""
+            };
+            lines.push(format!("{off}{key} = {value}  # {from}"));
         }
         if !lines.is_empty() {
             out.push_str(&format!("\n[{section}]\n{}\n", lines.join("\n")));

@@ -246,7 +246,7 @@ pub fn parse(text: &str, root: &Command) -> Result<Vec<Setting>, Vec<Problem>> {
     let doc = ImDocument::parse(text).map_err(|e| {
         vec![Problem {
             at: At::of(text, e.span().map_or(0, |s| s.start)),
-            message: format!("not TOML: {}", e.message().trim_end()),
+            message: format!("not TOML: {}", e.message().trim_end().replace('\n', "; ")),
         }]
     })?;
     let flags = flags(root);
@@ -659,6 +659,63 @@ pub fn apply(
         args.extend(default_command(settings).iter().map(OsString::from));
     }
     merge(root, &args, settings)
+}
+
+/// Settings a running enforcer keeps until it restarts: a reload that
+/// changes one is refused (the metrics endpoint, the state database, the
+/// SSH sockets, the election).
+pub const RESTART_KEYS: &[&str] = &[
+    "metrics-listen",
+    "web-config-file",
+    "state-db",
+    "retain",
+    "control-dir",
+    "control-persist",
+    "ha-etcd",
+    "ha-key",
+    "shard",
+    "ha-name",
+    "ha-ttl",
+    "ha-fence-dir",
+    "ha-cacert",
+    "ha-cert",
+    "ha-cert-key",
+    "ha-user",
+    "ha-password-file",
+];
+
+/// The values the command line `args` gives `keys` (as typed; empty where
+/// it gives none), by key; empty where `args` do not parse.
+pub fn values_of(
+    root: &Command,
+    args: &[OsString],
+    keys: &[&str],
+) -> BTreeMap<String, Vec<String>> {
+    let Ok(matches) = root.clone().try_get_matches_from(args) else {
+        return BTreeMap::new();
+    };
+    let mut levels = vec![&matches];
+    while let Some((_, sub)) = levels.last().and_then(|m| m.subcommand()) {
+        levels.push(sub);
+    }
+    let flags = flags(root);
+    keys.iter()
+        .map(|key| {
+            let values = flags
+                .get(long_of(key))
+                .and_then(|arg| {
+                    let id = arg.get_id().as_str();
+                    levels
+                        .iter()
+                        .rev()
+                        .find(|m| m.ids().any(|i| i.as_str() == id))
+                        .and_then(|m| m.get_raw(id))
+                })
+                .map(|raw| raw.map(|v| v.to_string_lossy().into_owned()).collect())
+                .unwrap_or_default();
+            (key.to_string(), values)
+        })
+        .collect()
 }
 
 /// The value of `--config` on the command line `args`, if any.

@@ -12,6 +12,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::cli::Cli;
 use crate::config::Settings;
+use crate::config_file;
 use crate::cycle::{cycle, Memory};
 use crate::error;
 use crate::fleet::Fleet;
@@ -82,6 +83,9 @@ pub enum ReloadError {
     /// It resolves to another job than enforcing.
     #[error("not an enforcing run")]
     NotEnforcing,
+    /// It changes settings that only a restart can change.
+    #[error("{} cannot change without a restart (systemctl restart genv-enforce)", .0.join(", "))]
+    NeedsRestart(Vec<String>),
 }
 
 /// A configuration read again.
@@ -439,13 +443,28 @@ impl Run {
                     "configuration reloaded"
                 );
                 complain("configuration reloaded");
+                self.audit_reload(None);
             }
-            Err(e) => complain(&format!(
-                "configuration not reloaded, the old one is kept: {}",
-                error::chain(&e)
-            )),
+            Err(e) => {
+                let why = error::chain(&e);
+                tracing::warn!(error = %why, "configuration not reloaded, the old one is kept");
+                complain(&format!(
+                    "configuration not reloaded, the old one is kept: {why}"
+                ));
+                self.audit_reload(Some(&why));
+            }
         }
         notify(&[sd_notify::NotifyState::Ready]);
+    }
+
+    /// A reload in the audit log, if the run keeps one.
+    fn audit_reload(&self, refused: Option<&str>) {
+        let Some(audit) = self.fleets.first().and_then(|f| f.audit.as_ref()) else {
+            return;
+        };
+        if let Err(e) = audit.reload(0, refused) {
+            complain(&format!("audit log: {e}"));
+        }
     }
 
     /// The end of a run: the election left, the notifications let go (a
@@ -628,13 +647,28 @@ async fn merge(mut old: Vec<Fleet>, mut new: Vec<Fleet>) -> Vec<Fleet> {
     new
 }
 
-/// SIGHUP: the same command line `args` resolved again, so that the
-/// inventory (or hostfile) and the audit log are read and opened anew.
+/// SIGHUP: the same command line `args` resolved again, with the
+/// configuration file read anew, whole, so that the file, the inventory
+/// (or hostfile) and the audit log are read and opened anew. A file that
+/// fails its check, or changes a setting only a restart can change
+/// ([`config_file::RESTART_KEYS`]), is refused whole.
 pub fn reloader(args: Vec<std::ffi::OsString>) -> Reload {
+    let root = <Cli as clap::CommandFactory>::command();
+    let running = setup::config_args(args.clone())
+        .map(|a| config_file::values_of(&root, &a, config_file::RESTART_KEYS))
+        .unwrap_or_default();
     Box::new(move || {
-        // The configuration file read again, whole: a file that fails its
-        // check fails the reload.
-        let cli = Cli::try_parse_from(setup::config_args(args.clone())?)?;
+        let line = setup::config_args(args.clone())?;
+        let now = config_file::values_of(&root, &line, config_file::RESTART_KEYS);
+        let changed: Vec<String> = now
+            .iter()
+            .filter(|(k, v)| running.get(*k) != Some(*v))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if !changed.is_empty() {
+            return Err(ReloadError::NeedsRestart(changed));
+        }
+        let cli = Cli::try_parse_from(line)?;
         match setup::job(cli)? {
             Job::Enforce {
                 fleets,

@@ -1186,6 +1186,106 @@ fn sighup_reloads_the_hostfile_keeps_unchanged_connections_and_survives_a_broken
 }
 
 #[test]
+fn sighup_reloads_the_configuration_file_whole_or_not_at_all() {
+    let Some(mut f) = Fleet::up(1) else { return };
+    let p = f.host(0).spawn_as("xu", Some("x"));
+    f.host(0).set_apps(&[(p, 0, "100")]);
+    f.host(0).write_envs(&[env("x", Some("xu"), None, p)]);
+    f.host(0).write_devices(4, &[(0, "x"), (1, "x")]);
+    let config = f.dir.path().join("genv-enforce.toml");
+    let file = |cap: u32, rest: &str| {
+        format!(
+            "[rules]\nmax-devices-per-user = {cap}\n{rest}\n[policy]\ndry-run = true\n\
+             interval = \"300ms\"\noutput = \"json\"\n"
+        )
+    };
+    std::fs::write(&config, file(1, "")).unwrap();
+    let mut child = f
+        .command(&[
+            "-H",
+            &f.names[0],
+            "--config",
+            &config.display().to_string(),
+            "enforce",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let capped = |c: &serde_json::Value| {
+        c["violations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["rule"] == "max-devices-per-user")
+    };
+    let hup = |child: &std::process::Child| {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(child),
+            rustix::process::Signal::HUP,
+        )
+        .unwrap()
+    };
+    assert!(capped(&next_cycle(&mut out)), "the file's cap of 1");
+    // A broken file (a key in the wrong section, a cap that is no number):
+    // refused whole, the cap of 1 goes on.
+    std::fs::write(&config, file(3, "interval = \"1s\"\nidle-below = \"x\"")).unwrap();
+    hup(&child);
+    for _ in 0..5 {
+        assert!(
+            capped(&next_cycle(&mut out)),
+            "the old configuration goes on"
+        );
+    }
+    // One that moves the metrics endpoint: only a restart can, so it is
+    // refused whole (its cap of 2 too).
+    std::fs::write(
+        &config,
+        file(2, "") + "[metrics]\nmetrics-listen = \"127.0.0.1:1\"\n",
+    )
+    .unwrap();
+    hup(&child);
+    for _ in 0..5 {
+        assert!(
+            capped(&next_cycle(&mut out)),
+            "the old configuration goes on"
+        );
+    }
+    // A good one: the cap of 2 holds from the next cycle on.
+    std::fs::write(&config, file(2, "")).unwrap();
+    hup(&child);
+    let mut lifted = false;
+    for _ in 0..20 {
+        if !capped(&next_cycle(&mut out)) {
+            lifted = true;
+            break;
+        }
+    }
+    assert!(lifted, "the reloaded file's cap of 2 is enforced");
+    for _ in 0..3 {
+        assert!(!capped(&next_cycle(&mut out)));
+    }
+    terminate(&child);
+    let rest = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&rest.stderr);
+    let name = config.display().to_string();
+    assert!(
+        err.contains("configuration not reloaded, the old one is kept")
+            && err.contains(&format!(
+                "{name}:3:1: \"interval\" belongs in [policy], not [rules]"
+            ))
+            && err.contains(&format!("{name}:4:14: idle-below:")),
+        "{err}"
+    );
+    assert!(
+        err.contains("metrics-listen cannot change without a restart"),
+        "{err}"
+    );
+    assert!(err.contains("configuration reloaded"), "{err}");
+}
+
+#[test]
 fn a_remote_process_that_ignores_sigterm_is_killed_after_the_grace_period() {
     let Some(mut f) = Fleet::up(1) else { return };
     let stubborn = f
