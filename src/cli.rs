@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Enforce genv GPU environments: drop-in for `genv enforce`, faster and safer.
 #[derive(Debug, Parser)]
-#[command(name = "genv-enforce", version = VERSION, about, max_term_width = 100, after_help = EXAMPLES)]
+#[command(name = "genv-enforce", version = VERSION, about, long_about = LONG_ABOUT, max_term_width = 100, after_help = EXAMPLES)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -34,6 +34,19 @@ pub const VERSION: &str = concat!(
     env!("GENV_ENFORCE_COMMIT"),
     ")"
 );
+
+/// `--help` and the man page's description: the configuration file first.
+const LONG_ABOUT: &str = "\
+Enforce genv GPU environments: drop-in for `genv enforce`, faster and safer.
+
+Configuration: one TOML file, /etc/genv-enforce/genv-enforce.toml for the
+service (--config FILE anywhere), every setting a key named as its flag, in
+sections [hosts], [rules], [policy], [notifications], [state], [metrics] and
+[high-availability]; a flag on the command line wins over the file.
+`genv-enforce config check` checks a file before use (exit status 2, each
+problem at its line and column); `genv-enforce --config FILE` alone runs
+`remote enforce` if the file names hosts, else `enforce`. genv's command lines
+(`genv` -> `genv-enforce`) work unchanged.";
 
 /// Common cases, shown under `--help`.
 const EXAMPLES: &str = "\

@@ -28,7 +28,9 @@
 //!
 //! and a thin I/O shell:
 //!
-//! - [`cli`]: clap types; [`config`] resolves them (and the
+//! - [`cli`]: clap types; [`config_file`]: the `--config` TOML file
+//!   checked and turned into command-line arguments ([`config_check`]:
+//!   `config check`); [`config`] resolves them (and the
 //!   [`inventory`]'s text) into checked settings and a request, with no
 //!   I/O; [`setup`] reads what they name first and opens and builds
 //!   what the request asks for (secrets, hosts, audit log, database).

@@ -1,5 +1,5 @@
 //! The service files in `contrib/`: the unit passes `systemd-analyze
-//! verify`, the flags in the environment file are ours, and the binary
+//! verify`, the environment file runs the shipped configuration, and the binary
 //! speaks systemd's notify protocol (ready, watchdog, reloading, stopping).
 
 mod util;
@@ -57,31 +57,39 @@ fn the_unit_passes_systemd_analyze_verify() {
 }
 
 #[test]
-fn the_environment_files_flags_are_ours() {
-    let env = std::fs::read_to_string(util::repo().join("contrib/genv-enforce.env")).unwrap();
-    let mut seen = 0;
-    for line in env.lines() {
-        let line = line.trim_start_matches("# ");
-        let Some(value) = line.strip_prefix("GENV_ENFORCE_ARGS=") else {
-            continue;
-        };
-        let args = shell_words::split(value.trim_matches('"')).unwrap();
-        let cli = genv_enforce::cli::Cli::try_parse_from(
-            std::iter::once("genv-enforce".to_string()).chain(args),
-        );
-        assert!(cli.is_ok(), "{line}: {:?}", cli.err());
-        // No example leaves a device cap open to jobs outside genv.
-        if line.contains("--max-devices-per-user") {
-            assert!(
-                line.contains("--non-env-processes") || line.contains("--count-non-env-devices"),
-                "{line}"
-            );
-        }
-        seen += 1;
-    }
-    assert_eq!(
-        seen, 3,
-        "the fleet, the high-availability and the local examples"
+fn the_environment_file_runs_the_shipped_configuration() {
+    let repo = util::repo();
+    let env = std::fs::read_to_string(repo.join("contrib/genv-enforce.env")).unwrap();
+    let lines: Vec<&str> = env
+        .lines()
+        .filter_map(|l| l.strip_prefix("GENV_ENFORCE_ARGS="))
+        .collect();
+    assert_eq!(lines.len(), 1, "one command line: {lines:?}");
+    let example = repo.join("contrib/genv-enforce.toml").display().to_string();
+    let args: Vec<std::ffi::OsString> = std::iter::once("genv-enforce".to_string())
+        .chain(shell_words::split(lines[0].trim_matches('"')).unwrap())
+        .map(|a| {
+            a.replace("/etc/genv-enforce/genv-enforce.toml", &example)
+                .into()
+        })
+        .collect();
+    assert!(
+        args.iter().any(|a| a.to_str() == Some(example.as_str())),
+        "{args:?}"
+    );
+    let line = genv_enforce::setup::config_args(args).unwrap();
+    let cli = genv_enforce::cli::Cli::try_parse_from(&line);
+    assert!(cli.is_ok(), "{line:?}: {:?}", cli.err());
+    let words: Vec<String> = line
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    assert!(words.contains(&"remote".to_string()) && words.contains(&"enforce".to_string()));
+    // No example leaves a device cap open to jobs outside genv.
+    assert!(words.contains(&"--max-devices-per-user=2".to_string()));
+    assert!(
+        words.contains(&"--non-env-processes".to_string()),
+        "{words:?}"
     );
 }
 
