@@ -258,21 +258,14 @@ impl AuditLog {
             };
             if failing.get(&h.host) != Some(&f.kind) {
                 entries.push(Entry {
-                    time: time.clone(),
-                    cycle,
-                    host: &h.host,
-                    phase: Phase::Failed,
-                    action: Action::None,
-                    pid: None,
-                    start_time: None,
-                    device: None,
-                    eid: None,
-                    user: None,
-                    rules: Vec::new(),
-                    message: f.message.clone(),
-                    outcome: None,
                     failure: Some(f.kind.name()),
-                    deadline: None,
+                    ..Entry::about(
+                        time.clone(),
+                        cycle,
+                        &h.host,
+                        Phase::Failed,
+                        f.message.clone(),
+                    )
                 });
             }
             current.insert(h.host.clone(), f.kind);
@@ -328,22 +321,32 @@ impl AuditLog {
 }
 
 impl AuditLog {
-    /// Records a reload (SIGHUP) before cycle `cycle`: applied, or
-    /// refused and why.
+    /// Records a reload (SIGHUP): applied, or refused and why (`cycle`:
+    /// 0, a reload is between cycles).
     ///
     /// # Errors
     /// The write or the flush failed.
     pub fn reload(&self, cycle: u64, refused: Option<&str>) -> std::io::Result<()> {
         let none = HostId::default();
-        self.write(&[Entry {
-            time: now(),
+        let (phase, message) = match refused {
+            None => (Phase::Reloaded, "configuration reloaded".to_string()),
+            Some(why) => (
+                Phase::Refused,
+                format!("configuration not reloaded, the old one is kept: {why}"),
+            ),
+        };
+        self.write(&[Entry::about(now(), cycle, &none, phase, message)])
+    }
+}
+
+impl<'a> Entry<'a> {
+    /// A line that records no action: `phase` on `host`, saying `message`.
+    fn about(time: String, cycle: u64, host: &'a HostId, phase: Phase, message: String) -> Self {
+        Entry {
+            time,
             cycle,
-            host: &none,
-            phase: if refused.is_some() {
-                Phase::Refused
-            } else {
-                Phase::Reloaded
-            },
+            host,
+            phase,
             action: Action::None,
             pid: None,
             start_time: None,
@@ -351,14 +354,11 @@ impl AuditLog {
             eid: None,
             user: None,
             rules: Vec::new(),
-            message: refused.map_or_else(
-                || "configuration reloaded".to_string(),
-                |why| format!("configuration not reloaded, the old one is kept: {why}"),
-            ),
+            message,
             outcome: None,
             failure: None,
             deadline: None,
-        }])
+        }
     }
 }
 

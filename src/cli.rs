@@ -37,7 +37,7 @@ pub const VERSION: &str = concat!(
 
 /// `--help` and the man page's description: the configuration file first.
 const LONG_ABOUT: &str = "\
-Enforce genv GPU environments: drop-in for `genv enforce`, faster and safer.
+Fast, safe, drop-in enforcement of genv GPU environments on one host or a fleet
 
 Configuration: one TOML file, /etc/genv-enforce/genv-enforce.toml for the
 service (--config FILE anywhere), every setting a key named as its flag, in

@@ -663,26 +663,22 @@ pub fn apply(
 
 /// Settings a running enforcer keeps until it restarts: a reload that
 /// changes one is refused (the metrics endpoint, the state database, the
-/// SSH sockets, the election).
-pub const RESTART_KEYS: &[&str] = &[
-    "metrics-listen",
-    "web-config-file",
-    "state-db",
-    "retain",
-    "control-dir",
-    "control-persist",
-    "ha-etcd",
-    "ha-key",
-    "shard",
-    "ha-name",
-    "ha-ttl",
-    "ha-fence-dir",
-    "ha-cacert",
-    "ha-cert",
-    "ha-cert-key",
-    "ha-user",
-    "ha-password-file",
-];
+/// SSH sockets, and every key of the election, `[high-availability]`).
+pub fn restart_keys() -> Vec<&'static str> {
+    const OWN: &[&str] = &[
+        "metrics-listen",
+        "web-config-file",
+        "state-db",
+        "retain",
+        "control-dir",
+        "control-persist",
+    ];
+    let ha = SECTIONS
+        .iter()
+        .filter(|(s, _, _)| *s == "high-availability")
+        .flat_map(|(_, _, keys)| keys.iter().copied());
+    OWN.iter().copied().chain(ha).collect()
+}
 
 /// The values the command line `args` gives `keys` (as typed; empty where
 /// it gives none), by key; empty where `args` do not parse.
@@ -760,7 +756,6 @@ pub fn schema(root: &Command) -> Json {
     }
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "https://github.com/genv-enforce/genv-enforce/genv-enforce.schema.json",
         "title": "genv-enforce configuration",
         "description": "genv-enforce's configuration file: each key is the flag of the same name (`genv-enforce --help`); a flag on the command line wins over the file. Check a file with `genv-enforce config check --config FILE`.",
         "type": "object",

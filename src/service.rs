@@ -651,15 +651,16 @@ async fn merge(mut old: Vec<Fleet>, mut new: Vec<Fleet>) -> Vec<Fleet> {
 /// configuration file read anew, whole, so that the file, the inventory
 /// (or hostfile) and the audit log are read and opened anew. A file that
 /// fails its check, or changes a setting only a restart can change
-/// ([`config_file::RESTART_KEYS`]), is refused whole.
+/// ([`config_file::restart_keys`]), is refused whole.
 pub fn reloader(args: Vec<std::ffi::OsString>) -> Reload {
     let root = <Cli as clap::CommandFactory>::command();
+    let restart = config_file::restart_keys();
     let running = setup::config_args(args.clone())
-        .map(|a| config_file::values_of(&root, &a, config_file::RESTART_KEYS))
+        .map(|a| config_file::values_of(&root, &a, &restart))
         .unwrap_or_default();
     Box::new(move || {
         let line = setup::config_args(args.clone())?;
-        let now = config_file::values_of(&root, &line, config_file::RESTART_KEYS);
+        let now = config_file::values_of(&root, &line, &restart);
         let changed: Vec<String> = now
             .iter()
             .filter(|(k, v)| running.get(*k) != Some(*v))

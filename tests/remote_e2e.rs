@@ -1193,10 +1193,12 @@ fn sighup_reloads_the_configuration_file_whole_or_not_at_all() {
     f.host(0).write_envs(&[env("x", Some("xu"), None, p)]);
     f.host(0).write_devices(4, &[(0, "x"), (1, "x")]);
     let config = f.dir.path().join("genv-enforce.toml");
+    let audit = f.dir.path().join("audit.log");
     let file = |cap: u32, rest: &str| {
         format!(
             "[rules]\nmax-devices-per-user = {cap}\n{rest}\n[policy]\ndry-run = true\n\
-             interval = \"300ms\"\noutput = \"json\"\n"
+             interval = \"300ms\"\noutput = \"json\"\n[state]\naudit-log = {:?}\n",
+            audit.display().to_string()
         )
     };
     std::fs::write(&config, file(1, "")).unwrap();
@@ -1283,6 +1285,25 @@ fn sighup_reloads_the_configuration_file_whole_or_not_at_all() {
         "{err}"
     );
     assert!(err.contains("configuration reloaded"), "{err}");
+    // Each reload in the audit log: two refused, with why, one applied.
+    let phases: Vec<(String, String)> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["phase"] == "refused" || e["phase"] == "reloaded")
+        .map(|e| {
+            (
+                e["phase"].as_str().unwrap().to_string(),
+                e["message"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(phases.len(), 3, "{phases:?}");
+    assert_eq!(phases[0].0, "refused");
+    assert!(phases[0].1.contains("belongs in [policy]"), "{phases:?}");
+    assert_eq!(phases[1].0, "refused");
+    assert!(phases[1].1.contains("metrics-listen"), "{phases:?}");
+    assert_eq!(phases[2].0, "reloaded");
 }
 
 #[test]
