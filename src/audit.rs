@@ -213,21 +213,17 @@ impl AuditLog {
             let key = (host.clone(), *pid, *start_time);
             if !noticed.contains(&key) {
                 entries.push(Entry {
-                    time: time.clone(),
-                    cycle,
-                    host,
-                    phase: Phase::Noticed,
-                    action: Action::None,
                     pid: Some(*pid),
                     start_time: *start_time,
-                    device: None,
                     eid,
                     user,
-                    rules: Vec::new(),
-                    message: report::notice_line(mode, n),
-                    outcome: None,
-                    failure: None,
-                    deadline: None,
+                    ..Entry::about(
+                        time.clone(),
+                        cycle,
+                        host,
+                        Phase::Noticed,
+                        report::notice_line(mode, n),
+                    )
                 });
             }
             current.insert(key);
@@ -340,7 +336,8 @@ impl AuditLog {
 }
 
 impl<'a> Entry<'a> {
-    /// A line that records no action: `phase` on `host`, saying `message`.
+    /// A line on `host` saying `message`, every other field empty: the
+    /// base of every line.
     fn about(time: String, cycle: u64, host: &'a HostId, phase: Phase, message: String) -> Self {
         Entry {
             time,
@@ -365,21 +362,10 @@ impl<'a> Entry<'a> {
 /// The line of event `e`, saying `message`.
 fn event_entry(time: String, cycle: u64, e: &Event, phase: Phase, message: String) -> Entry<'_> {
     let base = Entry {
-        time,
-        cycle,
-        host: &e.host,
-        phase,
-        action: Action::None,
-        pid: None,
-        start_time: None,
-        device: None,
-        eid: None,
         user: e.what.user(),
         rules: e.what.rules(),
-        message,
-        outcome: None,
-        failure: None,
         deadline: e.deadline_ms.map(report::when),
+        ..Entry::about(time, cycle, &e.host, phase, message)
     };
     match &e.what {
         What::Terminate(t) => Entry {
@@ -418,21 +404,13 @@ fn termination<'a>(
     message: String,
 ) -> Entry<'a> {
     Entry {
-        time: time.to_string(),
-        cycle,
-        host,
-        phase: Phase::Decided,
         action,
         pid: Some(t.pid),
         start_time: t.start_time,
-        device: None,
         eid: t.eid.as_ref(),
         user: t.user.as_deref(),
         rules: t.rules.iter().copied().collect(),
-        message,
-        outcome: None,
-        failure: None,
-        deadline: None,
+        ..Entry::about(time.to_string(), cycle, host, Phase::Decided, message)
     }
 }
 
@@ -456,21 +434,18 @@ pub fn decided<'a>(
         )
     });
     let detaches = plan.detach.iter().map(|d| Entry {
-        time: time.clone(),
-        cycle,
-        host,
-        phase: Phase::Decided,
         action: Action::Detach,
-        pid: None,
-        start_time: None,
         device: Some(d.device),
         eid: Some(&d.eid),
         user: d.charged.as_deref().or(d.username.as_deref()),
         rules: vec![Rule::MaxDevicesPerUser],
-        message: report::detach_line(d),
-        outcome: None,
-        failure: None,
-        deadline: None,
+        ..Entry::about(
+            time.clone(),
+            cycle,
+            host,
+            Phase::Decided,
+            report::detach_line(d),
+        )
     });
     terminations.chain(detaches).collect()
 }

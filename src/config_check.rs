@@ -128,10 +128,6 @@ fn effective(
     matches: &ArgMatches,
     sources: &BTreeMap<String, Source>,
 ) -> String {
-    let mut levels = vec![matches];
-    while let Some((_, sub)) = levels.last().and_then(|m| m.subcommand()) {
-        levels.push(sub);
-    }
     let root = Cli::command();
     let flags = config_file::flags(&root);
     let mut out = format!(
@@ -146,11 +142,7 @@ fn effective(
                 continue;
             };
             let id = arg.get_id().as_str();
-            let Some(m) = levels
-                .iter()
-                .rev()
-                .find(|m| m.ids().any(|i| i.as_str() == id))
-            else {
+            let Some(m) = config_file::holding(matches, id) else {
                 continue;
             };
             let Some(source) = m.value_source(id) else {
@@ -210,37 +202,20 @@ fn toml_value(raw: &[String], arg: &clap::Arg) -> String {
         Ok(n) => n.to_string(),
         Err(_) => toml_edit::Value::from(v).to_string().trim().to_string(),
     };
-    let pairs = arg
-        .get_value_names()
-        .and_then(|n| n.first())
-        .is_some_and(|n| n.as_str().contains('='));
-    if pairs {
+    if config_file::takes_pairs(arg) {
         let items: Vec<String> = raw
             .iter()
             .filter_map(|v| v.split_once('='))
-            .map(|(k, v)| format!("{} = {}", toml_key(k), one(v)))
+            .map(|(k, v)| format!("{} = {}", toml_edit::Key::new(k), one(v)))
             .collect();
         return format!("{{ {} }}", items.join(", "));
     }
-    let many = matches!(arg.get_action(), clap::ArgAction::Append)
-        || arg.get_num_args().is_some_and(|r| r.max_values() > 1);
-    if many {
+    if config_file::takes_many(arg) {
         format!(
             "[{}]",
             raw.iter().map(|v| one(v)).collect::<Vec<_>>().join(", ")
         )
     } else {
         one(&raw[0])
-    }
-}
-
-fn toml_key(k: &str) -> String {
-    if !k.is_empty()
-        && k.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        k.to_string()
-    } else {
-        toml_edit::Value::from(k).to_string().trim().to_string()
     }
 }

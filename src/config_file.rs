@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 
-use clap::{Arg, ArgAction, Command};
+use clap::{Arg, ArgAction, ArgMatches, Command};
 use serde_json::{json, Value as Json};
 use thiserror::Error;
 use toml_edit::{ImDocument, Item, Value};
@@ -181,7 +181,6 @@ pub struct Problem {
 /// One key the file sets: its flag's values as they would be typed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Setting {
-    pub section: String,
     pub key: String,
     /// Each a value of one `--flag=value` (none for a `true` switch).
     pub values: Vec<String>,
@@ -217,19 +216,19 @@ fn is_unconfigured(cmd: &Command) -> bool {
 }
 
 /// Whether a flag takes a value (not a switch).
-fn takes_value(arg: &Arg) -> bool {
+pub fn takes_value(arg: &Arg) -> bool {
     matches!(arg.get_action(), ArgAction::Set | ArgAction::Append)
 }
 
 /// Whether a flag takes several values.
-fn takes_many(arg: &Arg) -> bool {
+pub fn takes_many(arg: &Arg) -> bool {
     matches!(arg.get_action(), ArgAction::Append)
         || arg.get_num_args().is_some_and(|r| r.max_values() > 1)
         || arg.get_value_delimiter().is_some()
 }
 
 /// Whether a flag's values are `NAME=VALUE` pairs (written as a table).
-fn takes_pairs(arg: &Arg) -> bool {
+pub fn takes_pairs(arg: &Arg) -> bool {
     arg.get_value_names()
         .and_then(|n| n.first())
         .is_some_and(|n| n.as_str().contains('='))
@@ -304,7 +303,6 @@ pub fn parse(text: &str, root: &Command) -> Result<Vec<Setting>, Vec<Problem>> {
                         continue;
                     }
                     settings.push(Setting {
-                        section: name.to_string(),
                         key: key.to_string(),
                         values,
                         on,
@@ -337,26 +335,10 @@ fn section_list() -> String {
 /// ", did you mean ...?" for a key one or two edits from a known one.
 fn nearest(key: &str, keys: &[&str]) -> String {
     keys.iter()
-        .map(|k| (strsim_distance(key, k), k))
+        .map(|k| (strsim::levenshtein(key, k), k))
         .filter(|(d, _)| *d <= 2)
         .min()
         .map_or(String::new(), |(_, k)| format!("; did you mean {k:?}?"))
-}
-
-/// Levenshtein distance (keys are short).
-fn strsim_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
 }
 
 /// A TOML value as the flag's values: a switch takes `true` or `false`;
@@ -537,16 +519,22 @@ pub enum Source {
     Unused(At),
 }
 
-/// The command line `args` with the file's `settings` added: each at the
+/// The command line `args` run with the file's `settings`: after the
+/// [`default_command`] where `args` name none, each setting added at the
 /// subcommand that owns its flag, unless the command line gives that flag
 /// or one that excludes it. Returns the arguments and where each key
 /// went.
-pub fn merge(
+pub fn apply(
     root: &Command,
     args: &[OsString],
     settings: &[Setting],
 ) -> (Vec<OsString>, BTreeMap<String, Source>) {
-    let levels = levels(root, args);
+    let mut args = args.to_vec();
+    let mut levels = levels(root, &args);
+    if levels.len() == 1 {
+        args.extend(default_command(settings).iter().map(OsString::from));
+        levels = self::levels(root, &args);
+    }
     let given: BTreeSet<&str> = levels
         .iter()
         .flat_map(|l| l.given.iter().map(String::as_str))
@@ -604,7 +592,7 @@ pub fn merge(
         };
         inserts.push((level.start, words));
     }
-    let mut out = args.to_vec();
+    let mut out = args;
     // Later places first, so that earlier ones stay where they were; a
     // stable sort keeps the file's order at one place.
     inserts.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
@@ -647,20 +635,6 @@ pub fn command_of(root: &Command, args: &[OsString]) -> Vec<String> {
         .collect()
 }
 
-/// `args` run with the file's `settings`: [`merge`]d, after the
-/// [`default_command`] where `args` name none.
-pub fn apply(
-    root: &Command,
-    args: &[OsString],
-    settings: &[Setting],
-) -> (Vec<OsString>, BTreeMap<String, Source>) {
-    let mut args = args.to_vec();
-    if command_of(root, &args).is_empty() {
-        args.extend(default_command(settings).iter().map(OsString::from));
-    }
-    merge(root, &args, settings)
-}
-
 /// Settings a running enforcer keeps until it restarts: a reload that
 /// changes one is refused (the metrics endpoint, the state database, the
 /// SSH sockets, and every key of the election, `[high-availability]`).
@@ -690,10 +664,6 @@ pub fn values_of(
     let Ok(matches) = root.clone().try_get_matches_from(args) else {
         return BTreeMap::new();
     };
-    let mut levels = vec![&matches];
-    while let Some((_, sub)) = levels.last().and_then(|m| m.subcommand()) {
-        levels.push(sub);
-    }
     let flags = flags(root);
     keys.iter()
         .map(|key| {
@@ -701,17 +671,26 @@ pub fn values_of(
                 .get(long_of(key))
                 .and_then(|arg| {
                     let id = arg.get_id().as_str();
-                    levels
-                        .iter()
-                        .rev()
-                        .find(|m| m.ids().any(|i| i.as_str() == id))
-                        .and_then(|m| m.get_raw(id))
+                    holding(&matches, id)?.get_raw(id)
                 })
                 .map(|raw| raw.map(|v| v.to_string_lossy().into_owned()).collect())
                 .unwrap_or_default();
             (key.to_string(), values)
         })
         .collect()
+}
+
+/// The matches of `matches`' subcommand chain that hold flag `id` (the
+/// deepest: a subcommand's flag of the same name as its parent's wins).
+pub fn holding<'a>(matches: &'a ArgMatches, id: &str) -> Option<&'a ArgMatches> {
+    let mut chain = vec![matches];
+    while let Some((_, sub)) = chain.last().and_then(|m| m.subcommand()) {
+        chain.push(sub);
+    }
+    chain
+        .into_iter()
+        .rev()
+        .find(|m| m.ids().any(|i| i.as_str() == id))
 }
 
 /// The value of `--config` on the command line `args`, if any.
@@ -854,7 +833,7 @@ ha-etcd = ["http://a:2379", "http://b:2379"]
     #[test]
     fn each_value_goes_to_the_subcommand_that_owns_its_flag() {
         let settings = parse(FILE, &root()).unwrap();
-        let (merged, _) = merge(&root(), &args("remote enforce"), &settings);
+        let (merged, _) = apply(&root(), &args("remote enforce"), &settings);
         assert_eq!(
             words(&merged),
             "remote --inventory=/etc/genv-enforce/hosts.toml --concurrency=8 enforce \
@@ -868,7 +847,7 @@ ha-etcd = ["http://a:2379", "http://b:2379"]
     #[test]
     fn the_command_line_wins_and_excludes_what_conflicts() {
         let settings = parse(FILE, &root()).unwrap();
-        let (merged, sources) = merge(
+        let (merged, sources) = apply(
             &root(),
             &args("-v remote -H gpu1 -t 5 enforce --max-devices-per-user 3 --no-non-env-processes -- x"),
             &settings,
@@ -894,7 +873,7 @@ ha-etcd = ["http://a:2379", "http://b:2379"]
     #[test]
     fn keys_a_command_lacks_are_unused() {
         let settings = parse(FILE, &root()).unwrap();
-        let (merged, sources) = merge(&root(), &args("enforce --dry-run"), &settings);
+        let (merged, sources) = apply(&root(), &args("enforce --dry-run"), &settings);
         assert!(words(&merged).starts_with("enforce --non-env-processes"));
         assert!(matches!(sources["inventory"], Source::Unused(_)));
         assert!(matches!(sources["interval"], Source::File(_)));

@@ -16,9 +16,9 @@ use crate::snapshot::genv;
 /// The exit status of a command line that cannot run (as clap's).
 pub const USAGE: u8 = 2;
 
-/// Runs `job` (resolved from the command line `args`, which SIGHUP
+/// Runs `job` (resolved from the command line `line`, which SIGHUP
 /// resolves again); returns the exit status.
-pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
+pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
     match job {
         Job::Snapshot(host) => match Host::Live(host).snapshot().await {
             // genv's state is what `genv usage snapshot` shows: without it
@@ -82,7 +82,7 @@ pub async fn run(job: Job, args: Vec<std::ffi::OsString>) -> u8 {
                 complain(&format!("warning: {hole}"));
             }
             let mut service = Service {
-                reload: Some(service::reloader(args)),
+                reload: Some(service::reloader(line)),
                 ..Service::default()
             };
             let mut server = None;

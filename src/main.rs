@@ -21,13 +21,14 @@ fn main() -> ExitCode {
     let args = cli::normalize_args(std::env::args_os());
     // The configuration file's settings become arguments; a reload applies
     // the file to `args` anew.
-    let cli = match setup::config_args(args.clone()) {
-        Ok(with_file) => Cli::parse_from(&with_file),
+    let line = match setup::config_args(args.clone()) {
+        Ok(run) => setup::CommandLine { typed: args, run },
         Err(e) => {
             complain(&chain(&e));
             return ExitCode::from(USAGE);
         }
     };
+    let cli = Cli::parse_from(&line.run);
     tracing_subscriber::fmt()
         .with_env_filter(log_filter(cli.verbose))
         .with_writer(std::io::stderr)
@@ -39,7 +40,7 @@ fn main() -> ExitCode {
         Command::Config(ConfigCommand::Schema) => return ExitCode::from(config_check::schema()),
         _ => {}
     }
-    note_service_flags(&args);
+    note_service_flags(&line.typed);
     raise_fd_limit();
     let job = match setup::job(cli) {
         Ok(job) => job,
@@ -58,7 +59,7 @@ fn main() -> ExitCode {
             return ExitCode::from(USAGE);
         }
     };
-    let code = runtime.block_on(jobs::run(job, args));
+    let code = runtime.block_on(jobs::run(job, line));
     // Work still blocked on a user's file or a hung tool must not hold the
     // exit (SIGTERM, Ctrl-C): every such step has its own deadline anyway.
     runtime.shutdown_background();

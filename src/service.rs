@@ -652,15 +652,13 @@ async fn merge(mut old: Vec<Fleet>, mut new: Vec<Fleet>) -> Vec<Fleet> {
 /// (or hostfile) and the audit log are read and opened anew. A file that
 /// fails its check, or changes a setting only a restart can change
 /// ([`config_file::restart_keys`]), is refused whole.
-pub fn reloader(args: Vec<std::ffi::OsString>) -> Reload {
+pub fn reloader(line: setup::CommandLine) -> Reload {
     let root = <Cli as clap::CommandFactory>::command();
     let restart = config_file::restart_keys();
-    let running = setup::config_args(args.clone())
-        .map(|a| config_file::values_of(&root, &a, &restart))
-        .unwrap_or_default();
+    let running = config_file::values_of(&root, &line.run, &restart);
     Box::new(move || {
-        let line = setup::config_args(args.clone())?;
-        let now = config_file::values_of(&root, &line, &restart);
+        let run = setup::config_args(line.typed.clone())?;
+        let now = config_file::values_of(&root, &run, &restart);
         let changed: Vec<String> = now
             .iter()
             .filter(|(k, v)| running.get(*k) != Some(*v))
@@ -669,7 +667,7 @@ pub fn reloader(args: Vec<std::ffi::OsString>) -> Reload {
         if !changed.is_empty() {
             return Err(ReloadError::NeedsRestart(changed));
         }
-        let cli = Cli::try_parse_from(line)?;
+        let cli = Cli::try_parse_from(run)?;
         match setup::job(cli)? {
             Job::Enforce {
                 fleets,

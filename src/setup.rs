@@ -110,6 +110,14 @@ pub enum SetupError {
     Web(#[from] crate::web_config::WebConfigError),
 }
 
+/// A command line as typed, and as run: with its configuration file
+/// applied (what SIGHUP compares a reload with).
+#[derive(Debug, Clone, Default)]
+pub struct CommandLine {
+    pub typed: Vec<OsString>,
+    pub run: Vec<OsString>,
+}
+
 /// The command line `args` with the configuration file it names
 /// (`--config`) applied ([`config_file::apply`]); `args` as they are
 /// without one, or for `config` itself (which checks the file).
