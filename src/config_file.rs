@@ -643,7 +643,6 @@ pub fn restart_keys() -> Vec<&'static str> {
         "metrics-listen",
         "web-config-file",
         "state-db",
-        "retain",
         "control-dir",
         "control-persist",
     ];

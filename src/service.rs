@@ -83,6 +83,10 @@ pub enum ReloadError {
     /// It resolves to another job than enforcing.
     #[error("not an enforcing run")]
     NotEnforcing,
+    /// It runs another command (`remote enforce`, `enforce`): a file
+    /// that named hosts no longer does, or the other way round.
+    #[error("it runs `{to}`, not `{from}`: only a restart can change that")]
+    Command { from: String, to: String },
     /// It changes settings that only a restart can change.
     #[error("{} cannot change without a restart (systemctl restart genv-enforce)", .0.join(", "))]
     NeedsRestart(Vec<String>),
@@ -435,7 +439,11 @@ impl Run {
                     }
                     self.notifier = notifier(&new.settings, &self.fleets, &self.service);
                 }
-                self.settings = new.settings;
+                // The state database stays the one opened at start.
+                self.settings = Settings {
+                    state: self.settings.state.take(),
+                    ..new.settings
+                };
                 self.memory.ladder.regrace(self.settings.grace.clone());
                 self.kept.extend(new.keep);
                 tracing::info!(
@@ -658,6 +666,13 @@ pub fn reloader(line: setup::CommandLine) -> Reload {
     let running = config_file::values_of(&root, &line.run, &restart);
     Box::new(move || {
         let run = setup::config_args(line.typed.clone())?;
+        let (from, to) = (
+            config_file::command_of(&root, &line.run).join(" "),
+            config_file::command_of(&root, &run).join(" "),
+        );
+        if from != to {
+            return Err(ReloadError::Command { from, to });
+        }
         let now = config_file::values_of(&root, &run, &restart);
         let changed: Vec<String> = now
             .iter()
@@ -668,7 +683,7 @@ pub fn reloader(line: setup::CommandLine) -> Reload {
             return Err(ReloadError::NeedsRestart(changed));
         }
         let cli = Cli::try_parse_from(run)?;
-        match setup::job(cli)? {
+        match setup::job_again(cli)? {
             Job::Enforce {
                 fleets,
                 settings,

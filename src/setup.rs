@@ -164,6 +164,21 @@ pub fn job(cli: Cli) -> Result<Job, SetupError> {
     build(config::resolve(cli, &read)?)
 }
 
+/// The job `cli` asks for again, on a reload: as [`job`], but the state
+/// database is left to the running service (it holds it locked, and
+/// `state-db` changes only with a restart).
+///
+/// # Errors
+/// See [`SetupError`].
+pub fn job_again(cli: Cli) -> Result<Job, SetupError> {
+    let read = read(&cli)?;
+    let mut request = config::resolve(cli, &read)?;
+    if let Request::Enforce(e) = &mut request {
+        e.state_db = None;
+    }
+    build(request)
+}
+
 /// What `cli` names, read: the host list or inventory, the recorded
 /// snapshots of `--snapshot-dir` (when no host list names them), this
 /// machine's name and genv directory.

@@ -1194,11 +1194,18 @@ fn sighup_reloads_the_configuration_file_whole_or_not_at_all() {
     f.host(0).write_devices(4, &[(0, "x"), (1, "x")]);
     let config = f.dir.path().join("genv-enforce.toml");
     let audit = f.dir.path().join("audit.log");
+    let state = f.dir.path().join("state");
+    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+        .create(&state)
+        .unwrap();
+    let db = state.join("state.db");
     let file = |cap: u32, rest: &str| {
         format!(
             "[rules]\nmax-devices-per-user = {cap}\n{rest}\n[policy]\ndry-run = true\n\
-             interval = \"300ms\"\noutput = \"json\"\n[state]\naudit-log = {:?}\n",
-            audit.display().to_string()
+             interval = \"300ms\"\noutput = \"json\"\n[state]\naudit-log = {:?}\n\
+             state-db = {:?}\n",
+            audit.display().to_string(),
+            db.display().to_string()
         )
     };
     std::fs::write(&config, file(1, "")).unwrap();
@@ -1304,6 +1311,60 @@ fn sighup_reloads_the_configuration_file_whole_or_not_at_all() {
     assert_eq!(phases[1].0, "refused");
     assert!(phases[1].1.contains("metrics-listen"), "{phases:?}");
     assert_eq!(phases[2].0, "reloaded");
+}
+
+#[test]
+fn a_reload_that_would_change_the_command_run_is_refused() {
+    let Some(f) = Fleet::up(1) else { return };
+    let config = f.dir.path().join("genv-enforce.toml");
+    let policy = "[policy]\ndry-run = true\ninterval = \"300ms\"\noutput = \"json\"\n";
+    std::fs::write(
+        &config,
+        format!(
+            "[hosts]\nhost = {:?}\nidentity-file = {:?}\nknown-hosts-file = {:?}\n{policy}",
+            f.names[0],
+            f.dir.path().join("id_ed25519").display().to_string(),
+            f.dir.path().join("known_hosts").display().to_string(),
+        ),
+    )
+    .unwrap();
+    // The file alone: it names a host, so it runs `remote enforce`.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_genv-enforce"))
+        .args(["--config", &config.display().to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let hosts = |c: &serde_json::Value| {
+        c["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["host"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(hosts(&next_cycle(&mut out)), [f.names[0].clone()]);
+    // Without [hosts] it would run `enforce` on this machine instead.
+    std::fs::write(&config, policy).unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::HUP,
+    )
+    .unwrap();
+    for _ in 0..5 {
+        assert_eq!(hosts(&next_cycle(&mut out)), [f.names[0].clone()]);
+    }
+    terminate(&child);
+    let rest = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&rest.stderr);
+    assert!(
+        err.contains(
+            "configuration not reloaded, the old one is kept: it runs `enforce`, not `remote enforce`"
+        ),
+        "{err}"
+    );
 }
 
 #[test]
