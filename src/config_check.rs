@@ -32,23 +32,24 @@ pub fn run(path: Option<PathBuf>, args: &ConfigCheckArgs) -> u8 {
     let given = path.is_some();
     let path = path.unwrap_or_else(|| PathBuf::from(config_file::DEFAULT_PATH));
     let root = Cli::command();
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        // Without --config, a missing default file checks the command line
-        // alone (moving GENV_ENFORCE_ARGS into a first file).
-        Err(e) if !given && e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => {
-            eprintln!("{}: {e}", path.display());
-            return FAILED;
-        }
-    };
-    let settings = match config_file::parse(&text, &root) {
-        Ok(s) => s,
-        Err(problems) => {
-            for p in problems {
-                eprintln!("{}:{p}", path.display());
+    // Without --config, a missing default file checks the command line
+    // alone (moving GENV_ENFORCE_ARGS into a first file).
+    let settings = if !given && !path.exists() {
+        Vec::new()
+    } else {
+        match crate::setup::config_settings(&path, &root) {
+            Ok(s) => s,
+            // One problem a line, as compilers say them.
+            Err(crate::setup::SetupError::ConfigFile { path, problems }) => {
+                for p in problems {
+                    eprintln!("{}:{p}", path.display());
+                }
+                return FAILED;
             }
-            return FAILED;
+            Err(e) => {
+                eprintln!("{}", chain(&e));
+                return FAILED;
+            }
         }
     };
     let line: Vec<OsString> = std::iter::once(OsString::from("genv-enforce"))

@@ -49,6 +49,11 @@ pub enum Refusal {
     Ancestor(PathBuf),
     #[error("in use by another run of genv-enforce: refused")]
     InUse,
+    /// A configuration file of another user than root or us.
+    #[error("owned by another user than root: refused")]
+    NotRootOrOurs,
+    #[error("larger than {0} bytes: refused")]
+    TooLarge(u64),
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -148,10 +153,19 @@ pub fn writable_only_by_us(dir: &Path) -> Result<(), Refusal> {
 /// # Errors
 /// The first directory that another user could replace.
 pub fn ancestors(dir: &Path) -> Result<(), Refusal> {
+    let full = std::fs::canonicalize(dir)?;
+    match full.parent() {
+        Some(up) => ancestors_from(up),
+        None => Ok(()),
+    }
+}
+
+/// Checks `dir` (canonical) and each directory above it as [`ancestors`]
+/// does.
+fn ancestors_from(dir: &Path) -> Result<(), Refusal> {
     use std::os::unix::fs::MetadataExt;
     let me = rustix::process::geteuid().as_raw();
-    let full = std::fs::canonicalize(dir)?;
-    for a in full.ancestors().skip(1) {
+    for a in dir.ancestors() {
         let m = std::fs::metadata(a)?;
         let others_write = m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0;
         if (m.uid() != 0 && m.uid() != me) || others_write {
@@ -181,6 +195,53 @@ pub fn read_secret(path: &Path) -> Result<String, Refusal> {
     std::fs::File::from(fd)
         .take(4096)
         .read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// The largest configuration file read (a real one is a few KiB; an
+/// inventory of thousands of hosts, some hundred).
+pub const CONFIG_MAX: u64 = 16 << 20;
+
+/// The text of a configuration file the admin names (`--config`, an
+/// inventory or hostfile): a regular file (a link is followed: config
+/// management makes them) owned by root or us that no one else may write,
+/// in directories no other user can replace, at most [`CONFIG_MAX`]
+/// bytes. Never blocks: a FIFO is refused before it is read.
+///
+/// # Errors
+/// Why it is refused, or what kept it from being read.
+pub fn read_config(path: &Path) -> Result<String, Refusal> {
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Read;
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )
+    .map_err(Refusal::from)?;
+    let stat = rustix::fs::fstat(&fd).map_err(|e| Refusal::Io(e.into()))?;
+    match FileType::from_raw_mode(stat.st_mode) {
+        FileType::RegularFile => {}
+        FileType::Fifo | FileType::Socket => return Err(Refusal::FifoOrSocket),
+        _ => return Err(Refusal::NotFile),
+    }
+    if stat.st_uid != 0 && stat.st_uid != rustix::process::geteuid().as_raw() {
+        return Err(Refusal::NotRootOrOurs);
+    }
+    if stat.st_mode & 0o022 != 0 {
+        return Err(Refusal::WritableByOthers);
+    }
+    let real = std::fs::canonicalize(path)?;
+    if let Some(dir) = real.parent() {
+        ancestors_from(dir)?;
+    }
+    let mut text = String::new();
+    std::fs::File::from(fd)
+        .take(CONFIG_MAX + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > CONFIG_MAX {
+        return Err(Refusal::TooLarge(CONFIG_MAX));
+    }
     Ok(text)
 }
 

@@ -71,11 +71,13 @@ pub enum SetupError {
         path: PathBuf,
         problems: Vec<Problem>,
     },
+    /// A configuration file (`--config`, an inventory, a hostfile) that
+    /// cannot be read, or is refused ([`crate::private::read_config`]).
     #[error("{}", path.display())]
     Read {
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: crate::private::Refusal,
     },
     #[error("--snapshot-dir {}", dir.display())]
     SnapshotDir {
@@ -136,23 +138,37 @@ pub fn config_args(args: Vec<OsString>) -> Result<Vec<OsString>, SetupError> {
     {
         return Ok(args);
     }
-    let path = PathBuf::from(path);
-    let text = std::fs::read_to_string(&path).map_err(|source| SetupError::Read {
-        path: path.clone(),
-        source,
-    })?;
-    let settings = config_file::parse(&text, &root)
-        .map_err(|problems| SetupError::ConfigFile { path, problems })?;
+    let settings = config_settings(std::path::Path::new(&path), &root)?;
     Ok(config_file::apply(&root, &args, &settings).0)
 }
 
-/// `path:line:column: message`, one problem a line.
+/// The settings of the configuration file at `path`, read as
+/// [`crate::private::read_config`] reads and checked against `root`'s
+/// flags.
+///
+/// # Errors
+/// The file cannot be read, is refused, or fails the check.
+pub fn config_settings(
+    path: &std::path::Path,
+    root: &clap::Command,
+) -> Result<Vec<config_file::Setting>, SetupError> {
+    let text = crate::private::read_config(path).map_err(|source| SetupError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    config_file::parse(&text, root).map_err(|problems| SetupError::ConfigFile {
+        path: path.to_path_buf(),
+        problems,
+    })
+}
+
+/// `path:line:column: message`, `; `-separated (an error is one line).
 fn located(path: &std::path::Path, problems: &[Problem]) -> String {
     problems
         .iter()
         .map(|p| format!("{}:{p}", path.display()))
         .collect::<Vec<_>>()
-        .join("\n")
+        .join("; ")
 }
 
 /// The job `cli` asks for: [`read`], [`config::resolve`], [`build`].
@@ -197,7 +213,7 @@ pub fn read(cli: &Cli) -> Result<Read, SetupError> {
     if let Some(path) = config::hosts_file(args) {
         read.hosts_text =
             Some(
-                std::fs::read_to_string(path).map_err(|source| SetupError::Read {
+                crate::private::read_config(path).map_err(|source| SetupError::Read {
                     path: path.to_path_buf(),
                     source,
                 })?,

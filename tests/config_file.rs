@@ -304,3 +304,109 @@ fn a_file_runs_the_replay_as_the_same_flags_do_and_flags_win() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_configuration_file_others_could_write_is_refused_and_none_blocks() {
+    let root = rustix::process::geteuid().is_root();
+    if !util::prerequisite(
+        root,
+        "the refusals of another user's file need root (chown)",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let good = "[hosts]\nsnapshot-dir = \"fixtures/snapshots\"\n[policy]\ninterval = 0\n";
+    let file = |name: &str, mode: u32| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, good).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+        p
+    };
+    let fine = file("fine.toml", 0o644);
+    let link = dir.path().join("link.toml");
+    std::os::unix::fs::symlink(&fine, &link).unwrap();
+    let writable = file("writable.toml", 0o666);
+    let bobs = file("bobs.toml", 0o644);
+    std::os::unix::fs::chown(&bobs, Some(65534), Some(65534)).unwrap();
+    let fifo = dir.path().join("fifo.toml");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    let open_dir = dir.path().join("open");
+    std::fs::create_dir(&open_dir).unwrap();
+    std::fs::set_permissions(
+        &open_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let in_open = open_dir.join("c.toml");
+    std::fs::write(&in_open, good).unwrap();
+    let huge = dir.path().join("huge.toml");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(genv_enforce::private::CONFIG_MAX + 1)
+        .unwrap();
+    for (path, ok, words) in [
+        (&fine, true, ""),
+        (&link, true, ""),
+        (&writable, false, "writable by others: refused"),
+        (&bobs, false, "owned by another user than root: refused"),
+        (&fifo, false, "a socket or FIFO: refused"),
+        (
+            &in_open,
+            false,
+            "could be replaced by another user: refused",
+        ),
+        (&huge, false, "larger than 16777216 bytes: refused"),
+        (
+            &Path::new("/dev/zero").to_path_buf(),
+            false,
+            "not a regular file: refused",
+        ),
+    ] {
+        let started = std::time::Instant::now();
+        let out = ours(&["--config", &path.display().to_string()]);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{path:?} held the run"
+        );
+        if ok {
+            assert_eq!(out.status.code(), Some(3), "{path:?}: {}", stderr(&out));
+        } else {
+            assert_eq!(out.status.code(), Some(2), "{path:?}");
+            let err = stderr(&out);
+            assert!(
+                err.contains(&format!("{}: ", path.display())) && err.contains(words),
+                "{path:?}: {err}"
+            );
+            let check = ours(&["config", "check", "--config", &path.display().to_string()]);
+            assert_eq!(check.status.code(), Some(2), "{path:?}");
+            assert!(stderr(&check).contains(words), "{}", stderr(&check));
+        }
+    }
+    // An inventory is read the same way.
+    let inventory = dir.path().join("hosts.toml");
+    std::fs::copy(util::repo().join("hosts.example.toml"), &inventory).unwrap();
+    std::fs::set_permissions(
+        &inventory,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    let out = ours(&[
+        "remote",
+        "--inventory",
+        &inventory.display().to_string(),
+        "doctor",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("writable by others: refused"),
+        "{}",
+        stderr(&out)
+    );
+}
