@@ -114,7 +114,9 @@ fn locate(
         }) || s
             .values
             .iter()
-            .any(|v| v.len() > 1 && message.contains(v.as_str()))
+            // A file it names (`inventory`): other values (`10`, `json`)
+            // could be any word of the message.
+            .any(|v| v.contains('/') && message.contains(v.as_str()))
     };
     let mut hits: Vec<&Setting> = settings.iter().filter(from_file).filter(named).collect();
     hits.sort_by_key(|s| s.at);
@@ -199,9 +201,10 @@ fn effective(
 /// Raw values as a TOML value: an integer, a string, a list, or for
 /// `NAME=VALUE` flags a table.
 fn toml_value(raw: &[String], arg: &clap::Arg) -> String {
+    // An integer only where it reads back the same (`007` stays a string).
     let one = |v: &str| match v.parse::<i64>() {
-        Ok(n) => n.to_string(),
-        Err(_) => toml_edit::Value::from(v).to_string().trim().to_string(),
+        Ok(n) if n.to_string() == v => v.to_string(),
+        _ => toml_edit::Value::from(v).to_string().trim().to_string(),
     };
     if config_file::takes_pairs(arg) {
         let items: Vec<String> = raw
@@ -218,5 +221,56 @@ fn toml_value(raw: &[String], arg: &clap::Arg) -> String {
         )
     } else {
         one(&raw[0])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setting(key: &str, value: &str, line: usize) -> Setting {
+        Setting {
+            key: key.into(),
+            values: vec![value.into()],
+            on: true,
+            at: config_file::At { line, column: 1 },
+        }
+    }
+
+    #[test]
+    fn a_message_is_placed_at_the_key_it_names_and_no_other() {
+        let settings = [
+            setting("timeout", "10", 2),
+            setting("inventory", "/etc/h.toml", 3),
+            setting("shard", "1/2", 4),
+            setting("max-devices-per-group", "ml=1", 5),
+        ];
+        let sources: BTreeMap<String, Source> = settings
+            .iter()
+            .map(|s| (s.key.clone(), Source::File(s.at)))
+            .collect();
+        let line = |m: &str| locate(m, &settings, &sources).map(|a| a.line);
+        assert_eq!(line("/etc/h.toml: line 10: bad"), Some(3));
+        assert_eq!(line("line 10 of something"), None);
+        assert_eq!(
+            line("--shard counts only ... --max-devices-per-group"),
+            Some(4)
+        );
+        assert_eq!(line("--shard-other is unknown"), None);
+        let mut overridden = sources.clone();
+        overridden.insert("shard".into(), Source::Overridden(settings[2].at));
+        assert_eq!(
+            locate("--shard needs --ha-etcd", &settings, &overridden).map(|a| a.line),
+            None
+        );
+    }
+
+    #[test]
+    fn values_read_back_as_they_were_typed() {
+        let arg = clap::Arg::new("x").long("x");
+        assert_eq!(toml_value(&["007".into()], &arg), "\"007\"");
+        assert_eq!(toml_value(&["+5".into()], &arg), "\"+5\"");
+        assert_eq!(toml_value(&["30".into()], &arg), "30");
+        assert_eq!(toml_value(&["30s".into()], &arg), "\"30s\"");
     }
 }

@@ -345,6 +345,23 @@ fn nearest(key: &str, keys: &[&str]) -> String {
 /// a flag a string or an integer, a list of them where it takes several,
 /// a table of `NAME = VALUE` where its values are such pairs.
 fn values(key: &str, arg: &Arg, item: &Item) -> Result<(Vec<String>, bool), String> {
+    let scalar = |v: &Value| match v {
+        Value::String(s) => Ok(s.value().clone()),
+        Value::Integer(i) => Ok(i.value().to_string()),
+        other => Err(format!("a string or an integer, not {}", kind(other))),
+    };
+    let pair = |name: &str, v: &Item| match v.as_value() {
+        Some(v) => scalar(v).map(|v| format!("{name}={v}")),
+        None => Err(format!("{name}: a string or an integer, not a table")),
+    };
+    // `[rules.max-devices-for-user]` and dotted keys make tables too.
+    if let (true, Some(t)) = (takes_pairs(arg), item.as_table_like()) {
+        return t
+            .iter()
+            .map(|(n, v)| pair(n, v))
+            .collect::<Result<_, _>>()
+            .map(|v| (v, true));
+    }
     let Some(value) = item.as_value() else {
         return Err(format!("a value, not a table (write `{key} = ...`)"));
     };
@@ -354,15 +371,8 @@ fn values(key: &str, arg: &Arg, item: &Item) -> Result<(Vec<String>, bool), Stri
             None => Err(format!("true or false, not {}", kind(value))),
         };
     }
-    let scalar = |v: &Value| match v {
-        Value::String(s) => Ok(s.value().clone()),
-        Value::Integer(i) => Ok(i.value().to_string()),
-        other => Err(format!("a string or an integer, not {}", kind(other))),
-    };
     if takes_pairs(arg) {
-        let pair = |(name, v): (&str, &Value)| scalar(v).map(|v| format!("{name}={v}"));
         return match value {
-            Value::InlineTable(t) => t.iter().map(|(n, v)| pair((n, v))).collect(),
             Value::Array(a) => a.iter().map(scalar).collect(),
             other => Err(format!(
                 "a table such as {{ alice = 4 }}, not {}",
@@ -532,7 +542,10 @@ pub fn apply(
     let mut args = args.to_vec();
     let mut levels = levels(root, &args);
     if levels.len() == 1 {
-        args.extend(default_command(settings).iter().map(OsString::from));
+        // Before the flags (`--config F --dry-run`): the command's own;
+        // the binary's (`-v`, `--config`) are global.
+        let at = 1.min(args.len());
+        args.splice(at..at, default_command(settings).iter().map(OsString::from));
         levels = self::levels(root, &args);
     }
     let given: BTreeSet<&str> = levels
@@ -542,12 +555,16 @@ pub fn apply(
     let mut inserts: Vec<(usize, Vec<OsString>)> = Vec::new();
     let mut sources = BTreeMap::new();
     for s in settings {
-        let owner = levels.iter().rev().find_map(|l| {
-            l.cmd
-                .get_arguments()
-                .find(|a| a.get_long() == Some(long_of(&s.key)) && !a.is_global_set())
-                .map(|a| (l, a))
-        });
+        let owner = levels
+            .iter()
+            .rev()
+            .take_while(|l| !is_unconfigured(&l.cmd))
+            .find_map(|l| {
+                l.cmd
+                    .get_arguments()
+                    .find(|a| a.get_long() == Some(long_of(&s.key)) && !a.is_global_set())
+                    .map(|a| (l, a))
+            });
         let Some((level, arg)) = owner else {
             sources.insert(s.key.clone(), Source::Unused(s.at));
             continue;
@@ -900,6 +917,43 @@ ha-etcd = ["http://a:2379", "http://b:2379"]
         let bad = parse("[rules\n", &root()).unwrap_err();
         assert_eq!(bad[0].at.line, 1, "{bad:?}");
         assert!(bad[0].message.starts_with("not TOML"), "{bad:?}");
+    }
+
+    #[test]
+    fn pairs_may_be_a_table_of_their_own() {
+        let text = "[rules.max-devices-for-user]\nalice = 4\nbob = \"2\"\n[rules]\nmax-devices-per-group.ml = 3\n";
+        let settings = parse(text, &root()).unwrap();
+        let values: Vec<&[String]> = settings.iter().map(|s| &s.values[..]).collect();
+        assert_eq!(
+            values,
+            [
+                &["alice=4".to_string(), "bob=2".to_string()][..],
+                &["ml=3".to_string()][..]
+            ]
+        );
+        let nested = parse("[rules.max-devices-for-user.alice]\nx = 1\n", &root()).unwrap_err();
+        assert_eq!(
+            nested[0].message,
+            "max-devices-for-user: alice: a string or an integer, not a table"
+        );
+    }
+
+    #[test]
+    fn the_default_command_goes_before_the_flags_and_reports_take_nothing() {
+        let settings = parse(FILE, &root()).unwrap();
+        let (merged, _) = apply(&root(), &args("--dry-run --interval 0"), &settings);
+        let merged = words(&merged);
+        assert!(merged.starts_with("remote --inventory="), "{merged}");
+        assert!(merged.ends_with(" --dry-run --interval 0"), "{merged}");
+        let state = parse(
+            "[state]\nstate-db = \"/x.db\"\n[policy]\noutput = \"json\"\n",
+            &root(),
+        )
+        .unwrap();
+        let (merged, sources) = apply(&root(), &args("report --state-db /y.db"), &state);
+        assert_eq!(words(&merged), "report --state-db /y.db");
+        assert!(matches!(sources["output"], Source::Unused(_)));
+        assert!(matches!(sources["state-db"], Source::Unused(_)));
     }
 
     #[test]

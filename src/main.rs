@@ -93,9 +93,9 @@ fn note_service_flags(args: &[std::ffi::OsString]) {
     }
     tracing::warn!(
         "GENV_ENFORCE_ARGS holds the service's flags: they keep working. To move them into {path}, \
-         run `genv-enforce config check --effective -- $GENV_ENFORCE_ARGS > {path}` (secrets are left \
-         out: add those keys by hand), then set GENV_ENFORCE_ARGS=\"--config {path}\" in \
-         /etc/genv-enforce/genv-enforce.env",
+         run `genv-enforce config check --effective -- $GENV_ENFORCE_ARGS > {path}.new` (secrets are \
+         left out: add those keys by hand), check it and `mv {path}.new {path}`, then set \
+         GENV_ENFORCE_ARGS=\"--config {path}\" in /etc/genv-enforce/genv-enforce.env",
         path = config_file::DEFAULT_PATH
     );
 }
