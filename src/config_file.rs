@@ -136,14 +136,6 @@ pub fn long_of(key: &str) -> &str {
     }
 }
 
-/// The key of a flag's long name.
-pub fn key_of(long: &str) -> &str {
-    match long {
-        "web.config.file" => "web-config-file",
-        l => l,
-    }
-}
-
 /// The section a key belongs in.
 pub fn section_of(key: &str) -> Option<&'static str> {
     SECTIONS
