@@ -638,6 +638,7 @@ fn ha(a: &crate::cli::HaArgs, interval: Duration, read: &Read) -> Result<Option<
             }),
             user: None,
             shard: a.shard,
+            config: String::new(),
         },
         login: a.ha_user.clone().zip(a.ha_password_file.clone()),
     }))

@@ -701,6 +701,32 @@ pub fn holding<'a>(matches: &'a ArgMatches, id: &str) -> Option<&'a ArgMatches> 
         .find(|m| m.ids().any(|i| i.as_str() == id))
 }
 
+/// What two boxes of one election must agree on to act alike: the
+/// sections of rules, policy and notifications, and the hosts (`host`
+/// here, an inventory's or hostfile's text beside). Files of the box's own
+/// (its audit log, state database, keys, metrics endpoint) and its name
+/// and shard may differ.
+const SHARED_SECTIONS: &[&str] = &["rules", "policy", "notifications"];
+
+/// A digest of the configuration the command line `run` (a configuration
+/// file applied) gives, with the text of its inventory or hostfile: the
+/// values of the keys boxes share ([`SHARED_SECTIONS`], `host`), FNV-1a
+/// over their JSON, 16 hex digits. Boxes that act alike have the same.
+pub fn digest(root: &Command, run: &[OsString], hosts_text: Option<&str>) -> String {
+    use std::hash::Hasher;
+    let keys: Vec<&str> = SECTIONS
+        .iter()
+        .filter(|(s, _, _)| SHARED_SECTIONS.contains(s))
+        .flat_map(|(_, _, keys)| keys.iter().copied())
+        .chain(["host"])
+        .collect();
+    let values = values_of(root, run, &keys);
+    let mut h = fnv::FnvHasher::default();
+    h.write(&serde_json::to_vec(&values).expect("strings"));
+    h.write(hosts_text.unwrap_or_default().as_bytes());
+    format!("{:016x}", h.finish())
+}
+
 /// The value of `--config` on the command line `args`, if any.
 pub fn path_in(args: &[OsString]) -> Option<OsString> {
     let mut it = args.iter().skip(1);
@@ -946,6 +972,45 @@ ha-etcd = ["http://a:2379", "http://b:2379"]
         assert_eq!(words(&merged), "report --state-db /y.db");
         assert!(matches!(sources["output"], Source::Unused(_)));
         assert!(matches!(sources["state-db"], Source::Unused(_)));
+    }
+
+    #[test]
+    fn a_digest_tells_configurations_apart_but_not_boxes() {
+        let d = |line: &str, hosts: Option<&str>| digest(&root(), &args(line), hosts);
+        let base = d(
+            "remote -H a enforce --max-devices-per-user 2 --ha-etcd http://e:2379",
+            None,
+        );
+        assert_eq!(base.len(), 16);
+        assert_eq!(
+            base,
+            d(
+                "remote -H a enforce --max-devices-per-user 2 --ha-etcd http://e:2379 --ha-name x \
+                 --audit-log /b.log --shard 1/2",
+                None
+            )
+        );
+        assert_ne!(
+            base,
+            d(
+                "remote -H b enforce --max-devices-per-user 2 --ha-etcd http://e:2379",
+                None
+            )
+        );
+        assert_ne!(
+            base,
+            d(
+                "remote -H a enforce --max-devices-per-user 3 --ha-etcd http://e:2379",
+                None
+            )
+        );
+        assert_ne!(
+            base,
+            d(
+                "remote -H a enforce --max-devices-per-user 2 --ha-etcd http://e:2379",
+                Some("x")
+            )
+        );
     }
 
     #[test]

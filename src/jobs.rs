@@ -81,6 +81,11 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
             if let Some(hole) = crate::doctor::policy_hole(&settings.cycle.policy) {
                 complain(&format!("warning: {hole}"));
             }
+            // Published beside the election, for the boxes to compare.
+            let digest = settings
+                .ha
+                .is_some()
+                .then(|| crate::setup::config_digest(&line.run));
             let mut service = Service {
                 reload: Some(service::reloader(line)),
                 ..Service::default()
@@ -108,7 +113,11 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
                     .first()
                     .map(|f| f.fencing.clone())
                     .unwrap_or_default();
-                match crate::ha::Elector::start((**spec).clone(), fencing).await {
+                let spec = crate::ha::HaSpec {
+                    config: digest.unwrap_or_default(),
+                    ..(**spec).clone()
+                };
+                match crate::ha::Elector::start(spec, fencing).await {
                     Ok(e) => service.elector = Some(e),
                     Err(e) => {
                         complain(&format!("--ha-etcd: {}", chain(&e)));

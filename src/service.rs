@@ -96,6 +96,8 @@ pub enum ReloadError {
 pub struct Reloaded {
     pub fleets: Vec<Fleet>,
     pub settings: Settings,
+    /// The digest of the configuration reloaded, under `--ha-etcd`.
+    pub digest: Option<String>,
     /// What must live as long as the new hosts (their socket directory).
     pub keep: Option<tempfile::TempDir>,
 }
@@ -294,7 +296,11 @@ impl Run {
             standing: now,
             others,
             until,
+            configs,
         } = look;
+        if now.leads() {
+            told_if_configs_differ(elector, &configs);
+        }
         self.memory.others = others;
         self.fencing
             .set(if now.leads() { now.epoch() } else { None }, until);
@@ -426,7 +432,8 @@ impl Run {
             Ok(new) => {
                 let old = std::mem::take(&mut self.fleets);
                 self.fleets = merge(old, new.fleets).await;
-                if self.service.elector.is_some() {
+                if let Some(elector) = &self.service.elector {
+                    elector.set_config(new.digest.unwrap_or_default());
                     // The election's options stay as the run began.
                     for f in &mut self.fleets {
                         f.set_fencing(&self.fencing);
@@ -655,6 +662,27 @@ async fn merge(mut old: Vec<Fleet>, mut new: Vec<Fleet>) -> Vec<Fleet> {
     new
 }
 
+/// A leader whose configuration is not every other box's says so, each
+/// cycle: the boxes would not act alike when another one leads.
+fn told_if_configs_differ(elector: &crate::ha::Elector, configs: &[(String, String)]) {
+    let own = elector.config();
+    let name = &elector.spec().name;
+    let others = crate::ha::differing(name, &own, configs);
+    if others.is_empty() {
+        return;
+    }
+    let list: Vec<String> = others
+        .iter()
+        .map(|(n, d)| format!("{n} runs {d}"))
+        .collect();
+    let said = format!(
+        "ha: this box ({name}) leads with configuration {own}, and {}: run the same configuration on every box (`genv-enforce config check --effective` shows each value)",
+        list.join(", ")
+    );
+    tracing::warn!("{said}");
+    complain(&said);
+}
+
 /// SIGHUP: the same command line `args` resolved again, with the
 /// configuration file read anew, whole, so that the file, the inventory
 /// (or hostfile) and the audit log are read and opened anew. A file that
@@ -682,7 +710,7 @@ pub fn reloader(line: setup::CommandLine) -> Reload {
         if !changed.is_empty() {
             return Err(ReloadError::NeedsRestart(changed));
         }
-        let cli = Cli::try_parse_from(run)?;
+        let cli = Cli::try_parse_from(&run)?;
         match setup::job_again(cli)? {
             Job::Enforce {
                 fleets,
@@ -690,6 +718,7 @@ pub fn reloader(line: setup::CommandLine) -> Reload {
                 control_dir,
                 ..
             } => Ok(Reloaded {
+                digest: settings.ha.is_some().then(|| setup::config_digest(&run)),
                 fleets,
                 settings,
                 keep: control_dir,

@@ -162,6 +162,19 @@ pub fn config_settings(
     })
 }
 
+/// The digest of the configuration the command line `run` gives
+/// ([`config_file::digest`]), its inventory or hostfile read again (a
+/// file that cannot be read counts as its error's words).
+pub fn config_digest(run: &[OsString]) -> String {
+    let root = Cli::command();
+    let named = config_file::values_of(&root, run, &["inventory", "hostfile"]);
+    let hosts = named.values().flatten().next().map(|path| {
+        crate::private::read_config(std::path::Path::new(path))
+            .unwrap_or_else(|e| crate::error::chain(&e))
+    });
+    config_file::digest(&root, run, hosts.as_deref())
+}
+
 /// `path:line:column: message`, `; `-separated (an error is one line).
 fn located(path: &std::path::Path, problems: &[Problem]) -> String {
     problems

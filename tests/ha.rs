@@ -826,3 +826,65 @@ fn a_cron_run_leads_acts_and_leaves_the_key_to_the_next_run() {
     let epoch = std::fs::read_to_string(f.dir.path().join("h1/run/epoch")).unwrap();
     assert_eq!(epoch.trim(), second.to_string());
 }
+
+#[test]
+fn boxes_that_run_different_configurations_are_told_by_the_leader_and_doctor() {
+    let Some(etcd) = etcd(1) else { return };
+    let Some(f) = Fleet::up(1) else { return };
+    let url = etcd[0].client.clone();
+    let hosts = f.names.join(",");
+    let doctor = || {
+        let out = f
+            .command(&[
+                "-H",
+                &hosts,
+                "doctor",
+                "--output",
+                "json",
+                "--ha-etcd",
+                &url,
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let a = Enforcer::start(&f, "box-a", &[&etcd[0]], &["--max-devices-per-user", "2"]);
+    let mut b = Enforcer::start(&f, "box-b", &[&etcd[0]], &["--max-devices-per-user", "3"]);
+    let start = Instant::now();
+    let leader = leader_of(&[&a, &b], start);
+    let (lead, follow, other) = if leader == 0 {
+        (&a, &b, "box-b")
+    } else {
+        (&b, &a, "box-a")
+    };
+    // Said on every cycle (1 s apart), by the leader only.
+    let first = lead.saw(start, " leads with configuration ", WAIT);
+    std::thread::sleep(Duration::from_secs(4));
+    let said = lead
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, l)| *t >= first && l.contains(&format!("and {other} runs ")))
+        .count();
+    assert!(said >= 3, "{said} times in 4 s: {}", lead.stderr());
+    assert!(
+        !follow.stderr().contains("leads with configuration"),
+        "{}",
+        follow.stderr()
+    );
+    let text = doctor();
+    assert!(
+        text.contains("2 configurations among the boxes: box-a: ") && text.contains(", box-b: "),
+        "{text}"
+    );
+    // box-b again, as box-a runs: the same configuration, and said so.
+    b.stop();
+    let b = Enforcer::start(&f, "box-b", &[&etcd[0]], &["--max-devices-per-user", "2"]);
+    let mut last = String::new();
+    let same = wait(Duration::from_secs(30), || {
+        last = doctor();
+        last.contains("every box runs the same configuration (box-a: ")
+    });
+    assert!(same, "{last}\n{}\n---\n{}", a.stderr(), b.stderr());
+}

@@ -91,8 +91,67 @@ pub async fn checks(spec: &HaSpec) -> Vec<Check> {
         }
     };
     out.push(lease_check(client.clone(), spec, timeout).await);
-    out.push(election_check(client, spec, timeout).await);
+    out.push(election_check(client.clone(), spec, timeout).await);
+    out.push(configs_check(client, spec, timeout).await);
     out
+}
+
+/// The configuration each live box runs (its digest): the same on every
+/// box, or which differ.
+async fn configs_check(mut c: Client, spec: &HaSpec, timeout: std::time::Duration) -> Check {
+    let prefix = spec.configs_prefix();
+    let get = c.get(
+        prefix.as_bytes(),
+        Some(etcd_client::GetOptions::new().with_prefix()),
+    );
+    let kvs = match tokio::time::timeout(timeout, get).await {
+        Ok(Ok(r)) => r.kvs().to_vec(),
+        Ok(Err(e)) => return check("configuration", Status::Fail, e.to_string(), None),
+        Err(_) => {
+            return check(
+                "configuration",
+                Status::Fail,
+                "etcd did not answer".into(),
+                None,
+            )
+        }
+    };
+    let boxes: Vec<(String, String)> = kvs
+        .iter()
+        .map(|kv| {
+            let name = kv.key().strip_prefix(prefix.as_bytes()).unwrap_or(kv.key());
+            (
+                String::from_utf8_lossy(name).into_owned(),
+                String::from_utf8_lossy(kv.value()).into_owned(),
+            )
+        })
+        .collect();
+    let said = boxes
+        .iter()
+        .map(|(n, d)| format!("{n}: {d}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let digests: std::collections::BTreeSet<&str> = boxes.iter().map(|(_, d)| d.as_str()).collect();
+    match digests.len() {
+        0 => check(
+            "configuration",
+            Status::Warn,
+            "no box runs now".into(),
+            Some("start the enforcers with the same --ha-etcd and --ha-key"),
+        ),
+        1 => check(
+            "configuration",
+            Status::Ok,
+            format!("every box runs the same configuration ({said})"),
+            None,
+        ),
+        n => check(
+            "configuration",
+            Status::Warn,
+            format!("{n} configurations among the boxes: {said}"),
+            Some("run the same configuration file on every box (only ha-name and shard may differ); `genv-enforce config check --effective` on each shows its values"),
+        ),
+    }
 }
 
 /// A lease of the election's time to live, granted and revoked.

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use tokio::time::Instant;
 
@@ -43,6 +43,9 @@ pub struct Elector {
     client: Client,
     lease: Arc<Mutex<Lease>>,
     keeper: tokio::task::JoinHandle<()>,
+    /// The digest of the configuration this box runs now (a reload
+    /// changes it).
+    config: Mutex<String>,
 }
 
 impl std::fmt::Debug for Elector {
@@ -185,11 +188,31 @@ impl Elector {
             fencing,
         ));
         Ok(Elector {
+            config: Mutex::new(spec.config.clone()),
             spec,
             client,
             lease,
             keeper,
         })
+    }
+
+    /// The digest of the configuration this box runs from now on (after a
+    /// reload), published from the next look.
+    pub fn set_config(&self, digest: String) {
+        *self.config.lock().unwrap_or_else(|e| e.into_inner()) = digest;
+    }
+
+    /// What this box was started with.
+    pub fn spec(&self) -> &HaSpec {
+        &self.spec
+    }
+
+    /// The digest of the configuration this box runs.
+    pub fn config(&self) -> String {
+        self.config
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Where this box stands for the next cycle and, sharded, the other
@@ -205,6 +228,7 @@ impl Elector {
                     ),
                     others: Vec::new(),
                     until: None,
+                    configs: Vec::new(),
                 }
             }
         };
@@ -214,23 +238,36 @@ impl Elector {
             self.spec.name.as_bytes(),
             Some(PutOptions::new().with_lease(id)),
         );
+        // This box's configuration under its lease, and every box's, in
+        // the same round trip.
+        let prefix = self.spec.configs_prefix();
+        let config = TxnOp::put(
+            format!("{prefix}{}", self.spec.name),
+            self.config(),
+            Some(PutOptions::new().with_lease(id)),
+        );
+        let configs = || TxnOp::get(prefix.as_bytes(), Some(GetOptions::new().with_prefix()));
         let txn = Txn::new()
             .when([Compare::create_revision(
                 key.as_bytes(),
                 CompareOp::Equal,
                 0,
             )])
-            .and_then([put])
-            .or_else([TxnOp::get(key.as_bytes(), None)]);
+            .and_then([put, config.clone(), configs()])
+            .or_else([TxnOp::get(key.as_bytes(), None), config, configs()]);
         let mut client = self.client.clone();
         let timeout = self.spec.request_timeout();
+        let mut configs = Vec::new();
         let seen = match tokio::time::timeout(timeout, client.txn(txn)).await {
             Err(_) => KeySeen::Unanswered(format!(
                 "no answer within {}",
                 humantime::format_duration(timeout)
             )),
             Ok(Err(e)) => KeySeen::Unanswered(e.to_string()),
-            Ok(Ok(resp)) => key_seen(&resp, key.as_bytes()),
+            Ok(Ok(resp)) => {
+                configs = configs_seen(&resp, &prefix);
+                key_seen(&resp, key.as_bytes())
+            }
         };
         let standing = standing(Ok(id), seen);
         // Only a shard's leader acts on the others' parts.
@@ -242,6 +279,7 @@ impl Elector {
             standing,
             others,
             until: Some(until.into_std()),
+            configs,
         }
     }
 
@@ -381,6 +419,9 @@ pub struct Look {
     pub others: Vec<Published>,
     /// Until when this box's lease holds (our clock), if it has one.
     pub until: Option<std::time::Instant>,
+    /// Each live box's configuration digest (name, digest), this one's
+    /// included.
+    pub configs: Vec<(String, String)>,
 }
 
 /// A shard's published part: the value of its key.
@@ -436,6 +477,26 @@ fn key_seen(resp: &etcd_client::TxnResponse, key: &[u8]) -> KeySeen {
     }
     // Deleted between the compare and the read: look again next cycle.
     KeySeen::Unanswered("the key changed while read".into())
+}
+
+/// The boxes' configurations (name, digest) a look's answer holds under
+/// `prefix`.
+fn configs_seen(resp: &etcd_client::TxnResponse, prefix: &str) -> Vec<(String, String)> {
+    resp.op_responses()
+        .iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get.kvs()),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|kv| {
+            let name = kv.key().strip_prefix(prefix.as_bytes())?;
+            Some((
+                String::from_utf8_lossy(name).into_owned(),
+                String::from_utf8_lossy(kv.value()).into_owned(),
+            ))
+        })
+        .collect()
 }
 
 /// The keep-alive stream of a lease, kept across ticks.

@@ -46,6 +46,9 @@ pub struct HaSpec {
     pub user: Option<(String, Secret)>,
     /// `--shard K/N`: this box enforces shard K of N.
     pub shard: Option<Shard>,
+    /// The digest of the configuration this box runs, published beside the
+    /// election for the other boxes and `doctor` to compare (empty: none).
+    pub config: String,
 }
 
 /// A secret (a password): its `Debug` says nothing of it, so no log, panic
@@ -117,6 +120,12 @@ impl HaSpec {
         Some(format!("{}{}", self.counts_prefix()?, self.shard?.k))
     }
 
+    /// Where each box publishes its configuration's digest (all shards of
+    /// one `--ha-key` alike), by box name.
+    pub fn configs_prefix(&self) -> String {
+        format!("{}/config/", self.key)
+    }
+
     /// The lease's time to live in whole seconds (etcd's unit), rounded
     /// up.
     pub fn ttl_secs(&self) -> u64 {
@@ -133,6 +142,19 @@ impl HaSpec {
         self.tick()
             .clamp(Duration::from_millis(200), Duration::from_secs(5))
     }
+}
+
+/// The boxes of `configs` (name, digest) whose configuration is not
+/// `own`'s, `name` aside.
+pub fn differing<'a>(
+    name: &str,
+    own: &str,
+    configs: &'a [(String, String)],
+) -> Vec<&'a (String, String)> {
+    configs
+        .iter()
+        .filter(|(n, digest)| n != name && digest != own)
+        .collect()
 }
 
 /// The lease's default time to live for `interval`: three intervals, from
@@ -343,8 +365,17 @@ mod tests {
             tls: None,
             user: None,
             shard: None,
+            config: "c1".into(),
         };
         assert_eq!(spec.tick(), Duration::from_secs(1));
+        assert_eq!(spec.configs_prefix(), "/genv-enforce/config/");
+        let configs = [
+            ("a".to_string(), "c1".to_string()),
+            ("b".to_string(), "c1".to_string()),
+            ("c".to_string(), "c2".to_string()),
+        ];
+        assert_eq!(differing("a", "c1", &configs), [&configs[2]]);
+        assert_eq!(differing("c", "c2", &configs), [&configs[0], &configs[1]]);
         let odd = HaSpec {
             ttl: Duration::from_millis(2900),
             ..spec.clone()
