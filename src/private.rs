@@ -273,6 +273,64 @@ mod tests {
     }
 
     #[test]
+    fn a_config_file_is_read_only_when_no_one_else_could_have_written_it() {
+        let dir = tempfile::tempdir().unwrap();
+        mode(dir.path(), 0o755);
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "[rules]\n").unwrap();
+        mode(&file, 0o644);
+        assert_eq!(read_config(&file).unwrap(), "[rules]\n");
+        let link = dir.path().join("l.toml");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(read_config(&link).unwrap(), "[rules]\n");
+        for m in [0o664, 0o646] {
+            mode(&file, m);
+            assert!(
+                matches!(read_config(&file), Err(Refusal::WritableByOthers)),
+                "{m:o}"
+            );
+        }
+        mode(&file, 0o644);
+        mode(dir.path(), 0o775);
+        assert!(matches!(read_config(&file), Err(Refusal::Ancestor(d)) if d == dir.path()));
+        mode(dir.path(), 0o1777);
+        assert_eq!(read_config(&file).unwrap(), "[rules]\n", "sticky, as /tmp");
+        mode(dir.path(), 0o755);
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        assert!(matches!(read_config(&fifo), Err(Refusal::FifoOrSocket)));
+        assert!(matches!(read_config(dir.path()), Err(Refusal::NotFile)));
+        assert!(matches!(
+            read_config(Path::new("/dev/null")),
+            Err(Refusal::NotFile)
+        ));
+        let full = dir.path().join("full");
+        std::fs::write(&full, vec![b'#'; usize::try_from(CONFIG_MAX).unwrap()]).unwrap();
+        assert_eq!(read_config(&full).unwrap().len() as u64, CONFIG_MAX);
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&full)
+            .unwrap()
+            .set_len(CONFIG_MAX + 1)
+            .unwrap();
+        assert!(matches!(
+            read_config(&full),
+            Err(Refusal::TooLarge(CONFIG_MAX))
+        ));
+        if rustix::process::geteuid().is_root() {
+            std::os::unix::fs::chown(&file, Some(65534), None).unwrap();
+            assert!(matches!(read_config(&file), Err(Refusal::NotRootOrOurs)));
+        }
+    }
+
+    #[test]
     fn each_refusal_is_told_in_its_words() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("f");
