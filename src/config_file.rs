@@ -905,6 +905,23 @@ ha-etcd = ["http://a:2379", "http://b:2379"]
     }
 
     #[test]
+    fn a_flag_typed_that_excludes_a_key_wins_whichever_declares_it() {
+        // --non-env-processes declares the conflict with the key's flag.
+        let file = parse("[rules]\nno-non-env-processes = true\n", &root()).unwrap();
+        let (merged, sources) = apply(&root(), &args("enforce --non-env-processes"), &file);
+        assert_eq!(words(&merged), "enforce --non-env-processes");
+        assert!(matches!(
+            sources["no-non-env-processes"],
+            Source::Overridden(_)
+        ));
+        // --webhook-file declares it with the key's --webhook.
+        let file = parse("[notifications]\nwebhook = \"http://h/x\"\n", &root()).unwrap();
+        let (merged, sources) = apply(&root(), &args("enforce --webhook-file /w"), &file);
+        assert_eq!(words(&merged), "enforce --webhook-file /w");
+        assert!(matches!(sources["webhook"], Source::Overridden(_)));
+    }
+
+    #[test]
     fn keys_a_command_lacks_are_unused() {
         let settings = parse(FILE, &root()).unwrap();
         let (merged, sources) = apply(&root(), &args("enforce --dry-run"), &settings);
