@@ -354,6 +354,15 @@ fn next_cycle(out: &mut BufReader<std::process::ChildStdout>) -> serde_json::Val
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
 }
 
+/// SIGHUP: a reload.
+fn hup(child: &std::process::Child) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(child),
+        rustix::process::Signal::HUP,
+    )
+    .unwrap();
+}
+
 fn terminate(child: &std::process::Child) {
     rustix::process::kill_process(
         rustix::process::Pid::from_child(child),
@@ -1131,13 +1140,6 @@ fn sighup_reloads_the_hostfile_keeps_unchanged_connections_and_survives_a_broken
             .map(|h| h["host"].as_str().unwrap().to_string())
             .collect::<Vec<_>>()
     };
-    let hup = |child: &std::process::Child| {
-        rustix::process::kill_process(
-            rustix::process::Pid::from_child(child),
-            rustix::process::Signal::HUP,
-        )
-        .unwrap()
-    };
     assert_eq!(hosts(&next_cycle(&mut out)), vec![f.names[0].clone()]);
     std::fs::write(&hostfile, format!("{}\n{}\n", f.names[0], f.names[1])).unwrap();
     hup(&child);
@@ -1228,13 +1230,6 @@ fn sighup_reloads_the_configuration_file_whole_or_not_at_all() {
             .unwrap()
             .iter()
             .any(|v| v["rule"] == "max-devices-per-user")
-    };
-    let hup = |child: &std::process::Child| {
-        rustix::process::kill_process(
-            rustix::process::Pid::from_child(child),
-            rustix::process::Signal::HUP,
-        )
-        .unwrap()
     };
     assert!(capped(&next_cycle(&mut out)), "the file's cap of 1");
     // A broken file (a key in the wrong section, a cap that is no number):
@@ -1348,11 +1343,7 @@ fn a_reload_that_would_change_the_command_run_is_refused() {
     assert_eq!(hosts(&next_cycle(&mut out)), [f.names[0].clone()]);
     // Without [hosts] it would run `enforce` on this machine instead.
     std::fs::write(&config, policy).unwrap();
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::HUP,
-    )
-    .unwrap();
+    hup(&child);
     for _ in 0..5 {
         assert_eq!(hosts(&next_cycle(&mut out)), [f.names[0].clone()]);
     }
