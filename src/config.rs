@@ -533,6 +533,7 @@ fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings
             mode,
             policy,
             dry_run: c.dry_run || replay,
+            follows: false,
             exit_on_error: false,
             kill_after: c.kill_after,
             // Only a run that keeps or serves them samples usage.

@@ -28,6 +28,9 @@ pub struct Options {
     pub policy: Policy,
     /// Report the plan, carry out nothing.
     pub dry_run: bool,
+    /// A follower in high availability: a dry run that reads the ladder
+    /// and leaves it as it was, so it warns, clears and tells nothing.
+    pub follows: bool,
     /// genv's `-e`: abort before enforcing anything when a host fails.
     pub exit_on_error: bool,
     /// SIGKILL what still runs this long after its SIGTERM.
@@ -90,7 +93,12 @@ pub async fn cycle(
     let assessed = Instant::now();
     let found = (std::mem::take(&mut g.results), std::mem::take(&mut g.own));
     let mut a = assessed_off_workers(fleet, options, n, abort, found, policy, memory, now).await;
-    let events = laddered(&mut a, &mut memory.ladder, &mut g.early, now, abort);
+    let kept = options.follows.then(|| memory.ladder.clone());
+    let mut events = laddered(&mut a, &mut memory.ladder, &mut g.early, now, abort);
+    if let Some(ladder) = kept {
+        memory.ladder = ladder;
+        events = Default::default();
+    }
     audit_cycle(fleet, n, options.mode, &a, &events.0);
     timing.assess_ms = millis(assessed.elapsed());
     let dispatched = Instant::now();

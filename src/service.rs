@@ -314,6 +314,7 @@ impl Run {
         }
         let follower = (!now.leads()).then(|| crate::cycle::Options {
             dry_run: true,
+            follows: true,
             ..self.settings.cycle.clone()
         });
         self.standing = Some(now);
@@ -329,7 +330,6 @@ impl Run {
         n: u64,
         follower: Option<crate::cycle::Options>,
     ) -> Option<(CycleReport, bool)> {
-        let before = follower.is_some().then(|| self.memory.ladder.clone());
         let options = follower.as_ref().unwrap_or(&self.settings.cycle);
         let (report, abort) = tokio::select! {
             r = cycle(&self.fleets[i], options, n, &mut self.memory) => r,
@@ -338,9 +338,7 @@ impl Run {
                 return None;
             }
         };
-        if let Some(ladder) = before {
-            self.memory.ladder = ladder;
-        } else if let Some(elector) = &self.service.elector {
+        if let (None, Some(elector)) = (&follower, &self.service.elector) {
             publish(elector, std::mem::take(&mut self.memory.published), &report).await;
         }
         if let (Some(elector), Some(refusal)) = (&self.service.elector, self.fencing.take_refusal())

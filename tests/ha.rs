@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use util::fleet::Fleet;
+use util::sink::Sink;
 
 const SIGTERM: i32 = 15;
 const SIGKILL: i32 = 9;
@@ -887,4 +888,52 @@ fn boxes_that_run_different_configurations_are_told_by_the_leader_and_doctor() {
         last.contains("every box runs the same configuration (box-a: ")
     });
     assert!(same, "{last}\n{}\n---\n{}", a.stderr(), b.stderr());
+}
+
+#[test]
+fn a_follower_warns_nobody_only_the_leader_tells_and_once() {
+    let Some(etcd) = etcd(1) else { return };
+    let Some(mut f) = Fleet::up(1) else { return };
+    let hook = Sink::start("http").unwrap();
+    let url = format!("http://127.0.0.1:{}/", hook.port);
+    let told = ["--grace", "1h", "--webhook", url.as_str()];
+    let a = Enforcer::start(&f, "box-a", &[&etcd[0]], &told);
+    let b = Enforcer::start(&f, "box-b", &[&etcd[0]], &told);
+    leader_of(&[&a, &b], Instant::now());
+    let stray = f.host(0).spawn_as("gealice", None);
+    f.host(0).set_apps(&[(stray, 0, "100")]);
+    let got = hook.wait_for(1);
+    assert_eq!(got.len(), 1, "{got:?}");
+    // Five cycles more of each box: the follower's dry run, which reads
+    // the ladder and leaves it, sends nothing; the leader warned once.
+    std::thread::sleep(Duration::from_secs(5));
+    let stages: Vec<(String, u64)> = hook
+        .received()
+        .iter()
+        .map(|p| {
+            let body: Value = serde_json::from_str(p["body"].as_str().unwrap()).unwrap();
+            (
+                body["event"]["stage"].as_str().unwrap().to_string(),
+                body["event"]["pid"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(stages, vec![("warned".to_string(), u64::from(stray))]);
+    let (mut a, mut b) = (a, b);
+    a.stop();
+    b.stop();
+    let warned: Vec<usize> = [&a, &b]
+        .iter()
+        .map(|e| {
+            std::fs::read_to_string(&e.audit)
+                .unwrap_or_default()
+                .matches("\"phase\":\"warned\"")
+                .count()
+        })
+        .collect();
+    assert_eq!(
+        warned.iter().sum::<usize>(),
+        1,
+        "warnings audited: {warned:?}"
+    );
 }

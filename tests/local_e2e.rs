@@ -161,6 +161,7 @@ async fn process_of_unknown_ownership_is_reported_never_terminated() {
             ..Default::default()
         },
         dry_run: false,
+        follows: false,
         exit_on_error: false,
         kill_after: None,
         sample_usage: false,

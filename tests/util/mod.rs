@@ -23,6 +23,7 @@ pub fn uuid(i: u32) -> String {
 }
 
 pub mod fleet;
+pub mod sink;
 
 /// One fake GPU host: a directory with `gpu/` tables for the fake
 /// nvidia-smi, `genv/` state and `bin/nvidia-smi`; processes it spawned.
