@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use util::sink::{free_port, Sink};
-use util::{env, prerequisite, repo, Host};
+use util::{env, Host};
 
 /// The enforcer's JSON reports, one per cycle.
 struct Run {
