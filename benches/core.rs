@@ -2,15 +2,16 @@
 //! snapshot, assessing a synthetic 500-host cluster (rules + plan), one
 //! host whose user wrote 100,000 environments and attachments, and the
 //! whole pure path of a remote cycle over 1,000 hosts (8,000 GPUs, 24,000
-//! processes): the agents' answers parsed, assembled and assessed host by
-//! host (on one worker, and spread over the machine's cores as the blocking
-//! pool does), then the caps and the plan.
+//! processes): the agents' answers parsed, assembled and assessed, and
+//! each host's own plan made, host by host (on one worker, and spread over
+//! the machine's cores as the blocking pool does), then the caps and the
+//! plan.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 
-use genv_enforce::assess::{assess_found, HostResult};
+use genv_enforce::assess::{assess_found, assess_planned, own_plan, HostResult};
 use genv_enforce::model::{Cluster, FailureKind, HostFailure, HostId, HostSnapshot, Mode};
-use genv_enforce::plan;
+use genv_enforce::plan::{self, HostPlan};
 use genv_enforce::rules::{self, evaluate, Moment, Policy};
 use genv_enforce::snapshot::assemble::{assemble, ParsedState};
 use genv_enforce::snapshot::frames;
@@ -161,18 +162,48 @@ fn agent_answer(h: usize) -> Vec<u8> {
     out
 }
 
-/// One host's part of a cycle: its answer parsed, assembled and assessed
-/// (what runs in the blocking pool, host by host).
-fn host_part(host: &HostId, bytes: &[u8], parsed: &mut ParsedState, policy: &Policy) -> HostResult {
+/// One host's part of a cycle: its answer parsed, assembled and assessed,
+/// and the plan its own findings make (what runs in the blocking pool,
+/// host by host).
+fn host_part(
+    host: &HostId,
+    bytes: &[u8],
+    parsed: &mut ParsedState,
+    policy: &Policy,
+) -> (HostResult, HostPlan) {
     let snap = frames::parse_frames(bytes, &host.0)
         .map_err(|e| e.to_string())
         .and_then(|f| frames::raw_host(&f, &host.0).map_err(|e| e.to_string()))
         .and_then(|raw| {
             assemble(&raw, &host.0, parsed, genv::DEFAULT_MAX_RECORDS).map_err(|e| e.to_string())
         })
-        .map_err(|e| HostFailure::new(FailureKind::Parse, e))?;
-    let findings = rules::assess_host(host, &snap, policy, &Default::default());
-    Ok((snap, findings))
+        .map_err(|e| HostFailure::new(FailureKind::Parse, e));
+    match snap {
+        Ok(snap) => {
+            let findings = rules::assess_host(host, &snap, policy, &Default::default());
+            let own = own_plan(host, &snap, &findings);
+            (Ok((snap, findings)), own)
+        }
+        Err(e) => (Err(e), HostPlan::default()),
+    }
+}
+
+/// The hosts' parts in host order, as the cycle hands them on: results,
+/// and the own plans of those that answered.
+fn gathered(
+    parts: Vec<(HostId, (HostResult, HostPlan))>,
+) -> (Vec<(HostId, HostResult)>, Vec<HostPlan>) {
+    let mut own = Vec::new();
+    let results = parts
+        .into_iter()
+        .map(|(h, (r, plan))| {
+            if r.is_ok() {
+                own.push(plan);
+            }
+            (h, r)
+        })
+        .collect();
+    (results, own)
 }
 
 /// The pure path of one remote cycle over `answers`, with each host's
@@ -185,7 +216,7 @@ fn pure_path(
     workers: usize,
 ) -> usize {
     let chunk = answers.len().div_ceil(workers.max(1));
-    let results: Vec<(HostId, HostResult)> = std::thread::scope(|s| {
+    let parts: Vec<(HostId, (HostResult, HostPlan))> = std::thread::scope(|s| {
         let handles: Vec<_> = answers
             .chunks(chunk)
             .zip(parsed.chunks_mut(chunk))
@@ -204,7 +235,8 @@ fn pure_path(
             .flat_map(|h| h.join().unwrap())
             .collect()
     });
-    let report = assess_found(1, Mode::Remote, false, policy, results, Moment::none());
+    let (results, own) = gathered(parts);
+    let report = assess_planned(1, Mode::Remote, false, policy, results, own, Moment::none());
     report.plan.hosts.len()
 }
 
@@ -408,8 +440,8 @@ fn fleet_benches(c: &mut Criterion) {
     };
     group.bench_function("cluster-wide part only (merge, caps, plan)", |b| {
         b.iter_batched(
-            || results(&mut steady),
-            |r| assess_found(1, Mode::Remote, false, &policy, r, Moment::none()),
+            || gathered(results(&mut steady)),
+            |(r, own)| assess_planned(1, Mode::Remote, false, &policy, r, own, Moment::none()),
             criterion::BatchSize::LargeInput,
         )
     });

@@ -157,8 +157,7 @@ async fn snapshots(
 ) -> (Vec<crate::fleet::Round>, Arc<HashMap<HostId, Orphans>>) {
     let early = !options.dry_run && !options.exit_on_error;
     let held: &Ladder = &memory.ladder;
-    let own = |host: &_, snap: &_, findings: &_| {
-        let plan = assess::own_plan(host, snap, findings);
+    let own = |host: &_, plan: HostPlan| {
         let early = early.then(|| held.split_host(host, &plan, now));
         Own { plan, early }
     };

@@ -163,7 +163,7 @@ impl Fleet {
         now: F,
     ) -> Vec<Round>
     where
-        F: Fn(&HostId, &HostSnapshot, &HostFindings) -> Own + Sync,
+        F: Fn(&HostId, HostPlan) -> Own + Sync,
     {
         let now = &now;
         fan_out(&self.hosts, self.concurrency, |h| {
@@ -182,7 +182,8 @@ impl Fleet {
                                 let none = Orphans::default();
                                 let seen = orphans.get(&id).unwrap_or(&none);
                                 let findings = rules::assess_host(&id, &snap, &policy, seen);
-                                Ok((snap, findings))
+                                let plan = crate::assess::own_plan(&id, &snap, &findings);
+                                Ok(((snap, findings), plan))
                             })
                             .await
                             .and_then(|r| r)
@@ -190,9 +191,9 @@ impl Fleet {
                         Err(e) => Err(e),
                     };
                     let elapsed = start.elapsed();
-                    let own = match &result {
-                        Ok((snap, findings)) => now(h.id(), snap, findings),
-                        Err(_) => Own::default(),
+                    let (result, own) = match result {
+                        Ok((found, plan)) => (Ok(found), now(h.id(), plan)),
+                        Err(e) => (Err(e), Own::default()),
                     };
                     let outcomes = match own.due() {
                         Some(due) if !due.is_empty() => self.execute(cycle, h, due).await,
