@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -438,8 +439,11 @@ impl HostTruth {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct HostSnapshot {
     pub processes: Vec<Process>,
-    pub envs: Vec<Env>,
-    pub devices: Vec<Device>,
+    /// Shared with the host's parse of its unchanged state files (see
+    /// [`crate::snapshot::assemble::ParsedState`]): a steady cycle copies
+    /// none of them.
+    pub envs: Arc<Vec<Env>>,
+    pub devices: Arc<Vec<Device>>,
     /// `None` for a recorded genv snapshot: its records are all there is.
     pub truth: Option<HostTruth>,
     /// How busy its GPUs and processes were, when asked.

@@ -461,8 +461,8 @@ impl World {
             .collect();
         HostSnapshot {
             processes: self.processes.clone(),
-            envs,
-            devices,
+            envs: envs.into(),
+            devices: devices.into(),
             truth: Some(HostTruth {
                 groups: Default::default(),
                 pid_uids,

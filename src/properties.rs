@@ -2,6 +2,7 @@
 //! plan invariants hold on arbitrary clusters.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use proptest::prelude::*;
 
@@ -204,7 +205,7 @@ proptest! {
                 .filter(|p| p.uid.is_some())
                 .filter_map(|p| p.owner.eid().cloned())
                 .collect();
-            for e in &mut s.envs {
+            for e in Arc::make_mut(&mut s.envs) {
                 let name = names.next().flatten();
                 if carried.contains(&e.eid) {
                     e.username = name;
@@ -240,7 +241,7 @@ fn without_detached(c: &Cluster, plan: &Plan) -> Cluster {
     let mut after = c.clone();
     for (host, snap) in &mut after.hosts {
         if let Some((_, p)) = plan.hosts.iter().find(|(h, _)| h == host) {
-            for d in &mut snap.devices {
+            for d in Arc::make_mut(&mut snap.devices) {
                 d.attachments.retain(|a| {
                     !p.detach
                         .iter()
@@ -349,7 +350,8 @@ fn host() -> impl Strategy<Value = HostSnapshot> {
                             v
                         }),
                 })
-                .collect();
+                .collect::<Vec<_>>()
+                .into();
             let processes = procs
                 .into_iter()
                 .enumerate()
@@ -382,7 +384,7 @@ fn host() -> impl Strategy<Value = HostSnapshot> {
                 .collect();
             HostSnapshot {
                 processes,
-                envs,
+                envs: envs.into(),
                 devices,
                 truth,
                 ..Default::default()

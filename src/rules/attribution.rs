@@ -259,7 +259,7 @@ impl<'a> Attribution<'a> {
         let (member_at, member_list) = grouped(n, &members);
         let mut attached = Vec::new();
         let mut last: Vec<Option<GpuIndex>> = vec![None; n];
-        for d in &snap.devices {
+        for d in snap.devices.iter() {
             for a in &d.attachments {
                 if let Some(&i) = index.get(&a.eid) {
                     // Once per device entry, even if it lists the id twice.
@@ -447,8 +447,8 @@ mod tests {
     fn host(envs: Vec<Env>, processes: Vec<Process>) -> HostSnapshot {
         HostSnapshot {
             processes,
-            envs,
-            devices: devices(2, &[]),
+            envs: envs.into(),
+            devices: devices(2, &[]).into(),
             truth: Some(HostTruth {
                 groups: Default::default(),
                 pid_uids: [(10, 1001), (20, 1002)].into_iter().collect(),
@@ -527,8 +527,8 @@ mod tests {
             vec![listing("a", Some("alice"), &[1])],
             vec![job(30, Some("a"), 1001)],
         );
-        s.devices = devices(3, &[(0, "a"), (1, "a"), (2, "a")]);
-        s.devices.reverse();
+        s.devices = devices(3, &[(0, "a"), (1, "a"), (2, "a")]).into();
+        std::sync::Arc::make_mut(&mut s.devices).reverse();
         let a = Attribution::of(&s, &Orphans::default());
         for d in 0..3 {
             assert!(a.is_attached(0, GpuIndex(d)), "device {d}");

@@ -50,8 +50,8 @@ mod tests {
                 proc_(12, Some("ghost"), &[(3, mib(1)), (0, mib(1))]),
                 proc_(13, None, &[(3, mib(1))]),
             ],
-            envs: vec![env("a", Some("alice"), None)],
-            devices: devices(4, &[(0, "a")]),
+            envs: vec![env("a", Some("alice"), None)].into(),
+            devices: devices(4, &[(0, "a")]).into(),
             truth: None,
             ..Default::default()
         };
@@ -75,8 +75,8 @@ mod tests {
     fn env_with_no_devices_has_all_its_processes_named() {
         let snap = HostSnapshot {
             processes: vec![proc_(10, Some("a"), &[(0, mib(1))])],
-            envs: vec![env("a", None, None)],
-            devices: devices(1, &[]),
+            envs: vec![env("a", None, None)].into(),
+            devices: devices(1, &[]).into(),
             truth: None,
             ..Default::default()
         };

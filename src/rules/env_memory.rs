@@ -80,8 +80,8 @@ mod tests {
     fn snap(cap: &str, procs: Vec<crate::model::Process>) -> HostSnapshot {
         HostSnapshot {
             processes: procs,
-            envs: vec![env("a", Some("alice"), Some(cap))],
-            devices: devices(2, &[(0, "a")]),
+            envs: vec![env("a", Some("alice"), Some(cap))].into(),
+            devices: devices(2, &[(0, "a")]).into(),
             truth: None,
             ..Default::default()
         }
@@ -196,8 +196,8 @@ mod tests {
     fn env_without_gpu_memory_is_unlimited() {
         let s = HostSnapshot {
             processes: vec![proc_(1, Some("a"), &[(0, mib(80000))])],
-            envs: vec![env("a", None, None)],
-            devices: devices(1, &[(0, "a")]),
+            envs: vec![env("a", None, None)].into(),
+            devices: devices(1, &[(0, "a")]).into(),
             truth: None,
             ..Default::default()
         };

@@ -331,8 +331,8 @@ mod tests {
     ) -> HostSnapshot {
         HostSnapshot {
             processes,
-            envs: vec![env("e", Some("alice"), None)],
-            devices: devices(2, &[(0, "e"), (1, "e")]),
+            envs: vec![env("e", Some("alice"), None)].into(),
+            devices: devices(2, &[(0, "e"), (1, "e")]).into(),
             utilization: Some(Utilization {
                 processes: pmon.map(|lines| {
                     lines

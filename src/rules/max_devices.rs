@@ -260,8 +260,8 @@ mod tests {
     fn host(envs: Vec<crate::model::Env>, attachments: &[(u32, &str)]) -> HostSnapshot {
         HostSnapshot {
             processes: vec![],
-            envs,
-            devices: devices(4, attachments),
+            envs: envs.into(),
+            devices: devices(4, attachments).into(),
             truth: None,
             ..Default::default()
         }

@@ -326,8 +326,8 @@ mod tests {
                 proc_(1, Some("e"), &[(0, mib(300)), (1, mib(200))]),
                 unknown,
             ],
-            envs: vec![env("e", Some("alice"), None)],
-            devices: devices(2, &[(0, "e"), (1, "e")]),
+            envs: vec![env("e", Some("alice"), None)].into(),
+            devices: devices(2, &[(0, "e"), (1, "e")]).into(),
             ..Default::default()
         };
         let a = Attribution::of(&snap, &Default::default());

@@ -874,8 +874,8 @@ mod tests {
                 proc_(1, Some("a"), &[(1, mib(1))]),
                 proc_(2, None, &[(0, mib(1))]),
             ],
-            envs: vec![env("a", Some("alice"), None)],
-            devices: devices(2, &[(0, "a")]),
+            envs: vec![env("a", Some("alice"), None)].into(),
+            devices: devices(2, &[(0, "a")]).into(),
             ..Default::default()
         };
         let policy = Policy {
@@ -963,8 +963,8 @@ mod tests {
                 // Idle and nameless: charged to nobody, as in genv, silently.
                 env("u", None, None),
                 env("c", Some("alice"), None),
-            ],
-            devices: devices(4, &[(0, "m"), (3, "n"), (1, "r"), (2, "u"), (2, "c")]),
+            ].into(),
+            devices: devices(4, &[(0, "m"), (3, "n"), (1, "r"), (2, "u"), (2, "c")]).into(),
             truth: Some(HostTruth {
                 user_names: [(1000, "alice".to_string()), (1001, "bob".to_string())]
                     .into_iter()
@@ -1036,7 +1036,7 @@ mod tests {
         );
         let snap = HostSnapshot {
             processes: vec![gone],
-            devices: devices(2, &[]),
+            devices: devices(2, &[]).into(),
             truth: Some(HostTruth::default()),
             ..Default::default()
         };
@@ -1110,7 +1110,7 @@ mod tests {
     #[test]
     fn a_detach_is_told_to_its_user_only_when_the_kernel_vouches_for_them() {
         let (host, mut snap) = noticed();
-        snap.envs.push(env("idle", Some("carol"), None));
+        std::sync::Arc::make_mut(&mut snap.envs).push(env("idle", Some("carol"), None));
         // Group exemptions asked the host for its users' groups.
         if let Some(t) = snap.truth.as_mut() {
             t.groups.insert(1000, vec!["alice".into(), "lab".into()]);
@@ -1125,7 +1125,7 @@ mod tests {
                 (2, "c"),
                 (1, "idle"),
             ],
-        );
+        ).into();
         let policy = Policy {
             max_devices_per_user: Some(0),
             ..Policy::default()

@@ -43,8 +43,8 @@ mod tests {
                 proc_(3, Some("ghost"), &[(1, mib(10))]),
                 unreadable,
             ],
-            envs: vec![env("e", Some("alice"), None)],
-            devices: devices(2, &[(0, "e")]),
+            envs: vec![env("e", Some("alice"), None)].into(),
+            devices: devices(2, &[(0, "e")]).into(),
             truth: None,
             ..Default::default()
         };
@@ -69,8 +69,8 @@ mod tests {
     fn compliant_host_has_no_violation() {
         let snap = HostSnapshot {
             processes: vec![proc_(2, Some("e"), &[(0, mib(10))])],
-            envs: vec![env("e", None, None)],
-            devices: devices(1, &[(0, "e")]),
+            envs: vec![env("e", None, None)].into(),
+            devices: devices(1, &[(0, "e")]).into(),
             truth: None,
             ..Default::default()
         };

@@ -66,8 +66,8 @@ mod tests {
                 proc_(2, Some("e"), &[(0, mib(10))]),
                 proc_(3, None, &[(1, mib(10))]),
             ],
-            envs: vec![env("e", Some("alice"), None)],
-            devices: devices(2, &[(0, "e")]),
+            envs: vec![env("e", Some("alice"), None)].into(),
+            devices: devices(2, &[(0, "e")]).into(),
             truth: Some(HostTruth {
                 user_names: [(1000, "alice".to_string())].into_iter().collect(),
                 ..HostTruth::default()
@@ -90,10 +90,10 @@ mod tests {
         // Seen orphaned before, with a record appearing since: still one,
         // until its environment is attached where it runs (restored).
         let mut later = snap.clone();
-        later.envs.push(env("bogus123", Some("alice"), None));
+        std::sync::Arc::make_mut(&mut later.envs).push(env("bogus123", Some("alice"), None));
         let orphans = [(Pid(1), 1001)].into_iter().collect();
         assert_eq!(evaluate(&host, &Attribution::of(&later, &orphans)).len(), 1);
-        later.devices = devices(2, &[(0, "e"), (0, "bogus123")]);
+        later.devices = devices(2, &[(0, "e"), (0, "bogus123")]).into();
         assert!(evaluate(&host, &Attribution::of(&later, &orphans)).is_empty());
     }
 }

@@ -5,6 +5,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::{genv, nvidia_smi, ParseError};
 use crate::model::{Device, Env, EnvId, HostSnapshot, HostTruth, Owner, Pid, Process};
@@ -77,27 +78,38 @@ pub enum Environ {
 }
 
 /// The state files one host had last time, parsed, kept across cycles:
-/// unchanged files (the usual case) are compared, not parsed again.
+/// unchanged files (the usual case) are compared, not parsed again, and
+/// when the pids they list are as alive as last time, their cleaned-up
+/// records are shared with last cycle's snapshot, not copied.
 #[derive(Debug, Default)]
 pub struct ParsedState {
     envs: Option<(String, Vec<Env>)>,
     devices: Option<(String, Vec<Device>)>,
+    cleaned: Option<Cleaned>,
 }
 
-/// `text` parsed by `parse`, or what `cache` holds for the same text.
-fn cached<T: Clone>(
-    cache: &mut Option<(String, Vec<T>)>,
+/// Both files as last parsed, cleaned up and normalized, and which of the
+/// pids they list (in order) were alive then.
+#[derive(Debug)]
+struct Cleaned {
+    alive: Vec<bool>,
+    envs: Arc<Vec<Env>>,
+    devices: Arc<Vec<Device>>,
+}
+
+/// `text` parsed by `parse`, or what `cache` holds for the same text; and
+/// whether it held it.
+fn cached<'c, T>(
+    cache: &'c mut Option<(String, Vec<T>)>,
     text: &str,
     parse: impl FnOnce(&str) -> Result<Vec<T>, ParseError>,
-) -> Result<Vec<T>, ParseError> {
-    if let Some((seen, parsed)) = cache {
-        if seen == text {
-            return Ok(parsed.clone());
-        }
+) -> Result<(&'c Vec<T>, bool), ParseError> {
+    let held = cache.as_ref().is_some_and(|(seen, _)| seen == text);
+    if !held {
+        *cache = Some((text.to_string(), parse(text)?));
     }
-    let parsed = parse(text)?;
-    *cache = Some((text.to_string(), parsed.clone()));
-    Ok(parsed)
+    let (_, parsed) = cache.as_ref().expect("cached above");
+    Ok((parsed, held))
 }
 
 /// Builds a host snapshot as `genv usage snapshot` would (with genv's
@@ -126,17 +138,14 @@ pub fn assemble(
     let apps = nvidia_smi::parse_compute_apps(&raw.apps, "")
         .map_err(named("nvidia-smi --query-compute-apps"))?;
     let by_pid = nvidia_smi::processes(&gpus, &apps, "").map_err(named("nvidia-smi"))?;
-    let (mut envs, mut devices, state_problem) = match genv_state(raw, parsed, max_records, &gpus) {
+    let (envs, devices, state_problem) = match genv_state(raw, parsed, max_records, &gpus) {
         Ok((envs, devices)) => (envs, devices, None),
-        Err(problem) => (Vec::new(), nvidia_smi::devices(&gpus), Some(problem)),
+        Err(problem) => (
+            Arc::default(),
+            Arc::new(nvidia_smi::devices(&gpus)),
+            Some(problem),
+        ),
     };
-    let alive = |pid: i64| u32::try_from(pid).is_ok_and(|p| raw.procs.contains_key(&p));
-    // Kernels are taken as gone, as genv 1.4.3 finds them when run as root
-    // (it looks in root's own Jupyter runtime directory): a record kept
-    // alive by kernel ids alone is dropped, and processes carrying its id
-    // are strays, left alone.
-    genv::clean_up(&mut envs, &mut devices, alive, |_| false);
-    genv::normalize(&mut envs, &mut devices);
 
     let processes = by_pid
         .into_iter()
@@ -188,43 +197,77 @@ pub fn assemble(
     })
 }
 
-/// genv's environments and devices as the host's files hold them, or why
-/// they cannot be used (every reason, in one line).
+/// genv's environments and devices as the host's files hold them after
+/// genv's load-time clean-up, [`genv::normalize`]d, or why they cannot be
+/// used (every reason, in one line).
 fn genv_state(
     raw: &RawHost,
     parsed: &mut ParsedState,
     max_records: usize,
     gpus: &[nvidia_smi::Gpu],
-) -> Result<(Vec<Env>, Vec<Device>), String> {
+) -> Result<(Arc<Vec<Env>>, Arc<Vec<Device>>), String> {
+    // Kept only by a cycle that ends with both files parsed as before.
+    let last = parsed.cleaned.take();
     if !raw.state_errors.is_empty() {
         let said: Vec<&str> = raw.state_errors.values().map(String::as_str).collect();
         return Err(said.join("; "));
     }
     let say = |what: &str, e: ParseError| e.from(what).to_string();
-    let envs = match &raw.envs {
+    let (no_envs, listed);
+    let (envs, envs_held) = match &raw.envs {
         Some(text) => cached(&mut parsed.envs, text, |t| genv::parse_envs(t, ""))
             .map_err(|e| say("envs.json", e))?,
-        None => Vec::new(),
+        None => {
+            no_envs = Vec::new();
+            (&no_envs, false)
+        }
     };
-    let devices = match &raw.devices {
+    let (devices, devices_held) = match &raw.devices {
         Some(text) => cached(&mut parsed.devices, text, |t| genv::parse_devices(t, ""))
             .map_err(|e| say("devices.json", e))?,
-        None => nvidia_smi::devices(gpus),
+        None => {
+            listed = nvidia_smi::devices(gpus);
+            (&listed, false)
+        }
     };
     genv::within(
-        genv::env_records(&envs),
+        genv::env_records(envs),
         max_records,
         "envs.json",
         "environments, their pids and kernel ids",
     )
     .map_err(|e| e.to_string())?;
     genv::within(
-        genv::device_records(&devices),
+        genv::device_records(devices),
         max_records,
         "devices.json",
         "devices and attachments",
     )
     .map_err(|e| e.to_string())?;
+    let alive = |pid: i64| u32::try_from(pid).is_ok_and(|p| raw.procs.contains_key(&p));
+    let alive_now: Vec<bool> = envs.iter().flat_map(|e| &e.pids).map(|p| alive(*p)).collect();
+    // Both files as parsed last time, their pids as alive: last cycle's
+    // result.
+    if let (true, true, Some(c)) = (envs_held, devices_held, last) {
+        if c.alive == alive_now {
+            let shared = (Arc::clone(&c.envs), Arc::clone(&c.devices));
+            parsed.cleaned = Some(c);
+            return Ok(shared);
+        }
+    }
+    let (mut envs, mut devices) = (envs.clone(), devices.clone());
+    // Kernels are taken as gone, as genv 1.4.3 finds them when run as root
+    // (it looks in root's own Jupyter runtime directory): a record kept
+    // alive by kernel ids alone is dropped, and processes carrying its id
+    // are strays, left alone.
+    genv::clean_up(&mut envs, &mut devices, alive, |_| false);
+    genv::normalize(&mut envs, &mut devices);
+    let (envs, devices) = (Arc::new(envs), Arc::new(devices));
+    parsed.cleaned = (raw.envs.is_some() && raw.devices.is_some()).then(|| Cleaned {
+        alive: alive_now,
+        envs: Arc::clone(&envs),
+        devices: Arc::clone(&devices),
+    });
     Ok((envs, devices))
 }
 
@@ -492,5 +535,48 @@ mod tests {
             parsed.envs.as_ref().unwrap().1[0].username.as_deref(),
             Some("bob")
         );
+    }
+
+    #[test]
+    fn a_steady_state_is_shared_and_any_change_cleans_up_anew() {
+        let mut parsed = ParsedState::default();
+        let first = assemble(&raw(), "h", &mut parsed, MAX).unwrap();
+        let again = assemble(&raw(), "h", &mut parsed, MAX).unwrap();
+        assert!(Arc::ptr_eq(&first.envs, &again.envs));
+        assert!(Arc::ptr_eq(&first.devices, &again.devices));
+        // A listed pid ends: "e" keeps 100 only.
+        let mut r = raw();
+        r.procs.remove(&7);
+        let fewer = assemble(&r, "h", &mut parsed, MAX).unwrap();
+        assert!(!Arc::ptr_eq(&first.envs, &fewer.envs));
+        assert_eq!(fewer.envs[0].pids, vec![100]);
+        assert_eq!(first.envs[0].pids, vec![7, 100]);
+        // The dead env's pid comes back: its record and attachment too.
+        let mut r = raw();
+        r.procs.insert(999, seen(1, 0, Environ::NotRead));
+        let back = assemble(&r, "h", &mut parsed, MAX).unwrap();
+        assert_eq!((back.envs.len(), back.devices[0].attachments.len()), (2, 2));
+        // envs.json changes and devices.json then fails to parse: the
+        // next cycle, with devices.json as before, sees the new envs.json.
+        let mut r = raw();
+        r.envs = Some(r.envs.unwrap().replace("\"alice\"", "\"bob\"").into());
+        r.devices = Some("{".into());
+        assert!(assemble(&r, "h", &mut parsed, MAX).unwrap().state_problem().is_some());
+        r.devices = raw().devices;
+        let s = assemble(&r, "h", &mut parsed, MAX).unwrap();
+        assert_eq!(s.envs[0].username.as_deref(), Some("bob"));
+        // Without devices.json the devices are nvidia-smi's; with it back
+        // (as parsed before), its attachments.
+        r.devices = None;
+        let s = assemble(&r, "h", &mut parsed, MAX).unwrap();
+        assert!(s.devices.iter().all(|d| d.attachments.is_empty()));
+        r.devices = raw().devices;
+        let s = assemble(&r, "h", &mut parsed, MAX).unwrap();
+        assert_eq!(s.devices[0].attachments.len(), 1);
+        // A state error, then the same files: the same as before it.
+        r.state_errors.insert("envs".into(), "refused".into());
+        assert!(assemble(&r, "h", &mut parsed, MAX).unwrap().envs.is_empty());
+        r.state_errors.clear();
+        assert_eq!(assemble(&r, "h", &mut parsed, MAX).unwrap(), s);
     }
 }

@@ -161,9 +161,11 @@ fn proc_body(body: &[u8], source: &str) -> Result<RawProc, ParseError> {
     };
     let head = std::str::from_utf8(head).map_err(|_| bad())?;
     let why = || String::from_utf8_lossy(rest).into_owned();
-    match head.split(' ').collect::<Vec<_>>()[..] {
-        ["unsure"] => Ok(RawProc::Unsure(why())),
-        ["seen", start, uid, environ] => Ok(RawProc::Seen {
+    let mut words = head.split(' ');
+    let words = [(); 5].map(|()| words.next());
+    match words {
+        [Some("unsure"), None, ..] => Ok(RawProc::Unsure(why())),
+        [Some("seen"), Some(start), Some(uid), Some(environ), None] => Ok(RawProc::Seen {
             start_time: start.parse().map_err(|_| bad())?,
             uid: match uid {
                 "-" => None,

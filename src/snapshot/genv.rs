@@ -151,8 +151,8 @@ pub fn parse_snapshot(text: &str, source: &str) -> Result<HostSnapshot, ParseErr
     normalize(&mut envs, &mut devices);
     Ok(HostSnapshot {
         processes: processes_from_json(&json.processes.processes, source)?,
-        envs,
-        devices,
+        envs: envs.into(),
+        devices: devices.into(),
         truth: None,
         utilization: match &json.gpu_utilization {
             Some(text) => Some(crate::model::Utilization {
@@ -560,13 +560,14 @@ mod tests {
 
     #[test]
     fn clean_up_drops_dead_envs_and_their_attachments() {
-        let mut s = parse_snapshot(SPEC_EXAMPLE, "spec").unwrap();
-        clean_up(&mut s.envs, &mut s.devices, |p| p == 4242, |_| false);
-        assert_eq!(s.envs[0].pids, vec![4242]);
-        assert_eq!(s.devices[0].attachments.len(), 1);
-        clean_up(&mut s.envs, &mut s.devices, |_| false, |_| false);
-        assert!(s.envs.is_empty());
-        assert!(s.devices[0].attachments.is_empty());
+        let s = parse_snapshot(SPEC_EXAMPLE, "spec").unwrap();
+        let (mut envs, mut devices) = (s.envs.to_vec(), s.devices.to_vec());
+        clean_up(&mut envs, &mut devices, |p| p == 4242, |_| false);
+        assert_eq!(envs[0].pids, vec![4242]);
+        assert_eq!(devices[0].attachments.len(), 1);
+        clean_up(&mut envs, &mut devices, |_| false, |_| false);
+        assert!(envs.is_empty());
+        assert!(devices[0].attachments.is_empty());
     }
 
     #[test]
