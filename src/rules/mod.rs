@@ -963,7 +963,8 @@ mod tests {
                 // Idle and nameless: charged to nobody, as in genv, silently.
                 env("u", None, None),
                 env("c", Some("alice"), None),
-            ].into(),
+            ]
+            .into(),
             devices: devices(4, &[(0, "m"), (3, "n"), (1, "r"), (2, "u"), (2, "c")]).into(),
             truth: Some(HostTruth {
                 user_names: [(1000, "alice".to_string()), (1001, "bob".to_string())]
@@ -1125,7 +1126,8 @@ mod tests {
                 (2, "c"),
                 (1, "idle"),
             ],
-        ).into();
+        )
+        .into();
         let policy = Policy {
             max_devices_per_user: Some(0),
             ..Policy::default()

@@ -88,6 +88,9 @@ pub struct ParsedState {
     cleaned: Option<Cleaned>,
 }
 
+/// A host's environments and devices, cleaned up and normalized, shared.
+type State = (Arc<Vec<Env>>, Arc<Vec<Device>>);
+
 /// Both files as last parsed, cleaned up and normalized, and which of the
 /// pids they list (in order) were alive then.
 #[derive(Debug)]
@@ -205,7 +208,7 @@ fn genv_state(
     parsed: &mut ParsedState,
     max_records: usize,
     gpus: &[nvidia_smi::Gpu],
-) -> Result<(Arc<Vec<Env>>, Arc<Vec<Device>>), String> {
+) -> Result<State, String> {
     // Kept only by a cycle that ends with both files parsed as before.
     let last = parsed.cleaned.take();
     if !raw.state_errors.is_empty() {
@@ -245,7 +248,11 @@ fn genv_state(
     )
     .map_err(|e| e.to_string())?;
     let alive = |pid: i64| u32::try_from(pid).is_ok_and(|p| raw.procs.contains_key(&p));
-    let alive_now: Vec<bool> = envs.iter().flat_map(|e| &e.pids).map(|p| alive(*p)).collect();
+    let alive_now: Vec<bool> = envs
+        .iter()
+        .flat_map(|e| &e.pids)
+        .map(|p| alive(*p))
+        .collect();
     // Both files as parsed last time, their pids as alive: last cycle's
     // result.
     if let (true, true, Some(c)) = (envs_held, devices_held, last) {
@@ -561,7 +568,10 @@ mod tests {
         let mut r = raw();
         r.envs = Some(r.envs.unwrap().replace("\"alice\"", "\"bob\"").into());
         r.devices = Some("{".into());
-        assert!(assemble(&r, "h", &mut parsed, MAX).unwrap().state_problem().is_some());
+        assert!(assemble(&r, "h", &mut parsed, MAX)
+            .unwrap()
+            .state_problem()
+            .is_some());
         r.devices = raw().devices;
         let s = assemble(&r, "h", &mut parsed, MAX).unwrap();
         assert_eq!(s.envs[0].username.as_deref(), Some("bob"));
