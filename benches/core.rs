@@ -3,9 +3,11 @@
 //! host whose user wrote 100,000 environments and attachments, and the
 //! whole pure path of a remote cycle over 1,000 hosts (8,000 GPUs, 24,000
 //! processes): the agents' answers parsed, assembled and assessed, and
-//! each host's own plan made, host by host (on one worker, and spread over
-//! the machine's cores as the blocking pool does), then the caps and the
-//! plan.
+//! each host's own plan made, host by host (on one worker, the calling
+//! thread, and spread over the machine's cores on threads that outlive the
+//! cycle, as the blocking pool's do), then the caps and the plan.
+
+use std::sync::mpsc;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 
@@ -206,38 +208,84 @@ fn gathered(
     (results, own)
 }
 
-/// The pure path of one remote cycle over `answers`, with each host's
-/// state as parsed last cycle in `parsed`, the hosts' parts on `workers`
-/// threads.
-fn pure_path(
-    answers: &[(HostId, Vec<u8>)],
-    parsed: &mut [ParsedState],
-    policy: &Policy,
-    workers: usize,
-) -> usize {
-    let chunk = answers.len().div_ceil(workers.max(1));
-    let parts: Vec<(HostId, (HostResult, HostPlan))> = std::thread::scope(|s| {
-        let handles: Vec<_> = answers
-            .chunks(chunk)
-            .zip(parsed.chunks_mut(chunk))
-            .map(|(answers, parsed)| {
-                s.spawn(move || {
-                    answers
-                        .iter()
-                        .zip(parsed.iter_mut())
-                        .map(|((host, bytes), p)| (host.clone(), host_part(host, bytes, p, policy)))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
-    });
+/// One host's part: its id, its result and its own plan.
+type Part = (HostId, (HostResult, HostPlan));
+
+/// What needs every host's part: the caps and the plan; the count of
+/// hosts with something to do.
+fn planned(parts: Vec<Part>, policy: &Policy) -> usize {
     let (results, own) = gathered(parts);
     let report = assess_planned(1, Mode::Remote, false, policy, results, own, Moment::none());
     report.plan.hosts.len()
+}
+
+/// The pure path of one remote cycle over `answers` on one worker, the
+/// calling thread (as `1a75ad2`'s bench ran it), with each host's state
+/// as parsed last cycle in `parsed`.
+fn pure_path(answers: &[(HostId, Vec<u8>)], parsed: &mut [ParsedState], policy: &Policy) -> usize {
+    let parts = answers
+        .iter()
+        .zip(parsed.iter_mut())
+        .map(|((host, bytes), p)| (host.clone(), host_part(host, bytes, p, policy)))
+        .collect();
+    planned(parts, policy)
+}
+
+/// Worker threads that outlive a cycle, as the blocking pool's do, each
+/// with its share of the hosts and their state as parsed last cycle.
+struct Pool {
+    go: Vec<mpsc::Sender<()>>,
+    parts: mpsc::Receiver<(usize, Vec<Part>)>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Pool {
+    fn new(answers: &[(HostId, Vec<u8>)], policy: &Policy, workers: usize) -> Pool {
+        let (done, parts) = mpsc::channel();
+        let chunk = answers.len().div_ceil(workers.max(1));
+        let (mut go, mut threads) = (Vec::new(), Vec::new());
+        for (i, hosts) in answers.chunks(chunk).enumerate() {
+            let (start, started) = mpsc::channel::<()>();
+            let (hosts, policy, done) = (hosts.to_vec(), policy.clone(), done.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut parsed: Vec<ParsedState> =
+                    hosts.iter().map(|_| ParsedState::default()).collect();
+                while started.recv().is_ok() {
+                    let mine = hosts
+                        .iter()
+                        .zip(parsed.iter_mut())
+                        .map(|((h, bytes), p)| (h.clone(), host_part(h, bytes, p, &policy)))
+                        .collect();
+                    if done.send((i, mine)).is_err() {
+                        break;
+                    }
+                }
+            }));
+            go.push(start);
+        }
+        Pool { go, parts, threads }
+    }
+
+    /// One cycle's pure path: the hosts' parts on the workers, then what
+    /// needs them all on the calling thread.
+    fn cycle(&self, policy: &Policy) -> usize {
+        for g in &self.go {
+            g.send(()).unwrap();
+        }
+        let mut chunks: Vec<(usize, Vec<Part>)> =
+            self.go.iter().map(|_| self.parts.recv().unwrap()).collect();
+        chunks.sort_by_key(|(i, _)| *i);
+        planned(chunks.into_iter().flat_map(|(_, p)| p).collect(), policy)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.go.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 /// One host whose user wrote `n` environments, each listing his shell and
@@ -404,27 +452,30 @@ fn fleet_benches(c: &mut Criterion) {
     };
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let mut steady = fresh();
-    let planned = pure_path(&answers, &mut steady, &policy, 1);
+    let planned = pure_path(&answers, &mut steady, &policy);
     assert!(
         planned > 0 && planned <= 1000,
         "{planned} hosts with a plan"
     );
+    let pool = Pool::new(&answers, &policy, cores);
+    assert_eq!(pool.cycle(&policy), planned, "the pool plans as one worker");
     let mut group = c.benchmark_group("1000 hosts, 8000 GPUs, 24000 processes");
     group.sample_size(20);
     group.bench_function(
         "pure path, steady state (state files unchanged), 1 worker",
-        |b| b.iter(|| pure_path(black_box(&answers), &mut steady, &policy, 1)),
+        |b| b.iter(|| pure_path(black_box(&answers), &mut steady, &policy)),
     );
     group.bench_function(
         format!("pure path, steady state (state files unchanged), {cores} workers"),
-        |b| b.iter(|| pure_path(black_box(&answers), &mut steady, &policy, cores)),
+        |b| b.iter(|| pool.cycle(black_box(&policy))),
     );
+    drop(pool);
     group.bench_function(
         "pure path, first cycle (every state file parsed), 1 worker",
         |b| {
             b.iter_batched_ref(
                 fresh,
-                |p| pure_path(black_box(&answers), p, &policy, 1),
+                |p| pure_path(black_box(&answers), p, &policy),
                 criterion::BatchSize::LargeInput,
             )
         },
