@@ -7,6 +7,7 @@
 //! and feeds it each cycle's whole plan and the time.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -516,7 +517,7 @@ impl Ladder {
         events.sort_by_cached_key(|e| {
             // Terminations before detaches, as in a plan.
             let (kind, pid, device, eid) = match &e.what {
-                What::Terminate(t) => (0, t.pid.0, 0, String::new()),
+                What::Terminate(t) => (0, t.pid.0, 0, Arc::from("")),
                 What::Detach(d) => (1, 0, d.device.0, d.eid.0.clone()),
             };
             (e.host.clone(), e.since_ms, kind, pid, device, eid)
@@ -851,7 +852,7 @@ mod tests {
             [2, 3]
         );
         assert_eq!(due.detach.len(), 1);
-        assert_eq!(due.detach[0].eid.0, "f");
+        assert_eq!(&*due.detach[0].eid.0, "f");
         assert_eq!(waiting.len(), 2);
         assert!(waiting.iter().all(|w| matches!(w,
             Waiting::Terminate { exempt: Some(r), .. } | Waiting::Detach { exempt: Some(r), .. }

@@ -193,7 +193,7 @@ pub struct GpuIndex(pub u32);
 /// A genv environment id (`GENV_ENVIRONMENT_ID`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct EnvId(pub String);
+pub struct EnvId(pub Arc<str>);
 
 impl fmt::Display for HostId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -234,7 +234,7 @@ impl World {
             next_pid: 100,
         };
         for (k, e) in host.alice.iter().enumerate() {
-            let eid = EnvId(format!("a{h}.{k}"));
+            let eid = EnvId(format!("a{h}.{k}").into());
             let shell = w.pid(ALICE);
             w.alice_shells.push(shell);
             w.envs.push(record(
@@ -259,13 +259,13 @@ impl World {
         for (j, g) in host.orphans.iter().enumerate() {
             let pid = w.pid(ALICE);
             w.alice_jobs.push(pid);
-            let eid = EnvId(format!("gone{h}.{j}"));
+            let eid = EnvId(format!("gone{h}.{j}").into());
             w.processes
                 .push(job(pid as u32, Some(&eid), ALICE, &[*g], Some(100)));
             w.alice_orphans.push(eid);
         }
         for (k, e) in host.bob.iter().enumerate() {
-            let eid = EnvId(format!("b{h}.{k}"));
+            let eid = EnvId(format!("b{h}.{k}").into());
             let shell = w.pid(BOB);
             w.bob_shells.push(shell);
             w.envs
@@ -316,8 +316,8 @@ impl World {
             Eid::Alice(i) => pick(&self.alice_envs, i),
             Eid::Orphan(i) => pick(&self.alice_orphans, i),
             Eid::Bob(i) => pick(&self.bob_envs, i),
-            Eid::Forged(i) => Some(EnvId(format!("f{h}.{}", i % 3))),
-            Eid::Missing => Some(EnvId(format!("nowhere{h}"))),
+            Eid::Forged(i) => Some(EnvId(format!("f{h}.{}", i % 3).into())),
+            Eid::Missing => Some(EnvId(format!("nowhere{h}").into())),
             Eid::Unset => None,
         }
     }

@@ -315,7 +315,7 @@ fn host() -> impl Strategy<Value = HostSnapshot> {
                 .into_iter()
                 .enumerate()
                 .map(|(i, (user, mib, _))| Env {
-                    eid: EnvId(format!("e{i}")),
+                    eid: EnvId(format!("e{i}").into()),
                     uid: 0,
                     username: user,
                     creation: String::new(),

@@ -334,15 +334,9 @@ impl StateDb {
                         Some(t.pid.0),
                         t.start_time.map(|s| s as i64),
                         None,
-                        t.eid.as_ref().map(|e| e.0.as_str()),
+                        t.eid.as_ref().map(|e| &*e.0),
                     ),
-                    What::Detach(d) => (
-                        "detach",
-                        None,
-                        None,
-                        Some(d.device.0),
-                        Some(d.eid.0.as_str()),
-                    ),
+                    What::Detach(d) => ("detach", None, None, Some(d.device.0), Some(&*d.eid.0)),
                 };
                 let rules: Vec<&str> = e.what.rules().iter().map(|r| r.name()).collect();
                 event.execute(params![
@@ -380,7 +374,7 @@ impl StateDb {
                     Outcome::Kill { host, pid, .. } => ("kill", host, Some(pid.0), None, None),
                     Outcome::Detach {
                         host, device, eid, ..
-                    } => ("detach", host, None, Some(device.0), Some(eid.0.as_str())),
+                    } => ("detach", host, None, Some(device.0), Some(&*eid.0)),
                 };
                 let rules: Vec<&str> = rules.iter().map(|r| r.name()).collect();
                 action.execute(params![

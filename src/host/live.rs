@@ -231,7 +231,7 @@ impl LiveHost {
         let pairs: Vec<(u32, String)> = plan
             .detach
             .iter()
-            .map(|d| (d.device.0, d.eid.0.clone()))
+            .map(|d| (d.device.0, d.eid.0.to_string()))
             .collect();
         let detached = if pairs.is_empty() {
             Vec::new()

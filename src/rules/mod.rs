@@ -1142,7 +1142,7 @@ mod tests {
         let of = |eid: &str| {
             detach
                 .iter()
-                .find(|d| d.eid.0 == eid)
+                .find(|d| *d.eid.0 == *eid)
                 .unwrap_or_else(|| panic!("{eid} not in {detach:?}"))
         };
         // `n`: alice's job (uid 1000) carries it: she is told.

@@ -50,7 +50,7 @@ impl Published {
         for held in self.usage.users.values_mut() {
             for d in &mut held.devices {
                 if !d.eids.is_empty() {
-                    d.eids = vec![EnvId(String::new())];
+                    d.eids = vec![EnvId("".into())];
                 }
                 d.pids.clear();
             }
@@ -123,7 +123,7 @@ mod tests {
                 .iter()
                 .map(|&(i, working)| HeldDevice {
                     index: GpuIndex(i),
-                    eids: vec![EnvId(format!("{user}-{i}"))],
+                    eids: vec![EnvId(format!("{user}-{i}").into())],
                     pids: vec![],
                     working,
                     stray: false,
@@ -271,7 +271,7 @@ mod tests {
         assert_eq!(devices[0].index, GpuIndex(0));
         let small = left.compact();
         let d = &small.usage.users["alice"].devices[0];
-        assert_eq!(d.eids, [EnvId(String::new())], "a placeholder, not the eid");
+        assert_eq!(d.eids, [EnvId("".into())], "a placeholder, not the eid");
         assert_eq!((d.pids.len(), d.working), (0, true));
         // A stray keeps its device counted whatever is detached, and one
         // with no environment left publishes none.

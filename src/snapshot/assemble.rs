@@ -4,7 +4,7 @@
 //! pids that environments list). Pure: gathering the parts is the host's.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{genv, nvidia_smi, ParseError};
@@ -150,9 +150,10 @@ pub fn assemble(
         ),
     };
 
+    let ids = Ids::of(&envs);
     let processes = by_pid
         .into_iter()
-        .map(|(pid, gpus)| process(raw, pid, gpus))
+        .map(|(pid, gpus)| process(raw, pid, gpus, &ids))
         .collect();
     let pid_uids = envs
         .iter()
@@ -287,7 +288,38 @@ fn charged_uid(raw: &RawHost, uid: u32) -> (u32, Option<u32>) {
     }
 }
 
-fn process(raw: &RawHost, pid: Pid, gpus: Vec<crate::model::DeviceUsage>) -> Process {
+/// The environment ids of a host's records, shared with the processes
+/// that carry them: looked up by scan among a few, by hash among many.
+struct Ids<'e> {
+    envs: &'e [Env],
+    many: Option<HashMap<&'e [u8], &'e EnvId>>,
+}
+
+impl<'e> Ids<'e> {
+    fn of(envs: &'e [Env]) -> Self {
+        let many =
+            (envs.len() > 16).then(|| envs.iter().map(|e| (e.eid.0.as_bytes(), &e.eid)).collect());
+        Ids { envs, many }
+    }
+
+    /// The id `value` spells: a record's, or one of its own.
+    fn id(&self, value: &[u8]) -> EnvId {
+        let known = match &self.many {
+            Some(map) => map.get(value).copied(),
+            None => self
+                .envs
+                .iter()
+                .map(|e| &e.eid)
+                .find(|id| id.0.as_bytes() == value),
+        };
+        match known {
+            Some(id) => id.clone(),
+            None => EnvId(String::from_utf8_lossy(value).into()),
+        }
+    }
+}
+
+fn process(raw: &RawHost, pid: Pid, gpus: Vec<crate::model::DeviceUsage>, ids: &Ids) -> Process {
     let unknown = |why: &str| Process {
         pid,
         owner: Owner::Unknown(why.to_string()),
@@ -307,7 +339,7 @@ fn process(raw: &RawHost, pid: Pid, gpus: Vec<crate::model::DeviceUsage>) -> Pro
         }) => (*start_time, *uid, environ),
     };
     let owner = match environ {
-        Environ::Var(value) => Owner::Env(EnvId(String::from_utf8_lossy(value).into_owned())),
+        Environ::Var(value) => Owner::Env(ids.id(value)),
         Environ::NoVar => Owner::NoEnv,
         Environ::Unreadable(why) => Owner::Unknown(why.clone()),
         Environ::Hidden(why) => Owner::Hidden(why.clone()),
@@ -588,5 +620,28 @@ mod tests {
         assert!(assemble(&r, "h", &mut parsed, MAX).unwrap().envs.is_empty());
         r.state_errors.clear();
         assert_eq!(assemble(&r, "h", &mut parsed, MAX).unwrap(), s);
+    }
+
+    #[test]
+    fn a_process_shares_its_records_id_among_few_or_many_and_keeps_its_own_else() {
+        for n in [1, 40] {
+            let envs: Vec<String> = (0..n)
+                .map(|i| format!(r#"{{"eid": "e{i}", "uid": 1001, "creation": "x", "username": "alice", "config": {{}}, "pids": [100], "kernel_ids": []}}"#))
+                .collect();
+            let mut r = raw();
+            r.envs = Some(format!(r#"{{"envs": [{}]}}"#, envs.join(",")).into());
+            let last = format!("e{}", n - 1);
+            r.procs.insert(
+                100,
+                seen(4242, 1001, Environ::Var(last.clone().into_bytes())),
+            );
+            r.procs
+                .insert(300, seen(9, 1001, Environ::Var(b"e\xff".to_vec())));
+            let s = assemble(&r, "h", &mut ParsedState::default(), MAX).unwrap();
+            let owner = |pid| s.process(Pid(pid)).unwrap().owner.eid().unwrap().clone();
+            let record = s.env(&EnvId(last.as_str().into())).unwrap();
+            assert!(Arc::ptr_eq(&owner(100).0, &record.eid.0), "{n} records");
+            assert_eq!(&*owner(300).0, "e\u{fffd}");
+        }
     }
 }

@@ -221,7 +221,7 @@ fn processes_from_json(json: &[ProcessJson], source: &str) -> Result<Vec<Process
                 pid: Pid(p.pid),
                 owner: match &p.eid {
                     _ if gone => Owner::Unknown(crate::model::EXITED.into()),
-                    Some(e) => Owner::Env(EnvId(e.clone())),
+                    Some(e) => Owner::Env(EnvId(e.as_str().into())),
                     None => Owner::NoEnv,
                 },
                 gpus,
@@ -248,7 +248,7 @@ fn envs_from_json(json: &[EnvJson], source: &str, path: &str) -> Result<Vec<Env>
                 }),
             };
             Ok(Env {
-                eid: EnvId(e.eid.clone()),
+                eid: EnvId(e.eid.as_str().into()),
                 uid: e.uid,
                 username: e.username.clone(),
                 creation: e.creation.clone(),
@@ -271,7 +271,7 @@ fn devices_from_json(json: &[DeviceJson]) -> Vec<Device> {
                 .attachments
                 .iter()
                 .map(|a| Attachment {
-                    eid: EnvId(a.eid.clone()),
+                    eid: EnvId(a.eid.as_str().into()),
                     gpu_memory: a.gpu_memory.clone(),
                     time: a.time.clone(),
                 })
@@ -425,7 +425,7 @@ pub fn to_json(snapshot: &HostSnapshot) -> SnapshotJson {
                             },
                         })
                         .collect(),
-                    eid: p.owner.eid().map(|e| e.0.clone()),
+                    eid: p.owner.eid().map(|e| e.0.to_string()),
                     start_time: p.start_time,
                     uid: p.uid,
                     alive: matches!(&p.owner, Owner::Unknown(why) if why == crate::model::EXITED)
@@ -438,7 +438,7 @@ pub fn to_json(snapshot: &HostSnapshot) -> SnapshotJson {
                 .envs
                 .iter()
                 .map(|e| EnvJson {
-                    eid: e.eid.0.clone(),
+                    eid: e.eid.0.to_string(),
                     uid: e.uid,
                     creation: e.creation.clone(),
                     username: e.username.clone(),
@@ -466,7 +466,7 @@ pub fn to_json(snapshot: &HostSnapshot) -> SnapshotJson {
                         .attachments
                         .iter()
                         .map(|a| AttachmentJson {
-                            eid: a.eid.0.clone(),
+                            eid: a.eid.0.to_string(),
                             gpu_memory: a.gpu_memory.clone(),
                             time: a.time.clone(),
                         })
@@ -578,7 +578,7 @@ mod tests {
             let mut envs: Vec<Env> = (0..n)
                 .map(|i| {
                     let mut e = parse_envs(SPEC_EXAMPLE_ENVS, "t").unwrap().remove(0);
-                    e.eid = EnvId(format!("e{i}"));
+                    e.eid = EnvId(format!("e{i}").into());
                     e.username = Some(format!("u{i}"));
                     e
                 })
@@ -606,7 +606,7 @@ mod tests {
                 devices[0]
                     .attachments
                     .iter()
-                    .map(|a| a.eid.0.as_str())
+                    .map(|a| &*a.eid.0)
                     .collect::<Vec<_>>(),
                 ["e1", "e2"]
             );
