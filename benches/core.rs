@@ -385,7 +385,7 @@ fn benches(c: &mut Criterion) {
         envs: Some(envs.into()),
         devices: Some(devices.into()),
         procs,
-        user_names: [(1002, "bob".to_string())].into_iter().collect(),
+        user_names: [(1002, "bob".into())].into_iter().collect(),
         ..Default::default()
     };
     let host = HostId("gpu0".into());

@@ -140,6 +140,7 @@ fn host(procs: &Procs, (envs, devices): &State, refused: bool) -> RawHost<'stati
         procs: seen,
         user_names: [(ALICE, "alice".to_string()), (BOB, "bob".to_string())]
             .into_iter()
+            .map(|(k, v)| (k, v.into()))
             .collect(),
         sub_uids: [
             (BOBS_SUB, Ok(BOB)),

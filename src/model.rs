@@ -295,7 +295,7 @@ pub struct Process {
     /// The uid it is charged to: its real uid, or the owner of the
     /// subordinate range its real uid is in (`sub_uid`).
     pub uid: Option<u32>,
-    pub user: Option<String>,
+    pub user: Option<Arc<str>>,
     /// Its real uid where that is a sub-uid of `uid`'s range.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sub_uid: Option<u32>,
@@ -363,7 +363,7 @@ pub struct HostTruth {
     /// orders what a device cap detaches.
     pub pid_uids: BTreeMap<i64, u32>,
     /// The host's names for the uids seen (listed pids and GPU processes).
-    pub user_names: BTreeMap<u32, String>,
+    pub user_names: BTreeMap<u32, Arc<str>>,
     /// The groups asked about (exemptions', caps') each uid seen (a GPU
     /// process's or a listed pid's owner) is a member of on the host, as
     /// far as its name service answered by the deadline.

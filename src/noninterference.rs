@@ -474,6 +474,7 @@ impl World {
                 ]
                 .into_iter()
                 .map(|(u, n)| (u, n.to_string()))
+                .map(|(k, v)| (k, v.into()))
                 .collect(),
                 ..Default::default()
             }),

@@ -203,7 +203,10 @@ pub fn attributed(
             let (user, rules) = match o {
                 Outcome::Terminate { host, pid, .. } | Outcome::Kill { host, pid, .. } => {
                     signals.get(&(host, *pid)).map_or((None, Vec::new()), |t| {
-                        (t.user.clone(), t.rules.iter().copied().collect())
+                        (
+                            t.user.as_deref().map(String::from),
+                            t.rules.iter().copied().collect(),
+                        )
                     })
                 }
                 Outcome::Detach {

@@ -8,6 +8,7 @@
 //! named it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -23,7 +24,7 @@ pub struct Termination {
     pub eid: Option<EnvId>,
     pub gpus: Vec<GpuIndex>,
     pub uid: Option<u32>,
-    pub user: Option<String>,
+    pub user: Option<Arc<str>>,
     /// Its real uid, where that is a sub-uid of `uid`'s range.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sub_uid: Option<u32>,

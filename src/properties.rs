@@ -308,7 +308,10 @@ fn host() -> impl Strategy<Value = HostSnapshot> {
             let truth = truth.then(|| HostTruth {
                 groups: Default::default(),
                 pid_uids: owners,
-                user_names: (0..3).map(|u| (u, format!("u{u}"))).collect(),
+                user_names: (0..3)
+                    .map(|u| (u, format!("u{u}")))
+                    .map(|(k, v)| (k, v.into()))
+                    .collect(),
                 ..Default::default()
             });
             let envs: Vec<Env> = envs

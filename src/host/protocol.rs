@@ -634,7 +634,7 @@ mod tests {
             raw.lock_held.as_deref(),
             Some("genv.lock held for over 1s by pid 4242 (bob)")
         );
-        assert_eq!(raw.user_names[&1001], "alice");
+        assert_eq!(&*raw.user_names[&1001], "alice");
         assert_eq!(
             raw.boot,
             Some(crate::model::Boot {

@@ -454,6 +454,7 @@ mod tests {
                 pid_uids: [(10, 1001), (20, 1002)].into_iter().collect(),
                 user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
                     .into_iter()
+                    .map(|(k, v)| (k, v.into()))
                     .collect(),
                 ..Default::default()
             }),

@@ -274,6 +274,7 @@ mod tests {
             pid_uids: [(1, 1001)].into_iter().collect(),
             user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
                 .into_iter()
+                .map(|(k, v)| (k, v.into()))
                 .collect(),
             ..Default::default()
         });

@@ -365,6 +365,7 @@ mod tests {
             truth: Some(HostTruth {
                 user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
                     .into_iter()
+                    .map(|(k, v)| (k, v.into()))
                     .collect(),
                 groups: [
                     (1001, vec!["lab".to_string(), "users".to_string()]),

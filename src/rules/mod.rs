@@ -969,6 +969,7 @@ mod tests {
             truth: Some(HostTruth {
                 user_names: [(1000, "alice".to_string()), (1001, "bob".to_string())]
                     .into_iter()
+                    .map(|(k, v)| (k, v.into()))
                     .collect(),
                 ..HostTruth::default()
             }),

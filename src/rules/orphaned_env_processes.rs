@@ -69,7 +69,10 @@ mod tests {
             envs: vec![env("e", Some("alice"), None)].into(),
             devices: devices(2, &[(0, "e")]).into(),
             truth: Some(HostTruth {
-                user_names: [(1000, "alice".to_string())].into_iter().collect(),
+                user_names: [(1000, "alice".to_string())]
+                    .into_iter()
+                    .map(|(k, v)| (k, v.into()))
+                    .collect(),
                 ..HostTruth::default()
             }),
             ..Default::default()

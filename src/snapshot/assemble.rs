@@ -25,7 +25,7 @@ pub struct RawHost<'a> {
     /// the live pids that environments list. A pid missing here was not alive.
     pub procs: BTreeMap<u32, RawProc>,
     /// The host's user names for the uids in `procs`.
-    pub user_names: BTreeMap<u32, String>,
+    pub user_names: BTreeMap<u32, Arc<str>>,
     /// `groups <uid>`: the names of each uid's groups, when asked for.
     pub groups: BTreeMap<u32, Vec<String>>,
     /// `clock`: the host's boot time and clock ticks per second.
@@ -405,7 +405,7 @@ mod tests {
             ]
             .into_iter()
             .collect(),
-            user_names: [(1001, "alice".to_string())].into_iter().collect(),
+            user_names: [(1001, "alice".to_string())].into_iter().map(|(k, v)| (k, v.into())).collect(),
          ..Default::default()
 }
     }
@@ -448,10 +448,7 @@ mod tests {
             truth.pid_uids,
             [(7, 1001), (100, 1001)].into_iter().collect()
         );
-        assert_eq!(
-            truth.user_names.get(&1001).map(String::as_str),
-            Some("alice")
-        );
+        assert_eq!(truth.user_names.get(&1001).map(|n| &**n), Some("alice"));
     }
 
     #[test]

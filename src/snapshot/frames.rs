@@ -105,7 +105,7 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
             }
             "user" => {
                 raw.user_names
-                    .insert(number("uid")?, text(f, source)?.to_string());
+                    .insert(number("uid")?, text(f, source)?.into());
             }
             "groups" => {
                 let names = text(f, source)?.lines().map(String::from).collect();
@@ -259,7 +259,7 @@ mod tests {
                 environ: Environ::NoVar
             }
         );
-        assert_eq!(raw.user_names[&1001], "alice");
+        assert_eq!(&*raw.user_names[&1001], "alice");
     }
 
     #[test]
