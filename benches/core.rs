@@ -64,7 +64,7 @@ fn cluster(hosts: usize) -> Cluster {
     let hosts: Vec<(HostId, HostSnapshot)> = (0..hosts)
         .map(|h| {
             (
-                HostId(format!("gpu{h}")),
+                HostId(format!("gpu{h}").into()),
                 genv::parse_snapshot(&host_json(h), "bench").unwrap(),
             )
         })
@@ -438,7 +438,7 @@ fn benches(c: &mut Criterion) {
 
 fn fleet_benches(c: &mut Criterion) {
     let answers: Vec<(HostId, Vec<u8>)> = (0..1000)
-        .map(|h| (HostId(format!("gpu{h}")), agent_answer(h)))
+        .map(|h| (HostId(format!("gpu{h}").into()), agent_answer(h)))
         .collect();
     let policy = Policy {
         non_env_processes: true,

@@ -304,7 +304,7 @@ fn recorded(path: &std::path::Path) -> Recorded {
         |s| s.to_string_lossy().into_owned(),
     );
     Recorded {
-        id: HostId(id),
+        id: HostId(id.into()),
         path: path.to_path_buf(),
     }
 }
@@ -624,7 +624,7 @@ fn ha(a: &crate::cli::HaArgs, interval: Duration, read: &Read) -> Result<Option<
     let name = match &a.ha_name {
         Some(n) if !n.is_empty() && !n.chars().any(char::is_control) && n.len() <= 255 => n.clone(),
         Some(n) => return bad(HaFlagError::Name(n.clone())),
-        None => read.hostname.0.clone(),
+        None => read.hostname.0.to_string(),
     };
     Ok(Some(Ha {
         spec: HaSpec {
@@ -984,10 +984,13 @@ mod tests {
     fn a_shard_keeps_every_nth_host_with_its_place_and_refuses_caps_it_cannot_count() {
         let args = ["--ha-etcd", "http://e:2379", "--shard", "2/3"];
         let s = remote_hosts(7, &args).unwrap();
-        let ids: Vec<&str> = s.specs.iter().map(|h| h.id.0.as_str()).collect();
+        let ids: Vec<&str> = s.specs.iter().map(|h| &*h.id.0).collect();
         assert_eq!(ids, ["h2", "h5"]);
-        let mut places: Vec<(String, usize)> =
-            s.positions.iter().map(|(h, p)| (h.0.clone(), *p)).collect();
+        let mut places: Vec<(String, usize)> = s
+            .positions
+            .iter()
+            .map(|(h, p)| (h.0.to_string(), *p))
+            .collect();
         places.sort();
         assert_eq!(places, [("h2".into(), 1), ("h5".into(), 4)]);
         // Unsharded: the fleet as it was, no places.
@@ -1032,7 +1035,7 @@ mod tests {
         let Hosts::Ssh(s) = &e.hosts else {
             panic!("{:?}", e.hosts)
         };
-        let ids: Vec<&str> = s.specs.iter().map(|h| h.id.0.as_str()).collect();
+        let ids: Vec<&str> = s.specs.iter().map(|h| &*h.id.0).collect();
         assert_eq!(ids, ["gpu1", "gpu2"]);
         assert!(s.ssh.control_dir.as_os_str().is_empty(), "made by setup");
         assert_eq!(e.state_db, Some(PathBuf::from("/nonexistent/state.db")));
@@ -1049,7 +1052,7 @@ mod tests {
             panic!("{:?}", e.hosts)
         };
         assert_eq!(
-            (h.id.0.as_str(), h.state_dir.to_str()),
+            (&*h.id.0, h.state_dir.to_str()),
             ("here", Some("/var/tmp/genv"))
         );
     }

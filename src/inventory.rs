@@ -735,7 +735,7 @@ max_devices_for_user = { alice = 4 }
             },
         )
         .unwrap();
-        let ids: Vec<_> = inv.hosts.iter().map(|h| h.id.0.as_str()).collect();
+        let ids: Vec<_> = inv.hosts.iter().map(|h| &*h.id.0).collect();
         assert_eq!(ids, ["gpu1", "gpu2", "gpu3"]);
         assert_eq!(inv.hosts[0].user.as_deref(), Some("ops"));
         assert_eq!(inv.hosts[0].port, Some(2222));
@@ -872,7 +872,7 @@ max_devices_for_user = { alice = 4 }
         assert_eq!(
             (
                 e.user.as_deref(),
-                e.host.as_ref().map(|h| h.0.as_str()),
+                e.host.as_ref().map(|h| &*h.0),
                 e.reason.as_str()
             ),
             (Some("alice"), Some("gpu1"), "a deadline")

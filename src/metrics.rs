@@ -270,7 +270,7 @@ impl Metrics {
             if let crate::rules::Notice::UnknownOwner { host, .. } = n {
                 self.unjudged
                     .get_or_create(&HostLabel {
-                        host: host.0.clone(),
+                        host: host.0.to_string(),
                     })
                     .inc();
             }
@@ -283,7 +283,7 @@ impl Metrics {
             {
                 self.unowned_memory
                     .get_or_create(&GpuLabels {
-                        host: host.0.clone(),
+                        host: host.0.to_string(),
                         gpu: device.to_string(),
                     })
                     .inc_by(i64::try_from(*b).unwrap_or(i64::MAX));
@@ -294,7 +294,7 @@ impl Metrics {
         }
         for h in &r.hosts {
             let label = HostLabel {
-                host: h.host.0.clone(),
+                host: h.host.0.to_string(),
             };
             self.up
                 .get_or_create(&label)
@@ -306,7 +306,7 @@ impl Metrics {
                 self.error("snapshot");
                 self.host_failures
                     .get_or_create(&FailureLabels {
-                        host: h.host.0.clone(),
+                        host: h.host.0.to_string(),
                         kind: e.kind.name().into(),
                     })
                     .inc();
@@ -316,13 +316,17 @@ impl Metrics {
             for (host, ms) in &t.hosts_ms {
                 self.snapshot_seconds
                     .get_or_create(&HostLabel {
-                        host: host.0.clone(),
+                        host: host.0.to_string(),
                     })
                     .set(*ms as f64 / 1000.0);
             }
         }
         for v in &r.violations {
-            let host = v.finding.host().map(|h| h.0.clone()).unwrap_or_default();
+            let host = v
+                .finding
+                .host()
+                .map(|h| h.0.to_string())
+                .unwrap_or_default();
             self.violations
                 .get_or_create(&ViolationLabels {
                     rule: v.rule.name().into(),
@@ -344,7 +348,7 @@ impl Metrics {
             self.actions
                 .get_or_create(&ActionLabels {
                     action: action.into(),
-                    host: host.0.clone(),
+                    host: host.0.to_string(),
                     result: result.into(),
                 })
                 .inc();

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 /// A host's name as the admin gave it (`localhost` in local mode).
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct HostId(pub String);
+pub struct HostId(pub Arc<str>);
 
 impl HostId {
     /// A host name from the admin's input: one word of printable
@@ -38,7 +38,7 @@ impl HostId {
         {
             return bad("holds a space, a control character or '/'");
         }
-        Ok(HostId(name.to_string()))
+        Ok(HostId(name.into()))
     }
 }
 
@@ -570,7 +570,7 @@ mod tests {
             "h.example.org",
             &"x".repeat(255),
         ] {
-            assert_eq!(HostId::new(good), Ok(HostId(good.to_string())));
+            assert_eq!(HostId::new(good), Ok(HostId(good.into())));
         }
         for bad in [
             "",

@@ -673,7 +673,7 @@ proptest! {
         }
         let mut worlds: Vec<World> = honest.iter().enumerate().map(|(h, host)| World::honest(h, host)).collect();
         let n = worlds.len();
-        let id = |h: usize| HostId(format!("h{h}"));
+        let id = |h: usize| HostId(format!("h{h}").into());
         // A cycle over the honest cluster: what the enforcer remembers.
         let memory: Vec<Orphans> = worlds
             .iter()

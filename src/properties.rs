@@ -402,7 +402,7 @@ fn cluster() -> impl Strategy<Value = Cluster> {
         hosts: hosts
             .into_iter()
             .enumerate()
-            .map(|(i, s)| (HostId(format!("h{i}")), s))
+            .map(|(i, s)| (HostId(format!("h{i}").into()), s))
             .collect(),
     })
 }

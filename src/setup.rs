@@ -252,7 +252,7 @@ fn recorded_hosts(dir: &std::path::Path) -> Result<Vec<HostId>, SetupError> {
         .filter_map(|e| {
             let p = e.path();
             let stem = p.file_stem()?.to_string_lossy().into_owned();
-            (p.extension()? == "json").then_some(HostId(stem))
+            (p.extension()? == "json").then_some(HostId(stem.into()))
         })
         .collect();
     names.sort();
@@ -561,7 +561,7 @@ mod tests {
             panic!("not enforcing")
         };
         assert!(settings.cycle.dry_run);
-        let ids: Vec<&str> = fleets[0].hosts.iter().map(|h| h.id().0.as_str()).collect();
+        let ids: Vec<&str> = fleets[0].hosts.iter().map(|h| &*h.id().0).collect();
         assert_eq!(ids, ["b"]);
         let missing = Cli::try_parse_from([
             "genv-enforce",

@@ -201,7 +201,7 @@ fn the_owner_and_the_admins_are_told_once_of_each_warning_clearing_and_action() 
             !text.contains("<!channel>") && !text.contains('\u{1b}'),
             "{text}"
         );
-        assert_eq!(body["event"]["host"], host.as_str());
+        assert_eq!(body["event"]["host"], &*host);
         stages.push((
             body["event"]["stage"].as_str().unwrap().to_string(),
             body["event"]["pid"].as_u64().unwrap(),

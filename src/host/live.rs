@@ -211,7 +211,7 @@ impl LiveHost {
     pub fn parser(&self) -> Parser {
         let source = match &self.via {
             Transport::Local(_) => self.agent.genv_dir.clone(),
-            Transport::Ssh(_) => self.agent.id.0.clone(),
+            Transport::Ssh(_) => self.agent.id.0.to_string(),
         };
         Parser::new(
             source,

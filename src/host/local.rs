@@ -123,6 +123,7 @@ pub fn hostname() -> HostId {
         nix::unistd::gethostname()
             .ok()
             .and_then(|h| h.into_string().ok())
-            .unwrap_or_else(|| "localhost".to_string()),
+            .unwrap_or_else(|| "localhost".to_string())
+            .into(),
     )
 }

@@ -293,7 +293,7 @@ mod tests {
             .map(|a| match a {
                 Action::Detach {
                     host, device, eids, ..
-                } => (host.0.clone(), device.0, eids.len()),
+                } => (host.0.to_string(), device.0, eids.len()),
                 other => panic!("{other:?}"),
             })
             .collect()

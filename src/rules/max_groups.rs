@@ -224,7 +224,7 @@ mod tests {
             .map(|a| match a {
                 Action::Detach {
                     host, device, user, ..
-                } => (host.0.clone(), device.0, user.clone()),
+                } => (host.0.to_string(), device.0, user.clone()),
                 other => panic!("{other:?}"),
             })
             .collect()

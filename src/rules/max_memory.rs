@@ -197,7 +197,7 @@ mod tests {
         v.iter()
             .flat_map(|v| &v.actions)
             .map(|a| match a {
-                Action::Terminate { host, pid } => (host.0.clone(), pid.0),
+                Action::Terminate { host, pid } => (host.0.to_string(), pid.0),
                 other => panic!("{other:?}"),
             })
             .collect()
@@ -361,7 +361,7 @@ mod tests {
                 (0usize..3, proptest::option::of(0u64..50), 0u64..40, any::<bool>()), 0..24),
             cap in 0u64..200,
         ) {
-            let hosts: Vec<HostId> = (0..3).map(|k| HostId(format!("h{k}"))).collect();
+            let hosts: Vec<HostId> = (0..3).map(|k| HostId(format!("h{k}").into())).collect();
             let mut parts = vec![HostMemory::default(); 3];
             for (pid, (k, started, gib, known)) in procs.iter().enumerate() {
                 parts[*k].users.entry("u".into()).or_default()
@@ -375,7 +375,7 @@ mod tests {
             let used: u64 = all.iter().map(|(_, h)| h.bytes).sum();
             let picks = picked(&v);
             let pick_of = |(host, pid): &(String, u32)| {
-                all.iter().find(|(k, h)| hosts[*k].0 == *host && h.pid.0 == *pid).unwrap().1
+                all.iter().find(|(k, h)| *hosts[*k].0 == **host && h.pid.0 == *pid).unwrap().1
             };
             let freed: Vec<u64> = picks.iter().map(|p| pick_of(p).bytes).collect();
             let total: u64 = freed.iter().sum();
@@ -397,7 +397,7 @@ mod tests {
             // Youngest first: no unpicked pickable process is younger than
             // a picked one.
             let youngest_left = all.iter()
-                .filter(|(k, h)| h.pickable() && !picks.contains(&(hosts[*k].0.clone(), h.pid.0)))
+                .filter(|(k, h)| h.pickable() && !picks.contains(&(hosts[*k].0.to_string(), h.pid.0)))
                 .filter_map(|(_, h)| h.started).max();
             if let (Some(left), Some(oldest_pick)) =
                 (youngest_left, picks.iter().filter_map(|p| pick_of(p).started).min()) {

@@ -179,7 +179,7 @@ mod tests {
         v.iter()
             .flat_map(|v| &v.actions)
             .map(|a| match a {
-                Action::Detach { host, device, .. } => (host.0.clone(), device.0),
+                Action::Detach { host, device, .. } => (host.0.to_string(), device.0),
                 Action::Terminate { .. } => unreachable!(),
             })
             .collect()
