@@ -621,7 +621,7 @@ mod tests {
 
     #[test]
     fn a_process_shares_its_records_id_among_few_or_many_and_keeps_its_own_else() {
-        for n in [1, 40] {
+        for n in [1, 16, 17, 40] {
             let envs: Vec<String> = (0..n)
                 .map(|i| format!(r#"{{"eid": "e{i}", "uid": 1001, "creation": "x", "username": "alice", "config": {{}}, "pids": [100], "kernel_ids": []}}"#))
                 .collect();
@@ -639,6 +639,8 @@ mod tests {
             let record = s.env(&EnvId(last.as_str().into())).unwrap();
             assert!(Arc::ptr_eq(&owner(100).0, &record.eid.0), "{n} records");
             assert_eq!(&*owner(300).0, "e\u{fffd}");
+            // Linear among many: a hash past 16 records, not a scan each.
+            assert_eq!(Ids::of(&s.envs).many.is_some(), n > 16, "{n} records");
         }
     }
 }
