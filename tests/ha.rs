@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use util::fleet::Fleet;
-use util::sink::Sink;
+use util::sink::{stages, Sink};
 
 const SIGTERM: i32 = 15;
 const SIGKILL: i32 = 9;
@@ -907,17 +907,7 @@ fn a_follower_warns_nobody_only_the_leader_tells_and_once() {
     // Five cycles more of each box: the follower's dry run, which reads
     // the ladder and leaves it, sends nothing; the leader warned once.
     std::thread::sleep(Duration::from_secs(5));
-    let stages: Vec<(String, u64)> = hook
-        .received()
-        .iter()
-        .map(|p| {
-            let body: Value = serde_json::from_str(p["body"].as_str().unwrap()).unwrap();
-            (
-                body["event"]["stage"].as_str().unwrap().to_string(),
-                body["event"]["pid"].as_u64().unwrap(),
-            )
-        })
-        .collect();
+    let stages = stages(&hook.received());
     assert_eq!(stages, vec![("warned".to_string(), u64::from(stray))]);
     // Read while both run: a follower that takes over from a stopped
     // leader warns anew (each box's ladder is its own).

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use util::sink::{free_port, Sink};
+use util::sink::{free_port, stages, Sink};
 use util::{env, Host};
 
 /// The enforcer's JSON reports, one per cycle.
@@ -910,16 +910,7 @@ fn on_the_fleet_a_job_lives_through_its_grace_and_dies_at_the_deadline_unless_fi
     assert!(f.host(0).running(fixed), "the fixed job lives");
     run.stop();
     let posts = hook.wait_for(4);
-    let mut stages: Vec<(String, u64)> = posts
-        .iter()
-        .map(|p| {
-            let body: Value = serde_json::from_str(p["body"].as_str().unwrap()).unwrap();
-            (
-                body["event"]["stage"].as_str().unwrap().to_string(),
-                body["event"]["pid"].as_u64().unwrap(),
-            )
-        })
-        .collect();
+    let mut stages = stages(&posts);
     stages.sort();
     let mut want = vec![
         ("acted".to_string(), u64::from(job)),

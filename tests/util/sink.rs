@@ -94,3 +94,17 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// The (stage, pid) of each webhook post in `posts`, in order.
+pub fn stages(posts: &[Value]) -> Vec<(String, u64)> {
+    posts
+        .iter()
+        .map(|p| {
+            let body: Value = serde_json::from_str(p["body"].as_str().unwrap()).unwrap();
+            (
+                body["event"]["stage"].as_str().unwrap().to_string(),
+                body["event"]["pid"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
