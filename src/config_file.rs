@@ -1040,4 +1040,27 @@ ha-etcd = ["http://a:2379", "http://b:2379"]
         assert_eq!(path_in(&args("remote enforce -- --config c")), None);
         assert_eq!(path_in(&args("remote enforce")), None);
     }
+
+    #[test]
+    fn restart_only_keys_are_the_listeners_stores_sockets_and_every_election_key() {
+        let keys = restart_keys();
+        for k in [
+            "metrics-listen",
+            "web-config-file",
+            "state-db",
+            "control-dir",
+        ] {
+            assert!(keys.contains(&k), "{k} in {keys:?}");
+        }
+        let ha: Vec<&str> = SECTIONS
+            .iter()
+            .filter(|(s, _, _)| *s == "high-availability")
+            .flat_map(|(_, _, k)| k.iter().copied())
+            .collect();
+        assert!(ha.contains(&"ha-etcd") && ha.iter().all(|k| keys.contains(k)));
+        for k in ["interval", "non-env-processes", "retain", "grace"] {
+            assert!(!keys.contains(&k), "{k} is applied on reload");
+        }
+        assert_eq!(keys.len(), 5 + ha.len(), "{keys:?}");
+    }
 }
