@@ -282,7 +282,7 @@ fn devices_from_json(json: &[DeviceJson]) -> Vec<Device> {
 
 /// Up to this many items, a plain scan beats hashing (and allocates
 /// nothing): real state is this small; more takes the hashed, linear path.
-const SMALL: usize = 16;
+pub(crate) const SMALL: usize = 16;
 
 /// Whether two of `items` have the same `key`: a scan for a few, a set
 /// for more.
