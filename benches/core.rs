@@ -195,7 +195,7 @@ fn host_part(
 fn gathered(
     parts: Vec<(HostId, (HostResult, HostPlan))>,
 ) -> (Vec<(HostId, HostResult)>, Vec<HostPlan>) {
-    let mut own = Vec::new();
+    let mut own = Vec::with_capacity(parts.len());
     let results = parts
         .into_iter()
         .map(|(h, (r, plan))| {
@@ -275,7 +275,11 @@ impl Pool {
         let mut chunks: Vec<(usize, Vec<Part>)> =
             self.go.iter().map(|_| self.parts.recv().unwrap()).collect();
         chunks.sort_by_key(|(i, _)| *i);
-        planned(chunks.into_iter().flat_map(|(_, p)| p).collect(), policy)
+        let mut parts = Vec::with_capacity(chunks.iter().map(|(_, p)| p.len()).sum());
+        for (_, p) in chunks {
+            parts.extend(p);
+        }
+        planned(parts, policy)
     }
 }
 
@@ -365,7 +369,7 @@ fn benches(c: &mut Criterion) {
                 start_time: 1,
                 uid: Some(1002),
                 environ: genv_enforce::snapshot::assemble::Environ::Var(
-                    format!("x{p}").into_bytes(),
+                    format!("x{p}").into_bytes().into(),
                 ),
             },
         );

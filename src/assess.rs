@@ -144,7 +144,7 @@ pub fn assess_planned(
     own: Vec<HostPlan>,
     moment: Moment,
 ) -> Assessment {
-    let mut findings = Vec::new();
+    let mut findings = Vec::with_capacity(results.len());
     let results: Vec<(HostId, Result<HostSnapshot, HostFailure>)> = results
         .into_iter()
         .map(|(h, r)| {

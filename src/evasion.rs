@@ -41,10 +41,10 @@ fn uid() -> impl Strategy<Value = Option<u32>> {
 }
 
 /// What `/proc` said of a GPU pid.
-fn proc_() -> impl Strategy<Value = Option<RawProc>> {
+fn proc_() -> impl Strategy<Value = Option<RawProc<'static>>> {
     let environ = prop_oneof![
         4 => prop_oneof![Just("a"), Just("b"), Just("ghost"), Just("")]
-            .prop_map(|e| Environ::Var(e.as_bytes().to_vec())),
+            .prop_map(|e| Environ::Var(e.as_bytes().to_vec().into())),
         2 => Just(Environ::NoVar),
         1 => Just(Environ::Hidden("hung".into())),
         1 => Just(Environ::Unreadable("permissions".into())),
@@ -94,7 +94,7 @@ fn state() -> impl Strategy<Value = State> {
 }
 
 /// GPU processes (what `/proc` said, their GPU, their MiB).
-type Procs = Vec<(Option<RawProc>, u32, u64)>;
+type Procs = Vec<(Option<RawProc<'static>>, u32, u64)>;
 /// `envs.json` and `devices.json`.
 type State = (Option<String>, Option<String>);
 

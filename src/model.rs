@@ -284,13 +284,16 @@ impl Owner {
     }
 }
 
+/// The GPUs a process runs on: nearly always one, kept inline.
+pub type Gpus = smallvec::SmallVec<[DeviceUsage; 1]>;
+
 /// A GPU compute process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Process {
     pub pid: Pid,
     pub owner: Owner,
     /// One entry per GPU, in nvidia-smi order.
-    pub gpus: Vec<DeviceUsage>,
+    pub gpus: Gpus,
     pub start_time: Option<u64>,
     /// The uid it is charged to: its real uid, or the owner of the
     /// subordinate range its real uid is in (`sub_uid`).

@@ -22,7 +22,8 @@ pub struct Termination {
     /// Start time at snapshot; the pid is signalled only if it still matches.
     pub start_time: Option<u64>,
     pub eid: Option<EnvId>,
-    pub gpus: Vec<GpuIndex>,
+    /// Its GPUs, kept inline up to four.
+    pub gpus: smallvec::SmallVec<[GpuIndex; 4]>,
     pub uid: Option<u32>,
     pub user: Option<Arc<str>>,
     /// Its real uid, where that is a sub-uid of `uid`'s range.
@@ -47,7 +48,7 @@ impl Termination {
             pid,
             start_time,
             eid: None,
-            gpus: Vec::new(),
+            gpus: smallvec::SmallVec::new(),
             uid: None,
             user: None,
             sub_uid: None,

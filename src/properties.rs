@@ -87,7 +87,7 @@ proptest! {
             devices: None,
             procs: pids
                 .into_iter()
-                .map(|(pid, (start_time, uid, eid))| (pid, RawProc::Seen { start_time, uid, environ: Environ::Var(eid) }))
+                .map(|(pid, (start_time, uid, eid))| (pid, RawProc::Seen { start_time, uid, environ: Environ::Var(eid.into()) }))
                 .collect(),
             user_names: BTreeMap::new(),
          ..Default::default()

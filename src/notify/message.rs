@@ -207,7 +207,7 @@ mod tests {
     fn termination(eid: &str, user: &str) -> What {
         let mut t = Termination::of(Pid(4242), Some(7));
         t.eid = Some(EnvId(eid.into()));
-        t.gpus = vec![GpuIndex(0), GpuIndex(2)];
+        t.gpus = smallvec::smallvec![GpuIndex(0), GpuIndex(2)];
         t.uid = Some(1000);
         t.user = Some(user.into());
         t.rules = [Rule::EnvDevices].into_iter().collect();

@@ -173,7 +173,7 @@ mod tests {
         t.uid = uid;
         t.user = Some(user.into());
         t.eid = Some(EnvId("e\u{1b}[2J".into()));
-        t.gpus = vec![GpuIndex(1)];
+        t.gpus = smallvec::smallvec![GpuIndex(1)];
         t.rules = [Rule::EnvDevices].into_iter().collect();
         What::Terminate(t)
     }

@@ -36,7 +36,9 @@
 //! indexed once.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+
+use ahash::HashMap;
 
 use serde::Serialize;
 
@@ -165,7 +167,7 @@ impl<'a> Attribution<'a> {
     /// `orphans` (seen orphaned earlier) stay strays.
     pub fn of(snap: &'a HostSnapshot, orphans: &Orphans) -> Self {
         let n = snap.envs.len();
-        let mut index = HashMap::with_capacity(n);
+        let mut index = HashMap::with_capacity_and_hasher(n, Default::default());
         for (i, e) in snap.envs.iter().enumerate() {
             index.entry(&e.eid).or_insert(i);
         }

@@ -21,9 +21,11 @@
 //! Users are visited in name order (genv: Python set order).
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
+use ahash::HashMap;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 use super::attribution::{Attribution, Standing};
 use super::{Action, Finding, Notice, Policy, Rule, Violation};
@@ -52,10 +54,11 @@ pub struct Held {
 #[serde(deny_unknown_fields)]
 pub struct HeldDevice {
     pub index: GpuIndex,
-    /// The user's environments attached here, detached together.
-    pub eids: Vec<EnvId>,
+    /// The user's environments attached here, detached together (nearly
+    /// always one).
+    pub eids: SmallVec<[EnvId; 1]>,
     /// Their member processes here, terminated with the detach.
-    pub pids: Vec<Pid>,
+    pub pids: SmallVec<[Pid; 2]>,
     /// A process of the user runs here.
     pub working: bool,
     /// A stray process of the user runs here: the device stays counted
@@ -73,8 +76,8 @@ impl HeldDevice {
         Action::Detach {
             host: host.clone(),
             device: self.index,
-            eids: self.eids.clone(),
-            pids: self.pids.clone(),
+            eids: self.eids.to_vec(),
+            pids: self.pids.to_vec(),
             user: user.to_string(),
         }
     }
@@ -82,8 +85,8 @@ impl HeldDevice {
     fn new(index: GpuIndex) -> Self {
         HeldDevice {
             index,
-            eids: Vec::new(),
-            pids: Vec::new(),
+            eids: SmallVec::new(),
+            pids: SmallVec::new(),
             working: false,
             stray: false,
             vouched: false,
@@ -99,9 +102,9 @@ impl HostUsage {
     /// (`--count-non-env-devices`).
     pub fn of(a: &Attribution, non_env: bool) -> Self {
         let snap = a.snapshot();
-        let mut users: HashMap<Cow<str>, Held> = HashMap::new();
+        let mut users: HashMap<Cow<str>, Held> = HashMap::default();
         // (user, device) -> its place in that user's list.
-        let mut slots: HashMap<(Cow<str>, GpuIndex), usize> = HashMap::new();
+        let mut slots: HashMap<(Cow<str>, GpuIndex), usize> = HashMap::default();
         fn device<'m, 'n>(
             users: &'m mut HashMap<Cow<'n, str>, Held>,
             slots: &mut HashMap<(Cow<'n, str>, GpuIndex), usize>,

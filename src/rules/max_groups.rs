@@ -173,11 +173,11 @@ mod tests {
     fn device(index: u32, eid: &str, working: bool, vouched: bool) -> HeldDevice {
         HeldDevice {
             index: GpuIndex(index),
-            eids: vec![EnvId(eid.into())],
+            eids: smallvec::smallvec![EnvId(eid.into())],
             pids: if working {
-                vec![Pid(100 + index)]
+                smallvec::smallvec![Pid(100 + index)]
             } else {
-                vec![]
+                smallvec::smallvec![]
             },
             working,
             stray: false,
@@ -296,7 +296,7 @@ mod tests {
     fn devices_strays_run_on_count_but_are_never_detached() {
         let h = HostId("h".into());
         let stray = HeldDevice {
-            eids: vec![],
+            eids: smallvec::smallvec![],
             stray: true,
             ..device(0, "x", true, false)
         };

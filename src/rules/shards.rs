@@ -50,7 +50,7 @@ impl Published {
         for held in self.usage.users.values_mut() {
             for d in &mut held.devices {
                 if !d.eids.is_empty() {
-                    d.eids = vec![EnvId("".into())];
+                    d.eids = smallvec::smallvec![EnvId("".into())];
                 }
                 d.pids.clear();
             }
@@ -123,8 +123,8 @@ mod tests {
                 .iter()
                 .map(|&(i, working)| HeldDevice {
                     index: GpuIndex(i),
-                    eids: vec![EnvId(format!("{user}-{i}").into())],
-                    pids: vec![],
+                    eids: smallvec::smallvec![EnvId(format!("{user}-{i}").into())],
+                    pids: smallvec::smallvec![],
                     working,
                     stray: false,
                     vouched: working,
@@ -253,7 +253,8 @@ mod tests {
     #[test]
     fn what_is_detached_is_not_published_and_eids_and_pids_are_left_out() {
         let mut u = usage("alice", &[(0, true), (1, false)]);
-        u.users.get_mut("alice").unwrap().devices[0].pids = vec![crate::model::Pid(7)];
+        u.users.get_mut("alice").unwrap().devices[0].pids =
+            smallvec::smallvec![crate::model::Pid(7)];
         let p = Published {
             host: h("h1"),
             position: 0,
@@ -271,7 +272,7 @@ mod tests {
         assert_eq!(devices[0].index, GpuIndex(0));
         let small = left.compact();
         let d = &small.usage.users["alice"].devices[0];
-        assert_eq!(d.eids, [EnvId("".into())], "a placeholder, not the eid");
+        assert_eq!(d.eids[..], [EnvId("".into())], "a placeholder, not the eid");
         assert_eq!((d.pids.len(), d.working), (0, true));
         // A stray keeps its device counted whatever is detached, and one
         // with no environment left publishes none.

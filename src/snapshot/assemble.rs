@@ -4,7 +4,7 @@
 //! pids that environments list). Pure: gathering the parts is the host's.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{genv, nvidia_smi, ParseError};
@@ -23,7 +23,7 @@ pub struct RawHost<'a> {
     pub devices: Option<Cow<'a, str>>,
     /// What `/proc` said about each pid asked about: the GPU processes and
     /// the live pids that environments list. A pid missing here was not alive.
-    pub procs: BTreeMap<u32, RawProc>,
+    pub procs: BTreeMap<u32, RawProc<'a>>,
     /// The host's user names for the uids in `procs`.
     pub user_names: BTreeMap<u32, Arc<str>>,
     /// `groups <uid>`: the names of each uid's groups, when asked for.
@@ -47,13 +47,13 @@ pub struct RawHost<'a> {
 
 /// What `/proc/<pid>` said.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RawProc {
+pub enum RawProc<'a> {
     /// The process's start time, real uid and environment, all read
     /// between two reads of the same start time.
     Seen {
         start_time: u64,
         uid: Option<u32>,
-        environ: Environ,
+        environ: Environ<'a>,
     },
     /// Its identity could not be pinned (the start time changed between the
     /// reads: the pid was reused while we read): never acted on.
@@ -62,11 +62,11 @@ pub enum RawProc {
 
 /// `GENV_ENVIRONMENT_ID` in a process's environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Environ {
+pub enum Environ<'a> {
     /// Not read: a listed pid, not a GPU process.
     NotRead,
     /// The variable's value, byte for byte (the last one, as genv reads it).
-    Var(Vec<u8>),
+    Var(Cow<'a, [u8]>),
     /// Read, and the variable is not there.
     NoVar,
     /// Could not be read, and why.
@@ -293,7 +293,7 @@ fn charged_uid(raw: &RawHost, uid: u32) -> (u32, Option<u32>) {
 /// (past [`genv::SMALL`], as genv's clean-up does).
 struct Ids<'e> {
     envs: &'e [Env],
-    many: Option<HashMap<&'e [u8], &'e EnvId>>,
+    many: Option<ahash::HashMap<&'e [u8], &'e EnvId>>,
 }
 
 impl<'e> Ids<'e> {
@@ -320,7 +320,7 @@ impl<'e> Ids<'e> {
     }
 }
 
-fn process(raw: &RawHost, pid: Pid, gpus: Vec<crate::model::DeviceUsage>, ids: &Ids) -> Process {
+fn process(raw: &RawHost, pid: Pid, gpus: crate::model::Gpus, ids: &Ids) -> Process {
     let unknown = |why: &str| Process {
         pid,
         owner: Owner::Unknown(why.to_string()),
@@ -371,7 +371,7 @@ mod tests {
 
     const MAX: usize = genv::DEFAULT_MAX_RECORDS;
 
-    fn seen(start_time: u64, uid: u32, environ: Environ) -> RawProc {
+    fn seen(start_time: u64, uid: u32, environ: Environ<'static>) -> RawProc<'static> {
         RawProc::Seen {
             start_time,
             uid: Some(uid),
@@ -396,7 +396,7 @@ mod tests {
             ),
             procs: [
                 (7, seen(5, 1001, Environ::NotRead)),
-                (100, seen(4242, 1001, Environ::Var(b"e".to_vec()))),
+                (100, seen(4242, 1001, Environ::Var(b"e".to_vec().into()))),
                 (200, seen(77, 0, Environ::NoVar)),
                 (
                     400,
@@ -503,7 +503,7 @@ mod tests {
             seen(
                 9,
                 0,
-                Environ::Var(b"$(touch /tmp/x)\n\x01; rm -rf /\r".to_vec()),
+                Environ::Var(b"$(touch /tmp/x)\n\x01; rm -rf /\r".to_vec().into()),
             ),
         );
         let s = assemble(&r, "h", &mut ParsedState::default(), MAX).unwrap();
@@ -631,10 +631,10 @@ mod tests {
             let last = format!("e{}", n - 1);
             r.procs.insert(
                 100,
-                seen(4242, 1001, Environ::Var(last.clone().into_bytes())),
+                seen(4242, 1001, Environ::Var(last.clone().into_bytes().into())),
             );
             r.procs
-                .insert(300, seen(9, 1001, Environ::Var(b"e\xff".to_vec())));
+                .insert(300, seen(9, 1001, Environ::Var(b"e\xff".to_vec().into())));
             let s = assemble(&r, "h", &mut ParsedState::default(), MAX).unwrap();
             let owner = |pid| s.process(Pid(pid)).unwrap().owner.eid().unwrap().clone();
             let record = s.env(&EnvId(last.as_str().into())).unwrap();

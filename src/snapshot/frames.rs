@@ -34,7 +34,7 @@ pub fn parse_frames<'a>(mut bytes: &'a [u8], source: &str) -> Result<Vec<Frame<'
         let mut words = header
             .strip_prefix('@')
             .ok_or_else(|| bad(format!("not a frame header: {header:?}")))?
-            .split(' ');
+            .split([' ']);
         let (kind, arg, len) = match (words.next(), words.next(), words.next(), words.next()) {
             (Some(kind), Some(len), None, None) => (kind, None, len),
             (Some(kind), Some(arg), Some(len), None) => (kind, Some(arg), len),
@@ -69,7 +69,8 @@ fn text<'a>(frame: &Frame<'a>, source: &str) -> Result<&'a str, ParseError> {
 /// # Errors
 /// The answer is malformed.
 pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, ParseError> {
-    let find = |kind: &str| frames.iter().find(|f| f.kind == kind && f.arg.is_none());
+    // Most frames (`proc`, `user`) carry an argument: that is looked at first.
+    let find = |kind: &str| frames.iter().find(|f| f.arg.is_none() && f.kind == kind);
     let required = |kind: &str| {
         find(kind).ok_or_else(|| ParseError::new(source, kind, "missing from the host's answer"))
     };
@@ -147,7 +148,7 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
 
 /// A `proc` frame's body: `seen <start> <uid|-> <environ>\n<value>` or
 /// `unsure\n<why>` (`environ`: var, novar, notread, unreadable, hidden).
-fn proc_body(body: &[u8], source: &str) -> Result<RawProc, ParseError> {
+fn proc_body<'a>(body: &'a [u8], source: &str) -> Result<RawProc<'a>, ParseError> {
     let bad = || {
         ParseError::new(
             source,
@@ -161,7 +162,7 @@ fn proc_body(body: &[u8], source: &str) -> Result<RawProc, ParseError> {
     };
     let head = std::str::from_utf8(head).map_err(|_| bad())?;
     let why = || String::from_utf8_lossy(rest).into_owned();
-    let mut words = head.split(' ');
+    let mut words = head.split([' ']);
     let words = [(); 5].map(|()| words.next());
     match words {
         [Some("unsure"), None, ..] => Ok(RawProc::Unsure(why())),
@@ -172,7 +173,7 @@ fn proc_body(body: &[u8], source: &str) -> Result<RawProc, ParseError> {
                 n => Some(n.parse().map_err(|_| bad())?),
             },
             environ: match environ {
-                "var" => Environ::Var(rest.to_vec()),
+                "var" => Environ::Var(Cow::Borrowed(rest)),
                 "novar" => Environ::NoVar,
                 "notread" => Environ::NotRead,
                 "unreadable" => Environ::Unreadable(why()),
@@ -236,7 +237,7 @@ mod tests {
             RawProc::Seen {
                 start_time: 4242,
                 uid: Some(1001),
-                environ: Environ::Var(b"e\n\x01; rm -rf /\xff".to_vec())
+                environ: Environ::Var(b"e\n\x01; rm -rf /\xff"[..].into())
             }
         );
         assert_eq!(

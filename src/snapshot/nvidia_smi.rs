@@ -4,7 +4,7 @@
 //! Parsed values borrow from the text (a cycle parses thousands of lines).
 
 use super::{pyset, ParseError};
-use crate::model::{Device, DeviceUsage, GpuIndex, Pid, ProcessUtilization, Usage};
+use crate::model::{Device, DeviceUsage, GpuIndex, Gpus, Pid, ProcessUtilization, Usage};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -173,14 +173,16 @@ pub fn processes(
     gpus: &[Gpu<'_>],
     apps: &[ComputeApp<'_>],
     source: &str,
-) -> Result<Vec<(Pid, Vec<DeviceUsage>)>, ParseError> {
+) -> Result<Vec<(Pid, Gpus)>, ParseError> {
     // A host runs a few dozen GPU processes: a scan beats hashing here.
-    let mut by_pid: Vec<(Pid, Vec<DeviceUsage>)> = Vec::new();
+    let mut by_pid: Vec<(Pid, Gpus)> = Vec::with_capacity(apps.len());
     let mut pids = Vec::with_capacity(apps.len());
+    // nvidia-smi lists apps GPU by GPU: the last app's GPU is tried first.
+    let mut last: Option<&Gpu> = None;
     for app in apps {
-        let gpu = gpus
-            .iter()
-            .find(|g| g.uuid == app.gpu_uuid)
+        let gpu = last
+            .filter(|g| g.uuid == app.gpu_uuid)
+            .or_else(|| gpus.iter().find(|g| g.uuid == app.gpu_uuid))
             .ok_or_else(|| {
                 ParseError::new(
                     source,
@@ -188,6 +190,7 @@ pub fn processes(
                     format!("unknown GPU uuid {:?}", app.gpu_uuid),
                 )
             })?;
+        last = Some(gpu);
         pids.push(app.pid.0);
         let usage = DeviceUsage {
             index: gpu.index,
@@ -195,7 +198,7 @@ pub fn processes(
         };
         match by_pid.iter_mut().find(|(p, _)| *p == app.pid) {
             Some((_, usages)) => usages.push(usage),
-            None => by_pid.push((app.pid, vec![usage])),
+            None => by_pid.push((app.pid, smallvec::smallvec![usage])),
         }
     }
     Ok(pyset::set_order(&pids)
