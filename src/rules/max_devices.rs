@@ -30,6 +30,7 @@ use smallvec::SmallVec;
 use super::attribution::{Attribution, Standing};
 use super::{Action, Finding, Notice, Policy, Rule, Violation};
 use crate::model::{EnvId, GpuIndex, HostId, Pid};
+use crate::snapshot::genv::SMALL;
 
 /// One host's part of the device caps: what each user holds there (what
 /// a shard publishes, see [`super::shards`]).
@@ -155,19 +156,22 @@ impl HostUsage {
             }
         }
         // Devices in genv's order: as devices.json lists them (then any
-        // only strays hold).
-        let order: HashMap<GpuIndex, usize> = snap
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(k, d)| (d.index, k))
-            .collect();
+        // only strays hold), one listed twice by its last place; found by
+        // scan among a few, by hash among many.
+        let many: Option<HashMap<GpuIndex, usize>> = (snap.devices.len() > SMALL).then(|| {
+            let places = snap.devices.iter().enumerate();
+            places.map(|(k, d)| (d.index, k)).collect()
+        });
+        let place = |index: GpuIndex| match &many {
+            Some(order) => order.get(&index).copied(),
+            None => snap.devices.iter().rposition(|d| d.index == index),
+        };
         HostUsage {
             users: users
                 .into_iter()
                 .map(|(u, mut held)| {
                     held.devices
-                        .sort_by_key(|d| order.get(&d.index).copied().unwrap_or(usize::MAX));
+                        .sort_by_key(|d| place(d.index).unwrap_or(usize::MAX));
                     (u.into_owned(), held)
                 })
                 .collect(),
@@ -300,6 +304,44 @@ mod tests {
                 other => panic!("{other:?}"),
             })
             .collect()
+    }
+
+    /// A user's devices follow devices.json, a device listed twice at its
+    /// last place, among a few devices (scanned) as among many (hashed).
+    #[test]
+    fn held_devices_follow_the_last_place_a_device_is_listed_at() {
+        for padding in [0, SMALL as u32] {
+            // alice's environment is attached to 3 and 1, listed in that
+            // order; 3 is listed again, last, with nothing attached.
+            let mut order = vec![3, 1];
+            order.extend(10..10 + padding);
+            order.push(3);
+            let listed = order
+                .iter()
+                .enumerate()
+                .map(|(k, &i)| crate::model::Device {
+                    index: GpuIndex(i),
+                    total_memory: "81559mi".into(),
+                    attachments: devices(1, &[(0, "a")])[0]
+                        .attachments
+                        .iter()
+                        .filter(|_| k < 2)
+                        .cloned()
+                        .collect(),
+                });
+            let snap = HostSnapshot {
+                envs: vec![env("a", Some("alice"), None)].into(),
+                devices: listed.collect::<Vec<_>>().into(),
+                ..Default::default()
+            };
+            let usage = HostUsage::of(&Attribution::of(&snap, &Default::default()), false);
+            let held: Vec<u32> = usage.users["alice"]
+                .devices
+                .iter()
+                .map(|d| d.index.0)
+                .collect();
+            assert_eq!(held, [1, 3], "{} devices listed", order.len());
+        }
     }
 
     #[test]
