@@ -29,7 +29,7 @@ use smallvec::SmallVec;
 
 use super::attribution::{Attribution, Standing};
 use super::{Action, Finding, Notice, Policy, Rule, Violation};
-use crate::model::{EnvId, GpuIndex, HostId, Pid};
+use crate::model::{Device, EnvId, GpuIndex, HostId, Pid};
 use crate::snapshot::genv::SMALL;
 
 /// One host's part of the device caps: what each user holds there (what
@@ -156,25 +156,45 @@ impl HostUsage {
             }
         }
         // Devices in genv's order: as devices.json lists them (then any
-        // only strays hold), one listed twice by its last place; found by
-        // scan among a few, by hash among many.
-        let many: Option<HashMap<GpuIndex, usize>> = (snap.devices.len() > SMALL).then(|| {
-            let places = snap.devices.iter().enumerate();
-            places.map(|(k, d)| (d.index, k)).collect()
-        });
-        let place = |index: GpuIndex| match &many {
-            Some(order) => order.get(&index).copied(),
-            None => snap.devices.iter().rposition(|d| d.index == index),
-        };
+        // only strays hold).
+        let places = Places::of(&snap.devices);
         HostUsage {
             users: users
                 .into_iter()
                 .map(|(u, mut held)| {
                     held.devices
-                        .sort_by_key(|d| place(d.index).unwrap_or(usize::MAX));
+                        .sort_by_key(|d| places.of_index(d.index).unwrap_or(usize::MAX));
                     (u.into_owned(), held)
                 })
                 .collect(),
+        }
+    }
+}
+
+/// Where each device is listed in devices.json, one listed twice at its
+/// last place: found by scan among a few, by hash among many (past
+/// genv's [`SMALL`]).
+struct Places<'s> {
+    devices: &'s [Device],
+    many: Option<HashMap<GpuIndex, usize>>,
+}
+
+impl<'s> Places<'s> {
+    fn of(devices: &'s [Device]) -> Self {
+        let many = (devices.len() > SMALL).then(|| {
+            devices
+                .iter()
+                .enumerate()
+                .map(|(k, d)| (d.index, k))
+                .collect()
+        });
+        Places { devices, many }
+    }
+
+    fn of_index(&self, index: GpuIndex) -> Option<usize> {
+        match &self.many {
+            Some(places) => places.get(&index).copied(),
+            None => self.devices.iter().rposition(|d| d.index == index),
         }
     }
 }
@@ -310,25 +330,22 @@ mod tests {
     /// last place, among a few devices (scanned) as among many (hashed).
     #[test]
     fn held_devices_follow_the_last_place_a_device_is_listed_at() {
-        for padding in [0, SMALL as u32] {
+        for padding in [0, 13, 14, SMALL as u32] {
             // alice's environment is attached to 3 and 1, listed in that
             // order; 3 is listed again, last, with nothing attached.
             let mut order = vec![3, 1];
             order.extend(10..10 + padding);
             order.push(3);
-            let listed = order
-                .iter()
-                .enumerate()
-                .map(|(k, &i)| crate::model::Device {
-                    index: GpuIndex(i),
-                    total_memory: "81559mi".into(),
-                    attachments: devices(1, &[(0, "a")])[0]
-                        .attachments
-                        .iter()
-                        .filter(|_| k < 2)
-                        .cloned()
-                        .collect(),
-                });
+            let listed = order.iter().enumerate().map(|(k, &i)| Device {
+                index: GpuIndex(i),
+                total_memory: "81559mi".into(),
+                attachments: devices(1, &[(0, "a")])[0]
+                    .attachments
+                    .iter()
+                    .filter(|_| k < 2)
+                    .cloned()
+                    .collect(),
+            });
             let snap = HostSnapshot {
                 envs: vec![env("a", Some("alice"), None)].into(),
                 devices: listed.collect::<Vec<_>>().into(),
@@ -341,6 +358,9 @@ mod tests {
                 .map(|d| d.index.0)
                 .collect();
             assert_eq!(held, [1, 3], "{} devices listed", order.len());
+            // Linear among many: a hash past 16 devices, not a scan each.
+            let many = Places::of(&snap.devices).many.is_some();
+            assert_eq!(many, order.len() > 16, "{} devices listed", order.len());
         }
     }
 
