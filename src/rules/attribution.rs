@@ -215,7 +215,7 @@ impl<'a> Attribution<'a> {
                 }
             })
             .collect();
-        let mut members = Vec::new();
+        let mut members = Vec::with_capacity(snap.processes.len());
         let standing = snap
             .processes
             .iter()
@@ -259,7 +259,7 @@ impl<'a> Attribution<'a> {
             })
             .collect();
         let (member_at, member_list) = grouped(n, &members);
-        let mut attached = Vec::new();
+        let mut attached = Vec::with_capacity(n);
         let mut last: Vec<Option<GpuIndex>> = vec![None; n];
         for d in snap.devices.iter() {
             for a in &d.attachments {
@@ -277,10 +277,12 @@ impl<'a> Attribution<'a> {
         for i in 0..n {
             attached_sorted[attached_at[i]..attached_at[i + 1]].sort_unstable();
         }
-        let mut member_gpus: Vec<(usize, GpuIndex, usize)> = members
-            .iter()
-            .flat_map(|&(i, pi)| snap.processes[pi].indices().map(move |d| (i, d, pi)))
-            .collect();
+        let mut member_gpus: Vec<(usize, GpuIndex, usize)> = Vec::with_capacity(members.len());
+        member_gpus.extend(
+            members
+                .iter()
+                .flat_map(|&(i, pi)| snap.processes[pi].indices().map(move |d| (i, d, pi))),
+        );
         // Stable: each (record, device)'s processes stay in snapshot order.
         member_gpus.sort_by_key(|&(i, d, _)| (i, d));
         Attribution {

@@ -22,7 +22,8 @@ pub struct Frame<'a> {
 /// # Errors
 /// A malformed header or a frame shorter than announced (truncated output).
 pub fn parse_frames<'a>(mut bytes: &'a [u8], source: &str) -> Result<Vec<Frame<'a>>, ParseError> {
-    let mut frames = Vec::new();
+    // A busy host's answer holds a few dozen frames.
+    let mut frames = Vec::with_capacity(64);
     while !bytes.is_empty() {
         let bad = |m: String| ParseError::new(source, format!("frame {}", frames.len() + 1), m);
         let nl = bytes

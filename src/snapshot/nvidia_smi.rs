@@ -48,6 +48,22 @@ fn rows<'a>(
         .map(|(n, l)| (n, l, fields(l)))
 }
 
+/// What `item` makes of each of [`rows`], in a list sized once for a
+/// host's usual answer (a row per line, up to a thousand rows; a blank
+/// line makes no row, so a text of blank lines is not taken at its word).
+fn parsed_rows<'a, T>(
+    text: &'a str,
+    first_column: &'a str,
+    mut item: impl FnMut((usize, &'a str, Fields<'a>)) -> Result<T, ParseError>,
+) -> Result<Vec<T>, ParseError> {
+    let lines = text.bytes().filter(|&b| b == b'\n').count() + 1;
+    let mut out = Vec::with_capacity(lines.min(1000));
+    for row in rows(text, first_column) {
+        out.push(item(row)?);
+    }
+    Ok(out)
+}
+
 /// The first three `, `-separated fields of `line`, trimmed, as
 /// `line.split(", ")` gives them (a comma alone separates nothing).
 fn fields(line: &str) -> Fields<'_> {
@@ -99,30 +115,28 @@ fn bad(source: &str, line: usize, message: impl Into<String>) -> ParseError {
 /// # Errors
 /// A line with too few fields or a non-integer index, naming the line.
 pub fn parse_gpus<'a>(text: &'a str, source: &str) -> Result<Vec<Gpu<'a>>, ParseError> {
-    rows(text, "uuid")
-        .map(|(n, line, Fields { f, n: count })| {
-            if count < 2 {
-                return Err(bad(
-                    source,
-                    n,
-                    format!("expected `uuid, index`, got {line:?}"),
-                ));
-            }
-            let index = f[1]
-                .parse()
-                .map_err(|_| bad(source, n, format!("not a GPU index: {:?}", f[1])))?;
-            let total_mib = if count > 2 {
-                mib(f[2]).map_err(|e| bad(source, n, e))?
-            } else {
-                None
-            };
-            Ok(Gpu {
-                uuid: f[0],
-                index: GpuIndex(index),
-                total_mib,
-            })
+    parsed_rows(text, "uuid", |(n, line, Fields { f, n: count })| {
+        if count < 2 {
+            return Err(bad(
+                source,
+                n,
+                format!("expected `uuid, index`, got {line:?}"),
+            ));
+        }
+        let index = f[1]
+            .parse()
+            .map_err(|_| bad(source, n, format!("not a GPU index: {:?}", f[1])))?;
+        let total_mib = if count > 2 {
+            mib(f[2]).map_err(|e| bad(source, n, e))?
+        } else {
+            None
+        };
+        Ok(Gpu {
+            uuid: f[0],
+            index: GpuIndex(index),
+            total_mib,
         })
-        .collect()
+    })
 }
 
 /// Parses `--query-compute-apps=gpu_uuid,pid,used_gpu_memory`. Usage that
@@ -134,32 +148,30 @@ pub fn parse_compute_apps<'a>(
     text: &'a str,
     source: &str,
 ) -> Result<Vec<ComputeApp<'a>>, ParseError> {
-    rows(text, "gpu_uuid")
-        .map(|(n, line, Fields { f, n: count })| {
-            if count < 3 {
-                return Err(bad(
-                    source,
-                    n,
-                    format!("expected `gpu_uuid, pid, used_gpu_memory`, got {line:?}"),
-                ));
-            }
-            let pid = f[1]
-                .parse()
-                .map_err(|_| bad(source, n, format!("not a pid: {:?}", f[1])))?;
-            let usage = match mib(f[2]).map_err(|e| bad(source, n, e))? {
-                Some(m) => Usage::Known(
-                    m.checked_mul(MIB)
-                        .ok_or_else(|| bad(source, n, "memory value too large"))?,
-                ),
-                None => Usage::Unknown,
-            };
-            Ok(ComputeApp {
-                gpu_uuid: f[0],
-                pid: Pid(pid),
-                usage,
-            })
+    parsed_rows(text, "gpu_uuid", |(n, line, Fields { f, n: count })| {
+        if count < 3 {
+            return Err(bad(
+                source,
+                n,
+                format!("expected `gpu_uuid, pid, used_gpu_memory`, got {line:?}"),
+            ));
+        }
+        let pid = f[1]
+            .parse()
+            .map_err(|_| bad(source, n, format!("not a pid: {:?}", f[1])))?;
+        let usage = match mib(f[2]).map_err(|e| bad(source, n, e))? {
+            Some(m) => Usage::Known(
+                m.checked_mul(MIB)
+                    .ok_or_else(|| bad(source, n, "memory value too large"))?,
+            ),
+            None => Usage::Unknown,
+        };
+        Ok(ComputeApp {
+            gpu_uuid: f[0],
+            pid: Pid(pid),
+            usage,
         })
-        .collect()
+    })
 }
 
 /// Groups compute apps by pid and maps GPU uuids to indices: one entry per
@@ -201,13 +213,12 @@ pub fn processes(
             None => by_pid.push((app.pid, smallvec::smallvec![usage])),
         }
     }
-    Ok(pyset::set_order(&pids)
-        .into_iter()
-        .filter_map(|pid| {
-            let i = by_pid.iter().position(|(p, _)| p.0 == pid)?;
-            Some(by_pid.swap_remove(i))
-        })
-        .collect())
+    let mut ordered = Vec::with_capacity(by_pid.len());
+    ordered.extend(pyset::set_order(&pids).into_iter().filter_map(|pid| {
+        let i = by_pid.iter().position(|(p, _)| p.0 == pid)?;
+        Some(by_pid.swap_remove(i))
+    }));
+    Ok(ordered)
 }
 
 /// Devices as genv creates `devices.json` on first use: every GPU, none attached.

@@ -32,7 +32,9 @@ pub fn set_order(keys: &[u32]) -> Vec<u32> {
             table = resize(&table, if used > 50_000 { used * 2 } else { used * 4 });
         }
     }
-    table.into_iter().flatten().collect()
+    let mut order = Vec::with_capacity(used);
+    order.extend(table.into_iter().flatten());
+    order
 }
 
 /// `set_add_entry` without the resize; false when `key` was present.
