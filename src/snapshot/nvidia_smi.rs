@@ -56,8 +56,7 @@ fn parsed_rows<'a, T>(
     first_column: &'a str,
     mut item: impl FnMut((usize, &'a str, Fields<'a>)) -> Result<T, ParseError>,
 ) -> Result<Vec<T>, ParseError> {
-    let lines = text.bytes().filter(|&b| b == b'\n').count() + 1;
-    let mut out = Vec::with_capacity(lines.min(1000));
+    let mut out = Vec::with_capacity(text.lines().count().min(1000));
     for row in rows(text, first_column) {
         out.push(item(row)?);
     }
