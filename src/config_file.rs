@@ -831,6 +831,18 @@ mod tests {
         crate::cli::Cli::command()
     }
 
+    /// A flag takes several values when it may be repeated, takes more
+    /// than one at a time, or splits one on a delimiter; else one.
+    #[test]
+    fn a_flag_takes_many_values_by_any_of_three_signs() {
+        let set = || Arg::new("x").action(ArgAction::Set);
+        assert!(takes_many(&Arg::new("x").action(ArgAction::Append)));
+        assert!(takes_many(&set().num_args(1..)));
+        assert!(takes_many(&set().value_delimiter(',')));
+        assert!(!takes_many(&set()));
+        assert!(!takes_many(&set().num_args(1)));
+    }
+
     fn args(line: &str) -> Vec<OsString> {
         std::iter::once("genv-enforce")
             .chain(line.split_whitespace())
