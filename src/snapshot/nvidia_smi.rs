@@ -185,9 +185,8 @@ pub fn processes(
     apps: &[ComputeApp<'_>],
     source: &str,
 ) -> Result<Vec<(Pid, Gpus)>, ParseError> {
-    // A host runs a few dozen GPU processes: a scan beats hashing here.
     let mut by_pid: Vec<(Pid, Gpus)> = Vec::with_capacity(apps.len());
-    let mut pids = Vec::with_capacity(apps.len());
+    let mut slots = Slots::for_apps(apps.len());
     // nvidia-smi lists apps GPU by GPU: the last app's GPU is tried first.
     let mut last: Option<&Gpu> = None;
     for app in apps {
@@ -202,22 +201,54 @@ pub fn processes(
                 )
             })?;
         last = Some(gpu);
-        pids.push(app.pid.0);
         let usage = DeviceUsage {
             index: gpu.index,
             usage: app.usage,
         };
-        match by_pid.iter_mut().find(|(p, _)| *p == app.pid) {
-            Some((_, usages)) => usages.push(usage),
-            None => by_pid.push((app.pid, smallvec::smallvec![usage])),
+        match slots.of(&by_pid, app.pid) {
+            Some(k) => by_pid[k].1.push(usage),
+            None => {
+                slots.add(app.pid, by_pid.len());
+                by_pid.push((app.pid, smallvec::smallvec![usage]));
+            }
         }
     }
+    let pids: Vec<u32> = by_pid.iter().map(|(p, _)| p.0).collect();
     let mut ordered = Vec::with_capacity(by_pid.len());
-    ordered.extend(pyset::set_order(&pids).into_iter().filter_map(|pid| {
-        let i = by_pid.iter().position(|(p, _)| p.0 == pid)?;
-        Some(by_pid.swap_remove(i))
-    }));
+    for pid in pyset::set_order(&pids) {
+        if let Some(k) = slots.of(&by_pid, Pid(pid)) {
+            ordered.push((Pid(pid), std::mem::take(&mut by_pid[k].1)));
+        }
+    }
     Ok(ordered)
+}
+
+/// Where each pid's entry is among the processes grouped so far: found by
+/// scan among a few apps, by hash among many (past genv's `SMALL`), so
+/// that a user who starts thousands of GPU processes costs linear work.
+struct Slots {
+    many: Option<ahash::HashMap<Pid, usize>>,
+}
+
+impl Slots {
+    fn for_apps(apps: usize) -> Self {
+        let many = (apps > super::genv::SMALL)
+            .then(|| ahash::HashMap::with_capacity_and_hasher(apps, Default::default()));
+        Slots { many }
+    }
+
+    fn of(&self, grouped: &[(Pid, Gpus)], pid: Pid) -> Option<usize> {
+        match &self.many {
+            Some(slots) => slots.get(&pid).copied(),
+            None => grouped.iter().position(|(p, _)| *p == pid),
+        }
+    }
+
+    fn add(&mut self, pid: Pid, slot: usize) {
+        if let Some(slots) = &mut self.many {
+            slots.insert(pid, slot);
+        }
+    }
 }
 
 /// Devices as genv creates `devices.json` on first use: every GPU, none attached.
@@ -475,5 +506,54 @@ mod tests {
             usage: Usage::Unknown,
         }];
         assert!(processes(&gpus, &unknown, "f").is_err());
+    }
+
+    /// Each pid once, with its GPUs in line order, the pids in the order
+    /// of a CPython set: the same whether the apps are few (scanned) or
+    /// many (hashed), and the many take the hashed path.
+    #[test]
+    fn grouping_is_the_same_for_few_and_many_apps() {
+        let gpus: Vec<Gpu> = (0..4)
+            .map(|i| Gpu {
+                uuid: ["GPU-a", "GPU-b", "GPU-c", "GPU-d"][i],
+                index: GpuIndex(i as u32),
+                total_mib: None,
+            })
+            .collect();
+        assert!(Slots::for_apps(16).many.is_none());
+        assert!(Slots::for_apps(17).many.is_some());
+        for count in [1, 2, 5, 15, 16, 17, 40, 1000] {
+            // Pids in a scrambled order, each on one to three GPUs,
+            // listed GPU by GPU as nvidia-smi does.
+            let pids: Vec<u32> = (0..count).map(|k| 1000 + (k * 7919) % 4099).collect();
+            let mut apps = Vec::new();
+            for (g, gpu) in gpus.iter().enumerate() {
+                for (k, &pid) in pids.iter().enumerate() {
+                    if g == 0 || (k + g) % 3 == 0 {
+                        apps.push(ComputeApp {
+                            gpu_uuid: gpu.uuid,
+                            pid: Pid(pid),
+                            usage: Usage::Known(k as u64),
+                        });
+                    }
+                }
+            }
+            let got = processes(&gpus, &apps, "f").unwrap();
+            let order: Vec<u32> = got.iter().map(|(p, _)| p.0).collect();
+            assert_eq!(order, pyset::set_order(&pids), "{count} pids");
+            for (pid, usages) in &got {
+                let want: Vec<DeviceUsage> = apps
+                    .iter()
+                    .filter(|a| a.pid == *pid)
+                    .map(|a| DeviceUsage {
+                        index: gpus.iter().find(|g| g.uuid == a.gpu_uuid).unwrap().index,
+                        usage: a.usage,
+                    })
+                    .collect();
+                assert_eq!(usages.as_slice(), want.as_slice(), "pid {pid} of {count}");
+            }
+            let many = Slots::for_apps(apps.len()).many.is_some();
+            assert_eq!(many, apps.len() > 16, "{} apps", apps.len());
+        }
     }
 }
