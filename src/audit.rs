@@ -409,7 +409,7 @@ fn termination<'a>(
         start_time: t.start_time,
         eid: t.eid.as_ref(),
         user: t.user.as_deref(),
-        rules: t.rules.iter().copied().collect(),
+        rules: t.rules.iter().collect(),
         ..Entry::about(time.to_string(), cycle, host, Phase::Decided, message)
     }
 }

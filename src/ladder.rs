@@ -114,9 +114,9 @@ impl What {
     /// The rules behind it.
     pub fn rules(&self) -> Vec<Rule> {
         match self {
-            What::Terminate(t) => t.rules.iter().copied().collect(),
+            What::Terminate(t) => t.rules.iter().collect(),
             What::Detach(d) if d.rules.is_empty() => vec![Rule::MaxDevicesPerUser],
-            What::Detach(d) => d.rules.iter().copied().collect(),
+            What::Detach(d) => d.rules.iter().collect(),
         }
     }
 

@@ -287,6 +287,9 @@ impl Owner {
 /// The GPUs a process runs on: nearly always one, kept inline.
 pub type Gpus = smallvec::SmallVec<[DeviceUsage; 1]>;
 
+/// A few GPU indices (a process's, a finding's), kept inline up to four.
+pub type Indices = smallvec::SmallVec<[GpuIndex; 4]>;
+
 /// A GPU compute process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Process {

@@ -205,7 +205,7 @@ pub fn attributed(
                     signals.get(&(host, *pid)).map_or((None, Vec::new()), |t| {
                         (
                             t.user.as_deref().map(String::from),
-                            t.rules.iter().copied().collect(),
+                            t.rules.iter().collect(),
                         )
                     })
                 }

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot, Owner, Pid};
-use crate::rules::{Action, Rule, Violation};
+use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot, Indices, Owner, Pid};
+use crate::rules::{Action, Rule, Rules, Violation};
 
 /// A process to SIGTERM, with what identifies it and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,13 +23,13 @@ pub struct Termination {
     pub start_time: Option<u64>,
     pub eid: Option<EnvId>,
     /// Its GPUs, kept inline up to four.
-    pub gpus: smallvec::SmallVec<[GpuIndex; 4]>,
+    pub gpus: Indices,
     pub uid: Option<u32>,
     pub user: Option<Arc<str>>,
     /// Its real uid, where that is a sub-uid of `uid`'s range.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sub_uid: Option<u32>,
-    pub rules: BTreeSet<Rule>,
+    pub rules: Rules,
     /// Its user's groups on the host, when asked for (group exemptions);
     /// not in the JSON plan.
     #[serde(skip)]
@@ -52,7 +52,7 @@ impl Termination {
             uid: None,
             user: None,
             sub_uid: None,
-            rules: BTreeSet::new(),
+            rules: Rules::new(),
             groups: Vec::new(),
             memory: None,
         }
@@ -75,8 +75,8 @@ pub struct Detach {
     pub eid: EnvId,
     /// The rules behind it (a device cap's: per user, per group); none in
     /// what an older run kept, which the per-user cap asked for.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub rules: BTreeSet<Rule>,
+    #[serde(default, skip_serializing_if = "Rules::is_empty")]
+    pub rules: Rules,
     /// The record's username, as genv's line says it (anyone can write it).
     pub username: Option<String>,
     /// The user whose cap it is detached for, as attribution charges it
@@ -138,7 +138,7 @@ fn host_objects<S: serde::Serializer>(
 /// What a host's violations ask for, before ordering.
 #[derive(Default)]
 struct Wanted {
-    pids: BTreeMap<Pid, BTreeSet<Rule>>,
+    pids: BTreeMap<Pid, Rules>,
     /// Devices in first-named order, with the eids to detach there.
     detach: Vec<(GpuIndex, BTreeSet<EnvId>)>,
     /// Each device's place in `detach`.
@@ -146,7 +146,7 @@ struct Wanted {
     /// The user each environment is detached for.
     charged: HashMap<EnvId, String>,
     /// The rules behind each (device, environment) detach.
-    detach_rules: HashMap<(GpuIndex, EnvId), BTreeSet<Rule>>,
+    detach_rules: HashMap<(GpuIndex, EnvId), Rules>,
 }
 
 impl Wanted {

@@ -8,14 +8,14 @@
 
 use super::attribution::Attribution;
 use super::{Finding, Rule, Violation};
-use crate::model::{GpuIndex, HostId};
+use crate::model::{HostId, Indices};
 
 pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
     let snap = a.snapshot();
     let mut out = Vec::new();
     for (i, env) in snap.envs.iter().enumerate() {
         for p in a.members(i) {
-            let unallowed: Vec<GpuIndex> = p.indices().filter(|d| !a.is_attached(i, *d)).collect();
+            let unallowed: Indices = p.indices().filter(|d| !a.is_attached(i, *d)).collect();
             if !unallowed.is_empty() {
                 let finding = Finding::NonAttachedDevices {
                     host: host.clone(),
@@ -39,7 +39,7 @@ pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
 mod tests {
     use super::super::test_support::*;
     use super::*;
-    use crate::model::{EnvId, HostSnapshot, Pid};
+    use crate::model::{EnvId, GpuIndex, HostSnapshot, Pid};
 
     #[test]
     fn multi_gpu_process_names_only_unattached_gpus() {
@@ -66,7 +66,7 @@ mod tests {
                 host: HostId("h".into()),
                 pid: Pid(10),
                 eid: EnvId("a".into()),
-                devices: vec![GpuIndex(1), GpuIndex(2)],
+                devices: smallvec::smallvec![GpuIndex(1), GpuIndex(2)],
             }
         );
     }

@@ -54,7 +54,7 @@ pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
                     over,
                     capacity: capacity.text.clone(),
                 },
-                actions,
+                actions: actions.into(),
             });
         }
     }

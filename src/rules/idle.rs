@@ -481,7 +481,7 @@ mod tests {
                 host: HostId("h".into()),
                 pid: Pid(7),
                 user: Some("alice".into()),
-                devices: vec![GpuIndex(0)],
+                devices: smallvec::smallvec![GpuIndex(0)],
                 since_ms: 1_000_000 + 31 * min,
                 idle_ms: 60 * min,
                 below: 5,
@@ -489,7 +489,7 @@ mod tests {
             }
         );
         assert_eq!(
-            v[0].actions,
+            v[0].actions[..],
             [Action::Terminate {
                 host: HostId("h".into()),
                 pid: Pid(7)
@@ -589,7 +589,7 @@ mod tests {
                     _ => None,
                 };
                 let want = since.is_some_and(|t| now - t >= after);
-                prop_assert_eq!(v.iter().any(|v| v.actions == [Action::Terminate { host: HostId("h".into()), pid: Pid(7) }]), want);
+                prop_assert_eq!(v.iter().any(|v| v.actions[..] == [Action::Terminate { host: HostId("h".into()), pid: Pid(7) }]), want);
                 prop_assert!(v.len() <= 1);
                 h = tracked;
             }

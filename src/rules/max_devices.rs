@@ -264,7 +264,7 @@ pub fn evaluate(hosts: &[(&HostId, &HostUsage)], policy: &Policy) -> (Vec<Violat
                     .count(),
                 over,
             },
-            actions,
+            actions: actions.into(),
         });
     }
     (violations, notices)

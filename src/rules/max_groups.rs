@@ -157,7 +157,7 @@ pub fn evaluate(
                 cap,
                 over,
             },
-            actions,
+            actions: actions.into(),
         });
     }
     (violations, notices)
@@ -333,7 +333,7 @@ mod tests {
                 hosts: 1,
                 over: 1,
             },
-            actions: vec![
+            actions: smallvec::smallvec![
                 Action::Terminate {
                     host: h.clone(),
                     pid: Pid(1),

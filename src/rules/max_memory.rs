@@ -142,7 +142,7 @@ pub fn evaluate(
                 over,
                 hosts: hosts_seen.len(),
             },
-            actions,
+            actions: actions.into(),
         });
     }
     (violations, notices)
@@ -296,7 +296,7 @@ mod tests {
                 hosts: 1,
                 over: 1,
             },
-            actions: vec![
+            actions: smallvec::smallvec![
                 Action::Terminate {
                     host: h.clone(),
                     pid: Pid(1),

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot, Owner, Pid};
+use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot, Indices, Owner, Pid};
 pub use attribution::Orphans;
 use attribution::{Attribution, Standing, Stray, Unconfirmed};
 pub use idle::IdleHistory;
@@ -115,7 +115,8 @@ impl Policy {
 }
 
 /// A rule, as named in reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, enumset::EnumSetType, PartialOrd, Ord, Serialize, Deserialize)]
+#[enumset(serialize_repr = "list")]
 #[serde(rename_all = "kebab-case")]
 pub enum Rule {
     NonEnvProcesses,
@@ -127,6 +128,10 @@ pub enum Rule {
     IdleGpu,
     OrphanedEnvProcesses,
 }
+
+/// A set of rules, iterated (and serialized, as a list) in [`Rule`]'s
+/// order: a bit each, so a plan's many small sets allocate nothing.
+pub type Rules = enumset::EnumSet<Rule>;
 
 impl Rule {
     /// Every rule: genv's four in its order, then ours.
@@ -200,7 +205,7 @@ pub enum Finding {
         host: HostId,
         pid: Pid,
         eid: EnvId,
-        devices: Vec<GpuIndex>,
+        devices: Indices,
     },
     /// An environment over its `gpu_memory` on one device (bytes).
     EnvMemory {
@@ -240,7 +245,7 @@ pub enum Finding {
         host: HostId,
         pid: Pid,
         user: Option<String>,
-        devices: Vec<GpuIndex>,
+        devices: Indices,
         /// Since when (ms since the Unix epoch), and for how long (ms).
         since_ms: u64,
         idle_ms: u64,
@@ -271,7 +276,8 @@ impl Finding {
 pub struct Violation {
     pub rule: Rule,
     pub finding: Finding,
-    pub actions: Vec<Action>,
+    /// Nearly always one: kept inline.
+    pub actions: smallvec::SmallVec<[Action; 1]>,
 }
 
 impl Violation {
@@ -280,7 +286,7 @@ impl Violation {
         Violation {
             rule,
             finding,
-            actions: vec![Action::Terminate {
+            actions: smallvec::smallvec![Action::Terminate {
                 host: host.clone(),
                 pid,
             }],
