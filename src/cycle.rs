@@ -14,7 +14,7 @@ use crate::error;
 use crate::fleet::{Fleet, Own};
 use crate::ladder::{Ladder, Waiting};
 use crate::model::{FailureKind, HostFailure, HostId, Mode};
-use crate::outcome::{self, Outcome, TerminateResult};
+use crate::outcome::{self, Outcome};
 use crate::plan::{HostPlan, Plan, Termination};
 use crate::report::{CycleReport, Timing};
 use crate::rules::shards::{Published, Shards};
@@ -407,18 +407,14 @@ async fn carry_out(
 
 /// The planned terminations whose SIGTERM was delivered, by host.
 fn signalled(plan: &Plan, outcomes: &[Outcome]) -> Vec<(HostId, Vec<Termination>)> {
+    let done = outcome::CarriedOut::of(outcomes);
     plan.hosts
         .iter()
         .map(|(host, p)| {
             let ts = p
                 .terminate
                 .iter()
-                .filter(|t| {
-                    outcomes.iter().any(|o| {
-                        matches!(o, Outcome::Terminate { host: h, pid, outcome: TerminateResult::Signalled }
-                            if h == host && *pid == t.pid)
-                    })
-                })
+                .filter(|t| done.signalled(host, t.pid))
                 .cloned()
                 .collect::<Vec<_>>();
             (host.clone(), ts)

@@ -1,5 +1,7 @@
 //! What happened when a plan was carried out: plain data for the report.
 
+use std::collections::HashSet;
+
 use serde::Serialize;
 
 use crate::model::{EnvId, GpuIndex, HostId, Pid};
@@ -78,6 +80,52 @@ impl Outcome {
                 ..
             }
         )
+    }
+}
+
+/// The actions `outcomes` say were carried out (a SIGTERM delivered, a
+/// detach done), indexed once: asking about every action of a plan costs
+/// linear work however many a user's records make.
+#[derive(Debug, Default)]
+pub struct CarriedOut<'o> {
+    signalled: HashSet<(&'o HostId, Pid)>,
+    detached: HashSet<(&'o HostId, GpuIndex, &'o EnvId)>,
+}
+
+impl<'o> CarriedOut<'o> {
+    pub fn of(outcomes: &'o [Outcome]) -> Self {
+        let mut done = CarriedOut::default();
+        for o in outcomes {
+            match o {
+                Outcome::Terminate {
+                    host,
+                    pid,
+                    outcome: TerminateResult::Signalled,
+                } => {
+                    done.signalled.insert((host, *pid));
+                }
+                Outcome::Detach {
+                    host,
+                    device,
+                    eid,
+                    outcome: DetachResult::Detached,
+                } => {
+                    done.detached.insert((host, *device, eid));
+                }
+                _ => {}
+            }
+        }
+        done
+    }
+
+    /// Whether `pid`'s SIGTERM on `host` was delivered.
+    pub fn signalled(&self, host: &HostId, pid: Pid) -> bool {
+        self.signalled.contains(&(host, pid))
+    }
+
+    /// Whether `eid` was detached from `device` on `host`.
+    pub fn detached(&self, host: &HostId, device: GpuIndex, eid: &EnvId) -> bool {
+        self.detached.contains(&(host, device, eid))
     }
 }
 

@@ -915,9 +915,11 @@ def snapshot(req, out):
         frame(out, "subuid", uid, (b"%d" % owner) if isinstance(owner, int) else b"- " + owner.encode())
         if isinstance(owner, int):
             uids.add(owner)
-            for pid, seen in seen_uids.items():
-                if seen == uid:
-                    seen_uids[pid] = owner
+    # One pass: a user may run thousands of pids under as many sub-uids.
+    for pid, seen in seen_uids.items():
+        owner = owners.get(seen)
+        if isinstance(owner, int):
+            seen_uids[pid] = owner
     for uid in sorted(uids):
         try:
             frame(out, "user", uid, pwd.getpwuid(uid).pw_name.encode())

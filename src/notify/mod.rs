@@ -22,7 +22,7 @@ use crate::audit::AuditLog;
 use crate::ladder::{Event, Stage, What};
 use crate::metrics::Metrics;
 use crate::model::{EnvId, GpuIndex, HostId, Pid};
-use crate::outcome::{DetachResult, Outcome, TerminateResult};
+use crate::outcome::{CarriedOut, Outcome};
 
 pub use mail::MailSpec;
 pub use webhook::WebhookSpec;
@@ -331,33 +331,15 @@ pub fn backoff(attempt: u32) -> Duration {
 /// were carried out (an action that failed, or found its pid reused or
 /// gone, is not said to be done).
 pub fn told<'a>(events: &'a [Event], outcomes: &[Outcome]) -> Vec<&'a Event> {
+    let done = CarriedOut::of(outcomes);
     events
         .iter()
-        .filter(|e| e.stage != Stage::Acted || carried_out(e, outcomes))
+        .filter(|e| match &e.what {
+            _ if e.stage != Stage::Acted => true,
+            What::Terminate(t) => done.signalled(&e.host, t.pid),
+            What::Detach(d) => done.detached(&e.host, d.device, &d.eid),
+        })
         .collect()
-}
-
-fn carried_out(e: &Event, outcomes: &[Outcome]) -> bool {
-    outcomes.iter().any(|o| match (&e.what, o) {
-        (
-            What::Terminate(t),
-            Outcome::Terminate {
-                host,
-                pid,
-                outcome: TerminateResult::Signalled,
-            },
-        ) => *host == e.host && *pid == t.pid,
-        (
-            What::Detach(d),
-            Outcome::Detach {
-                host,
-                device,
-                eid,
-                outcome: DetachResult::Detached,
-            },
-        ) => *host == e.host && *device == d.device && *eid == d.eid,
-        _ => false,
-    })
 }
 
 /// What identifies an action from cycle to cycle.
@@ -426,6 +408,7 @@ fn plain_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outcome::{DetachResult, TerminateResult};
 
     #[test]
     fn backoff_doubles_up_to_thirty_seconds() {

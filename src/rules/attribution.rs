@@ -189,6 +189,7 @@ impl<'a> Attribution<'a> {
                 }
             }
         }
+        let mut contested = contesting(snap, &index, &carriers);
         let charges: Vec<Charged> = snap
             .envs
             .iter()
@@ -210,7 +211,7 @@ impl<'a> Attribution<'a> {
                         uid: Some(uid),
                     },
                     Carriers::Several => Charged::Nobody(Unconfirmed::Contested {
-                        users: contesting(snap, &e.eid),
+                        users: contested.remove(&i).unwrap_or_default(),
                     }),
                 }
             })
@@ -428,16 +429,35 @@ fn name_of(snap: &HostSnapshot, uid: u32) -> Cow<'_, str> {
     }
 }
 
-/// The users whose processes carry `eid`, by name (a contested id: rare).
-fn contesting(snap: &HostSnapshot, eid: &EnvId) -> Vec<String> {
-    let mut users: Vec<String> = snap
-        .processes
-        .iter()
-        .filter(|p| p.owner.eid() == Some(eid))
-        .filter_map(|p| Some(name_of(snap, p.uid?).into_owned()))
-        .collect();
-    users.sort_unstable();
-    users.dedup();
+/// The users whose processes carry each contested record's id, by name
+/// (rare): one pass over the processes, however many ids are contested.
+fn contesting(
+    snap: &HostSnapshot,
+    index: &HashMap<&EnvId, usize>,
+    carriers: &[Carriers],
+) -> HashMap<usize, Vec<String>> {
+    let mut users: HashMap<usize, Vec<String>> = HashMap::default();
+    if !carriers.contains(&Carriers::Several) {
+        return users;
+    }
+    for p in &snap.processes {
+        let (Some(eid), Some(uid)) = (p.owner.eid(), p.uid) else {
+            continue;
+        };
+        match index.get(eid) {
+            Some(&i) if carriers[i] == Carriers::Several => {
+                users
+                    .entry(i)
+                    .or_default()
+                    .push(name_of(snap, uid).into_owned());
+            }
+            _ => {}
+        }
+    }
+    for names in users.values_mut() {
+        names.sort_unstable();
+        names.dedup();
+    }
     users
 }
 

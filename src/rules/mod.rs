@@ -19,7 +19,7 @@ mod non_env_processes;
 mod orphaned_env_processes;
 pub mod shards;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -469,14 +469,12 @@ pub fn assess_host(
             // Unjudged while the state cannot be read: what was known of
             // its live processes is kept (garbling the state once must not
             // make a job's orphanhood forgotten).
-            orphans
+            let live: HashSet<(Pid, u64)> = snap
+                .processes
                 .iter()
-                .filter(|(pid, start)| {
-                    snap.process(*pid)
-                        .is_some_and(|p| p.start_time == Some(*start))
-                })
-                .cloned()
-                .collect()
+                .filter_map(|p| Some((p.pid, p.start_time?)))
+                .collect();
+            orphans.intersection(&live).cloned().collect()
         } else {
             a.orphans()
         },
