@@ -1524,14 +1524,19 @@ def tell(req):
             logins = login_terminals(req["utmp"])
         # The job's own terminals first, then the user's logins.
         terminals = []
+        paths = set()
         for pair in note["pids"][:MAX_TERMINALS]:
             if isinstance(pair, list) and len(pair) == 2 and all(type(x) is int and 0 < x < 1 << 63 for x in pair):
                 dev = controlling_terminal(pair[0], pair[1], uid)
                 path = terminal_path(dev) if dev else None
-                if path and path not in [p for p, _ in terminals]:
+                if path and path not in paths:
+                    paths.add(path)
                     terminals.append((path, dev))
         for path in logins.get(note["user"], []):
-            if path not in [p for p, _ in terminals]:
+            if len(terminals) >= MAX_TERMINALS:
+                break
+            if path not in paths:
+                paths.add(path)
                 terminals.append((path, None))
         data = printable(note["text"])
         written = 0
