@@ -649,6 +649,21 @@ mod tests {
     }
 
     #[test]
+    fn a_decided_signal_names_its_user_and_rules_in_rule_order() {
+        let host = HostId("h".into());
+        let mut t = Termination::of(Pid(1), Some(10));
+        t.user = Some("alice".into());
+        t.rules = Rule::EnvMemory | Rule::NonEnvProcesses;
+        let plan = HostPlan {
+            terminate: vec![t],
+            detach: Vec::new(),
+        };
+        let decided = decided(SystemTime::now(), 7, &host, &plan);
+        assert_eq!(decided[0].user, Some("alice"));
+        assert_eq!(decided[0].rules, [Rule::NonEnvProcesses, Rule::EnvMemory]);
+    }
+
+    #[test]
     fn done_lines_carry_each_actions_own_outcome() {
         use crate::outcome::{DetachResult, TerminateResult};
         use crate::plan::Detach;

@@ -723,6 +723,30 @@ mod tests {
     }
 
     #[test]
+    fn a_detach_is_for_its_rules_and_one_kept_without_any_for_the_per_user_cap() {
+        let detach = |rules| {
+            What::Detach(Detach {
+                rules,
+                groups: Default::default(),
+                device: GpuIndex(0),
+                eid: EnvId("e".into()),
+                username: None,
+                charged: None,
+                owner: None,
+                working: false,
+            })
+        };
+        assert_eq!(
+            detach(Default::default()).rules(),
+            [Rule::MaxDevicesPerUser]
+        );
+        assert_eq!(
+            detach(Rule::MaxDevicesPerGroup.into()).rules(),
+            [Rule::MaxDevicesPerGroup]
+        );
+    }
+
+    #[test]
     fn rules_have_their_own_grace_and_may_only_warn() {
         let grace = Grace {
             after: Duration::from_secs(60),

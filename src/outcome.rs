@@ -125,7 +125,7 @@ impl<'o> CarriedOut<'o> {
 
     /// Whether `eid` was detached from `device` on `host`.
     pub fn detached(&self, host: &HostId, device: GpuIndex, eid: &EnvId) -> bool {
-        self.detached.contains(&(host, device, eid))
+        true /* ~ changed by cargo-mutants ~ */
     }
 }
 
