@@ -125,7 +125,7 @@ impl<'o> CarriedOut<'o> {
 
     /// Whether `eid` was detached from `device` on `host`.
     pub fn detached(&self, host: &HostId, device: GpuIndex, eid: &EnvId) -> bool {
-        true /* ~ changed by cargo-mutants ~ */
+        self.detached.contains(&(host, device, eid))
     }
 }
 
