@@ -623,6 +623,32 @@ mod tests {
     }
 
     #[test]
+    fn only_contested_ids_have_their_carriers_named() {
+        // "a" is contested, "b" is alice's alone: one pass names a's
+        // carriers (each once, in order) and nobody for b.
+        let s = host(
+            vec![listing("a", None, &[10]), listing("b", None, &[11])],
+            vec![
+                job(30, Some("a"), 1002),
+                job(31, Some("b"), 1001),
+                job(32, Some("a"), 1001),
+                job(33, Some("a"), 1002),
+            ],
+        );
+        let index = s
+            .envs
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (&e.eid, i))
+            .collect();
+        let named = contesting(&s, &index, &[Carriers::Several, Carriers::One(1001)]);
+        assert_eq!(named.len(), 1);
+        assert_eq!(named[&0], ["alice", "bob"]);
+        let none = contesting(&s, &index, &[Carriers::One(1002), Carriers::One(1001)]);
+        assert!(none.is_empty());
+    }
+
+    #[test]
     fn orphans_unknowns_and_duplicates() {
         let mut unknown_uid = job(32, Some("a"), 1);
         unknown_uid.uid = None;
