@@ -284,6 +284,11 @@ impl Owner {
     }
 }
 
+/// Up to this many items (records, devices, apps), a plain scan beats
+/// hashing (and allocates nothing): real state is this small; more takes
+/// the hashed, linear path.
+pub const SMALL: usize = 16;
+
 /// The GPUs a process runs on: nearly always one, kept inline.
 pub type Gpus = smallvec::SmallVec<[DeviceUsage; 1]>;
 

@@ -29,8 +29,8 @@ use smallvec::SmallVec;
 
 use super::attribution::{Attribution, Standing};
 use super::{Action, Finding, Notice, Policy, Rule, Violation};
+use crate::model::SMALL;
 use crate::model::{Device, EnvId, GpuIndex, HostId, Pid};
-use crate::snapshot::genv::SMALL;
 
 /// One host's part of the device caps: what each user holds there (what
 /// a shard publishes, see [`super::shards`]).
@@ -173,7 +173,7 @@ impl HostUsage {
 
 /// Where each device is listed in devices.json, one listed twice at its
 /// last place: found by scan among a few, by hash among many (past
-/// genv's [`SMALL`]).
+/// [`SMALL`]).
 struct Places<'s> {
     devices: &'s [Device],
     many: Option<HashMap<GpuIndex, usize>>,

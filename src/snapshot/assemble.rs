@@ -290,7 +290,7 @@ fn charged_uid(raw: &RawHost, uid: u32) -> (u32, Option<u32>) {
 
 /// The environment ids of a host's records, shared with the processes
 /// that carry them: looked up by scan among a few, by hash among many
-/// (past [`genv::SMALL`], as genv's clean-up does).
+/// (past [`crate::model::SMALL`], as genv's clean-up does).
 struct Ids<'e> {
     envs: &'e [Env],
     many: Option<ahash::HashMap<&'e [u8], &'e EnvId>>,
@@ -298,7 +298,7 @@ struct Ids<'e> {
 
 impl<'e> Ids<'e> {
     fn of(envs: &'e [Env]) -> Self {
-        let many = (envs.len() > genv::SMALL)
+        let many = (envs.len() > crate::model::SMALL)
             .then(|| envs.iter().map(|e| (e.eid.0.as_bytes(), &e.eid)).collect());
         Ids { envs, many }
     }

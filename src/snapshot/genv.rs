@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::{memory, nvidia_smi, ParseError};
 use crate::model::{
     Attachment, Device, DeviceUsage, Env, EnvId, GpuIndex, HostSnapshot, Memory, Owner, Pid,
-    Process, Usage,
+    Process, Usage, SMALL,
 };
 
 /// genv's default state directory (`$GENV_TMPDIR` overrides it).
@@ -279,10 +279,6 @@ fn devices_from_json(json: &[DeviceJson]) -> Vec<Device> {
         })
         .collect()
 }
-
-/// Up to this many items, a plain scan beats hashing (and allocates
-/// nothing): real state is this small; more takes the hashed, linear path.
-pub(crate) const SMALL: usize = 16;
 
 /// Whether two of `items` have the same `key`: a scan for a few, a set
 /// for more.

@@ -4,7 +4,7 @@
 //! Parsed values borrow from the text (a cycle parses thousands of lines).
 
 use super::{pyset, ParseError};
-use crate::model::{Device, DeviceUsage, GpuIndex, Gpus, Pid, ProcessUtilization, Usage};
+use crate::model::{Device, DeviceUsage, GpuIndex, Gpus, Pid, ProcessUtilization, Usage, SMALL};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -224,7 +224,7 @@ pub fn processes(
 }
 
 /// Where each pid's entry is among the processes grouped so far: found by
-/// scan among a few apps, by hash among many (past genv's `SMALL`), so
+/// scan among a few apps, by hash among many (past [`SMALL`]), so
 /// that a user who starts thousands of GPU processes costs linear work.
 struct Slots {
     many: Option<ahash::HashMap<Pid, usize>>,
@@ -232,7 +232,7 @@ struct Slots {
 
 impl Slots {
     fn for_apps(apps: usize) -> Self {
-        let many = (apps > super::genv::SMALL)
+        let many = (apps > SMALL)
             .then(|| ahash::HashMap::with_capacity_and_hasher(apps, Default::default()));
         Slots { many }
     }
