@@ -727,13 +727,7 @@ mod tests {
         let detach = |rules| {
             What::Detach(Detach {
                 rules,
-                groups: Default::default(),
-                device: GpuIndex(0),
-                eid: EnvId("e".into()),
-                username: None,
-                charged: None,
-                owner: None,
-                working: false,
+                ..Detach::of(GpuIndex(0), EnvId("e".into()))
             })
         };
         assert_eq!(

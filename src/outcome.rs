@@ -319,16 +319,7 @@ mod tests {
         let h = HostId("h".into());
         let plan = HostPlan {
             terminate: vec![Planned::of(Pid(1), Some(1)), Planned::of(Pid(2), None)],
-            detach: vec![PlannedDetach {
-                rules: Default::default(),
-                groups: Default::default(),
-                device: GpuIndex(0),
-                eid: EnvId("e".into()),
-                username: None,
-                charged: None,
-                owner: None,
-                working: false,
-            }],
+            detach: vec![PlannedDetach::of(GpuIndex(0), EnvId("e".into()))],
         };
         let out = failed(&h, &plan, "no audit");
         assert_eq!(out.len(), 3);

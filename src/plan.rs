@@ -100,6 +100,23 @@ pub struct Detach {
     pub working: bool,
 }
 
+impl Detach {
+    /// A detach of `eid` from `device`, with nothing else known (no rule,
+    /// user or groups).
+    pub fn of(device: GpuIndex, eid: EnvId) -> Self {
+        Detach {
+            device,
+            eid,
+            rules: Rules::new(),
+            username: None,
+            charged: None,
+            owner: None,
+            groups: Vec::new(),
+            working: false,
+        }
+    }
+}
+
 /// Everything to do on one host.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct HostPlan {
