@@ -289,6 +289,31 @@ impl Owner {
 /// the hashed, linear path.
 pub const SMALL: usize = 16;
 
+/// A hash map for the per-host work, keyed by what users write (pids,
+/// eids, names): aHash with random keys, as [`ahash::RandomState`] makes
+/// them, but made once per thread and copied after, so that workers do
+/// not share the one counter `RandomState::new` bumps for every map.
+pub type HashMap<K, V> = std::collections::HashMap<K, V, ThreadKeys>;
+
+/// This thread's random aHash keys (see [`HashMap`]).
+#[derive(Clone)]
+pub struct ThreadKeys(ahash::RandomState);
+
+impl Default for ThreadKeys {
+    fn default() -> Self {
+        thread_local!(static KEYS: ahash::RandomState = ahash::RandomState::new());
+        ThreadKeys(KEYS.with(Clone::clone))
+    }
+}
+
+impl std::hash::BuildHasher for ThreadKeys {
+    type Hasher = ahash::AHasher;
+
+    fn build_hasher(&self) -> ahash::AHasher {
+        self.0.build_hasher()
+    }
+}
+
 /// The GPUs a process runs on: nearly always one, kept inline.
 pub type Gpus = smallvec::SmallVec<[DeviceUsage; 1]>;
 

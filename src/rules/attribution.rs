@@ -38,7 +38,7 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 
-use ahash::HashMap;
+use crate::model::HashMap;
 
 use serde::Serialize;
 

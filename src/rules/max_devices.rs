@@ -23,7 +23,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use ahash::HashMap;
+use crate::model::HashMap;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 

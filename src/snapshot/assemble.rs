@@ -293,7 +293,7 @@ fn charged_uid(raw: &RawHost, uid: u32) -> (u32, Option<u32>) {
 /// (past [`crate::model::SMALL`], as genv's clean-up does).
 struct Ids<'e> {
     envs: &'e [Env],
-    many: Option<ahash::HashMap<&'e [u8], &'e EnvId>>,
+    many: Option<crate::model::HashMap<&'e [u8], &'e EnvId>>,
 }
 
 impl<'e> Ids<'e> {
