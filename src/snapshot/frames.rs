@@ -26,16 +26,14 @@ pub fn parse_frames<'a>(mut bytes: &'a [u8], source: &str) -> Result<Vec<Frame<'
     let mut frames = Vec::with_capacity(64);
     while !bytes.is_empty() {
         let bad = |m: String| ParseError::new(source, format!("frame {}", frames.len() + 1), m);
-        let nl = bytes
-            .iter()
-            .position(|&b| b == b'\n')
-            .ok_or_else(|| bad("header without newline".into()))?;
+        let nl =
+            memchr::memchr(b'\n', bytes).ok_or_else(|| bad("header without newline".into()))?;
         let header =
             std::str::from_utf8(&bytes[..nl]).map_err(|_| bad("header is not UTF-8".into()))?;
         let mut words = header
             .strip_prefix('@')
             .ok_or_else(|| bad(format!("not a frame header: {header:?}")))?
-            .split([' ']);
+            .split(' ');
         let (kind, arg, len) = match (words.next(), words.next(), words.next(), words.next()) {
             (Some(kind), Some(len), None, None) => (kind, None, len),
             (Some(kind), Some(arg), Some(len), None) => (kind, Some(arg), len),

@@ -67,21 +67,18 @@ fn parsed_rows<'a, T>(
 /// `line.split(", ")` gives them (a comma alone separates nothing).
 fn fields(line: &str) -> Fields<'_> {
     let mut fields = Fields { f: [""; 3], n: 0 };
-    let mut rest = line;
+    let bytes = line.as_bytes();
+    let mut start = 0;
     while fields.n < 3 {
-        let sep = rest
-            .bytes()
-            .enumerate()
-            .find(|&(i, b)| b == b',' && rest.as_bytes().get(i + 1) == Some(&b' '))
-            .map(|(i, _)| i);
-        let (field, next) = match sep {
-            Some(i) => (&rest[..i], Some(&rest[i + 2..])),
-            None => (rest, None),
-        };
-        fields.f[fields.n] = field.trim();
+        // The next ", ": commas are few (a uuid has none), found by memchr.
+        let sep = memchr::memchr_iter(b',', &bytes[start..])
+            .map(|i| start + i)
+            .find(|&i| bytes.get(i + 1) == Some(&b' '));
+        let end = sep.unwrap_or(line.len());
+        fields.f[fields.n] = line[start..end].trim();
         fields.n += 1;
-        match next {
-            Some(r) => rest = r,
+        match sep {
+            Some(i) => start = i + 2,
             None => break,
         }
     }
@@ -227,13 +224,13 @@ pub fn processes(
 /// scan among a few apps, by hash among many (past [`SMALL`]), so
 /// that a user who starts thousands of GPU processes costs linear work.
 struct Slots {
-    many: Option<ahash::HashMap<Pid, usize>>,
+    many: Option<crate::model::HashMap<Pid, usize>>,
 }
 
 impl Slots {
     fn for_apps(apps: usize) -> Self {
         let many = (apps > SMALL)
-            .then(|| ahash::HashMap::with_capacity_and_hasher(apps, Default::default()));
+            .then(|| crate::model::HashMap::with_capacity_and_hasher(apps, Default::default()));
         Slots { many }
     }
 
