@@ -586,6 +586,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn maps_hash_with_this_threads_random_keys_not_fixed_ones() {
+        use std::hash::BuildHasher;
+        // Users pick the keys (eids, names): fixed keys would let one
+        // craft collisions. Random keys agree with aHash's fixed ones
+        // on a value with probability 2^-64.
+        let fixed = std::hash::BuildHasherDefault::<ahash::AHasher>::default();
+        let mine = ThreadKeys::default();
+        assert_ne!(mine.hash_one("alice"), fixed.hash_one("alice"));
+        // Made once per thread: every map of a thread hashes alike.
+        assert_eq!(
+            mine.hash_one("alice"),
+            ThreadKeys::default().hash_one("alice")
+        );
+        let there = std::thread::spawn(|| ThreadKeys::default().hash_one("alice"));
+        assert_ne!(there.join().unwrap(), mine.hash_one("alice"));
+    }
+
+    #[test]
     fn a_users_groups_are_those_the_host_said_of_their_uid() {
         let truth = HostTruth {
             groups: [(1001, vec!["alice".to_string(), "lab".to_string()])]
