@@ -850,6 +850,63 @@ mod tests {
             .collect()
     }
 
+    fn names(levels: &[Level]) -> Vec<&str> {
+        levels.iter().map(|l| l.cmd.get_name()).collect()
+    }
+
+    #[test]
+    fn levels_split_a_line_as_clap_does() {
+        let set = |name: &'static str| Arg::new(name).long(name).action(ArgAction::Set);
+        let root = Command::new("x")
+            .arg(set("many").num_args(1..))
+            .arg(set("one"))
+            .arg(Arg::new("on").long("on").action(ArgAction::SetTrue))
+            .subcommand(Command::new("run").alias("go").arg(set("n")));
+        for line in [
+            "x run --n 1",
+            "x go --n 1",
+            "x stop",
+            "x --many a b run",
+            "x --many a --on run",
+            "x --one run",
+            "x --one run run",
+            "x --one=run run",
+            "x --on run",
+        ] {
+            let words: Vec<OsString> = line.split(' ').map(OsString::from).collect();
+            let found = levels(&root, &words);
+            let Ok(clap) = root.clone().try_get_matches_from(&words) else {
+                assert_eq!(names(&found), ["x"], "{line}");
+                continue;
+            };
+            let want: Vec<&str> = std::iter::once("x").chain(clap.subcommand_name()).collect();
+            assert_eq!(names(&found), want, "{line}");
+        }
+    }
+
+    #[test]
+    fn levels_pass_over_a_word_that_is_not_utf8() {
+        use std::os::unix::ffi::OsStringExt;
+        let mut line = args("");
+        line.push(OsString::from_vec(b"\xff".to_vec()));
+        line.extend(args("remote enforce --dry-run").into_iter().skip(1));
+        let found = levels(&root(), &line);
+        assert_eq!(names(&found), ["genv-enforce", "remote", "enforce"]);
+        assert_eq!(found[2].start, 4);
+        assert!(found[2].given.contains("dry_run"), "{:?}", found[2].given);
+    }
+
+    #[test]
+    fn a_short_flags_value_is_the_rest_of_its_word_or_the_next_word() {
+        // Attached: the next word is the subcommand.
+        let found = levels(&root(), &args("remote -Hgpu1 enforce"));
+        assert_eq!(names(&found), ["genv-enforce", "remote", "enforce"]);
+        // Apart: the next word is the value, even one named as a subcommand.
+        let found = levels(&root(), &args("remote -H doctor enforce"));
+        assert_eq!(names(&found), ["genv-enforce", "remote", "enforce"]);
+        assert_eq!(found[2].start, 5);
+    }
+
     fn words(a: &[OsString]) -> String {
         a[1..]
             .iter()

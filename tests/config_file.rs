@@ -223,7 +223,7 @@ fn effective_says_where_each_value_came_from_and_prints_no_secret() {
     std::fs::write(
         &path,
         "[hosts]\nsnapshot-dir = \"fixtures/snapshots\"\n[rules]\nmax-devices-per-user = 2\n\
-         [notifications]\nwebhook = \"https://hooks.example/T0/SECRET\"\n",
+         non-env-processes = true\n[notifications]\nwebhook = \"https://hooks.example/T0/SECRET\"\n",
     )
     .unwrap();
     let out = ours(&[
@@ -246,10 +246,13 @@ fn effective_says_where_each_value_came_from_and_prints_no_secret() {
         format!("max-devices-per-user = 2  # {name}:4:1"),
         "interval = 0  # command line".to_string(),
         "# concurrency = 32  # default".to_string(),
-        format!("# webhook = (set; secret, not printed)  # {name}:6:1"),
+        format!("non-env-processes = true  # {name}:5:1"),
+        format!("# webhook = (set; secret, not printed)  # {name}:7:1"),
     ] {
         assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
     }
+    // A switch left off says nothing.
+    assert!(!text.contains("dry-run"), "{text}");
     assert!(!text.contains("SECRET"), "{text}");
     // What it prints is a configuration file that checks the same.
     let again = dir.path().join("again.toml");
@@ -409,4 +412,42 @@ fn a_configuration_file_others_could_write_is_refused_and_none_blocks() {
         "{}",
         stderr(&out)
     );
+}
+
+#[test]
+fn config_check_fails_on_a_named_file_that_is_missing_and_not_on_a_missing_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nowhere.toml");
+    let out = ours(&[
+        "config",
+        "check",
+        "--config",
+        &missing.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&missing.display().to_string()),
+        "{}",
+        stderr(&out)
+    );
+    // Without --config, a missing default file checks the command line
+    // alone.
+    if !util::prerequisite(
+        !Path::new(config_file::DEFAULT_PATH).exists(),
+        "no configuration file at the default path",
+    ) {
+        return;
+    }
+    let out = ours(&["config", "check", "--", "remote", "-H", "gpu1", "enforce"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = ours(&[
+        "config",
+        "check",
+        "--",
+        "remote",
+        "enforce",
+        "--interval",
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
