@@ -34,7 +34,15 @@ pub fn run(path: Option<PathBuf>, args: &ConfigCheckArgs) -> u8 {
     let root = Cli::command();
     // Without --config, a missing default file checks the command line
     // alone (moving GENV_ENFORCE_ARGS into a first file).
-    let settings = if !given && !path.exists() {
+    let no_file = !given && !path.exists();
+    // What each message names: the file, or the command line when there
+    // is none.
+    let origin = if no_file {
+        "command line".to_string()
+    } else {
+        path.display().to_string()
+    };
+    let settings = if no_file {
         Vec::new()
     } else {
         match crate::setup::config_settings(&path, &root) {
@@ -60,7 +68,7 @@ pub fn run(path: Option<PathBuf>, args: &ConfigCheckArgs) -> u8 {
     let fail = |message: &str| {
         match locate(message, &settings, &sources) {
             Some(at) => eprintln!("{}:{}:{}: {message}", path.display(), at.line, at.column),
-            None => eprintln!("{}: {message}", path.display()),
+            None => eprintln!("{origin}: {message}"),
         }
         FAILED
     };
@@ -80,12 +88,17 @@ pub fn run(path: Option<PathBuf>, args: &ConfigCheckArgs) -> u8 {
         return fail(&chain(&e));
     }
     if args.effective {
-        print!("{}", effective(&path, &command, &matches, &sources));
+        let file = (!no_file).then_some(path.as_path());
+        print!("{}", effective(file, &command, &matches, &sources));
     }
-    eprintln!(
-        "{}: the configuration is valid for `genv-enforce {command}`",
-        path.display()
-    );
+    if no_file {
+        eprintln!(
+            "{origin}: valid for `genv-enforce {command}` (no configuration file at {})",
+            path.display()
+        );
+    } else {
+        eprintln!("{origin}: the configuration is valid for `genv-enforce {command}`");
+    }
     0
 }
 
@@ -126,18 +139,24 @@ fn locate(
 /// The resolved configuration as the file's TOML, each value followed by
 /// where it came from, defaults commented out; secrets replaced by a note.
 fn effective(
-    path: &Path,
+    file: Option<&Path>,
     command: &str,
     matches: &ArgMatches,
     sources: &BTreeMap<String, Source>,
 ) -> String {
     let root = Cli::command();
     let flags = config_file::flags(&root);
-    let mut out = format!(
-        "# The configuration `genv-enforce {command}` runs with, from {} and the\n\
-         # command line; after each value, where it came from.\n",
-        path.display()
-    );
+    let mut out = match file {
+        Some(path) => format!(
+            "# The configuration `genv-enforce {command}` runs with, from {} and the\n\
+             # command line; after each value, where it came from.\n",
+            path.display()
+        ),
+        None => format!(
+            "# The configuration `genv-enforce {command}` runs with, from the command\n\
+             # line (no configuration file); after each value, where it came from.\n"
+        ),
+    };
     for (section, _, keys) in SECTIONS {
         let mut lines = Vec::new();
         for key in *keys {
@@ -151,9 +170,9 @@ fn effective(
             let Some(source) = m.value_source(id) else {
                 continue;
             };
-            let from = match (source, sources.get(*key)) {
-                (ValueSource::DefaultValue, _) => "default".to_string(),
-                (_, Some(Source::File(at))) => {
+            let from = match (source, sources.get(*key), file) {
+                (ValueSource::DefaultValue, _, _) => "default".to_string(),
+                (_, Some(Source::File(at)), Some(path)) => {
                     format!("{}:{}:{}", path.display(), at.line, at.column)
                 }
                 _ => "command line".to_string(),

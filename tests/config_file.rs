@@ -440,6 +440,34 @@ fn config_check_fails_on_a_named_file_that_is_missing_and_not_on_a_missing_defau
     }
     let out = ours(&["config", "check", "--", "remote", "-H", "gpu1", "enforce"]);
     assert!(out.status.success(), "{}", stderr(&out));
+    // No file: what is checked, and what each message names, is the
+    // command line.
+    assert!(
+        stderr(&out).starts_with("command line: valid for `genv-enforce remote enforce`")
+            && stderr(&out).contains(&format!(
+                "(no configuration file at {})",
+                config_file::DEFAULT_PATH
+            )),
+        "{}",
+        stderr(&out)
+    );
+    let out = ours(&[
+        "config",
+        "check",
+        "--effective",
+        "--",
+        "remote",
+        "-H",
+        "gpu1",
+        "enforce",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed.contains("from the command\n# line (no configuration file)")
+            && !printed.contains(config_file::DEFAULT_PATH),
+        "{printed}"
+    );
     let out = ours(&[
         "config",
         "check",
@@ -450,4 +478,10 @@ fn config_check_fails_on_a_named_file_that_is_missing_and_not_on_a_missing_defau
         "x",
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).starts_with("command line: ")
+            && !stderr(&out).contains(config_file::DEFAULT_PATH),
+        "{}",
+        stderr(&out)
+    );
 }
