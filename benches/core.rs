@@ -500,6 +500,14 @@ fn fleet_benches(c: &mut Criterion) {
             criterion::BatchSize::LargeInput,
         )
     });
+    group.bench_function("answers split into frames only", |b| {
+        b.iter(|| {
+            answers
+                .iter()
+                .map(|(h, bytes)| frames::parse_frames(black_box(bytes), &h.0).unwrap().len())
+                .sum::<usize>()
+        })
+    });
     group.bench_function("parse + assemble only, steady state", |b| {
         b.iter(|| {
             answers

@@ -28,20 +28,7 @@ pub fn parse_frames<'a>(mut bytes: &'a [u8], source: &str) -> Result<Vec<Frame<'
         let bad = |m: String| ParseError::new(source, format!("frame {}", frames.len() + 1), m);
         let nl =
             memchr::memchr(b'\n', bytes).ok_or_else(|| bad("header without newline".into()))?;
-        let header =
-            std::str::from_utf8(&bytes[..nl]).map_err(|_| bad("header is not UTF-8".into()))?;
-        let mut words = header
-            .strip_prefix('@')
-            .ok_or_else(|| bad(format!("not a frame header: {header:?}")))?
-            .split(' ');
-        let (kind, arg, len) = match (words.next(), words.next(), words.next(), words.next()) {
-            (Some(kind), Some(len), None, None) => (kind, None, len),
-            (Some(kind), Some(arg), Some(len), None) => (kind, Some(arg), len),
-            _ => return Err(bad(format!("not a frame header: {header:?}"))),
-        };
-        let len: usize = len
-            .parse()
-            .map_err(|_| bad(format!("bad length in {header:?}")))?;
+        let (kind, arg, len) = header(&bytes[..nl]).map_err(bad)?;
         let rest = &bytes[nl + 1..];
         if rest.len() < len {
             return Err(bad(format!(
@@ -57,6 +44,30 @@ pub fn parse_frames<'a>(mut bytes: &'a [u8], source: &str) -> Result<Vec<Frame<'
         bytes = &rest[len..];
     }
     Ok(frames)
+}
+
+/// A frame header's kind, argument and length, `@<kind> [<arg>] <len>`
+/// (no newline): a few bytes, split by a plain scan.
+fn header(line: &[u8]) -> Result<(&str, Option<&str>, usize), String> {
+    let line = std::str::from_utf8(line).map_err(|_| "header is not UTF-8".to_string())?;
+    let not_one = || format!("not a frame header: {line:?}");
+    let rest = line.strip_prefix('@').ok_or_else(not_one)?;
+    let mut words = [""; 3];
+    let (mut n, mut start) = (0, 0);
+    for (i, b) in rest.bytes().enumerate() {
+        if b == b' ' {
+            *words.get_mut(n).ok_or_else(not_one)? = &rest[start..i];
+            (n, start) = (n + 1, i + 1);
+        }
+    }
+    *words.get_mut(n).ok_or_else(not_one)? = &rest[start..];
+    let (kind, arg, len) = match n {
+        1 => (words[0], None, words[1]),
+        2 => (words[0], Some(words[1]), words[2]),
+        _ => return Err(not_one()),
+    };
+    let len = len.parse().map_err(|_| format!("bad length in {line:?}"))?;
+    Ok((kind, arg, len))
 }
 
 fn text<'a>(frame: &Frame<'a>, source: &str) -> Result<&'a str, ParseError> {
@@ -286,6 +297,44 @@ mod tests {
         ]
         .concat();
         assert!(raw_host(&parse_frames(&unnamed, "h").unwrap(), "h").is_err());
+    }
+
+    #[test]
+    fn headers_are_split_as_split_on_space_splits_them() {
+        // The form the scan replaced.
+        fn split(line: &str) -> Option<(&str, Option<&str>, usize)> {
+            let mut w = line.strip_prefix('@')?.split(' ');
+            let (kind, arg, len) = match (w.next(), w.next(), w.next(), w.next()) {
+                (Some(k), Some(l), None, None) => (k, None, l),
+                (Some(k), Some(a), Some(l), None) => (k, Some(a), l),
+                _ => return None,
+            };
+            Some((kind, arg, len.parse::<usize>().ok()?))
+        }
+        for line in [
+            "@gpus 100",
+            "@proc 20005 42",
+            "@ 5",
+            "@a  5",
+            "@a b  5",
+            "@a b c d",
+            "@a 5 ",
+            "@a",
+            "@",
+            "gpus 1",
+            "@a x",
+            "@a -1",
+            "@é ü 3",
+            "@a\tb 3",
+        ] {
+            assert_eq!(header(line.as_bytes()).ok(), split(line), "{line:?}");
+        }
+        assert_eq!(header(b"@a\xff 1").unwrap_err(), "header is not UTF-8");
+        assert_eq!(
+            header(b"@a b c d").unwrap_err(),
+            r#"not a frame header: "@a b c d""#
+        );
+        assert_eq!(header(b"@a x").unwrap_err(), r#"bad length in "@a x""#);
     }
 
     #[test]
