@@ -295,6 +295,65 @@ pub const SMALL: usize = 16;
 /// not share the one counter `RandomState::new` bumps for every map.
 pub type HashMap<K, V> = std::collections::HashMap<K, V, ThreadKeys>;
 
+/// Entries in the order they came, each key once: found by a plain scan
+/// while there are few, by hash past [`SMALL`] (linear either way in what
+/// users write).
+#[derive(Debug, Clone)]
+pub struct Few<K, V> {
+    entries: Vec<(K, V)>,
+    index: Option<HashMap<K, usize>>,
+}
+
+impl<K, V> Default for Few<K, V> {
+    fn default() -> Self {
+        Few {
+            entries: Vec::new(),
+            index: None,
+        }
+    }
+}
+
+impl<K: Eq + std::hash::Hash + Clone, V> Few<K, V> {
+    /// The place of `key`'s entry, if it has one.
+    pub fn position(&self, key: &K) -> Option<usize> {
+        match &self.index {
+            Some(index) => index.get(key).copied(),
+            None => self.entries.iter().position(|(k, _)| k == key),
+        }
+    }
+
+    /// `key`'s value, if it has one.
+    pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        let i = self.position(key)?;
+        Some(&mut self.entries[i].1)
+    }
+
+    /// `key`'s value, made by `new` (and put last) if it had none.
+    pub fn get_or_insert_with(&mut self, key: K, new: impl FnOnce() -> V) -> &mut V {
+        let i = match self.position(&key) {
+            Some(i) => i,
+            None => {
+                let i = self.entries.len();
+                if let Some(index) = &mut self.index {
+                    index.insert(key.clone(), i);
+                }
+                self.entries.push((key, new()));
+                if self.index.is_none() && self.entries.len() > SMALL {
+                    let keys = self.entries.iter().enumerate();
+                    self.index = Some(keys.map(|(i, (k, _))| (k.clone(), i)).collect());
+                }
+                i
+            }
+        };
+        &mut self.entries[i].1
+    }
+
+    /// The entries, in the order they came.
+    pub fn into_entries(self) -> Vec<(K, V)> {
+        self.entries
+    }
+}
+
 /// This thread's random aHash keys (see [`HashMap`]).
 #[derive(Clone)]
 pub struct ThreadKeys(ahash::RandomState);
@@ -584,6 +643,35 @@ impl Cluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn few_finds_each_key_once_by_scan_and_by_hash_in_the_order_they_came() {
+        let mut few: Few<String, usize> = Few::default();
+        let key = |k: usize| format!("k{}", (k * 7) % 50);
+        for n in 0..3 * SMALL {
+            // Each key once: a second insert finds the first.
+            *few.get_or_insert_with(key(n), || 0) += 1;
+            *few.get_or_insert_with(key(n), || 100) += 1;
+            // Scan (up to SMALL) and hash (past it) find the same.
+            assert!(few.index.is_some() == (n + 1 > SMALL), "{n}");
+            for m in 0..=n {
+                assert_eq!(few.position(&key(m)), Some(m), "{n} {m}");
+            }
+            assert_eq!(few.position(&key(n + 1)), None);
+            assert!(few.get_mut(&"nobody".to_string()).is_none());
+        }
+        *few.get_mut(&key(SMALL + 3)).unwrap() += 5;
+        let entries = few.into_entries();
+        let keys: Vec<String> = (0..3 * SMALL).map(key).collect();
+        assert_eq!(
+            entries.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            keys.iter().collect::<Vec<_>>()
+        );
+        assert!(entries
+            .iter()
+            .enumerate()
+            .all(|(i, (_, v))| *v == if i == SMALL + 3 { 7 } else { 2 }));
+    }
 
     #[test]
     fn maps_hash_with_this_threads_random_keys_not_fixed_ones() {

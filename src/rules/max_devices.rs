@@ -23,7 +23,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use crate::model::HashMap;
+use crate::model::{Few, HashMap};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
@@ -103,32 +103,20 @@ impl HostUsage {
     /// (`--count-non-env-devices`).
     pub fn of(a: &Attribution, non_env: bool) -> Self {
         let snap = a.snapshot();
-        let mut users: HashMap<Cow<str>, Held> = HashMap::default();
-        // (user, device) -> its place in that user's list.
-        let mut slots: HashMap<(Cow<str>, GpuIndex), usize> = HashMap::default();
-        fn device<'m, 'n>(
-            users: &'m mut HashMap<Cow<'n, str>, Held>,
-            slots: &mut HashMap<(Cow<'n, str>, GpuIndex), usize>,
-            user: Cow<'n, str>,
-            index: GpuIndex,
-        ) -> &'m mut HeldDevice {
-            let held = users.entry(user.clone()).or_default();
-            let s = *slots.entry((user, index)).or_insert_with(|| {
-                held.devices.push(HeldDevice::new(index));
-                held.devices.len() - 1
-            });
-            &mut held.devices[s]
-        }
+        // Each user's devices, found by index.
+        type Devices = Few<GpuIndex, HeldDevice>;
+        let mut users: Few<Cow<str>, (bool, Devices)> = Few::default();
         for (i, e) in snap.envs.iter().enumerate() {
             let Some(u) = a.charged(i) else { continue };
-            users.entry(Cow::Borrowed(u)).or_default().envs = true;
+            let (envs, devices) = users.get_or_insert_with(Cow::Borrowed(u), Default::default);
+            *envs = true;
             let attached = a.attached(i);
             if attached.is_empty() {
                 continue;
             }
             let vouched = a.vouched(i);
             for &d in attached {
-                let held = device(&mut users, &mut slots, Cow::Borrowed(u), d);
+                let held = devices.get_or_insert_with(d, || HeldDevice::new(d));
                 held.eids.push(e.eid.clone());
                 held.pids.extend(a.members_on(i, d).map(|p| p.pid));
                 held.vouched |= vouched;
@@ -145,13 +133,18 @@ impl HostUsage {
                 Standing::NoEnv => non_env,
                 Standing::Member(_) => false,
             };
-            for index in p.indices() {
-                if stray {
-                    let held = device(&mut users, &mut slots, user.clone(), index);
+            if stray && !p.gpus.is_empty() {
+                let (_, devices) = users.get_or_insert_with(user, Default::default);
+                for index in p.indices() {
+                    let held = devices.get_or_insert_with(index, || HeldDevice::new(index));
                     held.working = true;
                     held.stray = true;
-                } else if let Some(&s) = slots.get(&(user.clone(), index)) {
-                    users.get_mut(&user).expect("a slot's user").devices[s].working = true;
+                }
+            } else if let Some((_, devices)) = users.get_mut(&user) {
+                for index in p.indices() {
+                    if let Some(held) = devices.get_mut(&index) {
+                        held.working = true;
+                    }
                 }
             }
         }
@@ -160,11 +153,13 @@ impl HostUsage {
         let places = Places::of(&snap.devices);
         HostUsage {
             users: users
+                .into_entries()
                 .into_iter()
-                .map(|(u, mut held)| {
-                    held.devices
-                        .sort_by_key(|d| places.of_index(d.index).unwrap_or(usize::MAX));
-                    (u.into_owned(), held)
+                .map(|(u, (envs, devices))| {
+                    let mut devices: Vec<HeldDevice> =
+                        devices.into_entries().into_iter().map(|(_, d)| d).collect();
+                    devices.sort_by_key(|d| places.of_index(d.index).unwrap_or(usize::MAX));
+                    (u.into_owned(), Held { envs, devices })
                 })
                 .collect(),
         }
