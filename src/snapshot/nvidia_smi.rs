@@ -38,7 +38,7 @@ fn rows<'a>(
     text: &'a str,
     first_column: &'a str,
 ) -> impl Iterator<Item = (usize, &'a str, Fields<'a>)> {
-    text.lines()
+    lines(text)
         .enumerate()
         .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
         .filter(|(_, l)| !l.trim().is_empty())
@@ -46,6 +46,22 @@ fn rows<'a>(
             !(*n == 1 && column_name(l.split(", ").next().unwrap_or("")) == first_column)
         })
         .map(|(n, l)| (n, l, fields(l)))
+}
+
+/// `text` split at each newline, as `str::split('\n')` splits it, but
+/// with the newlines found by memchr (a host's answer holds thousands of
+/// short lines).
+fn lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut start = 0;
+    let mut ends = memchr::memchr_iter(b'\n', text.as_bytes());
+    std::iter::from_fn(move || {
+        let end = ends
+            .next()
+            .or((start <= text.len()).then_some(text.len()))?;
+        let line = &text[start..end];
+        start = end + 1;
+        Some(line)
+    })
 }
 
 /// What `item` makes of each of [`rows`], in a list sized once for a
@@ -56,7 +72,8 @@ fn parsed_rows<'a, T>(
     first_column: &'a str,
     mut item: impl FnMut((usize, &'a str, Fields<'a>)) -> Result<T, ParseError>,
 ) -> Result<Vec<T>, ParseError> {
-    let mut out = Vec::with_capacity(text.lines().count().min(1000));
+    let newlines = memchr::memchr_iter(b'\n', text.as_bytes()).count();
+    let mut out = Vec::with_capacity((newlines + 1).min(1000));
     for row in rows(text, first_column) {
         out.push(item(row)?);
     }
@@ -354,6 +371,23 @@ pub fn parse_gpu_utilization(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_are_split_as_split_on_newline_splits_them() {
+        for text in [
+            "",
+            "\n",
+            "a",
+            "a\n",
+            "a\nb",
+            "\n\na\r\n\nb\n\n",
+            "é\nü\n",
+            "\r",
+        ] {
+            let want: Vec<&str> = text.split('\n').collect();
+            assert_eq!(lines(text).collect::<Vec<_>>(), want, "{text:?}");
+        }
+    }
 
     #[test]
     fn fields_are_split_as_split_on_comma_space_splits_them() {
