@@ -7,7 +7,8 @@
 //! thread, and spread over the machine's cores on threads that outlive the
 //! cycle, as the blocking pool's do), then the caps and the plan.
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 
@@ -231,55 +232,69 @@ fn pure_path(answers: &[(HostId, Vec<u8>)], parsed: &mut [ParsedState], policy: 
     planned(parts, policy)
 }
 
-/// Worker threads that outlive a cycle, as the blocking pool's do, each
-/// with its share of the hosts and their state as parsed last cycle.
+/// Worker threads that outlive a cycle, as the blocking pool's do. As
+/// there, hosts are handed out one at a time, to whichever worker is free
+/// (a host's answer is parsed and assessed in a task of its own), and each
+/// host's state as parsed last cycle is under a lock of its own (as
+/// `host::Parser`'s is).
 struct Pool {
     go: Vec<mpsc::Sender<()>>,
-    parts: mpsc::Receiver<(usize, Vec<Part>)>,
+    parts: mpsc::Receiver<Vec<(usize, Part)>>,
+    next: Arc<AtomicUsize>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Pool {
     fn new(answers: &[(HostId, Vec<u8>)], policy: &Policy, workers: usize) -> Pool {
         let (done, parts) = mpsc::channel();
-        let chunk = answers.len().div_ceil(workers.max(1));
+        let answers: Arc<[(HostId, Vec<u8>)]> = answers.into();
+        let parsed: Arc<[Mutex<ParsedState>]> =
+            answers.iter().map(|_| Mutex::default()).collect();
+        let next = Arc::new(AtomicUsize::new(0));
         let (mut go, mut threads) = (Vec::new(), Vec::new());
-        for (i, hosts) in answers.chunks(chunk).enumerate() {
+        for _ in 0..workers.max(1) {
             let (start, started) = mpsc::channel::<()>();
-            let (hosts, policy, done) = (hosts.to_vec(), policy.clone(), done.clone());
+            let (answers, parsed, next) = (answers.clone(), parsed.clone(), next.clone());
+            let (policy, done) = (policy.clone(), done.clone());
             threads.push(std::thread::spawn(move || {
-                let mut parsed: Vec<ParsedState> =
-                    hosts.iter().map(|_| ParsedState::default()).collect();
                 while started.recv().is_ok() {
-                    let mine = hosts
-                        .iter()
-                        .zip(parsed.iter_mut())
-                        .map(|((h, bytes), p)| (h.clone(), host_part(h, bytes, p, &policy)))
-                        .collect();
-                    if done.send((i, mine)).is_err() {
+                    let mut mine = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((h, bytes)) = answers.get(k) else {
+                            break;
+                        };
+                        let mut p = parsed[k].lock().unwrap();
+                        mine.push((k, (h.clone(), host_part(h, bytes, &mut p, &policy))));
+                    }
+                    if done.send(mine).is_err() {
                         break;
                     }
                 }
             }));
             go.push(start);
         }
-        Pool { go, parts, threads }
+        Pool {
+            go,
+            parts,
+            next,
+            threads,
+        }
     }
 
-    /// One cycle's pure path: the hosts' parts on the workers, then what
-    /// needs them all on the calling thread.
+    /// One cycle's pure path: the hosts' parts on the workers, then, in
+    /// host order, what needs them all on the calling thread.
     fn cycle(&self, policy: &Policy) -> usize {
+        self.next.store(0, Ordering::Relaxed);
         for g in &self.go {
             g.send(()).unwrap();
         }
-        let mut chunks: Vec<(usize, Vec<Part>)> =
-            self.go.iter().map(|_| self.parts.recv().unwrap()).collect();
-        chunks.sort_by_key(|(i, _)| *i);
-        let mut parts = Vec::with_capacity(chunks.iter().map(|(_, p)| p.len()).sum());
-        for (_, p) in chunks {
-            parts.extend(p);
+        let mut parts: Vec<(usize, Part)> = Vec::new();
+        for _ in &self.go {
+            parts.extend(self.parts.recv().unwrap());
         }
-        planned(parts, policy)
+        parts.sort_unstable_by_key(|(k, _)| *k);
+        planned(parts.into_iter().map(|(_, p)| p).collect(), policy)
     }
 }
 
