@@ -248,8 +248,7 @@ impl Pool {
     fn new(answers: &[(HostId, Vec<u8>)], policy: &Policy, workers: usize) -> Pool {
         let (done, parts) = mpsc::channel();
         let answers: Arc<[(HostId, Vec<u8>)]> = answers.into();
-        let parsed: Arc<[Mutex<ParsedState>]> =
-            answers.iter().map(|_| Mutex::default()).collect();
+        let parsed: Arc<[Mutex<ParsedState>]> = answers.iter().map(|_| Mutex::default()).collect();
         let next = Arc::new(AtomicUsize::new(0));
         let (mut go, mut threads) = (Vec::new(), Vec::new());
         for _ in 0..workers.max(1) {
