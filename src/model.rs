@@ -314,6 +314,14 @@ impl<K, V> Default for Few<K, V> {
 }
 
 impl<K: Eq + std::hash::Hash + Clone, V> Few<K, V> {
+    /// Room for `n` entries, hashed from the first if that is many.
+    pub fn with_capacity(n: usize) -> Self {
+        Few {
+            entries: Vec::with_capacity(n),
+            index: (n > SMALL).then(|| HashMap::with_capacity_and_hasher(n, Default::default())),
+        }
+    }
+
     /// The place of `key`'s entry, if it has one.
     pub fn position(&self, key: &K) -> Option<usize> {
         match &self.index {
@@ -346,6 +354,17 @@ impl<K: Eq + std::hash::Hash + Clone, V> Few<K, V> {
             }
         };
         &mut self.entries[i].1
+    }
+
+    /// Whether it finds keys by hash (past [`SMALL`]).
+    #[cfg(test)]
+    pub(crate) fn hashed(&self) -> bool {
+        self.index.is_some()
+    }
+
+    /// The keys, in the order they came.
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.entries.iter().map(|(k, _)| k)
     }
 
     /// The entries, in the order they came.
@@ -671,6 +690,23 @@ mod tests {
             .iter()
             .enumerate()
             .all(|(i, (_, v))| *v == if i == SMALL + 3 { 7 } else { 2 }));
+    }
+
+    #[test]
+    fn few_made_for_many_hashes_from_the_first_and_for_a_few_scans() {
+        for (n, hashed) in [(0, false), (SMALL, false), (SMALL + 1, true), (1000, true)] {
+            let mut few: Few<u32, u32> = Few::with_capacity(n);
+            assert_eq!(few.index.is_some(), hashed, "{n}");
+            for k in 0..n as u32 {
+                *few.get_or_insert_with(k % 7, || k) += 1;
+            }
+            let keys: Vec<u32> = few.keys().copied().collect();
+            let want: Vec<(u32, u32)> = (0..7u32.min(n as u32))
+                .map(|k| (k, k + (n as u32 - k).div_ceil(7)))
+                .collect();
+            assert_eq!(keys, want.iter().map(|(k, _)| *k).collect::<Vec<_>>());
+            assert_eq!(few.into_entries(), want, "{n}");
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! Parsed values borrow from the text (a cycle parses thousands of lines).
 
 use super::{pyset, ParseError};
-use crate::model::{Device, DeviceUsage, GpuIndex, Gpus, Pid, ProcessUtilization, Usage, SMALL};
+use crate::model::{Device, DeviceUsage, Few, GpuIndex, Gpus, Pid, ProcessUtilization, Usage};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -199,8 +199,8 @@ pub fn processes(
     apps: &[ComputeApp<'_>],
     source: &str,
 ) -> Result<Vec<(Pid, Gpus)>, ParseError> {
-    let mut by_pid: Vec<(Pid, Gpus)> = Vec::with_capacity(apps.len());
-    let mut slots = Slots::for_apps(apps.len());
+    // Linear in the apps: a user may start thousands of GPU processes.
+    let mut by_pid: Few<Pid, Gpus> = Few::with_capacity(apps.len());
     // nvidia-smi lists apps GPU by GPU: the last app's GPU is tried first.
     let mut last: Option<&Gpu> = None;
     for app in apps {
@@ -219,50 +219,16 @@ pub fn processes(
             index: gpu.index,
             usage: app.usage,
         };
-        match slots.of(&by_pid, app.pid) {
-            Some(k) => by_pid[k].1.push(usage),
-            None => {
-                slots.add(app.pid, by_pid.len());
-                by_pid.push((app.pid, smallvec::smallvec![usage]));
-            }
-        }
+        by_pid.get_or_insert_with(app.pid, Gpus::new).push(usage);
     }
-    let pids: Vec<u32> = by_pid.iter().map(|(p, _)| p.0).collect();
-    let mut ordered = Vec::with_capacity(by_pid.len());
+    let pids: Vec<u32> = by_pid.keys().map(|p| p.0).collect();
+    let mut ordered = Vec::with_capacity(pids.len());
     for pid in pyset::set_order(&pids) {
-        if let Some(k) = slots.of(&by_pid, Pid(pid)) {
-            ordered.push((Pid(pid), std::mem::take(&mut by_pid[k].1)));
+        if let Some(gpus) = by_pid.get_mut(&Pid(pid)) {
+            ordered.push((Pid(pid), std::mem::take(gpus)));
         }
     }
     Ok(ordered)
-}
-
-/// Where each pid's entry is among the processes grouped so far: found by
-/// scan among a few apps, by hash among many (past [`SMALL`]), so
-/// that a user who starts thousands of GPU processes costs linear work.
-struct Slots {
-    many: Option<crate::model::HashMap<Pid, usize>>,
-}
-
-impl Slots {
-    fn for_apps(apps: usize) -> Self {
-        let many = (apps > SMALL)
-            .then(|| crate::model::HashMap::with_capacity_and_hasher(apps, Default::default()));
-        Slots { many }
-    }
-
-    fn of(&self, grouped: &[(Pid, Gpus)], pid: Pid) -> Option<usize> {
-        match &self.many {
-            Some(slots) => slots.get(&pid).copied(),
-            None => grouped.iter().position(|(p, _)| *p == pid),
-        }
-    }
-
-    fn add(&mut self, pid: Pid, slot: usize) {
-        if let Some(slots) = &mut self.many {
-            slots.insert(pid, slot);
-        }
-    }
 }
 
 /// Devices as genv creates `devices.json` on first use: every GPU, none attached.
@@ -551,8 +517,8 @@ mod tests {
                 total_mib: None,
             })
             .collect();
-        assert!(Slots::for_apps(16).many.is_none());
-        assert!(Slots::for_apps(17).many.is_some());
+        assert!(!Few::<Pid, Gpus>::with_capacity(16).hashed());
+        assert!(Few::<Pid, Gpus>::with_capacity(17).hashed());
         for count in [1, 2, 5, 15, 16, 17, 40, 1000] {
             // Pids in a scrambled order, each on one to three GPUs,
             // listed GPU by GPU as nvidia-smi does.
@@ -583,7 +549,7 @@ mod tests {
                     .collect();
                 assert_eq!(usages.as_slice(), want.as_slice(), "pid {pid} of {count}");
             }
-            let many = Slots::for_apps(apps.len()).many.is_some();
+            let many = Few::<Pid, Gpus>::with_capacity(apps.len()).hashed();
             assert_eq!(many, apps.len() > 16, "{} apps", apps.len());
         }
     }
