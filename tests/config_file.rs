@@ -22,6 +22,11 @@ fn ours(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `genv-enforce config check` with `args`.
+fn check(args: &[&str]) -> Output {
+    ours(&[&["config", "check"], args].concat())
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -150,9 +155,7 @@ fn a_real_validator_accepts_the_example_with_the_schema_and_refuses_a_typo() {
 
 #[test]
 fn config_check_passes_the_shipped_example() {
-    let out = ours(&[
-        "config",
-        "check",
+    let out = check(&[
         "--config",
         "contrib/genv-enforce.toml",
         "--",
@@ -206,7 +209,7 @@ fn config_check_names_each_problem_at_its_line_and_column() {
     for (name, text) in cases {
         let path = dir.path().join(format!("{name}.toml"));
         std::fs::write(&path, text).unwrap();
-        let out = ours(&["config", "check", "--config", &path.display().to_string()]);
+        let out = check(&["--config", &path.display().to_string()]);
         assert_eq!(out.status.code(), Some(2), "{name}: {}", stderr(&out));
         all.push_str(&format!(
             "--- {name}.toml\n{}",
@@ -226,9 +229,7 @@ fn effective_says_where_each_value_came_from_and_prints_no_secret() {
          non-env-processes = true\n[notifications]\nwebhook = \"https://hooks.example/T0/SECRET\"\n",
     )
     .unwrap();
-    let out = ours(&[
-        "config",
-        "check",
+    let out = check(&[
         "--effective",
         "--config",
         &path.display().to_string(),
@@ -257,7 +258,7 @@ fn effective_says_where_each_value_came_from_and_prints_no_secret() {
     // What it prints is a configuration file that checks the same.
     let again = dir.path().join("again.toml");
     std::fs::write(&again, text.as_bytes()).unwrap();
-    let out = ours(&["config", "check", "--config", &again.display().to_string()]);
+    let out = check(&["--config", &again.display().to_string()]);
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
@@ -387,7 +388,7 @@ fn a_configuration_file_others_could_write_is_refused_and_none_blocks() {
                 err.contains(&format!("{}: ", path.display())) && err.contains(words),
                 "{path:?}: {err}"
             );
-            let check = ours(&["config", "check", "--config", &path.display().to_string()]);
+            let check = check(&["--config", &path.display().to_string()]);
             assert_eq!(check.status.code(), Some(2), "{path:?}");
             assert!(stderr(&check).contains(words), "{}", stderr(&check));
         }
@@ -418,12 +419,7 @@ fn a_configuration_file_others_could_write_is_refused_and_none_blocks() {
 fn config_check_fails_on_a_named_file_that_is_missing_and_not_on_a_missing_default() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nowhere.toml");
-    let out = ours(&[
-        "config",
-        "check",
-        "--config",
-        &missing.display().to_string(),
-    ]);
+    let out = check(&["--config", &missing.display().to_string()]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains(&missing.display().to_string()),
@@ -438,7 +434,7 @@ fn config_check_fails_on_a_named_file_that_is_missing_and_not_on_a_missing_defau
     ) {
         return;
     }
-    let out = ours(&["config", "check", "--", "remote", "-H", "gpu1", "enforce"]);
+    let out = check(&["--", "remote", "-H", "gpu1", "enforce"]);
     assert!(out.status.success(), "{}", stderr(&out));
     // No file: what is checked, and what each message names, is the
     // command line.
@@ -451,16 +447,7 @@ fn config_check_fails_on_a_named_file_that_is_missing_and_not_on_a_missing_defau
         "{}",
         stderr(&out)
     );
-    let out = ours(&[
-        "config",
-        "check",
-        "--effective",
-        "--",
-        "remote",
-        "-H",
-        "gpu1",
-        "enforce",
-    ]);
+    let out = check(&["--effective", "--", "remote", "-H", "gpu1", "enforce"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -468,15 +455,7 @@ fn config_check_fails_on_a_named_file_that_is_missing_and_not_on_a_missing_defau
             && !printed.contains(config_file::DEFAULT_PATH),
         "{printed}"
     );
-    let out = ours(&[
-        "config",
-        "check",
-        "--",
-        "remote",
-        "enforce",
-        "--interval",
-        "x",
-    ]);
+    let out = check(&["--", "remote", "enforce", "--interval", "x"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).starts_with("command line: ")
