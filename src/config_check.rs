@@ -34,30 +34,23 @@ pub fn run(path: Option<PathBuf>, args: &ConfigCheckArgs) -> u8 {
     let root = Cli::command();
     // Without --config, a missing default file checks the command line
     // alone (moving GENV_ENFORCE_ARGS into a first file).
-    let no_file = !given && !path.exists();
+    let file = (given || path.exists()).then_some(path.as_path());
     // What each message names: the file, or the command line when there
     // is none.
-    let origin = if no_file {
-        "command line".to_string()
-    } else {
-        path.display().to_string()
-    };
-    let settings = if no_file {
-        Vec::new()
-    } else {
-        match crate::setup::config_settings(&path, &root) {
-            Ok(s) => s,
-            // One problem a line, as compilers say them.
-            Err(crate::setup::SetupError::ConfigFile { path, problems }) => {
-                for p in problems {
-                    eprintln!("{}:{p}", path.display());
-                }
-                return FAILED;
+    let origin = file.map_or("command line".into(), |f| f.display().to_string());
+    let settings = match file.map(|f| crate::setup::config_settings(f, &root)) {
+        None => Vec::new(),
+        Some(Ok(s)) => s,
+        // One problem a line, as compilers say them.
+        Some(Err(crate::setup::SetupError::ConfigFile { path, problems })) => {
+            for p in problems {
+                eprintln!("{}:{p}", path.display());
             }
-            Err(e) => {
-                eprintln!("{}", chain(&e));
-                return FAILED;
-            }
+            return FAILED;
+        }
+        Some(Err(e)) => {
+            eprintln!("{}", chain(&e));
+            return FAILED;
         }
     };
     let line: Vec<OsString> = std::iter::once(OsString::from("genv-enforce"))
@@ -88,16 +81,14 @@ pub fn run(path: Option<PathBuf>, args: &ConfigCheckArgs) -> u8 {
         return fail(&chain(&e));
     }
     if args.effective {
-        let file = (!no_file).then_some(path.as_path());
         print!("{}", effective(file, &command, &matches, &sources));
     }
-    if no_file {
-        eprintln!(
+    match file {
+        Some(_) => eprintln!("{origin}: the configuration is valid for `genv-enforce {command}`"),
+        None => eprintln!(
             "{origin}: valid for `genv-enforce {command}` (no configuration file at {})",
             path.display()
-        );
-    } else {
-        eprintln!("{origin}: the configuration is valid for `genv-enforce {command}`");
+        ),
     }
     0
 }
