@@ -400,8 +400,8 @@ fn benches(c: &mut Criterion) {
         groups: Default::default(),
         gpus: gpus.into(),
         apps: apps.into(),
-        envs: Some(envs.into()),
-        devices: Some(devices.into()),
+        envs: Some(envs.into_bytes().into()),
+        devices: Some(devices.into_bytes().into()),
         procs,
         user_names: [(1002, "bob".into())].into_iter().collect(),
         ..Default::default()

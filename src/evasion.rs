@@ -135,8 +135,8 @@ fn host(procs: &Procs, (envs, devices): &State, refused: bool) -> RawHost<'stati
             "GPU-0, 0, 81559\nGPU-1, 1, 81559\nGPU-2, 2, 81559\nGPU-3, 3, 81559\n".into(),
         ),
         apps: Cow::Owned(apps),
-        envs: envs.clone().map(Cow::Owned),
-        devices: devices.clone().map(Cow::Owned),
+        envs: envs.clone().map(|e| Cow::Owned(e.into_bytes())),
+        devices: devices.clone().map(|d| Cow::Owned(d.into_bytes())),
         procs: seen,
         user_names: [(ALICE, "alice".to_string()), (BOB, "bob".to_string())]
             .into_iter()

@@ -77,14 +77,15 @@ proptest! {
         gpus in "[A-Z0-9a-z\\-\\[\\]/ ,\n]{0,60}",
         apps in "[A-Z0-9a-z\\-\\[\\]/ ,\n]{0,60}",
         envs in proptest::option::of(".{0,80}"),
+        devices in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..80)),
         pids in proptest::collection::btree_map(0u32..400, (any::<u64>(), proptest::option::of(any::<u32>()), proptest::collection::vec(any::<u8>(), 0..8)), 0..6),
     ) {
         let raw = RawHost {
             groups: Default::default(),
             gpus: gpus.into(),
             apps: apps.clone().into(),
-            envs: envs.clone().map(Into::into),
-            devices: None,
+            envs: envs.clone().map(|e| e.into_bytes().into()),
+            devices: devices.map(Into::into),
             procs: pids
                 .into_iter()
                 .map(|(pid, (start_time, uid, eid))| (pid, RawProc::Seen { start_time, uid, environ: Environ::Var(eid.into()) }))

@@ -360,6 +360,64 @@ fn row4_a_garbled_state_file_stops_only_what_needs_genv_state() {
     assert_eq!(h.wait_signal(job, WAIT), Some(SIGTERM));
 }
 
+#[test]
+fn row4_state_files_and_process_names_that_are_not_utf8_blind_nothing() {
+    if !root() {
+        return;
+    }
+    let mut h = Host::new(2);
+    let stray = h.spawn_as("evbob", None);
+    let job = h.spawn_as("evbob", Some("bobs"));
+    h.set_apps(&[(stray, 0, "100"), (job, 1, "3000")]);
+    // envs.json and devices.json are anyone's to write: one byte that is
+    // not UTF-8 in each makes genv's state unusable, not the host.
+    std::fs::write(h.state_dir().join("envs.json"), b"{\"envs\": [\xff]}").unwrap();
+    std::fs::write(h.state_dir().join("devices.json"), b"\xc3").unwrap();
+    // pmon's last column is each process's name, which its user picks.
+    let mut pmon = format!("# gpu pid type sm mem command\n    0 {stray} C - - ").into_bytes();
+    pmon.extend_from_slice(b"\xff) x (y\n");
+    std::fs::write(h.gpu_dir().join("pmon.txt"), pmon).unwrap();
+    let gpus = format!(
+        "index, uuid, memory.total, utilization.gpu\n0, {}, 81559, 0\n1, {}, 81559, 0\n",
+        util::uuid(0),
+        util::uuid(1)
+    );
+    std::fs::write(h.gpu_dir().join("gpus.csv"), gpus).unwrap();
+    let db = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        db.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let out = h.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+        "--max-memory-per-user",
+        "2gi",
+        "--idle-after",
+        "1h",
+        "--state-db",
+        db.path().join("state.db").to_str().unwrap(),
+        "--output",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "degraded: {}", stderr(&out));
+    let r = report(&out);
+    assert!(r["hosts"][0]["error"].is_null(), "{}", r["hosts"][0]);
+    assert_eq!(
+        r["hosts"][0]["degraded"], "envs.json: byte 10: not UTF-8",
+        "{}",
+        r["hosts"][0]
+    );
+    let mut want = vec![u64::from(stray), u64::from(job)];
+    want.sort_unstable();
+    assert_eq!(terminated(&r), want);
+    assert_eq!(h.wait_signal(stray, WAIT), Some(SIGTERM));
+    assert_eq!(h.wait_signal(job, WAIT), Some(SIGTERM));
+}
+
 // Row 5: a user holds genv.lock (`flock -s ... sleep inf`).
 
 #[test]

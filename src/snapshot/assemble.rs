@@ -18,9 +18,10 @@ pub struct RawHost<'a> {
     pub gpus: Cow<'a, str>,
     /// `nvidia-smi --query-compute-apps=gpu_uuid,pid,used_gpu_memory --format=csv,noheader,nounits`.
     pub apps: Cow<'a, str>,
-    /// `envs.json`, `devices.json`; `None` where absent.
-    pub envs: Option<Cow<'a, str>>,
-    pub devices: Option<Cow<'a, str>>,
+    /// `envs.json`, `devices.json` as read (not checked to be UTF-8);
+    /// `None` where absent.
+    pub envs: Option<Cow<'a, [u8]>>,
+    pub devices: Option<Cow<'a, [u8]>>,
     /// What `/proc` said about each pid asked about: the GPU processes and
     /// the live pids that environments list. A pid missing here was not alive.
     pub procs: BTreeMap<u32, RawProc<'a>>,
@@ -83,8 +84,8 @@ pub enum Environ<'a> {
 /// records are shared with last cycle's snapshot, not copied.
 #[derive(Debug, Default)]
 pub struct ParsedState {
-    envs: Option<(String, Vec<Env>)>,
-    devices: Option<(String, Vec<Device>)>,
+    envs: Option<(Vec<u8>, Vec<Env>)>,
+    devices: Option<(Vec<u8>, Vec<Device>)>,
     cleaned: Option<Cleaned>,
 }
 
@@ -100,16 +101,18 @@ struct Cleaned {
     devices: Arc<Vec<Device>>,
 }
 
-/// `text` parsed by `parse`, or what `cache` holds for the same text; and
-/// whether it held it.
+/// `bytes` parsed by `parse` (once found to be UTF-8), or what `cache`
+/// holds for the same bytes; and whether it held them.
 fn cached<'c, T>(
-    cache: &'c mut Option<(String, Vec<T>)>,
-    text: &str,
+    cache: &'c mut Option<(Vec<u8>, Vec<T>)>,
+    bytes: &[u8],
     parse: impl FnOnce(&str) -> Result<Vec<T>, ParseError>,
 ) -> Result<(&'c Vec<T>, bool), ParseError> {
-    let held = cache.as_ref().is_some_and(|(seen, _)| seen == text);
+    let held = cache.as_ref().is_some_and(|(seen, _)| seen == bytes);
     if !held {
-        *cache = Some((text.to_string(), parse(text)?));
+        let text = std::str::from_utf8(bytes)
+            .map_err(|e| ParseError::new("", format!("byte {}", e.valid_up_to()), "not UTF-8"))?;
+        *cache = Some((bytes.to_vec(), parse(text)?));
     }
     let (_, parsed) = cache.as_ref().expect("cached above");
     Ok((parsed, held))
@@ -388,10 +391,12 @@ mod tests {
             envs: Some(
                 r#"{"envs": [{"eid": "e", "uid": 1001, "creation": "x", "username": "alice", "config": {}, "pids": [7, 100], "kernel_ids": []},
                 {"eid": "dead", "uid": 0, "creation": "x", "username": "u", "config": {}, "pids": [999], "kernel_ids": []}]}"#
+                    .as_bytes()
                     .into(),
             ),
             devices: Some(
                 r#"{"devices": [{"index": 0, "total_memory": "1mi", "attachments": [{"eid": "e", "gpu_memory": null, "time": "t"}, {"eid": "dead", "gpu_memory": null, "time": "t"}]}]}"#
+                    .as_bytes()
                     .into(),
             ),
             procs: [
@@ -516,7 +521,7 @@ mod tests {
     #[test]
     fn unusable_genv_state_degrades_the_host_and_unparseable_tools_fail_it() {
         let mut r = raw();
-        r.envs = Some("{\"envs\": [{\"eid\": 7}]}".into());
+        r.envs = Some(b"{\"envs\": [{\"eid\": 7}]}".as_slice().into());
         let s = assemble(&r, "gpu1", &mut ParsedState::default(), MAX).unwrap();
         let problem = s.state_problem().unwrap();
         assert!(problem.starts_with("envs.json: "), "{problem}");
@@ -551,6 +556,17 @@ mod tests {
         assert_eq!(s.devices.len(), 2, "devices as genv creates them");
     }
 
+    /// A state file that holds `text`.
+    fn file(text: impl Into<String>) -> Option<Cow<'static, [u8]>> {
+        Some(text.into().into_bytes().into())
+    }
+
+    /// `envs` with bob's name where alice's was.
+    fn bob_for_alice(envs: Option<Cow<'_, [u8]>>) -> Option<Cow<'static, [u8]>> {
+        let text = String::from_utf8(envs?.into_owned()).unwrap();
+        file(text.replace("\"alice\"", "\"bob\""))
+    }
+
     #[test]
     fn unchanged_state_is_not_parsed_again_and_changed_state_is() {
         let mut parsed = ParsedState::default();
@@ -560,10 +576,10 @@ mod tests {
         // What is cached is the parse before clean-up: the dead env is there.
         assert_eq!(cached.len(), 2);
         let mut r = raw();
-        r.envs = Some(r.envs.unwrap().replace("\"alice\"", "\"bob\"").into());
+        r.envs = bob_for_alice(r.envs);
         let changed = assemble(&r, "h", &mut parsed, MAX).unwrap();
         assert_eq!(changed.envs[0].username.as_deref(), Some("bob"));
-        r.envs = Some("{".into());
+        r.envs = file("{");
         assert!(assemble(&r, "h", &mut parsed, MAX)
             .unwrap()
             .state_problem()
@@ -572,6 +588,22 @@ mod tests {
             parsed.envs.as_ref().unwrap().1[0].username.as_deref(),
             Some("bob")
         );
+        // Bytes that are not UTF-8 (a user may write any): the state is
+        // unusable, said where; the host and the cache are kept.
+        let mut garbled = bob_for_alice(raw().envs).unwrap().into_owned();
+        garbled[20] = 0xff;
+        r.envs = Some(garbled.into());
+        let s = assemble(&r, "h", &mut parsed, MAX).unwrap();
+        assert_eq!(s.state_problem(), Some("envs.json: byte 20: not UTF-8"));
+        assert_eq!(s.processes.len(), first.processes.len());
+        assert_eq!(
+            parsed.envs.as_ref().unwrap().1[0].username.as_deref(),
+            Some("bob")
+        );
+        r.envs = raw().envs;
+        r.devices = Some(b"{\"devices\": [\xc3]}".as_slice().into());
+        let s = assemble(&r, "h", &mut parsed, MAX).unwrap();
+        assert_eq!(s.state_problem(), Some("devices.json: byte 13: not UTF-8"));
     }
 
     #[test]
@@ -596,8 +628,8 @@ mod tests {
         // envs.json changes and devices.json then fails to parse: the
         // next cycle, with devices.json as before, sees the new envs.json.
         let mut r = raw();
-        r.envs = Some(r.envs.unwrap().replace("\"alice\"", "\"bob\"").into());
-        r.devices = Some("{".into());
+        r.envs = bob_for_alice(r.envs);
+        r.devices = file("{");
         assert!(assemble(&r, "h", &mut parsed, MAX)
             .unwrap()
             .state_problem()
@@ -627,7 +659,7 @@ mod tests {
                 .map(|i| format!(r#"{{"eid": "e{i}", "uid": 1001, "creation": "x", "username": "alice", "config": {{}}, "pids": [100], "kernel_ids": []}}"#))
                 .collect();
             let mut r = raw();
-            r.envs = Some(format!(r#"{{"envs": [{}]}}"#, envs.join(",")).into());
+            r.envs = file(format!(r#"{{"envs": [{}]}}"#, envs.join(",")));
             let last = format!("e{}", n - 1);
             r.procs.insert(
                 100,

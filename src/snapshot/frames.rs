@@ -92,13 +92,16 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
     let mut raw = RawHost {
         gpus: Cow::Borrowed(text(required("gpus")?, source)?),
         apps: Cow::Borrowed(text(required("apps")?, source)?),
-        envs: optional("envs")?,
-        devices: optional("devices")?,
+        // What users write: checked as UTF-8 only when parsed (a file that
+        // is not fails genv's state, not the host).
+        envs: find("envs").map(|f| Cow::Borrowed(f.body)),
+        devices: find("devices").map(|f| Cow::Borrowed(f.body)),
         procs: BTreeMap::new(),
         user_names: BTreeMap::new(),
         groups: BTreeMap::new(),
         boot: None,
-        pmon: optional("pmon")?,
+        // Its last column is each process's name, which its user picks.
+        pmon: find("pmon").map(|f| String::from_utf8_lossy(f.body)),
         gpu_utilization: optional("utilization")?,
         sub_uids: BTreeMap::new(),
         state_errors: BTreeMap::new(),
@@ -241,7 +244,7 @@ mod tests {
         let answer = answer();
         let raw = raw_host(&parse_frames(&answer, "h").unwrap(), "h").unwrap();
         assert_eq!(raw.devices, None);
-        assert_eq!(raw.envs.as_deref(), Some("{\"envs\": []}"));
+        assert_eq!(raw.envs.as_deref(), Some(&b"{\"envs\": []}"[..]));
         assert_eq!(
             raw.procs[&100],
             RawProc::Seen {
@@ -271,6 +274,30 @@ mod tests {
             }
         );
         assert_eq!(&*raw.user_names[&1001], "alice");
+    }
+
+    #[test]
+    fn bytes_users_write_that_are_not_utf8_never_fail_the_answer() {
+        // State files and process names (pmon's last column) are a user's
+        // to write; tools' figures and our own frames are not.
+        let f = [
+            frame("gpus", None, b"GPU-a, 0, 81559\n"),
+            frame("apps", None, b""),
+            frame("envs", None, b"{\"envs\": [\xff]}"),
+            frame("devices", None, b"\xc3"),
+            frame("pmon", None, b"    0 100 C 7 1 \xff) x (y\n"),
+        ]
+        .concat();
+        let raw = raw_host(&parse_frames(&f, "h").unwrap(), "h").unwrap();
+        assert_eq!(raw.envs.as_deref(), Some(&b"{\"envs\": [\xff]}"[..]));
+        assert_eq!(raw.devices.as_deref(), Some(&b"\xc3"[..]));
+        assert_eq!(
+            raw.pmon.as_deref(),
+            Some("    0 100 C 7 1 \u{fffd}) x (y\n")
+        );
+        let bad = [frame("gpus", None, b"\xff"), frame("apps", None, b"")].concat();
+        let e = raw_host(&parse_frames(&bad, "h").unwrap(), "h").unwrap_err();
+        assert_eq!(e.to_string(), "h: gpus: not UTF-8");
     }
 
     #[test]
