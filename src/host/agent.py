@@ -505,17 +505,22 @@ def threads(pid):
     except OSError:
         return None, False
     with tasks:
-        for looked, entry in enumerate(tasks):
-            if looked >= MAX_TASKS_LOOKED:
-                break
-            if not entry.name.isdigit() or int(entry.name) == pid:
-                continue
-            others = True
-            try:
-                if not exited(proc_read(pid, "stat", int(entry.name))):
-                    return int(entry.name), True
-            except OSError:
-                continue
+        try:
+            for looked, entry in enumerate(tasks):
+                if looked >= MAX_TASKS_LOOKED:
+                    break
+                if not entry.name.isdigit() or int(entry.name) == pid:
+                    continue
+                others = True
+                try:
+                    if not exited(proc_read(pid, "stat", int(entry.name))):
+                        return int(entry.name), True
+                except OSError:
+                    continue
+        except OSError:
+            # Reaped while listed (the kernel then answers ENOENT): no
+            # live thread.
+            pass
     return None, others
 
 
@@ -749,27 +754,56 @@ def environ_of(pid, tid, start, stat, deadline):
     return "var", found
 
 
+def bounded_int(digits):
+    """An integer of JSON that a user wrote, refused past 4300 digits (as
+    interpreters since the fix of CVE-2020-10735 refuse it)."""
+    if len(digits) > 4300:
+        raise ValueError("an integer of %d digits" % len(digits))
+    return int(digits)
+
+
+# Older interpreters parse an integer of n digits in time n^2, holding the
+# GIL (no alarm or watchdog runs meanwhile): they get the same limit.
+PARSE_INT = None if hasattr(sys, "get_int_max_str_digits") else bounded_int
+
+
+def users_json(data):
+    """A state file's JSON (bytes a user wrote)."""
+    return json.loads(data.decode("utf-8"), parse_int=PARSE_INT)
+
+
 def listed_pids(envs_text, path="envs.json", max_records=None):
     """The pids envs.json lists. What is not genv's layout lists none (the
     snapshot's parser then says what is wrong, and where); what cannot be
     parsed at all (nested too deeply) or holds more than max_records
     records fails the snapshot, naming the file."""
     try:
-        envs = json.loads(envs_text.decode("utf-8")).get("envs") or []
+        envs = users_json(envs_text).get("envs") or []
     except RecursionError:
         raise Failure("state", "%s: cannot parse: nested too deeply" % path)
     except (ValueError, AttributeError, TypeError):
         return set()
     if not isinstance(envs, list):
         return set()
+    # A few plain steps per record (64 MiB holds 30 million): past the
+    # limit they are only counted.
+    limit = float("inf") if max_records is None else max_records
     records = 0
     pids = set()
     for e in envs:
-        listed = e.get("pids") if isinstance(e, dict) else None
-        listed = listed if isinstance(listed, list) else []
-        kernels = e.get("kernel_ids") if isinstance(e, dict) else None
-        records += 1 + len(listed) + (len(kernels) if isinstance(kernels, list) else 0)
-        pids.update(p for p in listed if type(p) is int and 0 < p < 1 << 31)
+        records += 1
+        if type(e) is not dict:
+            continue
+        listed = e.get("pids")
+        kernels = e.get("kernel_ids")
+        if type(kernels) is list:
+            records += len(kernels)
+        if type(listed) is list:
+            records += len(listed)
+            if records <= limit:
+                for p in listed:
+                    if type(p) is int and 0 < p < 1 << 31:
+                        pids.add(p)
     if max_records is not None and records > max_records:
         raise Failure(
             "state",
@@ -1256,7 +1290,7 @@ def detach_pairs(req, deadline):
         return [False] * len(pairs), note
     path = os.path.join(d, "devices.json")
     try:
-        state = json.loads(text.decode("utf-8"))
+        state = users_json(text)
         devices = state["devices"]
     except RecursionError:
         raise Failure("state", "%s: cannot parse: nested too deeply" % path)

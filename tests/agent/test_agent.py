@@ -146,6 +146,27 @@ class Identity(unittest.TestCase):
         shutil.rmtree(os.path.join(proc.name, "42/task/43"))
         self.assertIsNone(agent["identity"](42, True))
 
+    def test_a_process_reaped_while_its_threads_are_listed_has_no_live_thread(self):
+        class Reaped:
+            """/proc/PID/task of a process reaped after it was opened."""
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def __iter__(self):
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+
+        real = agent["os"].scandir
+        agent["os"].scandir = lambda path: Reaped()
+        try:
+            self.assertEqual(agent["threads"](42), (None, False))
+            self.assertIsNone(agent["live_thread"](42))
+        finally:
+            agent["os"].scandir = real
+
     def test_start_time_counts_fields_after_the_last_paren(self):
         start_time = agent["start_time"]
         self.assertEqual(start_time(stat_line(987654, b"\xff) x (y) S 1 2 3")), 987654)
@@ -180,6 +201,33 @@ class Identity(unittest.TestCase):
         with self.assertRaises(agent["Failure"]) as caught:
             agent["listed_pids"](envs, "e", 5)
         self.assertIn("e: 6 records (environments, their pids and kernel ids), more than the limit of 5 (--max-records): refused", caught.exception.message)
+
+
+    def test_records_past_the_limit_are_counted_and_their_pids_never_gathered(self):
+        envs = b'{"envs": [{"pids": [1, 2]}, 0, "x", {"pids": 3, "kernel_ids": ["k", "l"]}, {"pids": [4]}]}'
+        self.assertEqual(agent["listed_pids"](envs, "e", 10), {1, 2, 4})
+        with self.assertRaises(agent["Failure"]) as caught:
+            agent["listed_pids"](envs, "e", 9)
+        self.assertIn("e: 10 records", caught.exception.message)
+        many = b'{"envs": [' + b",".join([b"0"] * 100000) + b', {"pids": [5]}]}'
+        with self.assertRaises(agent["Failure"]) as caught:
+            agent["listed_pids"](many, "e", 10)
+        self.assertIn("e: 100002 records", caught.exception.message)
+
+    def test_integers_of_more_than_4300_digits_are_refused_on_every_interpreter(self):
+        self.assertEqual(agent["bounded_int"]("9" * 4300), int("9" * 4300))
+        with self.assertRaises(ValueError):
+            agent["bounded_int"]("9" * 4301)
+        huge = b'{"envs": [{"pids": [7], "x": ' + b"9" * 5000 + b"}]}"
+        # As an interpreter without the limit gets it, and as this one has it.
+        saved = agent["PARSE_INT"]
+        try:
+            for parse_int in (agent["bounded_int"], saved):
+                agent["PARSE_INT"] = parse_int
+                self.assertEqual(agent["listed_pids"](huge), set())
+                self.assertEqual(agent["listed_pids"](b'{"envs": [{"pids": [7], "x": 9}]}'), {7})
+        finally:
+            agent["PARSE_INT"] = saved
 
 
 class Environ(unittest.TestCase):
