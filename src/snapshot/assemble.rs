@@ -237,20 +237,26 @@ fn genv_state(
             (&listed, false)
         }
     };
-    genv::within(
+    // A file over the limit is not kept for the next cycle either: a user
+    // may write one on every host.
+    if let Err(e) = genv::within(
         genv::env_records(envs),
         max_records,
         "envs.json",
         "environments, their pids and kernel ids",
-    )
-    .map_err(|e| e.to_string())?;
-    genv::within(
+    ) {
+        parsed.envs = None;
+        return Err(e.to_string());
+    }
+    if let Err(e) = genv::within(
         genv::device_records(devices),
         max_records,
         "devices.json",
         "devices and attachments",
-    )
-    .map_err(|e| e.to_string())?;
+    ) {
+        parsed.devices = None;
+        return Err(e.to_string());
+    }
     let alive = |pid: i64| u32::try_from(pid).is_ok_and(|p| raw.procs.contains_key(&p));
     let alive_now: Vec<bool> = envs
         .iter()
@@ -539,8 +545,26 @@ mod tests {
             let s = assemble(&r, "gpu1", &mut ParsedState::default(), MAX).unwrap();
             assert_eq!(s.state_problem(), Some(why));
         }
-        let s = assemble(&raw(), "gpu1", &mut ParsedState::default(), 2).unwrap();
+        // Over the limit: refused, and not kept for the next cycle.
+        let mut parsed = ParsedState::default();
+        let s = assemble(&raw(), "gpu1", &mut parsed, 2).unwrap();
         assert!(s.state_problem().unwrap().contains("--max-records"));
+        assert!(s.state_problem().unwrap().starts_with("envs.json: "));
+        assert!(parsed.envs.is_none());
+        assert!(assemble(&raw(), "gpu1", &mut parsed, 5)
+            .unwrap()
+            .state_problem()
+            .is_none());
+        assert!(parsed.envs.is_some() && parsed.devices.is_some());
+        let mut r = raw();
+        let attached = r#"{"eid": "e", "gpu_memory": null, "time": "t"}"#;
+        r.devices = file(format!(
+            r#"{{"devices": [{{"index": 0, "total_memory": "1mi", "attachments": [{}]}}]}}"#,
+            [attached; 5].join(", ")
+        ));
+        let s = assemble(&r, "gpu1", &mut parsed, 5).unwrap();
+        assert!(s.state_problem().unwrap().starts_with("devices.json: "));
+        assert!(parsed.envs.is_some() && parsed.devices.is_none());
         let mut r = raw();
         r.apps = "GPU-z, 1, 1\n".into();
         assert!(assemble(&r, "gpu1", &mut ParsedState::default(), MAX)
