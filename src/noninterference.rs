@@ -63,6 +63,9 @@ struct HonestHost {
     alice: Vec<AliceEnv>,
     /// GPUs of alice's jobs whose environment's record is gone (nohup).
     orphans: Vec<u32>,
+    /// GPUs of alice's jobs outside genv (no id): non-env-processes'
+    /// business, honest where that rule is off.
+    plain: Vec<u32>,
     bob: Vec<BobEnv>,
 }
 
@@ -165,6 +168,8 @@ struct World {
     alice_gpu_memory: BTreeMap<EnvId, Option<u64>>,
     alice_shells: Vec<i64>,
     alice_jobs: Vec<i64>,
+    /// Her jobs outside genv.
+    alice_plain: Vec<i64>,
     bob_envs: Vec<EnvId>,
     bob_shells: Vec<i64>,
     bob_jobs: Vec<i64>,
@@ -228,6 +233,7 @@ impl World {
             alice_gpu_memory: BTreeMap::new(),
             alice_shells: Vec::new(),
             alice_jobs: Vec::new(),
+            alice_plain: Vec::new(),
             bob_envs: Vec::new(),
             bob_shells: Vec::new(),
             bob_jobs: Vec::new(),
@@ -263,6 +269,12 @@ impl World {
             w.processes
                 .push(job(pid as u32, Some(&eid), ALICE, &[*g], Some(100)));
             w.alice_orphans.push(eid);
+        }
+        for g in &host.plain {
+            let pid = w.pid(ALICE);
+            w.alice_plain.push(pid);
+            w.processes
+                .push(job(pid as u32, None, ALICE, &[*g], Some(100)));
         }
         for (k, e) in host.bob.iter().enumerate() {
             let eid = EnvId(format!("b{h}.{k}").into());
@@ -540,6 +552,7 @@ fn honest_host() -> impl Strategy<Value = HonestHost> {
             0..=2,
         );
         let orphans = proptest::collection::vec(0..gpus, 0..=1);
+        let plain = proptest::collection::vec(0..gpus, 0..=2);
         let bob = proptest::collection::vec(
             (
                 devices(gpus),
@@ -554,11 +567,14 @@ fn honest_host() -> impl Strategy<Value = HonestHost> {
                 .prop_map(|(devices, jobs)| BobEnv { devices, jobs }),
             0..=2,
         );
-        (Just(gpus), alice, orphans, bob).prop_map(|(gpus, alice, orphans, bob)| HonestHost {
-            gpus,
-            alice,
-            orphans,
-            bob,
+        (Just(gpus), alice, orphans, plain, bob).prop_map(|(gpus, alice, orphans, plain, bob)| {
+            HonestHost {
+                gpus,
+                alice,
+                orphans,
+                plain,
+                bob,
+            }
         })
     })
 }
@@ -710,10 +726,13 @@ proptest! {
         for (host, hp) in &plan.hosts {
             let h: usize = host.0[1..].parse().unwrap();
             let (w, snap) = (&worlds[h], &cluster.hosts[h].1);
-            // 1. No alice process is terminated.
+            // 1. No alice process is terminated (one outside genv only by
+            // non-env-processes).
             for t in &hp.terminate {
+                let pid = i64::from(t.pid.0);
                 prop_assert!(
-                    !w.alice_jobs.contains(&i64::from(t.pid.0)),
+                    !w.alice_jobs.contains(&pid)
+                        && (policy.non_env_processes || !w.alice_plain.contains(&pid)),
                     "alice's job {} on {} terminated for {:?}", t.pid, host, t.rules
                 );
             }

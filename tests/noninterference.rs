@@ -420,6 +420,50 @@ fn row9_spare_attachments_of_her_env_go_before_her_working_device_on_a_fleet_hos
     }
 }
 
+// Row 9 again: alice also runs a job outside genv (no id) on device 1,
+// where bob attached her environment: that device is still the spare one
+// (no job of the environment runs there), not her working device 0.
+
+fn a_job_outside_genv_never_shields_a_spare_attachment(mut p: Place) {
+    let shell = p.host().spawn_as("alice", None);
+    let job = p.host().spawn_as("alice", Some("a"));
+    let plain = p.host().spawn_as("alice", None);
+    p.host().set_apps(&[(job, 0, "100"), (plain, 1, "100")]);
+    p.host().write_envs(&[env("a", Some("alice"), None, shell)]);
+    p.host().write_devices(4, &[(0, "a"), (1, "a")]);
+    let out = p.enforce(&["--max-devices-per-user", "1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        lines(&out),
+        vec![
+            format!(
+                "User alice is using 2 devices{} which is 1 more than the maximum allowed",
+                p.on_hosts()
+            ),
+            format!(
+                "{}Detaching environment a of user alice from device 1",
+                p.prefix()
+            ),
+        ]
+    );
+    assert!(alive(&mut p, job), "alice's job was killed");
+    assert!(alive(&mut p, plain), "alice's job outside genv was killed");
+    assert_eq!(p.host().attached(0), vec!["a"]);
+    assert!(p.host().attached(1).is_empty());
+}
+
+#[test]
+fn row9_a_job_of_hers_outside_genv_never_shields_a_spare_attachment_locally() {
+    a_job_outside_genv_never_shields_a_spare_attachment(Place::local());
+}
+
+#[test]
+fn row9_a_job_of_hers_outside_genv_never_shields_a_spare_attachment_on_a_fleet_host() {
+    if let Some(p) = Place::fleet() {
+        a_job_outside_genv_never_shields_a_spare_attachment(p);
+    }
+}
+
 // Row 8: an eid with terminal escapes, on the "already detached" path; and
 // devices.json listing device 0 twice, the attachment in the second entry.
 

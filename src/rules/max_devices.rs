@@ -60,7 +60,8 @@ pub struct HeldDevice {
     pub eids: SmallVec<[EnvId; 1]>,
     /// Their member processes here, terminated with the detach.
     pub pids: SmallVec<[Pid; 2]>,
-    /// A process of the user runs here.
+    /// A job of one of those environments runs here (or a stray of the
+    /// user's).
     pub working: bool,
     /// A stray process of the user runs here: the device stays counted
     /// whatever is detached, so nothing is (it would not lower the count).
@@ -119,6 +120,10 @@ impl HostUsage {
                 let held = devices.get_or_insert_with(d, || HeldDevice::new(d));
                 held.eids.push(e.eid.clone());
                 held.pids.extend(a.members_on(i, d).map(|p| p.pid));
+                // Only a job of one of its environments makes it working:
+                // one of hers outside them (no id, or another environment's)
+                // must not shield a device bob attached her record to.
+                held.working |= !held.pids.is_empty();
                 held.vouched |= vouched;
             }
         }
@@ -139,12 +144,6 @@ impl HostUsage {
                     let held = devices.get_or_insert_with(index, || HeldDevice::new(index));
                     held.working = true;
                     held.stray = true;
-                }
-            } else if let Some((_, devices)) = users.get_mut(&user) {
-                for index in p.indices() {
-                    if let Some(held) = devices.get_mut(&index) {
-                        held.working = true;
-                    }
                 }
             }
         }
@@ -484,6 +483,50 @@ mod tests {
         );
         let v = crate::rules::evaluate(&local(s), &policy(Some(2), &[]));
         assert_eq!(detached(&v[0]), vec![("localhost".into(), 2, 1)]);
+    }
+
+    #[test]
+    fn a_job_outside_a_devices_environments_never_shields_it() {
+        // alice: env "a" on device 0 with her job 10, and job 11 without
+        // an id on device 1 (cap 1, no --non-env-processes). bob forged
+        // "f" in her name (listing pid 1) and attached it to device 1:
+        // device 1 is idle for the cap (no job of "f" runs there), so it
+        // goes, not her working device 0.
+        let mut forged = env("f", Some("alice"), None);
+        forged.pids = vec![1];
+        let s = live(
+            host(
+                vec![env("a", Some("alice"), None), forged],
+                &[(0, "a"), (1, "f")],
+            ),
+            vec![job(10, Some("a"), 1001, 0), job(11, None, 1001, 1)],
+        );
+        let v = crate::rules::evaluate(&local(s), &policy(Some(1), &[]));
+        assert_eq!(
+            v[0].actions.to_vec(),
+            vec![Action::Detach {
+                host: HostId("localhost".into()),
+                device: GpuIndex(1),
+                eids: vec![EnvId("f".into())],
+                pids: vec![],
+                user: "alice".into(),
+            }]
+        );
+        // Nor does a job of another of her environments (env-devices'
+        // business): "b" on device 1 goes, with no job, before device 0.
+        let s = live(
+            host(
+                vec![env("a", Some("alice"), None), env("b", Some("alice"), None)],
+                &[(0, "a"), (1, "b")],
+            ),
+            vec![job(10, Some("a"), 1001, 0), job(12, Some("a"), 1001, 1)],
+        );
+        let v = crate::rules::evaluate(&local(s), &policy(Some(1), &[]));
+        let cap = v
+            .iter()
+            .find(|v| v.rule == Rule::MaxDevicesPerUser)
+            .unwrap();
+        assert_eq!(detached(cap), vec![("localhost".into(), 1, 1)]);
     }
 
     #[test]
