@@ -248,11 +248,18 @@ pub fn devices(gpus: &[Gpu<'_>]) -> Vec<Device> {
 /// columns); a GPU without processes prints a line of `-`, skipped.
 /// Bounded: one pass over the text.
 ///
+/// The last column is each process's name, which its user picks and which
+/// may hold a newline: a line with fewer fields than the header has
+/// columns is such a name's tail, and fails the whole table (a forged line
+/// must then fill every column, more than the 15 bytes of a name).
+///
 /// # Errors
-/// No header naming `gpu`, `pid` and `sm`, or a line whose fields are not
-/// numbers (or `-` for `sm`).
+/// No header naming `gpu`, `pid` and `sm`, a line with fewer fields than
+/// the header has columns, or whose fields are not numbers (or `-` for
+/// `sm`).
 pub fn parse_pmon(text: &str, source: &str) -> Result<Vec<ProcessUtilization>, ParseError> {
-    let mut columns: Option<(usize, usize, usize)> = None;
+    // The columns of gpu, pid and sm, and how many there are.
+    let mut columns: Option<(usize, usize, usize, usize)> = None;
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line_no = n + 1;
@@ -261,7 +268,7 @@ pub fn parse_pmon(text: &str, source: &str) -> Result<Vec<ProcessUtilization>, P
                 let names: Vec<&str> = header.split_whitespace().collect();
                 let at = |name: &str| names.iter().position(|c| *c == name);
                 if let (Some(g), Some(p), Some(sm)) = (at("gpu"), at("pid"), at("sm")) {
-                    columns = Some((g, p, sm));
+                    columns = Some((g, p, sm, names.len()));
                 }
             }
             continue;
@@ -269,7 +276,7 @@ pub fn parse_pmon(text: &str, source: &str) -> Result<Vec<ProcessUtilization>, P
         if line.trim().is_empty() {
             continue;
         }
-        let Some((g, p, sm)) = columns else {
+        let Some((g, p, sm, width)) = columns else {
             return Err(bad(
                 source,
                 line_no,
@@ -277,23 +284,29 @@ pub fn parse_pmon(text: &str, source: &str) -> Result<Vec<ProcessUtilization>, P
             ));
         };
         let fields: Vec<&str> = line.split_whitespace().collect();
-        let field = |k: usize| {
-            fields
-                .get(k)
-                .copied()
-                .ok_or_else(|| bad(source, line_no, format!("fewer than {} fields", k + 1)))
+        // Each of gpu, pid and sm is a column before the last.
+        let (Some(&gpu), Some(&pid), Some(&sm), true) = (
+            fields.get(g),
+            fields.get(p),
+            fields.get(sm),
+            fields.len() >= width,
+        ) else {
+            return Err(bad(
+                source,
+                line_no,
+                format!("{} fields where the header has {width}", fields.len()),
+            ));
         };
-        if field(p)? == "-" {
+        if pid == "-" {
             continue;
         }
-        let number = |k: usize| -> Result<u32, ParseError> {
-            let f = field(k)?;
+        let number = |f: &str| -> Result<u32, ParseError> {
             f.parse()
                 .map_err(|_| bad(source, line_no, format!("not a number: {f:?}")))
         };
-        let index = GpuIndex(number(g)?);
-        let pid = Pid(number(p)?);
-        let sm = match field(sm)? {
+        let index = GpuIndex(number(gpu)?);
+        let pid = Pid(number(pid)?);
+        let sm = match sm {
             "-" => None,
             _ => Some(number(sm)?),
         };
@@ -337,6 +350,34 @@ pub fn parse_gpu_utilization(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pmon_line_short_of_the_headers_columns_fails_the_table() {
+        let head = "# gpu  pid  type  sm  mem  enc  dec  jpg  ofa  command\n\
+                    # Idx    #   C/G   %    %    %    %    %    %  name\n";
+        let line = |rest: &str| format!("{head}    0  470  C  -  -  -  -  -  -  {rest}\n");
+        let ok = parse_pmon(&line("python3"), "h").unwrap();
+        assert_eq!((ok[0].pid, ok[0].sm), (Pid(470), None));
+        // A name with spaces: more fields, as many as it takes.
+        assert_eq!(parse_pmon(&line("a b (c)"), "h").unwrap().len(), 1);
+        // A name holding a newline and a line of its own (15 bytes at most).
+        let forged = parse_pmon(&line("x\n0 471 C 0 -"), "h").unwrap_err();
+        assert_eq!(
+            forged.to_string(),
+            "h: line 4: 5 fields where the header has 10"
+        );
+        // Fewer columns than gpu, pid and sm need, or a bad number.
+        let short = parse_pmon("# gpu pid type sm\n 0 12\n", "h").unwrap_err();
+        assert_eq!(
+            short.to_string(),
+            "h: line 2: 2 fields where the header has 4"
+        );
+        let bad = parse_pmon("# gpu pid type sm\n 0 12 C x\n", "h").unwrap_err();
+        assert_eq!(bad.to_string(), "h: line 2: not a number: \"x\"");
+        // A GPU without processes.
+        let none = parse_pmon(&format!("{head}    1  -  -  -  -  -  -  -  -  -\n"), "h");
+        assert_eq!(none.unwrap(), []);
+    }
 
     #[test]
     fn lines_are_split_as_split_on_newline_splits_them() {
