@@ -282,14 +282,22 @@ def lock(dfd, d, operation, deadline):
             raise Failure("state", "%s: vanished while opened" % path)
         keep(fd)
     until = min(deadline, time.monotonic() + LOCK_WAIT)
+    waited, note = False, None
     while True:
         try:
             fcntl.flock(fd, operation | fcntl.LOCK_NB)
-            return None
+            break
         except BlockingIOError:
             if time.monotonic() >= until:
-                return "genv.lock held for over %gs by %s" % (LOCK_WAIT, lock_holders(fd))
+                note = "genv.lock held for over %gs by %s" % (LOCK_WAIT, lock_holders(fd))
+                break
+            waited = True
             time.sleep(0.005)
+    if waited:
+        # A user may have mounted FUSE over a state file meanwhile (the
+        # holder chose how long we wait): the mounts are read again.
+        FUSE_DEVICES[0] = None
+    return note
 
 
 def lock_holders(fd):
@@ -1126,8 +1134,10 @@ def terminate(req, kills):
                 kills.append({"pid": pid, "result": "gone"})
                 continue
             # A process whose leader exited is signalled as a whole while
-            # any thread lives; one with none left takes no signal.
-            if exited(stat) and not alive(pid, stat):
+            # any other thread is listed (the live one may be past the
+            # first MAX_TASKS_LOOKED, behind threads kept as zombies); one
+            # with no other thread left takes no signal.
+            if exited(stat) and threads(pid) == (None, False):
                 kills.append({"pid": pid, "result": "gone"})
                 continue
             if found != want:

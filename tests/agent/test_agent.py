@@ -374,13 +374,18 @@ class StateDir(unittest.TestCase):
         holder.stdout.readline()
         start = agent["time"].monotonic()
         dfd = agent["open_dir"](self.dir)
+        self.assertIsNotNone(agent["FUSE_DEVICES"][0], "the mounts were read by open_dir")
         note = agent["lock"](dfd, self.dir, fcntl.LOCK_EX, start + 30)
         self.assertLess(agent["time"].monotonic() - start, agent["LOCK_WAIT"] + 1)
         self.assertTrue(note.startswith("genv.lock held for over 1s by pid %d (" % holder.pid), note)
+        # A FUSE mount made while it waited is seen: the mounts are read again.
+        self.assertIsNone(agent["FUSE_DEVICES"][0])
         agent["release"]()
-        # A shared lock is shared: a snapshot reads beside the holder.
+        # A shared lock is shared: a snapshot reads beside the holder,
+        # without waiting, and the mounts read stand.
         dfd = agent["open_dir"](self.dir)
         self.assertIsNone(agent["lock"](dfd, self.dir, fcntl.LOCK_SH, start + 30))
+        self.assertIsNotNone(agent["FUSE_DEVICES"][0])
         agent["release"]()
 
     def test_detach_renames_a_new_file_over_and_keeps_everything_else(self):
@@ -670,6 +675,33 @@ class Terminate(unittest.TestCase):
             agent["terminate"]({"kills": [[p.pid, start]]}, kills)
             self.assertEqual(kills, [{"pid": p.pid, "result": "gone"}])
         finally:
+            p.kill()
+            p.wait()
+
+
+    def test_a_process_whose_leader_exited_is_signalled_while_any_thread_is_listed(self):
+        import subprocess
+
+        p = subprocess.Popen(["sleep", "100"])
+        saved = agent["proc_read"], agent["threads"]
+        try:
+            start = agent["start_time"](agent["proc_read"](p.pid, "stat"))
+            zombie = b"%d (job) Z 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0\n" % (p.pid, start)
+            agent["proc_read"] = lambda pid, name, tid=None: zombie
+            # No other thread left: a zombie, not signalled.
+            agent["threads"] = lambda pid: (None, False)
+            kills = []
+            agent["terminate"]({"kills": [[p.pid, start]]}, kills)
+            self.assertEqual(kills, [{"pid": p.pid, "result": "gone"}])
+            self.assertIsNone(p.poll())
+            # Threads listed, none of the first ones looked at live (kept
+            # as zombies ahead of the live one): signalled as a whole.
+            agent["threads"] = lambda pid: (None, True)
+            agent["terminate"]({"kills": [[p.pid, start]]}, kills)
+            self.assertEqual(kills[-1], {"pid": p.pid, "result": "signalled"})
+            self.assertEqual(p.wait(5), -15)
+        finally:
+            agent["proc_read"], agent["threads"] = saved
             p.kill()
             p.wait()
 
