@@ -1392,18 +1392,29 @@ def identity_of(dfd, name):
 
 def replace(dfd, d, name, data, seen=None):
     """Writes `data` to a new file created exclusively beside `name`, then
-    renames it over `name` (mode 0666, as genv writes its state); when
-    `seen` is given, only if `name` is still the file then read (a write
-    made meanwhile, under genv's lock or not, is never lost: the detach is
-    retried next cycle instead)."""
+    renames it over `name` with the owner, group and mode `name` had (as
+    genv's rewrite in place keeps them; 0666 root's where there was none):
+    root's file in a user's quota, or a file another user may write, is
+    never made of it. When `seen` is given, only if `name` is still the
+    file then read (a write made meanwhile, under genv's lock or not, is
+    never lost: the detach is retried next cycle instead)."""
+    try:
+        old = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        owner = (old.st_uid, old.st_gid, stat.S_IMODE(old.st_mode) & 0o777) if stat.S_ISREG(old.st_mode) else None
+    except FileNotFoundError:
+        owner = None
     tmp = ".%s.%s" % (name, os.urandom(8).hex())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | SAFE, 0o600, dir_fd=dfd)
     temp_files.append((dfd, tmp))
     keep(fd)
     try:
-        os.fchmod(fd, 0o666)
         write_all(fd, data)
         os.fsync(fd)
+        if owner is None:
+            os.fchmod(fd, 0o666)
+        else:
+            os.fchown(fd, owner[0], owner[1])
+            os.fchmod(fd, owner[2])
         if seen is not None and identity_of(dfd, name) != seen:
             raise Failure("state", "%s changed while it was detached from: nothing detached" % os.path.join(d, name))
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)

@@ -395,6 +395,10 @@ class StateDir(unittest.TestCase):
         ]}
         with open(self.path("devices.json"), "w") as f:
             json.dump(devices, f)
+        # Its owner, group and mode stay (a user's file, 0664).
+        owner = (4242, 4343) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+        os.chown(self.path("devices.json"), *owner)
+        os.chmod(self.path("devices.json"), 0o664)
         before = os.stat(self.path("devices.json")).st_ino
         detached = agent["detach"]({"dir": self.dir, "detach": [[0, "a\nb"], [3, "a\nb"]], "step": 1, "limit": 2, "max_bytes": 1000})
         self.assertEqual(detached, ([True, False], None))
@@ -405,7 +409,8 @@ class StateDir(unittest.TestCase):
         self.assertEqual(after["devices"][1]["future"], 1)
         self.assertEqual(text, json.dumps(after, indent=2), "genv's own format")
         self.assertNotEqual(os.stat(self.path("devices.json")).st_ino, before, "a new file, renamed over")
-        self.assertEqual(stat.S_IMODE(os.stat(self.path("devices.json")).st_mode), 0o666)
+        st = os.stat(self.path("devices.json"))
+        self.assertEqual((st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)), owner + (0o664,))
         self.assertEqual(sorted(os.listdir(self.dir)), ["devices.json", "genv.lock"])
 
     def test_detach_removes_the_env_from_every_entry_of_an_index_listed_twice(self):
