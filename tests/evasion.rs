@@ -308,26 +308,42 @@ fn row3_fat_environs_cost_their_owner_only_and_every_job_is_judged() {
 
 // Row 4: any user writes `x` into envs.json.
 
-#[test]
-fn row4_a_garbled_state_file_stops_only_what_needs_genv_state() {
+/// One cycle with non-env-processes and a 2 GiB memory cap per user.
+const ROW4: [&str; 6] = [
+    "enforce",
+    "--interval",
+    "0",
+    "--non-env-processes",
+    "--max-memory-per-user",
+    "2gi",
+];
+
+/// A host where evbob runs a job outside genv (GPU 0, 100 MiB) and one in
+/// his environment "bobs" (GPU 1, 3000 MiB); `None` without root.
+fn bobs_stray_and_job() -> Option<(Host, u32, u32)> {
     if !root() {
-        return;
+        return None;
     }
     let mut h = Host::new(2);
     let stray = h.spawn_as("evbob", None);
     let job = h.spawn_as("evbob", Some("bobs"));
     h.set_apps(&[(stray, 0, "100"), (job, 1, "3000")]);
+    Some((h, stray, job))
+}
+
+fn sorted_pids(pids: &[u32]) -> Vec<u64> {
+    let mut v: Vec<u64> = pids.iter().map(|&p| u64::from(p)).collect();
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn row4_a_garbled_state_file_stops_only_what_needs_genv_state() {
+    let Some((mut h, stray, job)) = bobs_stray_and_job() else {
+        return;
+    };
     std::fs::write(h.state_dir().join("envs.json"), "x").unwrap();
-    let out = h.ours(&[
-        "enforce",
-        "--interval",
-        "0",
-        "--non-env-processes",
-        "--max-memory-per-user",
-        "2gi",
-        "--output",
-        "json",
-    ]);
+    let out = h.ours(&[&ROW4[..], &["--output", "json"]].concat());
     assert_eq!(out.status.code(), Some(1), "degraded: {}", stderr(&out));
     let r = report(&out);
     assert!(
@@ -340,9 +356,7 @@ fn row4_a_garbled_state_file_stops_only_what_needs_genv_state() {
     );
     assert!(r["hosts"][0]["error"].is_null());
     // The job outside genv and the user's memory cap are still enforced.
-    let mut want = vec![u64::from(stray), u64::from(job)];
-    want.sort_unstable();
-    assert_eq!(terminated(&r), want);
+    assert_eq!(terminated(&r), sorted_pids(&[stray, job]));
     let unjudged = r["notices"]
         .as_array()
         .unwrap()
@@ -362,13 +376,9 @@ fn row4_a_garbled_state_file_stops_only_what_needs_genv_state() {
 
 #[test]
 fn row4_state_files_and_process_names_that_are_not_utf8_blind_nothing() {
-    if !root() {
+    let Some((mut h, stray, job)) = bobs_stray_and_job() else {
         return;
-    }
-    let mut h = Host::new(2);
-    let stray = h.spawn_as("evbob", None);
-    let job = h.spawn_as("evbob", Some("bobs"));
-    h.set_apps(&[(stray, 0, "100"), (job, 1, "3000")]);
+    };
     // envs.json and devices.json are anyone's to write: one byte that is
     // not UTF-8 in each makes genv's state unusable, not the host.
     std::fs::write(h.state_dir().join("envs.json"), b"{\"envs\": [\xff]}").unwrap();
@@ -383,26 +393,17 @@ fn row4_state_files_and_process_names_that_are_not_utf8_blind_nothing() {
         util::uuid(1)
     );
     std::fs::write(h.gpu_dir().join("gpus.csv"), gpus).unwrap();
-    let db = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        db.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o700),
-    )
-    .unwrap();
-    let out = h.ours(&[
-        "enforce",
-        "--interval",
-        "0",
-        "--non-env-processes",
-        "--max-memory-per-user",
-        "2gi",
+    let dir = util::private_dir();
+    let db = dir.path().join("state.db");
+    let idle = [
         "--idle-after",
         "1h",
         "--state-db",
-        db.path().join("state.db").to_str().unwrap(),
+        db.to_str().unwrap(),
         "--output",
         "json",
-    ]);
+    ];
+    let out = h.ours(&[&ROW4[..], &idle].concat());
     assert_eq!(out.status.code(), Some(1), "degraded: {}", stderr(&out));
     let r = report(&out);
     assert!(r["hosts"][0]["error"].is_null(), "{}", r["hosts"][0]);
@@ -411,9 +412,7 @@ fn row4_state_files_and_process_names_that_are_not_utf8_blind_nothing() {
         "{}",
         r["hosts"][0]
     );
-    let mut want = vec![u64::from(stray), u64::from(job)];
-    want.sort_unstable();
-    assert_eq!(terminated(&r), want);
+    assert_eq!(terminated(&r), sorted_pids(&[stray, job]));
     assert_eq!(h.wait_signal(stray, WAIT), Some(SIGTERM));
     assert_eq!(h.wait_signal(job, WAIT), Some(SIGTERM));
 }

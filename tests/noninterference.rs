@@ -68,6 +68,22 @@ impl Place {
             Place::Fleet(_) => " on 1 hosts",
         }
     }
+
+    /// What a run says of `user`'s `count` devices, `over` the cap, and
+    /// the detaches of `eid` from `devices`.
+    fn capped(&self, user: &str, count: u32, over: u32, eid: &str, devices: &[u32]) -> Vec<String> {
+        let mut said = vec![format!(
+            "User {user} is using {count} devices{} which is {over} more than the maximum allowed",
+            self.on_hosts()
+        )];
+        said.extend(devices.iter().map(|d| {
+            format!(
+                "{}Detaching environment {eid} of user {user} from device {d}",
+                self.prefix()
+            )
+        }));
+        said
+    }
 }
 
 /// The job is still running a moment after the run (a SIGTERM has had time
@@ -255,17 +271,7 @@ fn a_record_listing_her_job_counts_toward_bob(mut p: Place) {
         .write_devices(4, &[(0, "a"), (1, "b"), (2, "b"), (3, "b")]);
     let out = p.enforce(&["--max-devices-per-user", "2"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let pre = p.prefix();
-    assert_eq!(
-        lines(&out),
-        vec![
-            format!(
-                "User bob is using 3 devices{} which is 1 more than the maximum allowed",
-                p.on_hosts()
-            ),
-            format!("{pre}Detaching environment b of user bob from device 1"),
-        ]
-    );
+    assert_eq!(lines(&out), p.capped("bob", 3, 1, "b", &[1]));
     assert!(alive(&mut p, job), "alice's job was killed");
     assert_eq!(p.host().attached(0), vec!["a"]);
 }
@@ -348,19 +354,7 @@ fn listing_pid_one_keeps_bobs_devices_his(mut p: Place) {
         .write_devices(4, &[(0, "b"), (1, "b"), (2, "b"), (3, "b")]);
     let out = p.enforce(&["--max-devices-per-user", "1"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let pre = p.prefix();
-    assert_eq!(
-        lines(&out),
-        vec![
-            format!(
-                "User bob is using 4 devices{} which is 3 more than the maximum allowed",
-                p.on_hosts()
-            ),
-            format!("{pre}Detaching environment b of user bob from device 1"),
-            format!("{pre}Detaching environment b of user bob from device 2"),
-            format!("{pre}Detaching environment b of user bob from device 3"),
-        ]
-    );
+    assert_eq!(lines(&out), p.capped("bob", 4, 3, "b", &[1, 2, 3]));
     for d in 1..4 {
         assert_eq!(p.host().attached(d), Vec::<String>::new());
     }
@@ -391,18 +385,7 @@ fn spare_attachments_go_first(mut p: Place) {
         .write_devices(4, &[(0, "a"), (1, "a"), (2, "a"), (3, "a")]);
     let out = p.enforce(&["--max-devices-per-user", "2"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let pre = p.prefix();
-    assert_eq!(
-        lines(&out),
-        vec![
-            format!(
-                "User alice is using 4 devices{} which is 2 more than the maximum allowed",
-                p.on_hosts()
-            ),
-            format!("{pre}Detaching environment a of user alice from device 1"),
-            format!("{pre}Detaching environment a of user alice from device 2"),
-        ]
-    );
+    assert_eq!(lines(&out), p.capped("alice", 4, 2, "a", &[1, 2]));
     assert!(alive(&mut p, job), "alice's job was killed");
     assert_eq!(p.host().attached(0), vec!["a"]);
     assert_eq!(p.host().attached(3), vec!["a"]);
@@ -433,19 +416,7 @@ fn a_job_outside_genv_never_shields_a_spare_attachment(mut p: Place) {
     p.host().write_devices(4, &[(0, "a"), (1, "a")]);
     let out = p.enforce(&["--max-devices-per-user", "1"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(
-        lines(&out),
-        vec![
-            format!(
-                "User alice is using 2 devices{} which is 1 more than the maximum allowed",
-                p.on_hosts()
-            ),
-            format!(
-                "{}Detaching environment a of user alice from device 1",
-                p.prefix()
-            ),
-        ]
-    );
+    assert_eq!(lines(&out), p.capped("alice", 2, 1, "a", &[1]));
     assert!(alive(&mut p, job), "alice's job was killed");
     assert!(alive(&mut p, plain), "alice's job outside genv was killed");
     assert_eq!(p.host().attached(0), vec!["a"]);
@@ -509,19 +480,7 @@ fn escapes_and_a_device_listed_twice(mut p: Place) {
     std::fs::write(p.host().state_dir().join("devices.json"), text.to_string()).unwrap();
     let out = p.enforce(&["--max-devices-per-user", "1"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(
-        lines(&out),
-        vec![
-            format!(
-                "User carol is using 2 devices{} which is 1 more than the maximum allowed",
-                p.on_hosts()
-            ),
-            format!(
-                "{}Detaching environment c of user carol from device 0",
-                p.prefix()
-            ),
-        ]
-    );
+    assert_eq!(lines(&out), p.capped("carol", 2, 1, "c", &[0]));
     let after: Value = serde_json::from_str(
         &std::fs::read_to_string(p.host().state_dir().join("devices.json")).unwrap(),
     )

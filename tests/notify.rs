@@ -492,12 +492,7 @@ fn a_restart_mid_grace_mails_nothing_twice() {
     let mut h = Host::new(1);
     let stray = h.spawn_as("alice", None);
     h.set_apps(&[(stray, 0, "100")]);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o700),
-    )
-    .unwrap();
+    let dir = util::private_dir();
     let db = dir.path().join("state.db");
     let smtp_url = format!("smtp://127.0.0.1:{}", smtp.port);
     let args = [

@@ -13,6 +13,18 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 /// The repository root.
+/// A temporary directory only its owner may enter (0700), as
+/// `--state-db` and the audit log want theirs.
+pub fn private_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    dir
+}
+
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
