@@ -1381,13 +1381,22 @@ def rewritten(state, read, max_bytes, path):
     return data
 
 
-def identity_of(dfd, name):
-    """(inode, size, mtime) of `name` in the directory, None when absent."""
+def stat_in(dfd, name):
+    """The lstat of `name` in the directory, None when absent."""
     try:
-        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        return os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
         return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def file_identity(st):
+    """(inode, size, mtime) of a file's stat, None for none."""
+    return None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def identity_of(dfd, name):
+    """(inode, size, mtime) of `name` in the directory, None when absent."""
+    return file_identity(stat_in(dfd, name))
 
 
 def replace(dfd, d, name, data, seen=None):
@@ -1398,11 +1407,6 @@ def replace(dfd, d, name, data, seen=None):
     never made of it. When `seen` is given, only if `name` is still the
     file then read (a write made meanwhile, under genv's lock or not, is
     never lost: the detach is retried next cycle instead)."""
-    try:
-        old = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        owner = (old.st_uid, old.st_gid, stat.S_IMODE(old.st_mode) & 0o777) if stat.S_ISREG(old.st_mode) else None
-    except FileNotFoundError:
-        owner = None
     tmp = ".%s.%s" % (name, os.urandom(8).hex())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | SAFE, 0o600, dir_fd=dfd)
     temp_files.append((dfd, tmp))
@@ -1410,13 +1414,16 @@ def replace(dfd, d, name, data, seen=None):
     try:
         write_all(fd, data)
         os.fsync(fd)
-        if owner is None:
-            os.fchmod(fd, 0o666)
-        else:
-            os.fchown(fd, owner[0], owner[1])
-            os.fchmod(fd, owner[2])
-        if seen is not None and identity_of(dfd, name) != seen:
+        # One look at the file replaced: whether it is the one read, and
+        # whose it is.
+        old = stat_in(dfd, name)
+        if seen is not None and file_identity(old) != seen:
             raise Failure("state", "%s changed while it was detached from: nothing detached" % os.path.join(d, name))
+        if old is not None and stat.S_ISREG(old.st_mode):
+            os.fchown(fd, old.st_uid, old.st_gid)
+            os.fchmod(fd, stat.S_IMODE(old.st_mode) & 0o777)
+        else:
+            os.fchmod(fd, 0o666)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except (OSError, Failure) as e:
         try:
