@@ -12,7 +12,7 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 
-use genv_enforce::assess::{assess_found, assess_planned, own_plan, HostResult};
+use genv_enforce::assess::{assess_found, assess_planned, own_plan, Assessment, HostResult};
 use genv_enforce::model::{Cluster, FailureKind, HostFailure, HostId, HostSnapshot, Mode};
 use genv_enforce::plan::{self, HostPlan};
 use genv_enforce::rules::{self, evaluate, Moment, Policy};
@@ -212,12 +212,15 @@ fn gathered(
 /// One host's part: its id, its result and its own plan.
 type Part = (HostId, (HostResult, HostPlan));
 
-/// What needs every host's part: the caps and the plan; the count of
-/// hosts with something to do.
-fn planned(parts: Vec<Part>, policy: &Policy) -> usize {
+/// What needs every host's part: the caps and the plan.
+fn assessed(parts: Vec<Part>, policy: &Policy) -> Assessment {
     let (results, own) = gathered(parts);
-    let report = assess_planned(1, Mode::Remote, false, policy, results, own, Moment::none());
-    report.plan.hosts.len()
+    assess_planned(1, Mode::Remote, false, policy, results, own, Moment::none())
+}
+
+/// The count of hosts with something to do, the assessment freed here.
+fn planned(parts: Vec<Part>, policy: &Policy) -> usize {
+    assessed(parts, policy).plan.hosts.len()
 }
 
 /// The pure path of one remote cycle over `answers` on one worker, the
@@ -236,12 +239,15 @@ fn pure_path(answers: &[(HostId, Vec<u8>)], parsed: &mut [ParsedState], policy: 
 /// there, hosts are handed out one at a time, to whichever worker is free
 /// (a host's answer is parsed and assessed in a task of its own), and each
 /// host's state as parsed last cycle is under a lock of its own (as
-/// `host::Parser`'s is).
+/// `host::Parser`'s is). Each cycle's assessment is freed on a thread of
+/// its own, as the service frees its report in the blocking pool.
 struct Pool {
     go: Vec<mpsc::Sender<()>>,
     parts: mpsc::Receiver<Vec<(usize, Part)>>,
     next: Arc<AtomicUsize>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    free: Option<mpsc::Sender<Assessment>>,
+    freeing: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Pool {
@@ -273,11 +279,15 @@ impl Pool {
             }));
             go.push(start);
         }
+        let (free, freed) = mpsc::channel::<Assessment>();
+        let freeing = std::thread::spawn(move || freed.into_iter().for_each(drop));
         Pool {
             go,
             parts,
             next,
             threads,
+            free: Some(free),
+            freeing: Some(freeing),
         }
     }
 
@@ -293,14 +303,18 @@ impl Pool {
             parts.extend(self.parts.recv().unwrap());
         }
         parts.sort_unstable_by_key(|(k, _)| *k);
-        planned(parts.into_iter().map(|(_, p)| p).collect(), policy)
+        let a = assessed(parts.into_iter().map(|(_, p)| p).collect(), policy);
+        let planned = a.plan.hosts.len();
+        self.free.as_ref().unwrap().send(a).unwrap();
+        planned
     }
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
         self.go.clear();
-        for t in self.threads.drain(..) {
+        self.free = None;
+        for t in self.threads.drain(..).chain(self.freeing.take()) {
             let _ = t.join();
         }
     }

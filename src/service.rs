@@ -148,6 +148,9 @@ pub async fn run(
         notify(&[sd_notify::NotifyState::Watchdog]);
         let go_on;
         (ending, go_on) = ended(ending, &report, abort, &run.settings);
+        // Freed in the blocking pool: a fleet's report holds every host's
+        // snapshot, findings and plan, and the next cycle need not wait.
+        tokio::task::spawn_blocking(move || drop(report));
         if !go_on || (!each && (run.settings.interval.is_zero() || run.wait().await)) {
             break;
         }
