@@ -81,34 +81,50 @@ fn text<'a>(frame: &Frame<'a>, source: &str) -> Result<&'a str, ParseError> {
 /// # Errors
 /// The answer is malformed.
 pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, ParseError> {
-    // Most frames (`proc`, `user`) carry an argument: that is looked at first.
-    let find = |kind: &str| frames.iter().find(|f| f.arg.is_none() && f.kind == kind);
-    let required = |kind: &str| {
-        find(kind).ok_or_else(|| ParseError::new(source, kind, "missing from the host's answer"))
-    };
-    let optional = |kind: &str| {
-        find(kind)
-            .map(|f| text(f, source).map(Cow::Borrowed))
-            .transpose()
+    // The parts sent once, each at its first frame without an argument,
+    // found in one pass: most frames (`proc`, `user`) carry one.
+    const ONCE: [&str; 7] = [
+        "gpus",
+        "apps",
+        "envs",
+        "devices",
+        "pmon",
+        "utilization",
+        "lock",
+    ];
+    let mut once: [Option<&Frame<'a>>; ONCE.len()] = [None; ONCE.len()];
+    for f in frames.iter().filter(|f| f.arg.is_none()) {
+        if let Some(k) = ONCE.iter().position(|&kind| kind == f.kind) {
+            once[k].get_or_insert(f);
+        }
+    }
+    let [gpus, apps, envs, devices, pmon, utilization, lock] = once;
+    let required = |frame: Option<&Frame<'a>>, kind: &str| {
+        let f =
+            frame.ok_or_else(|| ParseError::new(source, kind, "missing from the host's answer"))?;
+        text(f, source).map(Cow::Borrowed)
     };
     let mut raw = RawHost {
-        gpus: Cow::Borrowed(text(required("gpus")?, source)?),
-        apps: Cow::Borrowed(text(required("apps")?, source)?),
+        gpus: required(gpus, "gpus")?,
+        apps: required(apps, "apps")?,
         // What users write: checked as UTF-8 only when parsed (a file that
         // is not fails genv's state, not the host).
-        envs: find("envs").map(|f| Cow::Borrowed(f.body)),
-        devices: find("devices").map(|f| Cow::Borrowed(f.body)),
+        envs: envs.map(|f| Cow::Borrowed(f.body)),
+        devices: devices.map(|f| Cow::Borrowed(f.body)),
         procs: BTreeMap::new(),
         user_names: BTreeMap::new(),
         groups: BTreeMap::new(),
         boot: None,
         // Its last column is each process's name, which its user picks.
-        pmon: find("pmon").map(|f| String::from_utf8_lossy(f.body)),
-        gpu_utilization: optional("utilization")?,
+        pmon: pmon.map(|f| String::from_utf8_lossy(f.body)),
+        gpu_utilization: utilization
+            .map(|f| text(f, source).map(Cow::Borrowed))
+            .transpose()?,
         sub_uids: BTreeMap::new(),
         state_errors: BTreeMap::new(),
-        lock_held: find("lock").map(|f| String::from_utf8_lossy(f.body).into_owned()),
+        lock_held: lock.map(|f| String::from_utf8_lossy(f.body).into_owned()),
     };
+    let mut procs = Vec::with_capacity(frames.len());
     for f in frames {
         let number = |what: &str| {
             f.arg
@@ -116,9 +132,7 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
                 .ok_or_else(|| ParseError::new(source, f.kind, format!("bad {what} {:?}", f.arg)))
         };
         match f.kind {
-            "proc" => {
-                raw.procs.insert(number("pid")?, proc_body(f.body, source)?);
-            }
+            "proc" => procs.push((number("pid")?, proc_body(f.body, source)?)),
             "user" => {
                 raw.user_names
                     .insert(number("uid")?, text(f, source)?.into());
@@ -158,6 +172,9 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
             _ => {}
         }
     }
+    // Built in bulk; a pid sent twice keeps its last frame, as inserting
+    // one by one would.
+    raw.procs = procs.into_iter().collect();
     Ok(raw)
 }
 
@@ -276,6 +293,35 @@ mod tests {
             }
         );
         assert_eq!(&*raw.user_names[&1001], "alice");
+    }
+
+    #[test]
+    fn a_part_sent_twice_is_its_first_frame_and_a_pid_sent_twice_its_last() {
+        let f = [
+            frame("gpus", Some("x"), b"not this one"),
+            frame("gpus", None, b"GPU-a, 0, 81559\n"),
+            frame("proc", Some("7"), b"seen 5 - notread\n"),
+            frame("apps", None, b""),
+            frame("gpus", None, b"GPU-b, 1, 81559\n"),
+            frame("lock", None, b"1 2"),
+            frame("lock", None, b"3 4"),
+            frame("proc", Some("7"), b"seen 6 - novar\n"),
+        ]
+        .concat();
+        let raw = raw_host(&parse_frames(&f, "h").unwrap(), "h").unwrap();
+        assert_eq!(raw.gpus, "GPU-a, 0, 81559\n");
+        assert_eq!(raw.lock_held.as_deref(), Some("1 2"));
+        assert_eq!(
+            raw.procs[&7],
+            RawProc::Seen {
+                start_time: 6,
+                uid: None,
+                environ: Environ::NoVar
+            }
+        );
+        let only_with_arg = [frame("gpus", Some("x"), b""), frame("apps", None, b"")].concat();
+        let e = raw_host(&parse_frames(&only_with_arg, "h").unwrap(), "h").unwrap_err();
+        assert_eq!(e.to_string(), "h: gpus: missing from the host's answer");
     }
 
     #[test]
