@@ -380,6 +380,12 @@ fn a_lock_taken_between_decision_and_detach_holds_nothing_up() {
     f.host(0).write_devices(4, &[(0, "a"), (1, "a")]);
     let state = f.host(0).state_dir();
     let before = std::fs::read(state.join("devices.json")).unwrap();
+    // nvidia-smi answers half a second after the state is read: the holder
+    // below has the lock before the enforcer can decide anything.
+    util::write_executable(
+        &f.host(0).gpu_dir().join("on-apps"),
+        "#!/bin/sh\nsleep 0.5\n",
+    );
     // Once the snapshot has read the state, someone takes genv's lock for 8 s.
     let lock = state.join("genv.lock");
     let holder = std::sync::Arc::new(std::sync::Mutex::new(None));
