@@ -316,6 +316,7 @@ fn a_remote_hosts_symlinked_lock_and_state_are_never_followed() {
     std::fs::set_permissions(&shadow2, std::fs::Permissions::from_mode(0o600)).unwrap();
     let state = f.host(1).state_dir();
     let (s1, s2) = (shadow.clone(), shadow2.clone());
+    f.host(1).answer_late();
     let user = util::after_read(&state.join("devices.json"), move || {
         link(&state, "genv.lock", &s1);
         link(&state, "devices.json", &s2);
@@ -380,12 +381,7 @@ fn a_lock_taken_between_decision_and_detach_holds_nothing_up() {
     f.host(0).write_devices(4, &[(0, "a"), (1, "a")]);
     let state = f.host(0).state_dir();
     let before = std::fs::read(state.join("devices.json")).unwrap();
-    // nvidia-smi answers half a second after the state is read: the holder
-    // below has the lock before the enforcer can decide anything.
-    util::write_executable(
-        &f.host(0).gpu_dir().join("on-apps"),
-        "#!/bin/sh\nsleep 0.5\n",
-    );
+    f.host(0).answer_late();
     // Once the snapshot has read the state, someone takes genv's lock for 8 s.
     let lock = state.join("genv.lock");
     let holder = std::sync::Arc::new(std::sync::Mutex::new(None));

@@ -449,6 +449,7 @@ fn escapes_and_a_device_listed_twice(mut p: Place) {
     let state = p.host().state_dir();
     let devices = state.join("devices.json");
     let watched = devices.clone();
+    p.host().answer_late();
     let user = util::after_read(&watched, move || {
         let mut d: Value =
             serde_json::from_str(&std::fs::read_to_string(&devices).unwrap()).unwrap();

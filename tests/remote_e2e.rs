@@ -626,6 +626,7 @@ fn inventory_fleet_with_a_host_failing_during_dispatch() {
     // Once host 1 is decided on, its devices.json becomes a link: the
     // detach there must fail (and be reported), nothing else.
     let state = f.host(0).state_dir();
+    f.host(0).answer_late();
     let watcher = util::after_read(&state.join("devices.json"), move || {
         let text = std::fs::read(state.join("devices.json")).unwrap();
         std::fs::write(state.join("elsewhere.json"), text).unwrap();

@@ -107,6 +107,13 @@ impl Host {
         self.dir.path().join("gpu")
     }
 
+    /// nvidia-smi lists the compute apps half a second late. The agent
+    /// reads genv's state meanwhile, so what a test does once that is read
+    /// ([`after_read`]) is done before the enforcer can decide anything.
+    pub fn answer_late(&self) {
+        write_executable(&self.gpu_dir().join("on-apps"), "#!/bin/sh\nsleep 0.5\n");
+    }
+
     /// Starts a real process (`sleep`, as root) in environment `eid` (or none).
     pub fn spawn(&mut self, eid: Option<&str>) -> u32 {
         self.spawn_as("root", eid)
