@@ -629,6 +629,46 @@ fn row10_a_device_cap_that_leaves_jobs_outside_genv_says_so_and_can_count_them()
     assert!(h.running(outside));
 }
 
+#[test]
+fn row11_a_stray_beside_each_job_never_shields_them_from_the_device_cap() {
+    if !root() {
+        return;
+    }
+    let mut h = Host::new(3);
+    let shell = h.spawn_as("evbob", Some("bobs"));
+    h.write_envs(&[env("bobs", Some("evbob"), None, shell)]);
+    h.write_devices(3, &[(0, "bobs"), (1, "bobs"), (2, "bobs")]);
+    // A job of his environment on each device, and beside each a process
+    // of his with an id of no record (a stray, never terminated).
+    let jobs: Vec<u32> = (0..3).map(|_| h.spawn_as("evbob", Some("bobs"))).collect();
+    let strays: Vec<u32> = (0..3).map(|_| h.spawn_as("evbob", Some("nope"))).collect();
+    let apps: Vec<(u32, u32, &str)> = (0..3u32)
+        .flat_map(|d| [(jobs[d as usize], d, "100"), (strays[d as usize], d, "100")])
+        .collect();
+    h.set_apps(&apps);
+    let out = h.ours(&["enforce", "--interval", "0", "--max-devices-per-user", "1"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(
+        lines(&out)[0],
+        "User evbob is using 3 devices which is 2 more than the maximum allowed"
+    );
+    // Detached in genv's order, with the environment's jobs there.
+    assert_eq!(h.attached(0), Vec::<String>::new());
+    assert_eq!(h.attached(1), Vec::<String>::new());
+    assert_eq!(h.attached(2), ["bobs"]);
+    assert_eq!(h.wait_signal(jobs[0], WAIT), Some(SIGTERM));
+    assert_eq!(h.wait_signal(jobs[1], WAIT), Some(SIGTERM));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(h.running(jobs[2]) && h.running(shell));
+    assert!(strays.iter().all(|&s| h.running(s)));
+    // The strays still hold all three: said.
+    assert!(
+        err.contains("User evbob stays 2 over the device cap"),
+        "{err}"
+    );
+}
+
 // The agent is the same on a remote host: rows 1 to 4 through real sshd.
 
 #[test]

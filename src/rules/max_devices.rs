@@ -15,9 +15,11 @@
 //! others), then the devices their processes run on; each group in genv's
 //! order (hosts as given, devices by index). genv takes devices in index order only, so that attaching
 //! someone's environment to spare devices would get their working device
-//! detached. A device held only by strays
-//! has nothing to detach, and one a stray of the user runs on stays
-//! counted whatever is detached from it, so nothing is: they are reported.
+//! detached. Last come the devices a stray of the user runs on beside their
+//! environments: detaching there leaves the count as it is (the stray still
+//! holds the device), but a stray of theirs must not shield their
+//! environments' jobs from the cap. A device held only by strays has
+//! nothing to detach: what strays keep over the cap is reported.
 //! Users are visited in name order (genv: Python set order).
 
 use std::borrow::Cow;
@@ -64,7 +66,7 @@ pub struct HeldDevice {
     /// user's).
     pub working: bool,
     /// A stray process of the user runs here: the device stays counted
-    /// whatever is detached, so nothing is (it would not lower the count).
+    /// whatever is detached, so it is detached last.
     pub stray: bool,
     /// One of the environments lists a live pid of the user
     /// ([`Attribution::vouched`]).
@@ -214,39 +216,34 @@ pub fn evaluate(hosts: &[(&HostId, &HostUsage)], policy: &Policy) -> (Vec<Violat
         if over == 0 {
             continue;
         }
-        let detachable = |working: bool, vouched: bool| {
+        let held_where = |keep: fn(&HeldDevice) -> bool| {
             held.iter().flat_map(move |(host, h)| {
-                h.devices
-                    .iter()
-                    .filter(move |d| {
-                        !d.eids.is_empty()
-                            && !d.stray
-                            && d.working == working
-                            && d.vouched == vouched
-                    })
+                (h.devices.iter())
+                    .filter(move |d| !d.eids.is_empty() && keep(d))
                     .map(move |d| (*host, d))
             })
         };
         // Idle devices first, unvouched before vouched; then the working
-        // ones in genv's order (a subset of what genv would take).
-        let working = held.iter().flat_map(|(host, h)| {
-            h.devices
-                .iter()
-                .filter(|d| !d.eids.is_empty() && !d.stray && d.working)
-                .map(move |d| (*host, d))
-        });
-        let actions: Vec<Action> = detachable(false, false)
-            .chain(detachable(false, true))
-            .chain(working)
-            .take(over)
-            .map(|(host, d)| d.detach(host, user))
-            .collect();
-        if actions.len() < over {
+        // ones in genv's order (a subset of what genv would take); last
+        // those a stray of theirs runs on, whose count stays.
+        let chosen: Vec<(&HostId, &HeldDevice)> =
+            held_where(|d| !d.stray && !d.working && !d.vouched)
+                .chain(held_where(|d| !d.stray && !d.working && d.vouched))
+                .chain(held_where(|d| !d.stray && d.working))
+                .chain(held_where(|d| d.stray))
+                .take(over)
+                .collect();
+        let freed = chosen.iter().filter(|(_, d)| !d.stray).count();
+        if freed < over {
             notices.push(Notice::ExcessKept {
                 user: user.to_string(),
-                left: over - actions.len(),
+                left: over - freed,
             });
         }
+        let actions: Vec<Action> = chosen
+            .iter()
+            .map(|(host, d)| d.detach(host, user))
+            .collect();
         violations.push(Violation {
             rule: Rule::MaxDevicesPerUser,
             finding: Finding::MaxDevices {
@@ -564,6 +561,65 @@ mod tests {
         assert!(n.contains(&Notice::ExcessKept {
             user: "alice".into(),
             left: 1
+        }));
+    }
+
+    #[test]
+    fn a_stray_beside_his_environment_never_shields_its_jobs_from_the_cap() {
+        // bob's environment on 0..2, a job of it on each, and beside each
+        // job a stray of his (an id of no record); device 3 idle.
+        let s = live(
+            host(
+                vec![env("b", Some("bob"), None)],
+                &[(0, "b"), (1, "b"), (2, "b"), (3, "b")],
+            ),
+            (0..3)
+                .flat_map(|d| {
+                    [
+                        job(10 + d, Some("b"), 1002, d),
+                        job(20 + d, Some("nope"), 1002, d),
+                    ]
+                })
+                .collect(),
+        );
+        let c = local(s);
+        let (v, n) = crate::rules::assess_cluster(&c, &policy(Some(1), &[]));
+        let cap = v
+            .iter()
+            .find(|v| v.rule == Rule::MaxDevicesPerUser)
+            .unwrap();
+        assert!(
+            matches!(
+                &cap.finding,
+                Finding::MaxDevices {
+                    devices: 4,
+                    over: 3,
+                    ..
+                }
+            ),
+            "{cap:?}"
+        );
+        // The idle device first, then the strays' devices in genv's order,
+        // each with the environment's job there.
+        assert_eq!(
+            detached(cap),
+            [
+                ("localhost".into(), 3, 1),
+                ("localhost".into(), 0, 1),
+                ("localhost".into(), 1, 1)
+            ]
+        );
+        let pids: Vec<Vec<Pid>> = (cap.actions.iter())
+            .map(|a| match a {
+                Action::Detach { pids, .. } => pids.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(pids, [vec![], vec![Pid(10)], vec![Pid(11)]]);
+        // His strays still hold 0 and 1: two over, said so.
+        assert!(n.contains(&Notice::ExcessKept {
+            user: "bob".into(),
+            left: 2
         }));
     }
 

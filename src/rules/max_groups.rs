@@ -9,8 +9,10 @@
 //! per-user caps detach: devices none of the user's processes runs on
 //! first (records that list no live pid of theirs before the others), then
 //! those their processes run on; within each, hosts as given, devices by
-//! index, users by name. Devices the per-user caps (or an earlier group,
-//! groups by name) detach this cycle count as detached already.
+//! index, users by name; last, those a stray of the user runs on beside
+//! their environments (their count stays). Devices the per-user caps (or
+//! an earlier group, groups by name) detach this cycle count as detached
+//! already, unless a stray still holds them.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -69,6 +71,12 @@ impl HostGroups {
 /// A detached (host, device, environment).
 pub type Detached = HashSet<(HostId, GpuIndex, EnvId)>;
 
+/// Whether every environment of `d` on `host` is in `detached` (true when
+/// it has none).
+fn all_detached(detached: &Detached, host: &HostId, d: &HeldDevice) -> bool {
+    (d.eids.iter()).all(|e| detached.contains(&(host.clone(), d.index, e.clone())))
+}
+
 /// What `violations` detach.
 pub fn detached(violations: &[Violation]) -> Detached {
     violations
@@ -110,10 +118,7 @@ pub fn evaluate(
                         .devices
                         .iter()
                         .filter(|d| {
-                            d.eids.is_empty()
-                                || !d.eids.iter().all(|e| {
-                                    detached.contains(&((*host).clone(), d.index, e.clone()))
-                                })
+                            d.stray || d.eids.is_empty() || !all_detached(&detached, host, d)
                         })
                         .map(|d| (k, *host, user.as_str(), d)),
                 );
@@ -124,18 +129,27 @@ pub fn evaluate(
         if over == 0 {
             continue;
         }
-        let tier = |d: &HeldDevice| match (d.working, d.vouched) {
-            (false, false) => 0,
-            (false, true) => 1,
-            (true, _) => 2,
+        let tier = |d: &HeldDevice| match (d.stray, d.working, d.vouched) {
+            (false, false, false) => 0,
+            (false, false, true) => 1,
+            (false, true, _) => 2,
+            // Its count stays: last.
+            (true, _, _) => 3,
         };
-        held.retain(|(_, _, _, d)| !d.eids.is_empty() && !d.stray);
+        held.retain(|(_, host, _, d)| !all_detached(&detached, host, d));
         held.sort_by(|a, b| {
             (tier(a.3), a.0, a.3.index, a.2).cmp(&(tier(b.3), b.0, b.3.index, b.2))
         });
-        let actions: Vec<Action> = held
+        let chosen: Vec<_> = held.into_iter().take(over).collect();
+        let freed = chosen.iter().filter(|(_, _, _, d)| !d.stray).count();
+        if freed < over {
+            notices.push(Notice::GroupExcessKept {
+                group: group.clone(),
+                left: over - freed,
+            });
+        }
+        let actions: Vec<Action> = chosen
             .into_iter()
-            .take(over)
             .map(|(_, host, user, d)| {
                 for e in &d.eids {
                     detached.insert((host.clone(), d.index, e.clone()));
@@ -143,12 +157,6 @@ pub fn evaluate(
                 d.detach(host, user)
             })
             .collect();
-        if actions.len() < over {
-            notices.push(Notice::GroupExcessKept {
-                group: group.clone(),
-                left: over - actions.len(),
-            });
-        }
         violations.push(Violation {
             rule: Rule::MaxDevicesPerGroup,
             finding: Finding::MaxGroupDevices {
@@ -293,33 +301,55 @@ mod tests {
     }
 
     #[test]
-    fn devices_strays_run_on_count_but_are_never_detached() {
+    fn devices_strays_run_on_count_and_are_detached_last() {
         let h = HostId("h".into());
         let stray = HeldDevice {
             eids: smallvec::smallvec![],
             stray: true,
             ..device(0, "x", true, false)
         };
-        // A stray runs beside her environment: detaching it would not
-        // lower the count.
+        // A stray runs beside her environment: detaching it does not lower
+        // the count, but the stray must not shield the environment's jobs.
         let beside = HeldDevice {
             stray: true,
             ..device(1, "e1", true, true)
         };
-        let u = usage(&[("alice", vec![stray, beside, device(2, "e2", false, false)])]);
-        let (v, n) = evaluate(
-            &[(&h, &u, &groups(&[("alice", &["lab"])]))],
-            &policy(&[("lab", 0)]),
-            Detached::new(),
-        );
+        let u = usage(&[("alice", vec![stray, beside, device(2, "e2", true, false)])]);
+        let part = [(&h, &u, &groups(&[("alice", &["lab"])]))];
+        let (v, n) = evaluate(&part, &policy(&[("lab", 2)]), Detached::new());
         assert_eq!(detaches(&v), [("h".to_string(), 2, "alice".to_string())]);
+        assert_eq!(n, []);
+        let (v, n) = evaluate(&part, &policy(&[("lab", 0)]), Detached::new());
         assert_eq!(
-            n,
-            [Notice::GroupExcessKept {
-                group: "lab".into(),
-                left: 2
-            }]
+            detaches(&v),
+            [
+                ("h".to_string(), 2, "alice".to_string()),
+                ("h".to_string(), 1, "alice".to_string())
+            ]
         );
+        let left = |n: &[Notice]| match n {
+            [Notice::GroupExcessKept { left, .. }] => *left,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(left(&n), 2);
+        // Detached by her own cap already: still counted (the stray holds
+        // it), not detached again.
+        let mut done = Detached::new();
+        done.insert((h.clone(), GpuIndex(1), EnvId("e1".into())));
+        let (v, n) = evaluate(&part, &policy(&[("lab", 0)]), done);
+        assert_eq!(detaches(&v), [("h".to_string(), 2, "alice".to_string())]);
+        assert!(
+            matches!(
+                &v[0].finding,
+                Finding::MaxGroupDevices {
+                    devices: 3,
+                    over: 3,
+                    ..
+                }
+            ),
+            "{v:?}"
+        );
+        assert_eq!(left(&n), 2);
     }
 
     #[test]

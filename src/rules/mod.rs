@@ -345,10 +345,10 @@ pub enum Notice {
         #[serde(flatten)]
         why: Unconfirmed,
     },
-    /// A user over their cap by devices that cannot be detached (held only
-    /// by strays): they stay over by `left`.
+    /// A user over their cap by devices no detach frees (strays of theirs
+    /// hold them): they stay over by `left`.
     ExcessKept { user: String, left: usize },
-    /// A group over its cap by devices that cannot be detached.
+    /// A group over its cap by devices no detach frees.
     GroupExcessKept { group: String, left: usize },
     /// A user over their memory cap by memory no process can be picked
     /// for (its usage unknown, or its identity not pinned): `left` bytes.
