@@ -189,6 +189,8 @@ mod tests {
             },
             working,
             stray: false,
+            strays: smallvec::smallvec![],
+            held_fast: false,
             vouched,
         }
     }

@@ -127,6 +127,8 @@ mod tests {
                     pids: smallvec::smallvec![],
                     working,
                     stray: false,
+                    strays: smallvec::smallvec![],
+                    held_fast: false,
                     vouched: working,
                 })
                 .collect(),
