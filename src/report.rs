@@ -364,7 +364,7 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
             }
         ),
         Notice::ExcessKept { user, left } => format!(
-            "[WARNING] User {} stays {left} over the device cap: the rest is held by jobs of theirs whose environment cannot be judged, or that run outside genv, which are never terminated for a cap",
+            "[WARNING] User {} stays {left} over the device cap: the rest is held by jobs of theirs outside their environments (orphaned or contested), which are never terminated for a cap",
             clean(user)
         ),
         Notice::GroupExcessKept { group, left } => format!(

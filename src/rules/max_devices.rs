@@ -15,14 +15,11 @@
 //! others), then the devices their processes run on; each group in genv's
 //! order (hosts as given, devices by index). genv takes devices in index order only, so that attaching
 //! someone's environment to spare devices would get their working device
-//! detached. Last come the devices strays of the user run on, freed whole:
-//! their strays there terminated (their own processes, by the kernel's
-//! uid), with the detach of their environments there; those with nothing
-//! to detach first. A stray must not shield a user's environments, nor
-//! keep them over the cap. A process of theirs no cap terminates (its
-//! environment cannot be judged, or it runs outside genv) keeps its
-//! device: what it keeps over the cap is reported, and its device's
-//! environments are still detached, last of all.
+//! detached. Last come the devices a stray of the user runs on beside their
+//! environments: detaching there leaves the count as it is (the stray still
+//! holds the device), but a stray of theirs must not shield their
+//! environments' jobs from the cap. A device held only by strays has
+//! nothing to detach: what strays keep over the cap is reported.
 //! Users are visited in name order (genv: Python set order).
 
 use std::borrow::Cow;
@@ -71,15 +68,6 @@ pub struct HeldDevice {
     /// A stray process of the user runs here: the device stays counted
     /// whatever is detached, so it is detached last.
     pub stray: bool,
-    /// The user's strays here that the cap may terminate, last of all:
-    /// orphaned or contested processes of their own (the kernel's uid).
-    #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
-    pub strays: SmallVec<[Pid; 1]>,
-    /// A process of theirs that no cap terminates holds it too (one whose
-    /// environment cannot be judged, or one outside genv): nothing the cap
-    /// does frees it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub held_fast: bool,
     /// One of the environments lists a live pid of the user
     /// ([`Attribution::vouched`]).
     pub vouched: bool,
@@ -98,24 +86,6 @@ impl HeldDevice {
         }
     }
 
-    /// What frees it from `user`'s count where strays of theirs run: the
-    /// detach, which terminates those strays too, or, with nothing to
-    /// detach, their termination.
-    fn free(&self, host: &HostId, user: &str) -> Vec<Action> {
-        if self.eids.is_empty() {
-            let terminate = |&pid| Action::Terminate {
-                host: host.clone(),
-                pid,
-            };
-            return self.strays.iter().map(terminate).collect();
-        }
-        let mut detach = self.detach(host, user);
-        if let Action::Detach { pids, .. } = &mut detach {
-            pids.extend(&self.strays);
-        }
-        vec![detach]
-    }
-
     fn new(index: GpuIndex) -> Self {
         HeldDevice {
             index,
@@ -123,8 +93,6 @@ impl HeldDevice {
             pids: SmallVec::new(),
             working: false,
             stray: false,
-            strays: SmallVec::new(),
-            held_fast: false,
             vouched: false,
         }
     }
@@ -167,12 +135,10 @@ impl HostUsage {
             // a job whose environment cannot be judged (its environ
             // unreadable, or the host's genv state garbled), and, when
             // asked, one outside genv.
-            // (counted, terminable by the cap)
-            let (stray, terminable) = match a.standing(pi) {
-                Standing::Stray(_) => (true, true),
-                Standing::Unknown => (true, false),
-                Standing::NoEnv => (non_env, false),
-                Standing::Member(_) => (false, false),
+            let stray = match a.standing(pi) {
+                Standing::Stray(_) | Standing::Unknown => true,
+                Standing::NoEnv => non_env,
+                Standing::Member(_) => false,
             };
             if stray && !p.gpus.is_empty() {
                 let (_, devices) = users.get_or_insert_with(user, Default::default);
@@ -180,11 +146,6 @@ impl HostUsage {
                     let held = devices.get_or_insert_with(index, || HeldDevice::new(index));
                     held.working = true;
                     held.stray = true;
-                    if terminable {
-                        held.strays.push(p.pid);
-                    } else {
-                        held.held_fast = true;
-                    }
                 }
             }
         }
@@ -263,38 +224,25 @@ pub fn evaluate(hosts: &[(&HostId, &HostUsage)], policy: &Policy) -> (Vec<Violat
             })
         };
         // Idle devices first, unvouched before vouched; then the working
-        // ones in genv's order (a subset of what genv would take).
-        let detached: Vec<(&HostId, &HeldDevice)> =
+        // ones in genv's order (a subset of what genv would take); last
+        // those a stray of theirs runs on, whose count stays.
+        let chosen: Vec<(&HostId, &HeldDevice)> =
             held_where(|d| !d.stray && !d.working && !d.vouched)
                 .chain(held_where(|d| !d.stray && !d.working && d.vouched))
                 .chain(held_where(|d| !d.stray && d.working))
+                .chain(held_where(|d| d.stray))
                 .take(over)
                 .collect();
-        // Then those strays of theirs run on: first where terminating them
-        // frees the device, those with nothing to detach before the others;
-        // last the detaches that leave the count as it is.
-        let stray_held = |keep: fn(&HeldDevice) -> bool| {
-            held.iter().flat_map(move |(host, h)| {
-                (h.devices.iter())
-                    .filter(move |d| d.stray && keep(d))
-                    .map(move |d| (*host, d))
-            })
-        };
-        let freed: Vec<(&HostId, &HeldDevice)> = stray_held(|d| !d.held_fast && d.eids.is_empty())
-            .chain(stray_held(|d| !d.held_fast && !d.eids.is_empty()))
-            .chain(stray_held(|d| d.held_fast && !d.eids.is_empty()))
-            .take(over - detached.len())
-            .collect();
-        let left = over - detached.len() - freed.iter().filter(|(_, d)| !d.held_fast).count();
-        if left > 0 {
+        let freed = chosen.iter().filter(|(_, d)| !d.stray).count();
+        if freed < over {
             notices.push(Notice::ExcessKept {
                 user: user.to_string(),
-                left,
+                left: over - freed,
             });
         }
-        let actions: Vec<Action> = (detached.iter())
+        let actions: Vec<Action> = chosen
+            .iter()
             .map(|(host, d)| d.detach(host, user))
-            .chain(freed.iter().flat_map(|(host, d)| d.free(host, user)))
             .collect();
         violations.push(Violation {
             rule: Rule::MaxDevicesPerUser,
@@ -579,18 +527,11 @@ mod tests {
     }
 
     #[test]
-    fn strays_count_toward_their_users_cap_and_are_terminated_last() {
-        // alice's nohup job on device 2 outlived its env; her new env holds
-        // 0 and 1; on 3 a job of hers whose environ could not be read.
-        let mut unread = job(12, None, 1001, 3);
-        unread.owner = crate::model::Owner::Unknown("unreadable".into());
+    fn strays_count_toward_their_users_cap_and_are_never_detached() {
+        // alice's nohup job on device 2 outlived its env; her new env holds 0 and 1.
         let s = live(
             host(vec![env("a", Some("alice"), None)], &[(0, "a"), (1, "a")]),
-            vec![
-                job(10, Some("gone"), 1001, 2),
-                job(11, Some("a"), 1001, 0),
-                unread,
-            ],
+            vec![job(10, Some("gone"), 1001, 2), job(11, Some("a"), 1001, 0)],
         );
         let c = local(s);
         let (v, n) = {
@@ -601,8 +542,8 @@ mod tests {
             matches!(
                 &v[0].finding,
                 Finding::MaxDevices {
-                    devices: 4,
-                    over: 2,
+                    devices: 3,
+                    over: 1,
                     ..
                 }
             ),
@@ -610,25 +551,13 @@ mod tests {
         );
         assert_eq!(
             detached(&v[0]),
-            vec![("localhost".into(), 1, 1), ("localhost".into(), 0, 1)],
-            "the idle one, then the working one"
+            vec![("localhost".into(), 1, 1)],
+            "the idle one"
         );
         assert!(!n.iter().any(|n| matches!(n, Notice::ExcessKept { .. })));
-        // A cap of 0: both attachments go, then the stray; the job whose
-        // environ was not read stays, said so.
+        // A cap of 0: both attachments go, the stray's device stays, said so.
         let (v, n) = crate::rules::assess_cluster(&c, &policy(Some(0), &[]));
-        let cap = v
-            .iter()
-            .find(|v| v.rule == Rule::MaxDevicesPerUser)
-            .unwrap();
-        assert_eq!(cap.actions.len(), 3, "{cap:?}");
-        assert_eq!(
-            cap.actions[2],
-            Action::Terminate {
-                host: HostId("localhost".into()),
-                pid: Pid(10)
-            }
-        );
+        assert_eq!(detached(&v[0]).len(), 2);
         assert!(n.contains(&Notice::ExcessKept {
             user: "alice".into(),
             left: 1
@@ -671,7 +600,7 @@ mod tests {
             "{cap:?}"
         );
         // The idle device first, then the strays' devices in genv's order,
-        // each with the environment's job and the stray there.
+        // each with the environment's job there.
         assert_eq!(
             detached(cap),
             [
@@ -686,20 +615,12 @@ mod tests {
                 other => panic!("{other:?}"),
             })
             .collect();
-        assert_eq!(
-            pids,
-            [vec![], vec![Pid(10), Pid(20)], vec![Pid(11), Pid(21)]],
-            "the strays there terminated with the detach"
-        );
-        assert!(!n.iter().any(|n| matches!(n, Notice::ExcessKept { .. })));
-        // Only the stray left running is said to be left alone.
-        let left_alone: Vec<Pid> = (n.iter())
-            .filter_map(|n| match n {
-                Notice::Stray { pid, .. } => Some(*pid),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(left_alone, [Pid(22)]);
+        assert_eq!(pids, [vec![], vec![Pid(10)], vec![Pid(11)]]);
+        // His strays still hold 0 and 1: two over, said so.
+        assert!(n.contains(&Notice::ExcessKept {
+            user: "bob".into(),
+            left: 2
+        }));
     }
 
     #[test]
@@ -714,25 +635,18 @@ mod tests {
             ),
             vec![job(10, Some("a"), 1001, 0), job(11, Some("a"), 1002, 0)],
         );
-        let c = local(s);
-        let (v, n) = crate::rules::assess_cluster(&c, &policy(Some(1), &[]));
-        assert!(v.is_empty() && n.iter().all(|n| !matches!(n, Notice::ExcessKept { .. })));
-        // Under a cap of 0, each user's own job goes, and only theirs.
-        let (v, n) = crate::rules::assess_cluster(&c, &policy(Some(0), &[]));
-        for (user, pid) in [("alice", 10), ("bob", 11)] {
+        let (v, n) = crate::rules::assess_cluster(&local(s), &policy(Some(0), &[]));
+        for user in ["alice", "bob"] {
             let v = v
                 .iter()
                 .find(|v| matches!(&v.finding, Finding::MaxDevices { user: u, devices: 1, .. } if u == user))
                 .unwrap_or_else(|| panic!("{user}: {v:?}"));
-            assert_eq!(
-                v.actions[..],
-                [Action::Terminate {
-                    host: HostId("localhost".into()),
-                    pid: Pid(pid)
-                }]
-            );
+            assert!(v.actions.is_empty());
+            assert!(n.contains(&Notice::ExcessKept {
+                user: user.into(),
+                left: 1
+            }));
         }
-        assert!(!n.iter().any(|n| matches!(n, Notice::ExcessKept { .. })));
     }
 
     #[test]

@@ -189,8 +189,6 @@ mod tests {
             },
             working,
             stray: false,
-            strays: smallvec::smallvec![],
-            held_fast: false,
             vouched,
         }
     }

@@ -345,9 +345,8 @@ pub enum Notice {
         #[serde(flatten)]
         why: Unconfirmed,
     },
-    /// A user over their cap by devices nothing the cap does frees
-    /// (processes of theirs no cap terminates hold them): they stay over
-    /// by `left`.
+    /// A user over their cap by devices no detach frees (strays of theirs
+    /// hold them): they stay over by `left`.
     ExcessKept { user: String, left: usize },
     /// A group over its cap by devices no detach frees.
     GroupExcessKept { group: String, left: usize },
@@ -589,20 +588,6 @@ pub fn merge(
     violations.extend(idle_violations);
     let parts: Vec<(&HostId, &HostFindings)> = hosts.iter().map(|(h, f)| (*h, f)).collect();
     let (caps, kept) = evaluate_caps(&parts, policy, &violations, moment.shards);
-    // A stray a cap terminates is not left alone: its notice goes.
-    let ended: HashSet<(&HostId, Pid)> = caps
-        .iter()
-        .flat_map(|v| &v.actions)
-        .flat_map(|a| match a {
-            Action::Terminate { host, pid } => vec![(host, *pid)],
-            Action::Detach { host, pids, .. } => pids.iter().map(|p| (host, *p)).collect(),
-        })
-        .collect();
-    if !ended.is_empty() {
-        notices.retain(
-            |n| !matches!(n, Notice::Stray { host, pid, .. } if ended.contains(&(host, *pid))),
-        );
-    }
     violations.extend(caps);
     notices.extend(kept);
     (violations, notices)

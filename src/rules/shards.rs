@@ -127,8 +127,6 @@ mod tests {
                     pids: smallvec::smallvec![],
                     working,
                     stray: false,
-                    strays: smallvec::smallvec![],
-                    held_fast: false,
                     vouched: working,
                 })
                 .collect(),
