@@ -170,9 +170,11 @@ fn config_check_passes_the_shipped_example() {
         "{}",
         stderr(&out)
     );
-    // No example leaves a device cap open to jobs outside genv.
+    // No example leaves a device cap open to jobs outside genv, nor one
+    // job's count to whoever carries its id.
     let example = std::fs::read_to_string(util::repo().join("contrib/genv-enforce.toml")).unwrap();
     assert!(example.contains("\nnon-env-processes = true"));
+    assert!(example.contains("\nenv-devices = true"));
 }
 
 #[test]
