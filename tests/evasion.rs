@@ -3,6 +3,7 @@
 //! the table, with real processes of real users (C jobs doing what
 //! a few lines of C can, `unshare` with a real `/etc/subuid` range, `flock`),
 //! on this machine and through real sshd; each failed before the fix.
+//! Row 11 came later, from a hostile review of the device cap.
 
 mod util;
 
