@@ -86,6 +86,19 @@ impl HeldDevice {
         }
     }
 
+    /// Its turn in a cap's detaches, one order for the user and group
+    /// caps: idle devices first, unvouched (0) before vouched (1); then
+    /// the working ones (2); last those a stray of the user runs on (3),
+    /// whose count stays.
+    pub fn turn(&self) -> u8 {
+        match (self.stray, self.working, self.vouched) {
+            (true, _, _) => 3,
+            (false, true, _) => 2,
+            (false, false, true) => 1,
+            (false, false, false) => 0,
+        }
+    }
+
     fn new(index: GpuIndex) -> Self {
         HeldDevice {
             index,
@@ -216,23 +229,16 @@ pub fn evaluate(hosts: &[(&HostId, &HostUsage)], policy: &Policy) -> (Vec<Violat
         if over == 0 {
             continue;
         }
-        let held_where = |keep: fn(&HeldDevice) -> bool| {
+        // Turn by turn, each in genv's order (the working ones a subset of
+        // what genv would take).
+        let in_turn = |turn: u8| {
             held.iter().flat_map(move |(host, h)| {
                 (h.devices.iter())
-                    .filter(move |d| !d.eids.is_empty() && keep(d))
+                    .filter(move |d| !d.eids.is_empty() && d.turn() == turn)
                     .map(move |d| (*host, d))
             })
         };
-        // Idle devices first, unvouched before vouched; then the working
-        // ones in genv's order (a subset of what genv would take); last
-        // those a stray of theirs runs on, whose count stays.
-        let chosen: Vec<(&HostId, &HeldDevice)> =
-            held_where(|d| !d.stray && !d.working && !d.vouched)
-                .chain(held_where(|d| !d.stray && !d.working && d.vouched))
-                .chain(held_where(|d| !d.stray && d.working))
-                .chain(held_where(|d| d.stray))
-                .take(over)
-                .collect();
+        let chosen: Vec<(&HostId, &HeldDevice)> = (0..=3).flat_map(in_turn).take(over).collect();
         let freed = chosen.iter().filter(|(_, d)| !d.stray).count();
         if freed < over {
             notices.push(Notice::ExcessKept {
@@ -303,6 +309,20 @@ mod tests {
         let mut p = proc_(pid, eid, &[(gpu, mib(1))]);
         p.uid = Some(uid);
         p
+    }
+
+    /// The per-user cap's violation among `v`.
+    fn user_cap(v: &[Violation]) -> &Violation {
+        v.iter()
+            .find(|v| v.rule == Rule::MaxDevicesPerUser)
+            .expect("a cap violation")
+    }
+
+    /// A record in `user`'s name listing `pid` (bob's forgery).
+    fn forged(eid: &str, user: &str, pid: i64) -> crate::model::Env {
+        let mut e = env(eid, Some(user), None);
+        e.pids = vec![pid];
+        e
     }
 
     fn detached(v: &Violation) -> Vec<(String, u32, usize)> {
@@ -469,8 +489,7 @@ mod tests {
     fn a_record_forged_in_someones_name_goes_before_their_own() {
         // alice's env lists her shell (pid 1); bob forged "f" in her name,
         // listing his own pid 2: both idle, the forged one goes first.
-        let mut forged = env("f", Some("alice"), None);
-        forged.pids = vec![2];
+        let forged = forged("f", "alice", 2);
         let s = live(
             host(
                 vec![env("a", Some("alice"), None), forged],
@@ -489,8 +508,7 @@ mod tests {
         // "f" in her name (listing pid 1) and attached it to device 1:
         // device 1 is idle for the cap (no job of "f" runs there), so it
         // goes, not her working device 0.
-        let mut forged = env("f", Some("alice"), None);
-        forged.pids = vec![1];
+        let forged = forged("f", "alice", 1);
         let s = live(
             host(
                 vec![env("a", Some("alice"), None), forged],
@@ -519,10 +537,7 @@ mod tests {
             vec![job(10, Some("a"), 1001, 0), job(12, Some("a"), 1001, 1)],
         );
         let v = crate::rules::evaluate(&local(s), &policy(Some(1), &[]));
-        let cap = v
-            .iter()
-            .find(|v| v.rule == Rule::MaxDevicesPerUser)
-            .unwrap();
+        let cap = user_cap(&v);
         assert_eq!(detached(cap), vec![("localhost".into(), 1, 1)]);
     }
 
@@ -584,10 +599,7 @@ mod tests {
         );
         let c = local(s);
         let (v, n) = crate::rules::assess_cluster(&c, &policy(Some(1), &[]));
-        let cap = v
-            .iter()
-            .find(|v| v.rule == Rule::MaxDevicesPerUser)
-            .unwrap();
+        let cap = user_cap(&v);
         assert!(
             matches!(
                 &cap.finding,

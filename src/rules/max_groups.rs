@@ -129,17 +129,8 @@ pub fn evaluate(
         if over == 0 {
             continue;
         }
-        let tier = |d: &HeldDevice| match (d.stray, d.working, d.vouched) {
-            (false, false, false) => 0,
-            (false, false, true) => 1,
-            (false, true, _) => 2,
-            // Its count stays: last.
-            (true, _, _) => 3,
-        };
         held.retain(|(_, host, _, d)| !all_detached(&detached, host, d));
-        held.sort_by(|a, b| {
-            (tier(a.3), a.0, a.3.index, a.2).cmp(&(tier(b.3), b.0, b.3.index, b.2))
-        });
+        held.sort_by_key(|&(k, _, user, d)| (d.turn(), k, d.index, user));
         let chosen: Vec<_> = held.into_iter().take(over).collect();
         let freed = chosen.iter().filter(|(_, _, _, d)| !d.stray).count();
         if freed < over {
