@@ -39,14 +39,17 @@ pub const VERSION: &str = concat!(
 const LONG_ABOUT: &str = "\
 Fast, safe, drop-in enforcement of genv GPU environments on one host or a fleet
 
-Configuration: one TOML file, /etc/genv-enforce/genv-enforce.toml for the
+Configuration: a TOML file, /etc/genv-enforce/genv-enforce.toml for the
 service (--config FILE anywhere), every setting a key named as its flag, in
 sections [hosts], [rules], [policy], [notifications], [state], [metrics] and
-[high-availability]; a flag on the command line wins over the file.
-`genv-enforce config check` checks a file before use (exit status 2, each
-problem at its line and column); `genv-enforce --config FILE` alone runs
-`remote enforce` if the file names hosts, else `enforce`. genv's command lines
-(`genv` -> `genv-enforce`) work unchanged.";
+[high-availability]; a flag on the command line wins over the file. The
+hosts, their device caps, policies and exemptions are a second TOML file,
+the inventory ([hosts] inventory = ...; see hosts.example.toml), whose keys
+are spelled with underscores. `genv-enforce config check` checks a file
+before use (exit status 2, each problem at its line and column);
+`genv-enforce --config FILE` alone runs `remote enforce` if the file names
+hosts, else `enforce`. genv's command lines (`genv` -> `genv-enforce`) work
+unchanged.";
 
 /// Common cases, shown under `--help`.
 const EXAMPLES: &str = "\
@@ -54,7 +57,7 @@ Examples:
   This machine, every 10 s (as `genv enforce`):
     genv-enforce enforce --non-env-processes --max-devices-per-user 2
   A fleet over SSH:
-    genv-enforce remote -H gpu1,gpu2,gpu3 enforce --max-devices-per-user 2
+    genv-enforce remote -H gpu1,gpu2,gpu3 enforce --non-env-processes --max-devices-per-user 2
   Once, from cron (exit 1: a failure, 3: a dry run found violations):
     genv-enforce remote --hostfile /etc/genv-enforce/hosts enforce --interval 0
   A dry run: report, touch nothing:
@@ -79,7 +82,7 @@ Examples:
 /// `remote`'s common cases.
 const REMOTE_EXAMPLES: &str = "\
 Examples:
-  genv-enforce remote -H gpu1,ops@gpu2:2222 enforce --max-devices-per-user 2
+  genv-enforce remote -H gpu1,ops@gpu2:2222 enforce --non-env-processes --max-devices-per-user 2
   genv-enforce remote --inventory hosts.toml doctor
   genv-enforce remote --hostfile hosts enforce --interval 0 --output json
   genv-enforce remote enforce --snapshot-dir fixtures/snapshots --dry-run";
@@ -91,8 +94,10 @@ pub enum Command {
     Enforce(Box<EnforceArgs>),
     /// Enforce GPU usage on remote hosts over SSH (as `genv remote ... enforce`).
     Remote(Box<RemoteArgs>),
-    /// Check this machine before enforcing: privileges, nvidia-smi, genv's
-    /// state and version, tools; exit status 1 if a check fails.
+    /// Check this machine before enforcing: privileges, Python and our
+    /// agent, nvidia-smi, genv's state, a real snapshot, genv's version,
+    /// tools; exit status 1 if a check fails. With --config naming hosts:
+    /// every host, as `remote ... doctor`.
     Doctor(DoctorArgs),
     /// Print this machine's GPU usage as JSON (as `genv usage snapshot`),
     /// with each process's start time and uid added.
@@ -190,9 +195,10 @@ pub fn parse_since(text: &str) -> Result<Duration, String> {
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
-    /// genv's lines on stdout; warnings and errors on stderr.
+    /// Text on stdout (enforce: genv's lines; doctor: a table); warnings
+    /// and errors on stderr.
     Text,
-    /// One JSON object per cycle on stdout.
+    /// JSON on stdout (enforce: one object per cycle; doctor: one object).
     Json,
 }
 
@@ -211,7 +217,9 @@ pub struct EnforceArgs {
     #[arg(long, value_name = "FILE", num_args = 1..)]
     pub snapshot: Vec<PathBuf>,
 
-    /// Deadline for each nvidia-smi call and for waiting on genv's lock.
+    /// Deadline of each step on this machine (nvidia-smi, reading genv's
+    /// state, a detach). genv's lock is waited for 1s at most: then the
+    /// state is read, or a detach written, without it.
     #[arg(long, default_value = "30s", value_parser = parse_timeout, value_name = "DURATION")]
     pub command_timeout: Duration,
 }
@@ -260,7 +268,8 @@ pub struct RemoteArgs {
     #[arg(long, default_value = "30s", value_parser = parse_timeout, value_name = "DURATION")]
     pub command_timeout: Duration,
 
-    /// Directory for the SSH master sockets [default: a private temporary directory]
+    /// Directory for the SSH master sockets [default: a private directory under
+    /// $RUNTIME_DIRECTORY (the service's /run/genv-enforce), else under $TMPDIR]
     #[arg(long, value_name = "DIR")]
     pub control_dir: Option<PathBuf>,
 
@@ -354,7 +363,8 @@ pub struct DoctorArgs {
 /// `snapshot` options.
 #[derive(Debug, Args)]
 pub struct SnapshotArgs {
-    /// Deadline for each nvidia-smi call and for waiting on genv's lock.
+    /// Deadline of each step (nvidia-smi, reading genv's state). genv's
+    /// lock is waited for 1s at most: then the state is read without it.
     #[arg(long, default_value = "30s", value_parser = parse_timeout, value_name = "DURATION")]
     pub command_timeout: Duration,
 }
@@ -467,14 +477,26 @@ pub struct CycleArgs {
     #[arg(long, help_heading = "Notifications")]
     pub notify_terminal: bool,
 
-    /// At most N messages per user and channel in any hour.
+    /// Per channel, each recipient gets at most N messages in any hour
+    /// about their jobs, and N more about attachments none of their jobs
+    /// uses (anyone can write those); a warning with a deadline about their
+    /// jobs is never held back. Each process or environment gets at most 3
+    /// messages an hour of each of those two kinds.
     #[arg(long, value_name = "N", default_value_t = 20, help_heading = "Notifications",
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub notify_rate: u32,
 
+    /// A page for the users whose jobs are judged (your copy of the
+    /// package's docs/users.md, on a web server or a shared path): its
+    /// address closes every notification, beside the rule's why and what
+    /// to do
+    #[arg(long, value_name = "URL", help_heading = "Notifications", value_parser = parse_link)]
+    pub notify_link: Option<String>,
+
     /// Refuse a host's genv state file holding more than N records
     /// (environments, their pids and kernel ids; devices and attachments):
-    /// that host fails the cycle, the others are enforced. Real state holds
+    /// that host is degraded (only what needs no genv state is judged
+    /// there; exit status 1), the others are enforced. Real state holds
     /// dozens.
     #[arg(long, default_value_t = crate::snapshot::genv::DEFAULT_MAX_RECORDS, value_name = "N",
           value_parser = parse_max_records)]
@@ -575,6 +597,20 @@ fn parse_ha_ttl(text: &str) -> Result<Duration, String> {
         return Err(format!("{text} is not between 2s and 1h"));
     }
     Ok(d)
+}
+
+/// `--notify-link`: one line of printable text, at most 512 bytes.
+fn parse_link(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("empty".into());
+    }
+    if s.len() > 512 {
+        return Err("longer than 512 bytes".into());
+    }
+    if s.chars().any(char::is_control) {
+        return Err("a control character in it".into());
+    }
+    Ok(s.to_string())
 }
 
 /// `--max-records`: at least 1, at most 10 million (work on a host's

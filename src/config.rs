@@ -735,6 +735,7 @@ fn notifications(
         webhook,
         terminal: c.notify_terminal,
         per_user_hour: c.notify_rate,
+        link: c.notify_link.clone(),
     };
     Ok(
         (notify.any() || webhook_file.is_some()).then(|| Notifications {

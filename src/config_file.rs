@@ -90,6 +90,7 @@ pub const SECTIONS: &[(&str, &str, &[&str])] = &[
             "webhook-file",
             "notify-terminal",
             "notify-rate",
+            "notify-link",
         ],
     ),
     (
@@ -538,6 +539,13 @@ pub fn apply(
         // the binary's (`-v`, `--config`) are global.
         let at = 1.min(args.len());
         args.splice(at..at, default_command(settings).iter().map(OsString::from));
+        levels = self::levels(root, &args);
+    } else if levels[1].cmd.get_name() == "doctor" && default_command(settings)[0] == "remote" {
+        // `--config F doctor`: a file that names hosts is checked as the
+        // service reaches them (its inventory, known_hosts and host-key
+        // policy), not as this machine.
+        let at = levels[1].start.saturating_sub(1);
+        args.insert(at, "remote".into());
         levels = self::levels(root, &args);
     }
     let given: BTreeSet<&str> = levels
@@ -988,6 +996,23 @@ ha-etcd = ["http://a:2379", "http://b:2379"]
         let (merged, sources) = apply(&root(), &args("enforce --webhook-file /w"), &file);
         assert_eq!(words(&merged), "enforce --webhook-file /w");
         assert!(matches!(sources["webhook"], Source::Overridden(_)));
+    }
+
+    #[test]
+    fn doctor_with_a_file_that_names_hosts_checks_them_as_the_service_reaches_them() {
+        let settings = parse(FILE, &root()).unwrap();
+        let (merged, _) = apply(&root(), &args("-v doctor --output json"), &settings);
+        assert_eq!(
+            words(&merged),
+            "-v remote --inventory=/etc/genv-enforce/hosts.toml --concurrency=8 doctor \
+             --ha-etcd=http://a:2379 --ha-etcd=http://b:2379 --output json"
+        );
+        use clap::Parser;
+        crate::cli::Cli::try_parse_from(&merged).unwrap();
+        // A file of this machine alone: its doctor.
+        let local = parse("[rules]\nnon-env-processes = true\n", &root()).unwrap();
+        let (merged, _) = apply(&root(), &args("doctor"), &local);
+        assert_eq!(words(&merged), "doctor");
     }
 
     #[test]

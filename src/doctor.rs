@@ -114,10 +114,7 @@ pub fn checks(f: &Facts) -> Vec<Check> {
                     "sudo",
                     Status::Fail,
                     why.clone(),
-                    Some(format!(
-                        "let the login user run the agent's Python as root without a password: in /etc/sudoers.d/genv-enforce, `{user} ALL=(root) NOPASSWD: {}` (its full path: `command -v {}` on the host)",
-                        f.python_command, f.python_command
-                    )),
+                    Some(sudoers_fix(user, &f.python_command)),
                 ));
             }
         }
@@ -140,6 +137,21 @@ pub fn checks(f: &Facts) -> Vec<Check> {
         }
     }
     out
+}
+
+/// The one sudoers rule the docs give (docs/first-fleet.md): the login
+/// user may run the agent's Python as root, with any arguments, and
+/// nothing else. sudoers wants a full path: a bare `python3` is named as
+/// sudo's `secure_path` finds it on Debian and its kin.
+fn sudoers_fix(user: &str, python: &str) -> String {
+    let path = if python.starts_with('/') {
+        python.to_string()
+    } else {
+        format!("/usr/bin/{python}")
+    };
+    format!(
+        "let the login user run the agent's Python as root without a password, and nothing else: `echo '{user} ALL=(root) NOPASSWD: {path}' > /etc/sudoers.d/genv-enforce` on the host (where `sudo sh -c 'command -v {python}'` names another file, that one)"
+    )
 }
 
 fn connect_fix(e: &NotConnected) -> String {
@@ -630,7 +642,15 @@ mod tests {
             .fix
             .as_deref()
             .unwrap()
-            .contains("ops ALL=(root) NOPASSWD: python3"));
+            .contains("'ops ALL=(root) NOPASSWD: /usr/bin/python3' > /etc/sudoers.d/genv-enforce"));
+        f.python_command = "/opt/py/bin/python3".into();
+        let c = checks(&f);
+        let sudo = c.iter().find(|c| c.check == "sudo").unwrap();
+        assert!(sudo
+            .fix
+            .as_deref()
+            .unwrap()
+            .contains("NOPASSWD: /opt/py/bin/python3'"));
         assert_eq!(status(&c, "python"), Status::Skip);
 
         let mut f = healthy();

@@ -386,8 +386,13 @@ impl Run {
             // This cycle's actions are done and recorded; a signal still
             // ends the run at once.
             let terminals = &mut self.terminals;
+            let link = self
+                .settings
+                .notify
+                .as_ref()
+                .and_then(|s| s.link.as_deref());
             tokio::select! {
-                _ = crate::notify::terminal::tell(fleet, n, &events, terminals, audit, metrics) => {}
+                _ = crate::notify::terminal::tell(fleet, n, &events, terminals, link, audit, metrics) => {}
                 () = self.signals.stop() => {
                     self.signalled = true;
                     return false;

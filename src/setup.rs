@@ -79,6 +79,16 @@ pub enum SetupError {
         #[source]
         source: crate::private::Refusal,
     },
+    /// The inventory (or hostfile) the configuration names is not there
+    /// yet: on a new install, the admin's to write.
+    #[error(
+        "{}: no such file: write it, the hosts to enforce (the {flag} the configuration names); \
+         a start: `install -m 600 /usr/share/doc/genv-enforce/hosts.example.toml {}`, then edit \
+         its [[host]] tables (docs/first-fleet.md, step 5)",
+        path.display(),
+        path.display()
+    )]
+    NoHostsFile { path: PathBuf, flag: &'static str },
     #[error("--snapshot-dir {}", dir.display())]
     SnapshotDir {
         dir: PathBuf,
@@ -224,13 +234,24 @@ pub fn read(cli: &Cli) -> Result<Read, SetupError> {
         return Ok(read);
     };
     if let Some(path) = config::hosts_file(args) {
-        read.hosts_text =
-            Some(
-                crate::private::read_config(path).map_err(|source| SetupError::Read {
+        read.hosts_text = Some(crate::private::read_config(path).map_err(
+            |source| match source {
+                crate::private::Refusal::Io(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    SetupError::NoHostsFile {
+                        path: path.to_path_buf(),
+                        flag: if args.hostfile.is_some() {
+                            "hostfile"
+                        } else {
+                            "inventory"
+                        },
+                    }
+                }
+                source => SetupError::Read {
                     path: path.to_path_buf(),
                     source,
-                })?,
-            );
+                },
+            },
+        )?);
     }
     let named = args.host.is_some() || read.hosts_text.is_some();
     if let (RemoteCommand::Enforce(e), false) = (&args.command, named) {
@@ -399,7 +420,7 @@ fn ssh_fleet(hosts: SshHosts) -> Result<(Fleet, Option<tempfile::TempDir>), Setu
     let temp = if ssh.control_dir.as_os_str().is_empty() {
         let t = tempfile::Builder::new()
             .prefix("genv-enforce-")
-            .tempdir()
+            .tempdir_in(sockets_parent(std::env::var_os("RUNTIME_DIRECTORY")))
             .map_err(SetupError::TempDir)?;
         ssh.control_dir = t.path().to_path_buf();
         Some(t)
@@ -424,6 +445,18 @@ fn ssh_fleet(hosts: SshHosts) -> Result<(Fleet, Option<tempfile::TempDir>), Setu
     let mut fleet = Fleet::new(hosts, concurrency);
     fleet.positions = positions;
     Ok((fleet, temp))
+}
+
+/// Where the private directory for the SSH sockets is made when
+/// `--control-dir` is not given: the first of systemd's
+/// `$RUNTIME_DIRECTORY` (the unit's `RuntimeDirectory=`, writable under
+/// `ProtectSystem=strict`, where `/tmp` is not), else the temporary
+/// directory.
+fn sockets_parent(runtime: Option<OsString>) -> PathBuf {
+    runtime
+        .as_deref()
+        .and_then(|dirs| std::env::split_paths(dirs).find(|d| d.is_absolute()))
+        .unwrap_or_else(std::env::temp_dir)
 }
 
 /// The fence the hosts of a run keep: on under `--ha-etcd`.
@@ -499,6 +532,19 @@ mod tests {
             panic!("not an enforcing request")
         };
         ha_spec(e.ha.unwrap()).map_err(|e| crate::error::chain(&e))
+    }
+
+    #[test]
+    fn ssh_sockets_go_under_systemds_runtime_directory_when_it_names_one() {
+        let under = |v: Option<&str>| sockets_parent(v.map(OsString::from));
+        assert_eq!(
+            under(Some("/run/genv-enforce")),
+            PathBuf::from("/run/genv-enforce")
+        );
+        assert_eq!(under(Some("/run/a:/run/b")), PathBuf::from("/run/a"));
+        assert_eq!(under(Some("relative:/run/b")), PathBuf::from("/run/b"));
+        assert_eq!(under(None), std::env::temp_dir());
+        assert_eq!(under(Some("")), std::env::temp_dir());
     }
 
     #[test]

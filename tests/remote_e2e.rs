@@ -5,7 +5,7 @@
 mod util;
 
 use std::io::{BufRead, BufReader};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use util::fleet::Fleet;
@@ -1443,7 +1443,11 @@ fn doctor_finds_what_is_wrong_with_each_host_and_how_to_fix_it() {
     };
     fails("h1", "ssh", "authorized_keys");
     assert_eq!(check("h1", "sudo")["status"], "skip");
-    fails("h2", "sudo", "genv-fleet ALL=(root) NOPASSWD: python3");
+    fails(
+        "h2",
+        "sudo",
+        "'genv-fleet ALL=(root) NOPASSWD: /usr/bin/python3' > /etc/sudoers.d/genv-enforce",
+    );
     assert!(check("h2", "sudo")["detail"]
         .as_str()
         .unwrap()
@@ -1487,6 +1491,188 @@ fn doctor_finds_what_is_wrong_with_each_host_and_how_to_fix_it() {
     );
     // Nothing was left behind, and the symlink's target was not read.
     assert!(f.host(3).state_dir().join("envs.json").is_symlink());
+}
+
+/// A looping run (the service's way: its agent kept across cycles) over
+/// `host` until `stray` is signalled or `WAIT` passes; the signal.
+fn looping_run_until_signalled(f: &mut Fleet, i: usize, stray: u32, flags: &[&str]) -> Option<i32> {
+    let host = f.names[i].clone();
+    let mut args = vec![
+        "-H",
+        host.as_str(),
+        "enforce",
+        "--non-env-processes",
+        "--interval",
+        "1s",
+    ];
+    args.extend_from_slice(flags);
+    let run = f
+        .command(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let signal = f.host(i).wait_signal(stray, WAIT);
+    let _ = Command::new("kill")
+        .args(["-TERM", &run.id().to_string()])
+        .status();
+    let out = run.wait_with_output().unwrap();
+    if signal.is_none() {
+        eprintln!("the looping run said: {}", stderr(&out));
+    }
+    signal
+}
+
+#[test]
+fn the_documented_sudoers_rule_covers_doctor_cron_and_the_service_and_doctor_names_a_narrower_ones_gap(
+) {
+    // h1's login user has exactly the rule docs/first-fleet.md gives; h2's
+    // may run only `true` as root.
+    let Some(mut f) = Fleet::up_with(2, |dir, i| {
+        let d = dir.join("sudoers.d");
+        std::fs::create_dir_all(&d).unwrap();
+        let rule = if i == 1 {
+            "/usr/bin/python3"
+        } else {
+            "/usr/bin/true"
+        };
+        std::fs::write(
+            d.join("genv-enforce"),
+            format!("genv-fleet ALL=(root) NOPASSWD: {rule}\n"),
+        )
+        .unwrap();
+    }) else {
+        return;
+    };
+    let out = f.ours(&["doctor", "--output", "json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let hosts = report["hosts"].as_array().unwrap();
+    assert_eq!(hosts[0]["ok"], true, "{report:#}");
+    assert_eq!(hosts[1]["ok"], false, "{report:#}");
+    let sudo = hosts[1]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "sudo")
+        .unwrap();
+    assert_eq!(sudo["status"], "fail", "{sudo}");
+    assert!(
+        sudo["fix"].as_str().unwrap().contains(
+            "'genv-fleet ALL=(root) NOPASSWD: /usr/bin/python3' > /etc/sudoers.d/genv-enforce"
+        ),
+        "{sudo}"
+    );
+    // Where doctor says ready, a cron run and the service both enforce.
+    let stray = f.host(0).spawn_as("bob", None);
+    f.host(0).set_apps(&[(stray, 0, "100")]);
+    let host = f.names[0].clone();
+    let out = f
+        .command(&[
+            "-H",
+            &host,
+            "enforce",
+            "--non-env-processes",
+            "--interval",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(f.host(0).wait_signal(stray, WAIT), Some(SIGTERM));
+    let stray = f.host(0).spawn_as("bob", None);
+    f.host(0).set_apps(&[(stray, 0, "100")]);
+    assert_eq!(
+        looping_run_until_signalled(&mut f, 0, stray, &[]),
+        Some(SIGTERM)
+    );
+    // Where it says not, the service fails the host, naming sudo.
+    let stray = f.host(1).spawn_as("bob", None);
+    f.host(1).set_apps(&[(stray, 0, "100")]);
+    let host = f.names[1].clone();
+    let out = f
+        .command(&[
+            "-H",
+            &host,
+            "enforce",
+            "--non-env-processes",
+            "--interval",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(f.host(1).running(stray));
+}
+
+#[test]
+fn doctor_with_the_services_configuration_reaches_the_hosts_as_the_service_does() {
+    let Some(mut f) = Fleet::up(1) else { return };
+    let inventory = f.inventory(false, &[], "");
+    // The service's own known_hosts, empty on a fresh box, and its
+    // host-key policy, as the shipped configuration sets them.
+    let known = f.dir.path().join("service_known_hosts");
+    std::fs::write(&known, "").unwrap();
+    let config = f.dir.path().join("genv-enforce.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[hosts]\ninventory = \"{}\"\nknown-hosts-file = \"{}\"\nhost-key-check = \"strict\"\n\n\
+             [rules]\nnon-env-processes = true\n\n[policy]\ninterval = \"0\"\n",
+            inventory.display(),
+            known.display()
+        ),
+    )
+    .unwrap();
+    let ours = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_genv-enforce"))
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let stray = f.host(0).spawn_as("bob", None);
+    f.host(0).set_apps(&[(stray, 0, "100")]);
+    // The host's key is not pinned yet: doctor fails it as the service does.
+    let doctor = ours(&["doctor", "--output", "json"]);
+    assert_eq!(doctor.status.code(), Some(1), "{}", stderr(&doctor));
+    let report: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let h1 = &report["hosts"][0];
+    assert_eq!(h1["host"], "h1", "{report:#}");
+    let failed: Vec<&serde_json::Value> = h1["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .collect();
+    assert!(
+        failed
+            .iter()
+            .any(|c| c["fix"].as_str().unwrap().contains("ssh-keyscan")),
+        "{report:#}"
+    );
+    let service = ours(&[]);
+    assert_eq!(service.status.code(), Some(1), "{}", stderr(&service));
+    assert!(f.host(0).running(stray));
+    // Pinned as docs/first-fleet.md does: both pass, and the service acts.
+    let address = f.addresses()[0].clone();
+    let scan = Command::new("ssh-keyscan")
+        .args(["-p", "2222", "-t", "ed25519", &address])
+        .output()
+        .unwrap();
+    assert!(!scan.stdout.is_empty(), "{}", stderr(&scan));
+    std::fs::write(&known, &scan.stdout).unwrap();
+    let doctor = ours(&["doctor"]);
+    assert!(
+        doctor.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&doctor.stdout),
+        stderr(&doctor)
+    );
+    let service = ours(&[]);
+    assert!(service.status.success(), "{}", stderr(&service));
+    assert_eq!(f.host(0).wait_signal(stray, WAIT), Some(SIGTERM));
 }
 
 #[test]

@@ -132,16 +132,9 @@ impl Ssh {
             return Err(Box::new(f));
         }
         let sudo: Vec<String> = spec.sudo.clone();
-        let probe = self.bounded(
-            sudo.iter()
-                .chain(&spec.python)
-                .cloned()
-                .chain(["-I", "-S", "-c", "pass"].map(String::from))
-                .collect(),
-        );
         let ran = self
             .conn
-            .run(&probe, None, self.command_timeout, &self.ssh)
+            .run(&self.sudo_probe(), None, self.command_timeout, &self.ssh)
             .await;
         f.sudo = Some(match ran {
             Ok(out) if out.status.success() => {
@@ -197,25 +190,40 @@ impl Ssh {
         }
     }
 
+    /// Whether sudo lets the login user start our agent's Python as root:
+    /// the agent's own command form (`sudo -n python3 -I -S -c ...`) under
+    /// [`BOUNDED`], so that the one sudoers rule the docs give
+    /// (`USER ALL=(root) NOPASSWD: /usr/bin/python3`) passes `doctor`'s
+    /// check exactly when it lets the service start its agent.
+    fn sudo_probe(&self) -> Vec<String> {
+        let spec = &self.conn.spec;
+        self.bounded(
+            spec.sudo
+                .iter()
+                .chain(&spec.python)
+                .cloned()
+                .chain(["-I", "-S", "-c", "pass"].map(String::from))
+                .collect(),
+        )
+    }
+
     /// How our agent is started, as root through the host's sudo. A run of
     /// one cycle starts it under [`BOUNDED`] (a sudo that hangs is killed
     /// on the host, and so is the agent past the limit); a looping run,
-    /// whose agent stays, tries sudo first under that bound.
+    /// whose agent stays, tries sudo first under that bound, with the
+    /// same command as `doctor` ([`Ssh::sudo_probe`]).
     fn agent_start(&self) -> AgentStart {
         let spec = &self.conn.spec;
-        let bounded = |rest| self.bounded(rest);
-        let sudo = spec.sudo.iter().cloned();
-        let agent: Vec<String> = sudo
-            .clone()
-            .chain(spec.python.iter().cloned())
+        let agent: Vec<String> = spec
+            .sudo
+            .iter()
+            .chain(&spec.python)
+            .cloned()
             .chain(protocol::bootstrap())
             .collect();
         let (probe, argv) = match self.lifetime {
-            AgentLifetime::OneCycle => (None, bounded(agent)),
-            AgentLifetime::Kept => (
-                Some(bounded(sudo.chain(["true".to_string()]).collect())),
-                agent,
-            ),
+            AgentLifetime::OneCycle => (None, self.bounded(agent)),
+            AgentLifetime::Kept => (Some(self.sudo_probe()), agent),
         };
         AgentStart {
             probe,

@@ -114,7 +114,7 @@ impl Mailer {
     /// # Errors
     /// The mail could not be made, or the server refused it or did not
     /// answer in time.
-    pub async fn deliver(&self, e: &Event) -> Result<Delivery, DeliveryError> {
+    pub async fn deliver(&self, e: &Event, link: Option<&str>) -> Result<Delivery, DeliveryError> {
         let owner = message::recipient(e).and_then(|u| {
             let a = address_of(u, &self.spec.users, self.spec.to.as_deref())?;
             match a.parse::<Mailbox>() {
@@ -129,7 +129,7 @@ impl Mailer {
         let Some(to) = owner.or_else(|| admins.next()) else {
             return Ok(Delivery::Nobody);
         };
-        let said = message::say(e, Medium::Plain);
+        let said = message::say(e, Medium::Plain, link);
         let mut builder = Message::builder()
             .from(self.spec.from.clone())
             .to(to)

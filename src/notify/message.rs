@@ -91,7 +91,7 @@ fn fix(rule: Rule, eid: &str, gpus: &str) -> String {
             "run it in a genv environment with those GPUs attached (`genv activate`, `genv attach`), or stop it".into()
         }
         Rule::EnvDevices => format!(
-            "attach GPU(s) {gpus} to environment {eid} (`genv attach --index {gpus}`), or stop the process"
+            "attach GPU(s) {gpus} to environment {eid} (`genv attach --index N` in it, once per GPU), or stop the process"
         ),
         Rule::EnvMemory => format!(
             "keep environment {eid}'s processes within its GPU memory (`genv config gpu-memory`), or stop some of them"
@@ -109,8 +109,21 @@ fn fix(rule: Rule, eid: &str, gpus: &str) -> String {
     }
 }
 
-/// What `e` says in `medium`, times in UTC (RFC 3339).
-pub fn say(e: &Event, medium: Medium) -> Said {
+/// What `e` says in `medium`, times in UTC (RFC 3339). Every stage says
+/// why (its rules, in words) and what to do; `link` (`--notify-link`: the
+/// admin's page for users, e.g. docs/users.md) closes each message.
+pub fn say(e: &Event, medium: Medium, link: Option<&str>) -> Said {
+    let mut said = said(e, medium);
+    if let Some(link) = link {
+        said.body.push_str(&format!(
+            "What the rules are and what you can do: {}\n",
+            clean(link)
+        ));
+    }
+    said
+}
+
+fn said(e: &Event, medium: Medium) -> Said {
     let v = |s: &str| medium.value(s);
     let host = v(&e.host.0);
     let user = e.what.user().map_or_else(|| "unknown".into(), v);
@@ -120,6 +133,7 @@ pub fn say(e: &Event, medium: Medium) -> Said {
         .map(|r| r.name())
         .collect::<Vec<_>>()
         .join(", ");
+    let whys = rules.iter().map(|r| why(*r)).collect::<Vec<_>>().join("; ");
     let due = |what: &str| match e.deadline_ms {
         Some(d) => format!("{what} at {} unless this ends first.", when(d)),
         None => "This is a warning only: nothing will be done, but please fix it.".into(),
@@ -132,9 +146,8 @@ pub fn say(e: &Event, medium: Medium) -> Said {
                 format!(" It holds {} MiB of GPU memory.", b.div_ceil(1 << 20))
             });
             let seen = format!(
-                "Process {} of user {user} (environment {eid}) on host {host}, GPU(s) {gpus}, breaks the rule {names}: {}.{held}",
+                "Process {} of user {user} (environment {eid}) on host {host}, GPU(s) {gpus}, breaks the rule {names}: {whys}.{held}",
                 t.pid,
-                rules.iter().map(|r| why(*r)).collect::<Vec<_>>().join("; ")
             );
             let fixes = rules
                 .iter()
@@ -151,12 +164,14 @@ pub fn say(e: &Event, medium: Medium) -> Said {
                 },
                 Stage::Acted => Said {
                     subject: format!("[genv-enforce] {host}: process {} terminated", t.pid),
-                    body: format!("{seen}\nIt was terminated (SIGTERM).\n"),
+                    body: format!(
+                        "{seen}\nIt was terminated (SIGTERM).\nNext time: {fixes}.\n"
+                    ),
                 },
                 Stage::Cleared => Said {
                     subject: format!("[genv-enforce] {host}: process {} is fine now", t.pid),
                     body: format!(
-                        "Process {} of user {user} on host {host} no longer breaks {names}: nothing will be done.\n",
+                        "Process {} of user {user} on host {host} no longer breaks {names} ({whys}): nothing will be done, and there is nothing to do.\n",
                         t.pid
                     ),
                 },
@@ -165,7 +180,7 @@ pub fn say(e: &Event, medium: Medium) -> Said {
         What::Detach(d) => {
             let eid = v(&d.eid.0);
             let seen = format!(
-                "User {user} has more GPUs attached than the cap allows; environment {eid} is attached to GPU {} on host {host}.",
+                "User {user} is over a GPU cap ({whys}); environment {eid} is attached to GPU {} on host {host}.",
                 d.device
             );
             let fixes = fix(Rule::MaxDevicesPerUser, &eid, "");
@@ -184,12 +199,15 @@ pub fn say(e: &Event, medium: Medium) -> Said {
                         "[genv-enforce] {host}: environment {eid} detached from GPU {}",
                         d.device
                     ),
-                    body: format!("{seen}\nIt was detached from GPU {}.\n", d.device),
+                    body: format!(
+                        "{seen}\nIt was detached from GPU {}.\nNext time: {fixes}.\n",
+                        d.device
+                    ),
                 },
                 Stage::Cleared => Said {
                     subject: format!("[genv-enforce] {host}: environment {eid} is fine now"),
                     body: format!(
-                        "Environment {eid} of user {user} on host {host} no longer needs detaching from GPU {}: nothing will be done.\n",
+                        "Environment {eid} of user {user} on host {host} no longer needs detaching from GPU {} ({whys}): nothing will be done, and there is nothing to do.\n",
                         d.device
                     ),
                 },
@@ -228,7 +246,7 @@ mod tests {
     #[test]
     fn a_warning_says_what_was_seen_when_it_is_due_and_how_to_fix_it() {
         let e = event(Stage::Warned, termination("exp1", "alice"), Some(900_000));
-        let s = say(&e, Medium::Plain);
+        let s = say(&e, Medium::Plain, None);
         assert_eq!(
             s.subject,
             "[genv-enforce] gpu-01: process 4242 breaks env-devices"
@@ -237,11 +255,12 @@ mod tests {
             s.body,
             "Process 4242 of user alice (environment exp1) on host gpu-01, GPU(s) 0,2, breaks the rule env-devices: it uses GPUs its environment is not attached to. It holds 1536 MiB of GPU memory.\n\
              It will be terminated (SIGTERM) at 1970-01-01T00:15:00Z unless this ends first.\n\
-             To fix it: attach GPU(s) 0,2 to environment exp1 (`genv attach --index 0,2`), or stop the process.\n"
+             To fix it: attach GPU(s) 0,2 to environment exp1 (`genv attach --index N` in it, once per GPU), or stop the process.\n"
         );
         let w = say(
             &event(Stage::Warned, termination("exp1", "alice"), None),
             Medium::Plain,
+            None,
         );
         assert!(
             w.body.contains("a warning only: nothing will be done"),
@@ -255,23 +274,27 @@ mod tests {
         let acted = say(
             &event(Stage::Acted, termination("e", "bob"), Some(1)),
             Medium::Plain,
+            None,
         );
         assert_eq!(
             acted.subject,
             "[genv-enforce] gpu-01: process 4242 terminated"
         );
         assert!(
-            acted.body.ends_with("It was terminated (SIGTERM).\n"),
+            acted.body.ends_with(
+                "It was terminated (SIGTERM).\nNext time: attach GPU(s) 0,2 to environment e (`genv attach --index N` in it, once per GPU), or stop the process.\n"
+            ),
             "{}",
             acted.body
         );
         let cleared = say(
             &event(Stage::Cleared, termination("e", "bob"), Some(1)),
             Medium::Plain,
+            None,
         );
-        assert!(cleared
-            .body
-            .contains("no longer breaks env-devices: nothing will be done"));
+        assert!(cleared.body.contains(
+            "no longer breaks env-devices (it uses GPUs its environment is not attached to): nothing will be done"
+        ));
         let d = What::Detach(Detach {
             rules: Default::default(),
             groups: Default::default(),
@@ -285,18 +308,27 @@ mod tests {
         let warned = say(
             &event(Stage::Warned, d.clone(), Some(60_000)),
             Medium::Plain,
+            None,
         );
         assert!(
-            warned.body.starts_with("User carol has more GPUs"),
+            warned.body.starts_with(
+                "User carol is over a GPU cap (its user has more GPUs attached than the cap allows)"
+            ),
             "{}",
             warned.body
         );
         assert!(warned
             .body
             .contains("It will be detached from GPU 3 at 1970-01-01T00:01:00Z"));
-        let acted = say(&event(Stage::Acted, d.clone(), Some(60_000)), Medium::Plain);
-        assert!(acted.body.ends_with("It was detached from GPU 3.\n"));
-        let cleared = say(&event(Stage::Cleared, d, None), Medium::Plain);
+        let acted = say(
+            &event(Stage::Acted, d.clone(), Some(60_000)),
+            Medium::Plain,
+            None,
+        );
+        assert!(acted
+            .body
+            .contains("It was detached from GPU 3.\nNext time: detach the GPUs you do not need"));
+        let cleared = say(&event(Stage::Cleared, d, None), Medium::Plain, None);
         assert!(cleared
             .body
             .contains("no longer needs detaching from GPU 3"));
@@ -307,10 +339,42 @@ mod tests {
     }
 
     #[test]
+    fn every_message_ends_with_the_admins_page_for_users_when_one_is_set() {
+        let link = "https://gpu.example.edu/users.md";
+        for stage in [Stage::Warned, Stage::Acted, Stage::Cleared] {
+            for what in [
+                termination("e", "bob"),
+                What::Detach(Detach {
+                    rules: Default::default(),
+                    groups: Default::default(),
+                    device: GpuIndex(1),
+                    eid: EnvId("e".into()),
+                    username: None,
+                    charged: Some("bob".into()),
+                    owner: Some("bob".into()),
+                    working: false,
+                }),
+            ] {
+                let e = event(stage, what, Some(1));
+                let with = say(&e, Medium::Chat, Some(link));
+                let without = say(&e, Medium::Chat, None);
+                assert_eq!(
+                    with.body,
+                    format!(
+                        "{}What the rules are and what you can do: {link}\n",
+                        without.body
+                    )
+                );
+                assert!(!without.body.contains("What the rules are"));
+            }
+        }
+    }
+
+    #[test]
     fn user_text_is_escaped_for_each_medium() {
         let hostile = "x\u{1b}[2J\n<!channel> `rm` & *b*\u{202e}";
         let e = event(Stage::Warned, termination(hostile, "alice"), Some(1));
-        let plain = say(&e, Medium::Plain);
+        let plain = say(&e, Medium::Plain, None);
         assert!(!plain.body.contains('\u{1b}') && !plain.body.contains('\u{202e}'));
         assert_eq!(plain.body.lines().count(), 3, "{}", plain.body);
         assert!(
@@ -318,7 +382,7 @@ mod tests {
             "{}",
             plain.body
         );
-        let chat = say(&e, Medium::Chat);
+        let chat = say(&e, Medium::Chat, None);
         assert!(!chat.body.contains("<!channel>") && !chat.body.contains('\u{1b}'));
         assert!(
             chat.body

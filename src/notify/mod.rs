@@ -39,6 +39,8 @@ pub struct Notify {
     pub terminal: bool,
     /// Messages per user and channel in any hour, at most.
     pub per_user_hour: u32,
+    /// `--notify-link`: the admin's page for users, closing each message.
+    pub link: Option<String>,
 }
 
 impl Notify {
@@ -157,10 +159,10 @@ impl Channel {
         }
     }
 
-    async fn deliver(&self, e: &Event) -> Result<Delivery, DeliveryError> {
+    async fn deliver(&self, e: &Event, link: Option<&str>) -> Result<Delivery, DeliveryError> {
         match self {
-            Channel::Mail(m) => m.deliver(e).await,
-            Channel::Webhook(h) => h.deliver(e).await,
+            Channel::Mail(m) => m.deliver(e, link).await,
+            Channel::Webhook(h) => h.deliver(e, link).await,
         }
     }
 }
@@ -213,6 +215,7 @@ impl Notifier {
                 rx,
                 channel,
                 limit::RateLimit::new(spec.per_user_hour),
+                spec.link.clone(),
                 audit.clone(),
                 metrics.clone(),
             )));
@@ -272,6 +275,7 @@ async fn work(
     mut rx: mpsc::Receiver<(u64, Event)>,
     channel: Channel,
     mut limit: limit::RateLimit,
+    link: Option<String>,
     audit: Option<Arc<AuditLog>>,
     metrics: Option<Arc<Metrics>>,
 ) {
@@ -291,7 +295,7 @@ async fn work(
             }
             continue;
         }
-        match channel.deliver(&e).await {
+        match channel.deliver(&e, link.as_deref()).await {
             Ok(Delivery::Sent) => count("sent"),
             Ok(Delivery::Nobody) => count("nobody"),
             Err(err) => {

@@ -34,8 +34,8 @@ pub const WITHIN: Duration = Duration::from_secs(5);
 const MAX_NOTES: usize = 256;
 
 /// What a terminal shows for `e`: a header line, then the message.
-pub fn text(e: &Event) -> String {
-    let said = say(e, Medium::Plain);
+pub fn text(e: &Event, link: Option<&str>) -> String {
+    let said = say(e, Medium::Plain, link);
     let subject = said.subject.trim_start_matches("[genv-enforce] ");
     format!(
         "\n*** genv-enforce: {subject}\n{}",
@@ -46,7 +46,10 @@ pub fn text(e: &Event) -> String {
 /// The note of each event that has an owner to tell, by host: the owner,
 /// the processes whose terminals to write to (a termination's own
 /// process), the text. Events without an owner are left out.
-pub fn notes<'a>(events: &[&'a Event]) -> BTreeMap<HostId, Vec<(&'a Event, Note)>> {
+pub fn notes<'a>(
+    events: &[&'a Event],
+    link: Option<&str>,
+) -> BTreeMap<HostId, Vec<(&'a Event, Note)>> {
     let mut by_host: BTreeMap<HostId, Vec<(&Event, Note)>> = BTreeMap::new();
     for e in events {
         let Some(user) = recipient(e) else { continue };
@@ -59,7 +62,7 @@ pub fn notes<'a>(events: &[&'a Event]) -> BTreeMap<HostId, Vec<(&'a Event, Note)
             Note {
                 user: user.to_string(),
                 pids,
-                text: text(e),
+                text: text(e, link),
             },
         ));
     }
@@ -74,6 +77,7 @@ pub async fn tell(
     n: u64,
     events: &[&Event],
     limit: &mut RateLimit,
+    link: Option<&str>,
     audit: Option<&Arc<AuditLog>>,
     metrics: Option<&Arc<Metrics>>,
 ) {
@@ -101,7 +105,7 @@ pub async fn tell(
             }
         }
     }
-    let work = notes(&allowed).into_iter().flat_map(|(id, notes)| {
+    let work = notes(&allowed, link).into_iter().flat_map(|(id, notes)| {
         let host = fleet.hosts.iter().find(|h| h.id() == &id);
         let chunks: Vec<_> = notes.chunks(MAX_NOTES).map(<[_]>::to_vec).collect();
         chunks.into_iter().filter_map(move |chunk| {
@@ -201,7 +205,7 @@ mod tests {
             event("h2", detach(None)),
         ];
         let refs: Vec<&Event> = events.iter().collect();
-        let notes = notes(&refs);
+        let notes = notes(&refs, None);
         let h1: Vec<_> = notes[&HostId("h1".into())]
             .iter()
             .map(|(_, n)| (n.user.as_str(), n.pids.clone()))
@@ -233,7 +237,7 @@ mod tests {
     #[test]
     fn the_text_is_the_plain_message_under_a_header() {
         let e = event("h1", terminate(10, Some(100), Some(1000), "alice"));
-        let t = text(&e);
+        let t = text(&e, None);
         assert!(
             t.starts_with(
                 "\n*** genv-enforce: h1: process 10 breaks env-devices\nProcess 10 of user alice"

@@ -98,8 +98,8 @@ impl Hook {
     ///
     /// # Errors
     /// A client error (4xx but 429) at once, or every attempt failed.
-    pub async fn deliver(&self, e: &Event) -> Result<Delivery, DeliveryError> {
-        let said = message::say(e, Medium::Chat);
+    pub async fn deliver(&self, e: &Event, link: Option<&str>) -> Result<Delivery, DeliveryError> {
+        let said = message::say(e, Medium::Chat, link);
         let body = json!({
             "text": format!("{}\n{}", said.subject, said.body.trim_end()),
             "event": e,

@@ -34,6 +34,7 @@ pub fn uuid(i: u32) -> String {
     format!("GPU-{i:08x}-1e2d-4c3b-9a8f-7e6d5c4b3a29")
 }
 
+pub mod admin_box;
 pub mod fleet;
 pub mod sink;
 
