@@ -292,3 +292,85 @@ fn config_does_no_io() {
     let found: Vec<&str> = io.iter().copied().filter(|n| code.contains(n)).collect();
     assert!(found.is_empty(), "src/config.rs does I/O: {found:?}");
 }
+
+/// `ARCHITECTURE.md`, read from the repository root.
+fn architecture_md() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md")).unwrap()
+}
+
+/// The backticked names that open the list items of `text` between the
+/// headings `from` and `to`: `- \`name\`: ...`.
+fn listed(text: &str, from: &str, to: &str) -> BTreeSet<String> {
+    let start = text.find(from).unwrap_or_else(|| panic!("no {from:?}"));
+    let end = start + text[start..].find(to).unwrap_or_else(|| panic!("no {to:?}"));
+    text[start..end]
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("- `"))
+        .filter_map(|l| l.split_once('`').map(|(name, _)| name.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_module_map_names_every_file_of_src_and_nothing_else() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = BTreeSet::new();
+    let mut dirs = vec![src.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path.strip_prefix(&src).unwrap().display().to_string();
+                files.insert(rel);
+            }
+        }
+    }
+    let map: BTreeSet<String> = listed(&architecture_md(), "## Module map", "## From the command line")
+        .into_iter()
+        .filter(|n| n.ends_with(".rs"))
+        .collect();
+    let missing: Vec<_> = files.difference(&map).collect();
+    let gone: Vec<_> = map.difference(&files).collect();
+    assert!(
+        missing.is_empty() && gone.is_empty(),
+        "ARCHITECTURE.md's module map: not listed {missing:?}; listed but not in src/ {gone:?}"
+    );
+}
+
+#[test]
+fn the_test_list_names_every_suite_of_tests() {
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let suites: BTreeSet<String> = std::fs::read_dir(&tests)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .map(|p| format!("tests/{}", p.file_name().unwrap().to_string_lossy()))
+        .collect();
+    let listed = listed(&architecture_md(), "The suites in `tests/`", "A test whose prerequisite");
+    assert_eq!(listed, suites, "ARCHITECTURE.md's test list against tests/*.rs");
+}
+
+#[test]
+fn the_ground_layer_is_the_one_architecture_md_names() {
+    let (_, top) = graphs();
+    let ground: BTreeSet<String> = layers(&top)
+        .into_iter()
+        .filter(|(_, l)| *l == 1)
+        .map(|(m, _)| m)
+        .collect();
+    let text = architecture_md();
+    let said = text
+        .split_once("at the top to ")
+        .and_then(|(_, rest)| rest.split_once(" at the ground"))
+        .map(|(names, _)| names)
+        .expect("ARCHITECTURE.md names the ground layer");
+    let named: BTreeSet<String> = said
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(String::from)
+        .collect();
+    assert_eq!(named, ground, "ARCHITECTURE.md's ground layer: {said}");
+}
