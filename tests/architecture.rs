@@ -302,7 +302,10 @@ fn architecture_md() -> String {
 /// headings `from` and `to`: `- \`name\`: ...`.
 fn listed(text: &str, from: &str, to: &str) -> BTreeSet<String> {
     let start = text.find(from).unwrap_or_else(|| panic!("no {from:?}"));
-    let end = start + text[start..].find(to).unwrap_or_else(|| panic!("no {to:?}"));
+    let end = start
+        + text[start..]
+            .find(to)
+            .unwrap_or_else(|| panic!("no {to:?}"));
     text[start..end]
         .lines()
         .filter_map(|l| l.trim_start().strip_prefix("- `"))
@@ -326,10 +329,14 @@ fn the_module_map_names_every_file_of_src_and_nothing_else() {
             }
         }
     }
-    let map: BTreeSet<String> = listed(&architecture_md(), "## Module map", "## From the command line")
-        .into_iter()
-        .filter(|n| n.ends_with(".rs"))
-        .collect();
+    let map: BTreeSet<String> = listed(
+        &architecture_md(),
+        "## Module map",
+        "## From the command line",
+    )
+    .into_iter()
+    .filter(|n| n.ends_with(".rs"))
+    .collect();
     let missing: Vec<_> = files.difference(&map).collect();
     let gone: Vec<_> = map.difference(&files).collect();
     assert!(
@@ -348,8 +355,15 @@ fn the_test_list_names_every_suite_of_tests() {
         .filter(|p| p.extension().is_some_and(|e| e == "rs"))
         .map(|p| format!("tests/{}", p.file_name().unwrap().to_string_lossy()))
         .collect();
-    let listed = listed(&architecture_md(), "The suites in `tests/`", "A test whose prerequisite");
-    assert_eq!(listed, suites, "ARCHITECTURE.md's test list against tests/*.rs");
+    let listed = listed(
+        &architecture_md(),
+        "The suites in `tests/`",
+        "A test whose prerequisite",
+    );
+    assert_eq!(
+        listed, suites,
+        "ARCHITECTURE.md's test list against tests/*.rs"
+    );
 }
 
 #[test]

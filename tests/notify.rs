@@ -63,6 +63,9 @@ impl Run {
 
 const EVIL: &str = "ev\u{1b}[2J<!channel> `x` *b*";
 
+/// The admin's page for users (`--notify-link`).
+const LINK: &str = "https://gpu.lab.example/users.html";
+
 #[test]
 fn the_owner_and_the_admins_are_told_once_of_each_warning_clearing_and_action() {
     let Some(smtp) = Sink::start("smtp") else {
@@ -111,6 +114,8 @@ fn the_owner_and_the_admins_are_told_once_of_each_warning_clearing_and_action() 
             "admin@lab.example",
             "--webhook-file",
             hook_file.to_str().unwrap(),
+            "--notify-link",
+            LINK,
         ],
     );
     let first = run.next();
@@ -188,7 +193,13 @@ fn the_owner_and_the_admins_are_told_once_of_each_warning_clearing_and_action() 
         warning.contains(r"ev\u{1b}[2J<!channel> `x` *b*"),
         "{warning}"
     );
-    assert_eq!(warning.trim_end().lines().count(), 3, "{warning}");
+    assert_eq!(warning.trim_end().lines().count(), 4, "{warning}");
+    // Every mail and post closes with the admin's page for users.
+    let closing = format!("What the rules are and what you can do: {LINK}");
+    for m in &mails {
+        let body = m["body"].as_str().unwrap();
+        assert!(body.trim_end().ends_with(&closing), "{body}");
+    }
 
     // Webhook: JSON with a chat-safe `text` and the event itself.
     let mut stages = Vec::new();
@@ -202,6 +213,7 @@ fn the_owner_and_the_admins_are_told_once_of_each_warning_clearing_and_action() 
             "{text}"
         );
         assert_eq!(body["event"]["host"], &*host);
+        assert!(text.ends_with(&closing), "{text}");
         stages.push((
             body["event"]["stage"].as_str().unwrap().to_string(),
             body["event"]["pid"].as_u64().unwrap(),
@@ -733,6 +745,8 @@ fn the_jobs_own_terminal_shows_its_warning_escaped_and_no_other_users_does() {
             "2",
             "--metrics-listen",
             &listen,
+            "--notify-link",
+            LINK,
         ],
     );
     assert_eq!(run.next()["events"].as_array().unwrap().len(), 5);
@@ -740,6 +754,11 @@ fn the_jobs_own_terminal_shows_its_warning_escaped_and_no_other_users_does() {
     let screen = carols.wait_for("It will be terminated");
     assert_warned_on(&screen, &host, job);
     assert!(screen.contains("\r\n"), "{screen:?}");
+    let screen = carols.wait_for(LINK);
+    assert!(
+        screen.contains(&format!("What the rules are and what you can do: {LINK}")),
+        "{screen:?}"
+    );
     // A cycle more: nothing told twice.
     run.next();
     let metrics = http_get(port, "/metrics");
