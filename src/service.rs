@@ -403,9 +403,12 @@ impl Run {
     }
 
     /// Waits out the interval, telling systemd's watchdog meanwhile and
-    /// reloading on SIGHUP; `true` when a signal ends the run.
+    /// reloading on SIGHUP (a reloaded interval counts from the wait's
+    /// start: `30s` changed to `2s` is due 2 s after the last cycle, not
+    /// 30); `true` when a signal ends the run.
     async fn wait(&mut self) -> bool {
-        let wake = tokio::time::Instant::now() + self.settings.interval;
+        let start = tokio::time::Instant::now();
+        let mut wake = start + self.settings.interval;
         loop {
             let tick = self
                 .watchdog
@@ -423,6 +426,7 @@ impl Run {
                         return true;
                     }
                     self.reload().await;
+                    wake = start + self.settings.interval;
                 }
             }
         }

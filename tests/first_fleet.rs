@@ -381,3 +381,114 @@ fn the_pages_blocks_are_found_as_the_test_reads_them() {
         assert!(!set(&b.text, &settings("k")).contains("# set:"));
     }
 }
+
+/// Starts `argv` in the box as `user`, with `GENV_ENVIRONMENT_ID=eid` if
+/// any; its pid as the box sees it.
+fn job_in_box(b: &AdminBox, user: &str, eid: Option<&str>) -> u32 {
+    let env = eid.map_or(String::new(), |e| format!("GENV_ENVIRONMENT_ID={e}"));
+    let pid = b.ok(&format!(
+        "setpriv --reuid={user} --regid={user} --clear-groups env -i {env} sleep 1000 </dev/null >/dev/null 2>&1 &\necho $!"
+    ));
+    pid.trim().parse().unwrap()
+}
+
+#[test]
+fn the_packaged_units_sandbox_lets_it_enforce_its_own_machine() {
+    if let Some(why) = util::admin_box::missing() {
+        util::prerequisite(false, &why);
+        return;
+    }
+    let Some(deb) = package() else {
+        util::prerequisite(
+            false,
+            "no target/debian/genv-enforce_*.deb: run scripts/package",
+        );
+        return;
+    };
+    let b = AdminBox::boot("this-machine", &[]);
+    b.put(&deb);
+    let fake = util::repo().join("scripts/fake-nvidia-smi");
+    std::fs::create_dir_all(b.path("/opt/fake-gpu")).unwrap();
+    std::fs::copy(&fake, b.path("/opt/fake-gpu/nvidia-smi")).unwrap();
+    b.ok("dpkg -i genv-enforce_*.deb >/dev/null
+          useradd --no-create-home --shell /usr/sbin/nologin bob
+          printf '#!/bin/sh\\nFAKE_GPU_DIR=/opt/fake-gpu exec /opt/fake-gpu/nvidia-smi \"$@\"\\n' >/usr/local/sbin/nvidia-smi
+          chmod 755 /usr/local/sbin/nvidia-smi /opt/fake-gpu/nvidia-smi
+          printf 'index, uuid, memory.total\\n0, GPU-00000000-0000-4c3b-9a8f-7e6d5c4b3a29, 81559\\n1, GPU-00000001-0000-4c3b-9a8f-7e6d5c4b3a29, 81559\\n' >/opt/fake-gpu/gpus.csv
+          install -d -m 1777 /var/tmp/genv");
+    // bob's environment b holds GPUs 0 and 1 (his devices.json, as genv
+    // writes it for him), a job of b on each, and a stray beside them.
+    let shell = job_in_box(&b, "bob", Some("b"));
+    let (j0, j1) = (
+        job_in_box(&b, "bob", Some("b")),
+        job_in_box(&b, "bob", Some("b")),
+    );
+    let stray = job_in_box(&b, "bob", None);
+    let uid = b.ok("id -u bob").trim().to_string();
+    let envs = serde_json::json!({"envs": [{
+        "eid": "b", "uid": uid.parse::<u32>().unwrap(), "creation": "22/11/2026 15:04:05",
+        "username": "bob", "config": {"name": null, "gpu_memory": null, "gpus": null},
+        "pids": [shell], "kernel_ids": []
+    }]});
+    let attached = |i: u32| {
+        serde_json::json!({"index": i, "total_memory": "81559mi",
+        "attachments": [{"eid": "b", "gpu_memory": null, "time": "22/11/2026 15:04:06"}]})
+    };
+    let devices = serde_json::json!({"devices": [attached(0), attached(1)]});
+    std::fs::write(b.path("/var/tmp/genv/envs.json"), envs.to_string()).unwrap();
+    std::fs::write(b.path("/var/tmp/genv/devices.json"), devices.to_string()).unwrap();
+    std::fs::write(
+        b.path("/opt/fake-gpu/apps.csv"),
+        format!(
+            "gpu_uuid, pid, used_gpu_memory\n\
+             GPU-00000000-0000-4c3b-9a8f-7e6d5c4b3a29, {j0}, 100\n\
+             GPU-00000001-0000-4c3b-9a8f-7e6d5c4b3a29, {j1}, 100\n\
+             GPU-00000000-0000-4c3b-9a8f-7e6d5c4b3a29, {stray}, 100\n"
+        ),
+    )
+    .unwrap();
+    b.ok("chown bob: /var/tmp/genv/envs.json /var/tmp/genv/devices.json");
+    // The packaged unit, every setting of its sandbox as shipped, running
+    // one local cycle (`genv-enforce enforce`, as `genv enforce`).
+    b.ok("sed -e 's|^ExecStart=.*|ExecStart=/usr/bin/genv-enforce enforce --interval 0 --non-env-processes --max-devices-per-user 1|' \
+              -e 's|^Type=notify|Type=oneshot|' -e '/^Restart/d' -e '/^WatchdogSec/d' \
+              /lib/systemd/system/genv-enforce.service >/etc/systemd/system/genv-enforce-here.service
+          grep -q '^ProtectSystem=strict' /etc/systemd/system/genv-enforce-here.service
+          grep -q '^CapabilityBoundingSet=' /etc/systemd/system/genv-enforce-here.service
+          systemctl daemon-reload");
+    let start = b.run("systemctl start genv-enforce-here");
+    let journal = String::from_utf8_lossy(
+        &b.run("journalctl -u genv-enforce-here --no-pager -o cat")
+            .stdout,
+    )
+    .into_owned();
+    assert!(start.status.success(), "{}\n{journal}", said(&start));
+    // The stray and the detached device's job were signalled ...
+    let alive = |pid: u32| b.run(&format!("kill -0 {pid}")).status.success();
+    assert!(
+        util::wait_until(Duration::from_secs(5), || !alive(stray)),
+        "{journal}"
+    );
+    assert!(
+        journal.contains(&format!("Terminating process {stray} ")),
+        "{journal}"
+    );
+    assert!(
+        journal.contains("Detaching environment b of user bob from device"),
+        "{journal}"
+    );
+    // ... and devices.json rewritten under the sandbox, still bob's.
+    let after: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(b.path("/var/tmp/genv/devices.json")).unwrap(),
+    )
+    .unwrap();
+    let kept: usize = after["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["attachments"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(kept, 1, "{after}\n{journal}");
+    assert_eq!(b.ok("stat -c %U /var/tmp/genv/devices.json").trim(), "bob");
+    assert!(alive(shell), "bob's shell is no GPU job");
+}

@@ -114,10 +114,19 @@ impl AdminBox {
             .expect("start systemd-nspawn");
         let pid = nspawn.id();
         let mut init = None;
+        // nspawn forks helpers before the container's init: its systemd
+        // is the child that runs as `systemd`.
         super::wait_until(Duration::from_secs(30), || {
             init = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
                 .ok()
-                .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()));
+                .and_then(|c| {
+                    c.split_whitespace()
+                        .filter_map(|p| p.parse::<u32>().ok())
+                        .find(|p| {
+                            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                                .is_ok_and(|c| c.trim() == "systemd")
+                        })
+                });
             init.is_some()
         });
         let b = AdminBox {
@@ -197,6 +206,17 @@ impl AdminBox {
 
 impl Drop for AdminBox {
     fn drop(&mut self) {
+        // To look inside after a failure: `nsenter -t PID -a bash`.
+        if let Some(secs) = std::env::var("GENV_ENFORCE_KEEP_BOX")
+            .ok()
+            .and_then(|s| s.parse().ok())
+        {
+            eprintln!(
+                "admin box kept for {secs} s: nsenter -t {} -a bash",
+                self.init
+            );
+            std::thread::sleep(Duration::from_secs(secs));
+        }
         // SIGRTMIN+4: systemd powers off.
         let _ = Command::new("kill")
             .args(["-s", "RTMIN+4", &self.init.to_string()])
