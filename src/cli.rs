@@ -823,6 +823,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_notify_link_is_one_printable_line_of_at_most_512_bytes() {
+        let url = "https://gpu.example.edu/users.html";
+        assert_eq!(parse_link(url), Ok(url.to_string()));
+        let longest = "x".repeat(512);
+        assert_eq!(parse_link(&longest), Ok(longest.clone()));
+        for bad in [
+            String::new(),
+            "  ".into(),
+            "a\nb".into(),
+            "a\u{1b}[2J".into(),
+            "x".repeat(513),
+        ] {
+            assert!(parse_link(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn retention_is_an_hour_to_ten_years() {
         assert_eq!(parse_retention("90d"), Ok(Duration::from_secs(90 * 86400)));
         assert_eq!(parse_retention("1h"), Ok(Duration::from_secs(3600)));
