@@ -75,14 +75,14 @@ pub fn checks(f: &Facts) -> Vec<Check> {
                     } else {
                         e.said.clone()
                     },
-                    (!host_key).then(|| connect_fix(e)),
+                    (!host_key).then(|| connect_fix(e, f.known_hosts_file.as_deref())),
                 ));
                 out.push(if host_key {
                     check(
                         "host key",
                         Status::Fail,
                         e.said.clone(),
-                        Some(connect_fix(e)),
+                        Some(connect_fix(e, f.known_hosts_file.as_deref())),
                     )
                 } else {
                     check("host key", Status::Skip, "needs ssh", None)
@@ -140,9 +140,10 @@ pub fn checks(f: &Facts) -> Vec<Check> {
 }
 
 /// The one sudoers rule the docs give (docs/first-fleet.md): the login
-/// user may run the agent's Python as root, with any arguments, and
-/// nothing else. sudoers wants a full path: a bare `python3` is named as
-/// sudo's `secure_path` finds it on Debian and its kin.
+/// user may run the agent's Python as root, with any arguments: root on
+/// the host, as the agent must be. sudoers wants a full path: a bare
+/// `python3` is named as sudo's `secure_path` finds it on Debian and its
+/// kin.
 fn sudoers_fix(user: &str, python: &str) -> String {
     let path = if python.starts_with('/') {
         python.to_string()
@@ -150,17 +151,20 @@ fn sudoers_fix(user: &str, python: &str) -> String {
         format!("/usr/bin/{python}")
     };
     format!(
-        "let the login user run the agent's Python as root without a password, and nothing else: `echo '{user} ALL=(root) NOPASSWD: {path}' > /etc/sudoers.d/genv-enforce` on the host (where `sudo sh -c 'command -v {python}'` names another file, that one)"
+        "let the login user run the agent's Python as root without a password (root on the host: keep the login and its key for the enforcer alone): `echo '{user} ALL=(root) NOPASSWD: {path}' > /etc/sudoers.d/genv-enforce` on the host (where `sudo sh -c 'command -v {python}'` names another file, that one)"
     )
 }
 
-fn connect_fix(e: &NotConnected) -> String {
+/// How to fix `e`; a host key goes into `known_hosts` (the run's file,
+/// else the login's own).
+fn connect_fix(e: &NotConnected, known_hosts: Option<&std::path::Path>) -> String {
+    let file = known_hosts.map_or_else(|| "~/.ssh/known_hosts".into(), |p| p.display().to_string());
     match e.failure {
         ConnectFailure::Refused => format!("nothing listens on port {}: is sshd running there, and is the port right (`port` in the inventory, `host:port` with -H)?", e.port),
         ConnectFailure::Unreachable => "the host does not answer: is it up, and does a firewall let port 22 (or its port) through?".into(),
         ConnectFailure::UnknownHost => "the name does not resolve: check DNS or /etc/hosts, or give the address".into(),
         ConnectFailure::Auth => "the host refused our key: add the enforcer's public key to the login user's ~/.ssh/authorized_keys there (ssh-copy-id), or name the right key with --identity-file or `identity_file`".into(),
-        ConnectFailure::HostKey => "the host key is unknown or changed: check it, then add it (`ssh-keyscan -p PORT HOST >> ~/.ssh/known_hosts`), or use --host-key-check accept-new for a first contact".into(),
+        ConnectFailure::HostKey => format!("the host key is unknown or changed: check it, then add it (`ssh-keyscan -p {} HOST >> {file}`), or use --host-key-check accept-new (`host-key-check = \"accept-new\"`) for a first contact", e.port),
         ConnectFailure::Other => "see what ssh said; try `ssh -v` to the host as the enforcer's user".into(),
     }
 }
@@ -520,6 +524,7 @@ mod tests {
             })),
             sudo: Some(Ok("(root) NOPASSWD: /usr/bin/python3".into())),
             login: Some("ops".into()),
+            known_hosts_file: None,
             python_command: "python3".into(),
             agent: Some(Ok(agent())),
             hello: Some(Hello {
@@ -632,7 +637,17 @@ mod tests {
             (status(&c, "ssh"), status(&c, "host key")),
             (Status::Skip, Status::Fail)
         );
-        assert!(c[1].fix.as_deref().unwrap().contains("ssh-keyscan"));
+        assert!(c[1]
+            .fix
+            .as_deref()
+            .unwrap()
+            .contains("`ssh-keyscan -p 22 HOST >> ~/.ssh/known_hosts`"));
+        f.known_hosts_file = Some("/var/lib/genv-enforce/known_hosts".into());
+        assert!(checks(&f)[1]
+            .fix
+            .as_deref()
+            .unwrap()
+            .contains("`ssh-keyscan -p 22 HOST >> /var/lib/genv-enforce/known_hosts`"));
 
         let mut f = healthy();
         f.sudo = Some(Err("sudo: a password is required".into()));

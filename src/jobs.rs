@@ -92,17 +92,12 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
             };
             let mut server = None;
             if let Some(addr) = metrics {
-                let listener = match metrics::bind(addr).and_then(tokio::net::TcpListener::from_std)
-                {
-                    Ok(l) => l,
-                    Err(e) => {
-                        complain(&format!("--metrics-listen {addr}: {e}"));
-                        return USAGE;
-                    }
-                };
                 let m = Arc::new(Metrics::new());
-                server = Some(tokio::spawn(metrics::serve(
-                    listener,
+                // Bound before the first cycle, so that it is scraped after.
+                let bound = metrics::listen(addr);
+                server = Some(tokio::spawn(metrics::serve_at(
+                    addr,
+                    bound,
                     Arc::clone(&m),
                     web.map(Arc::new),
                 )));

@@ -542,6 +542,50 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(l)
 }
 
+/// How often an endpoint that could not be bound is tried again.
+pub const BIND_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `addr` bound for [`serve`].
+///
+/// # Errors
+/// The address cannot be bound (taken, not ours).
+pub fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    bind(addr).and_then(tokio::net::TcpListener::from_std)
+}
+
+/// Serves `metrics` at `addr` ([`serve`]) on `bound`, or once `addr` can
+/// be bound. An address another process holds (any local user can take a
+/// port first) never stops enforcement: it is said once, on stderr, and
+/// tried again every [`BIND_RETRY`] meanwhile.
+pub async fn serve_at(
+    addr: SocketAddr,
+    mut bound: std::io::Result<tokio::net::TcpListener>,
+    metrics: Arc<Metrics>,
+    web: Option<Arc<crate::web_config::WebConfig>>,
+) {
+    let mut said = false;
+    loop {
+        match bound {
+            Ok(listener) => {
+                if said {
+                    crate::output::complain(&format!("--metrics-listen {addr}: serving now"));
+                }
+                return serve(listener, metrics, web).await;
+            }
+            Err(e) if !said => {
+                crate::output::complain(&format!(
+                    "--metrics-listen {addr}: {e}: enforcing without the metrics endpoint meanwhile, trying again every {} s",
+                    BIND_RETRY.as_secs()
+                ));
+                said = true;
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(BIND_RETRY).await;
+        bound = listen(addr);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -82,9 +82,9 @@ pub enum SetupError {
     /// The inventory (or hostfile) the configuration names is not there
     /// yet: on a new install, the admin's to write.
     #[error(
-        "{}: no such file: write it, the hosts to enforce (the {flag} the configuration names); \
-         a start: `install -m 600 /usr/share/doc/genv-enforce/hosts.example.toml {}`, then edit \
-         its [[host]] tables (docs/first-fleet.md, step 5)",
+        "{}: no such file: write it, the hosts to enforce (--{flag}); a start: \
+         `install -m 600 /usr/share/genv-enforce/hosts.example.toml {}`, then edit its [[host]] \
+         tables (docs/first-fleet.md, \"The inventory\")",
         path.display(),
         path.display()
     )]

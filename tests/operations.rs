@@ -367,6 +367,66 @@ fn metrics_are_scraped_over_http_after_a_cycle() {
     assert_eq!(h.wait_signal(stray, Duration::from_secs(5)), Some(SIGTERM));
 }
 
+#[test]
+fn a_metrics_address_another_process_holds_never_stops_enforcement() {
+    let mut h = Host::new(2);
+    let stray = h.spawn(None);
+    h.set_apps(&[(stray, 0, "100")]);
+    // Any local user can take the port first.
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = squatter.local_addr().unwrap().port();
+    let mut child = h
+        .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+        .args([
+            "enforce",
+            "--interval",
+            "1s",
+            "--non-env-processes",
+            "--output",
+            "json",
+            "--metrics-listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let said = std::thread::spawn(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.contains("--metrics-listen"))
+    });
+    let mut reports = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first: Value = serde_json::from_str(&reports.next().unwrap().unwrap()).unwrap();
+    assert!(first["hosts"][0]["error"].is_null(), "{first:#}");
+    assert_eq!(h.wait_signal(stray, Duration::from_secs(5)), Some(SIGTERM));
+    let line = said.join().unwrap().unwrap_or_default();
+    assert!(
+        line.contains("enforcing without the metrics endpoint meanwhile"),
+        "{line}"
+    );
+    // Freed, it is served within the retry's period, cycles counted since
+    // the start.
+    drop(squatter);
+    let served = util::wait_until(Duration::from_secs(15), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let metrics = served.then(|| http_get(port, "/metrics").1);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let _ = child.wait();
+    let metrics = metrics.expect("the endpoint was never served once its port was free");
+    assert!(
+        sample(&metrics, "genv_enforce_cycles_total").unwrap() >= 2.0,
+        "{metrics}"
+    );
+}
+
 /// The resident memory of process `pid`, in KiB.
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -1646,10 +1646,11 @@ fn doctor_with_the_services_configuration_reaches_the_hosts_as_the_service_does(
         .iter()
         .filter(|c| c["status"] == "fail")
         .collect();
+    let pin = format!("ssh-keyscan -p 2222 HOST >> {}", known.display());
     assert!(
         failed
             .iter()
-            .any(|c| c["fix"].as_str().unwrap().contains("ssh-keyscan")),
+            .any(|c| c["fix"].as_str().unwrap().contains(&pin)),
         "{report:#}"
     );
     let service = ours(&[]);

@@ -20,6 +20,9 @@ pub struct Facts {
     pub sudo: Option<Result<String, String>>,
     /// The login user and Python the agent runs as (for hints).
     pub login: Option<String>,
+    /// SSH only: the known_hosts file host keys are checked against, where
+    /// not the login's own `~/.ssh/known_hosts` (for hints).
+    pub known_hosts_file: Option<std::path::PathBuf>,
     pub python_command: String,
     /// Our agent's account of the host.
     pub agent: Option<Result<AgentFacts, String>>,
@@ -42,6 +45,7 @@ impl Facts {
             ssh: None,
             sudo: None,
             login: None,
+            known_hosts_file: None,
             python_command,
             agent: None,
             hello: None,

@@ -77,6 +77,7 @@ impl Ssh {
         let spec = &self.conn.spec;
         let mut f = Facts::new(spec.id.clone(), spec.python.join(" "));
         f.login.clone_from(&spec.user);
+        f.known_hosts_file.clone_from(&self.ssh.known_hosts_file);
         let port = spec.port.unwrap_or(22);
         let start = std::time::Instant::now();
         let truth = ["true".to_string()];

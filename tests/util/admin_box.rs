@@ -49,15 +49,21 @@ pub fn missing() -> Option<String> {
 }
 
 /// The cached Debian root, made by debootstrap when missing (a few
-/// minutes, once).
+/// minutes, once). Boots in parallel wait for the one that makes it (a
+/// lock beside it); a debootstrap that dies leaves nothing that counts.
 fn cached_root() -> PathBuf {
     let cache = PathBuf::from(CACHE);
+    std::fs::create_dir_all(cache.parent().unwrap()).unwrap();
+    let lock = std::fs::File::create(cache.with_extension("lock")).unwrap();
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
     if cache.join(".complete").exists() {
         return cache;
     }
-    let tmp = cache.with_extension("tmp");
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(cache.parent().unwrap()).unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("bookworm-")
+        .tempdir_in(cache.parent().unwrap())
+        .unwrap()
+        .keep();
     let out = Command::new("debootstrap")
         .args([
             "--variant=minbase",
