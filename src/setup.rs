@@ -548,6 +548,34 @@ mod tests {
     }
 
     #[test]
+    fn only_a_missing_inventory_is_one_to_write_other_failures_say_what_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let inventory = |path: &std::path::Path| {
+            let cli = Cli::try_parse_from([
+                "genv-enforce",
+                "remote",
+                "--inventory",
+                path.to_str().unwrap(),
+                "enforce",
+            ])
+            .unwrap();
+            read(&cli).map(|_| ()).map_err(|e| crate::error::chain(&e))
+        };
+        let missing = dir.path().join("hosts.toml");
+        let said = inventory(&missing).unwrap_err();
+        assert!(
+            said.contains("hosts.toml: no such file: write it"),
+            "{said}"
+        );
+        // Under a file, not missing: the kernel's words, no invitation.
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let said = inventory(&file.join("hosts.toml")).unwrap_err();
+        assert!(said.contains("Not a directory"), "{said}");
+        assert!(!said.contains("write it"), "{said}");
+    }
+
+    #[test]
     fn the_etcd_password_file_must_be_ours_alone_and_not_empty() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pw");

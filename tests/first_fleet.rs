@@ -146,6 +146,21 @@ fn package() -> Option<PathBuf> {
         })
 }
 
+/// The package to install, where an admin box can be booted; otherwise
+/// the missing prerequisite is said (and fails the test in CI).
+fn ready() -> Option<PathBuf> {
+    if let Some(why) = util::admin_box::missing() {
+        util::prerequisite(false, &why);
+        return None;
+    }
+    let deb = package();
+    util::prerequisite(
+        deb.is_some(),
+        "no target/debian/genv-enforce_*.deb: run scripts/package",
+    );
+    deb
+}
+
 /// Pids of this machine whose command line holds `needle`.
 fn processes_with(needle: &str) -> Vec<u32> {
     std::fs::read_dir("/proc")
@@ -202,17 +217,7 @@ fn settings(key: &str) -> [(&'static str, String); 3] {
 
 #[test]
 fn the_first_fleet_page_takes_a_fresh_admin_box_to_a_service_that_enforces() {
-    if let Some(why) = util::admin_box::missing() {
-        util::prerequisite(false, &why);
-        return;
-    }
-    let Some(deb) = package() else {
-        util::prerequisite(
-            false,
-            "no target/debian/genv-enforce_*.deb: run scripts/package",
-        );
-        return;
-    };
+    let Some(deb) = ready() else { return };
     let page = std::fs::read_to_string(util::repo().join(PAGE)).unwrap();
     let blocks = blocks(&page);
     assert!(blocks.len() >= 8, "{PAGE}: {} blocks", blocks.len());
@@ -409,17 +414,7 @@ fn job_in_box(b: &AdminBox, user: &str, eid: Option<&str>) -> u32 {
 
 #[test]
 fn the_packaged_units_sandbox_lets_it_enforce_its_own_machine() {
-    if let Some(why) = util::admin_box::missing() {
-        util::prerequisite(false, &why);
-        return;
-    }
-    let Some(deb) = package() else {
-        util::prerequisite(
-            false,
-            "no target/debian/genv-enforce_*.deb: run scripts/package",
-        );
-        return;
-    };
+    let Some(deb) = ready() else { return };
     let b = AdminBox::boot("this-machine", &[]);
     b.put(&deb);
     let fake = util::repo().join("scripts/fake-nvidia-smi");

@@ -1493,6 +1493,21 @@ fn doctor_finds_what_is_wrong_with_each_host_and_how_to_fix_it() {
     assert!(f.host(3).state_dir().join("envs.json").is_symlink());
 }
 
+/// One cycle over host `i` (`--interval 0`, cron's way).
+fn cron_run(f: &Fleet, i: usize) -> std::process::Output {
+    let host = f.names[i].clone();
+    f.command(&[
+        "-H",
+        &host,
+        "enforce",
+        "--non-env-processes",
+        "--interval",
+        "0",
+    ])
+    .output()
+    .unwrap()
+}
+
 /// A looping run (the service's way: its agent kept across cycles) over
 /// `host` until `stray` is signalled or `WAIT` passes; the signal.
 fn looping_run_until_signalled(f: &mut Fleet, i: usize, stray: u32, flags: &[&str]) -> Option<i32> {
@@ -1565,18 +1580,7 @@ fn the_documented_sudoers_rule_covers_doctor_cron_and_the_service_and_doctor_nam
     // Where doctor says ready, a cron run and the service both enforce.
     let stray = f.host(0).spawn_as("bob", None);
     f.host(0).set_apps(&[(stray, 0, "100")]);
-    let host = f.names[0].clone();
-    let out = f
-        .command(&[
-            "-H",
-            &host,
-            "enforce",
-            "--non-env-processes",
-            "--interval",
-            "0",
-        ])
-        .output()
-        .unwrap();
+    let out = cron_run(&f, 0);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(f.host(0).wait_signal(stray, WAIT), Some(SIGTERM));
     let stray = f.host(0).spawn_as("bob", None);
@@ -1588,18 +1592,7 @@ fn the_documented_sudoers_rule_covers_doctor_cron_and_the_service_and_doctor_nam
     // Where it says not, the service fails the host, naming sudo.
     let stray = f.host(1).spawn_as("bob", None);
     f.host(1).set_apps(&[(stray, 0, "100")]);
-    let host = f.names[1].clone();
-    let out = f
-        .command(&[
-            "-H",
-            &host,
-            "enforce",
-            "--non-env-processes",
-            "--interval",
-            "0",
-        ])
-        .output()
-        .unwrap();
+    let out = cron_run(&f, 1);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(f.host(1).running(stray));
 }
