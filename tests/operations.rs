@@ -402,11 +402,6 @@ fn a_metrics_address_another_process_holds_never_stops_enforcement() {
     let first: Value = serde_json::from_str(&reports.next().unwrap().unwrap()).unwrap();
     assert!(first["hosts"][0]["error"].is_null(), "{first:#}");
     assert_eq!(h.wait_signal(stray, Duration::from_secs(5)), Some(SIGTERM));
-    let line = said.join().unwrap().unwrap_or_default();
-    assert!(
-        line.contains("enforcing without the metrics endpoint meanwhile"),
-        "{line}"
-    );
     // Freed, it is served within the retry's period, cycles counted since
     // the start.
     drop(squatter);
@@ -420,6 +415,12 @@ fn a_metrics_address_another_process_holds_never_stops_enforcement() {
     )
     .unwrap();
     let _ = child.wait();
+    // Said on stderr (read to its end: the run is over).
+    let line = said.join().unwrap().unwrap_or_default();
+    assert!(
+        line.contains("enforcing without the metrics endpoint meanwhile"),
+        "{line}"
+    );
     let metrics = metrics.expect("the endpoint was never served once its port was free");
     assert!(
         sample(&metrics, "genv_enforce_cycles_total").unwrap() >= 2.0,
