@@ -651,22 +651,16 @@ mod tests {
 
         let mut f = healthy();
         f.sudo = Some(Err("sudo: a password is required".into()));
-        let c = checks(&f);
-        let sudo = c.iter().find(|c| c.check == "sudo").unwrap();
-        assert!(sudo
-            .fix
-            .as_deref()
-            .unwrap()
+        let sudo_fix = |f: &Facts| {
+            let c = checks(f);
+            assert_eq!(status(&c, "python"), Status::Skip);
+            let sudo = c.into_iter().find(|c| c.check == "sudo").unwrap();
+            sudo.fix.unwrap()
+        };
+        assert!(sudo_fix(&f)
             .contains("'ops ALL=(root) NOPASSWD: /usr/bin/python3' > /etc/sudoers.d/genv-enforce"));
         f.python_command = "/opt/py/bin/python3".into();
-        let c = checks(&f);
-        let sudo = c.iter().find(|c| c.check == "sudo").unwrap();
-        assert!(sudo
-            .fix
-            .as_deref()
-            .unwrap()
-            .contains("NOPASSWD: /opt/py/bin/python3'"));
-        assert_eq!(status(&c, "python"), Status::Skip);
+        assert!(sudo_fix(&f).contains("NOPASSWD: /opt/py/bin/python3'"));
 
         let mut f = healthy();
         let mut a = agent();

@@ -191,21 +191,25 @@ impl Ssh {
         }
     }
 
-    /// Whether sudo lets the login user start our agent's Python as root:
-    /// the agent's own command form (`sudo -n python3 -I -S -c ...`) under
-    /// [`BOUNDED`], so that the one sudoers rule the docs give
-    /// (`USER ALL=(root) NOPASSWD: /usr/bin/python3`) passes `doctor`'s
-    /// check exactly when it lets the service start its agent.
-    fn sudo_probe(&self) -> Vec<String> {
+    /// The host's Python run with `args` as root, through its sudo.
+    fn python_as_root(&self, args: impl IntoIterator<Item = String>) -> Vec<String> {
         let spec = &self.conn.spec;
-        self.bounded(
-            spec.sudo
-                .iter()
-                .chain(&spec.python)
-                .cloned()
-                .chain(["-I", "-S", "-c", "pass"].map(String::from))
-                .collect(),
-        )
+        spec.sudo
+            .iter()
+            .chain(&spec.python)
+            .cloned()
+            .chain(args)
+            .collect()
+    }
+
+    /// The command that tries whether sudo lets the login user start our
+    /// agent's Python as root: the agent's own command form (`sudo -n
+    /// python3 -I -S -c ...`) under [`BOUNDED`], so that the one sudoers
+    /// rule the docs give (`USER ALL=(root) NOPASSWD: /usr/bin/python3`)
+    /// passes `doctor`'s check exactly when it lets the service start its
+    /// agent.
+    fn sudo_probe(&self) -> Vec<String> {
+        self.bounded(self.python_as_root(["-I", "-S", "-c", "pass"].map(String::from)))
     }
 
     /// How our agent is started, as root through the host's sudo. A run of
@@ -214,14 +218,7 @@ impl Ssh {
     /// whose agent stays, tries sudo first under that bound, with the
     /// same command as `doctor` ([`Ssh::sudo_probe`]).
     fn agent_start(&self) -> AgentStart {
-        let spec = &self.conn.spec;
-        let agent: Vec<String> = spec
-            .sudo
-            .iter()
-            .chain(&spec.python)
-            .cloned()
-            .chain(protocol::bootstrap())
-            .collect();
+        let agent = self.python_as_root(protocol::bootstrap());
         let (probe, argv) = match self.lifetime {
             AgentLifetime::OneCycle => (None, self.bounded(agent)),
             AgentLifetime::Kept => (Some(self.sudo_probe()), agent),
