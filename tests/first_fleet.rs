@@ -361,6 +361,14 @@ fn the_first_fleet_page_takes_a_fresh_admin_box_to_a_service_that_enforces() {
     assert_eq!(b.ok(kept), report);
     b.ok("test -e /run/genv-enforce/kept-across-restarts");
 
+    // An upgrade (the package installed again) loads the unit and
+    // restarts the running service on the new binary.
+    let main_pid = || b.ok("systemctl show -p MainPID --value genv-enforce");
+    let before = main_pid();
+    b.ok("dpkg -i genv-enforce_*.deb >/dev/null");
+    assert_ne!(main_pid(), before, "not restarted by the upgrade");
+    assert_eq!(b.ok("systemctl is-active genv-enforce").trim(), "active");
+
     // Stopped: no SSH master in the box, no agent on the hosts.
     let agents = || processes_with("genv-enforce-agent");
     assert!(!agents().is_empty(), "no agent while the service runs");
