@@ -187,19 +187,33 @@ pub struct Setting {
 pub fn flags(root: &Command) -> BTreeMap<String, Arg> {
     let mut root = root.clone();
     root.build();
-    let mut out = BTreeMap::new();
-    let mut stack = vec![&root];
-    while let Some(cmd) = stack.pop() {
+    // A flag several subcommands share (`--output`, `--command-timeout`)
+    // is described as the service runs it: `remote enforce`'s first, then
+    // `remote`'s, `enforce`'s, and any other's (`doctor`'s) last.
+    let rank = |path: &[&str]| match path {
+        ["remote", "enforce"] => 3,
+        ["remote"] => 2,
+        ["enforce"] => 1,
+        _ => 0,
+    };
+    let mut out: BTreeMap<String, (u8, Arg)> = BTreeMap::new();
+    let mut stack = vec![(vec![], &root)];
+    while let Some((path, cmd)) = stack.pop() {
+        let r = rank(&path);
         for arg in cmd.get_arguments() {
             if let Some(long) = arg.get_long() {
-                if !NOT_KEYS.contains(&long) {
-                    out.entry(long.to_string()).or_insert_with(|| arg.clone());
+                if !NOT_KEYS.contains(&long) && out.get(long).is_none_or(|(had, _)| *had < r) {
+                    out.insert(long.to_string(), (r, arg.clone()));
                 }
             }
         }
-        stack.extend(cmd.get_subcommands().filter(|c| !is_unconfigured(c)));
+        for sub in cmd.get_subcommands().filter(|c| !is_unconfigured(c)) {
+            let mut p = path.clone();
+            p.push(sub.get_name());
+            stack.push((p, sub));
+        }
     }
-    out
+    out.into_iter().map(|(k, (_, a))| (k, a)).collect()
 }
 
 /// Subcommands whose flags are not configuration (`report` reads a
@@ -996,6 +1010,18 @@ ha-etcd = ["http://a:2379", "http://b:2379"]
         let (merged, sources) = apply(&root(), &args("enforce --webhook-file /w"), &file);
         assert_eq!(words(&merged), "enforce --webhook-file /w");
         assert!(matches!(sources["webhook"], Source::Overridden(_)));
+    }
+
+    #[test]
+    fn a_shared_flag_is_described_as_the_service_runs_it() {
+        let f = flags(&root());
+        let help = |k: &str| f[k].get_help().map(ToString::to_string).unwrap_or_default();
+        assert!(
+            help("command-timeout").contains("remote command"),
+            "{}",
+            help("command-timeout")
+        );
+        assert!(!help("output").contains("a table"), "{}", help("output"));
     }
 
     #[test]
