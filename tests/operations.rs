@@ -241,12 +241,7 @@ fn a_violation_waits_for_confirmation_over_two_cycles() {
     // transient state, never punished.
     h.set_apps(&[(stray, 0, "100")]);
     let second: Value = serde_json::from_str(&reports.next().unwrap().unwrap()).unwrap();
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    let _ = child.wait();
+    let _ = stop(&mut child);
     let outcomes = second["outcomes"].as_array().unwrap();
     assert_eq!(outcomes.len(), 1, "{second:#}");
     assert_eq!(outcomes[0]["pid"], stray);
@@ -290,6 +285,16 @@ fn http_get(port: u16, path: &str) -> (String, String) {
     (head.lines().next().unwrap().to_string(), body.to_string())
 }
 
+/// SIGTERM to a run of ours, then its exit status.
+fn stop(child: &mut std::process::Child) -> std::process::ExitStatus {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    child.wait().unwrap()
+}
+
 /// The value of the sample `name` (labels included, as printed).
 fn sample(metrics: &str, name: &str) -> Option<f64> {
     metrics
@@ -330,12 +335,7 @@ fn metrics_are_scraped_over_http_after_a_cycle() {
     let host = first["hosts"][0]["host"].as_str().unwrap().to_string();
     let (status, metrics) = http_get(port, "/metrics");
     let (missing, _) = http_get(port, "/");
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    let _ = child.wait();
+    let _ = stop(&mut child);
     assert!(status.contains("200"), "{status}");
     assert!(missing.contains("404"), "{missing}");
     let value = |name: &str| sample(&metrics, name).unwrap_or_else(|| panic!("{name}: {metrics}"));
@@ -409,12 +409,7 @@ fn a_metrics_address_another_process_holds_never_stops_enforcement() {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
     let metrics = served.then(|| http_get(port, "/metrics").1);
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    let _ = child.wait();
+    let _ = stop(&mut child);
     // Said on stderr (read to its end: the run is over).
     let line = said.join().unwrap().unwrap_or_default();
     assert!(
@@ -531,12 +526,7 @@ fn the_metrics_endpoint_holds_under_a_local_users_flood() {
     drop(flood.stdin.take());
     let _ = flood.kill();
     let _ = flood.wait();
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    let _ = child.wait();
+    let _ = stop(&mut child);
     assert!(status.contains("200"), "{status}");
     assert!(metrics.contains("genv_enforce_cycles_total 1"), "{metrics}");
     assert!(post.contains("405"), "{post}");
@@ -661,12 +651,7 @@ fn a_grace_warns_first_acts_on_what_still_holds_at_its_deadline_and_clears_the_r
     assert_eq!(acted["outcomes"][0]["pid"], stray);
     assert_eq!(acted["events"][0]["stage"], "acted");
     assert_eq!(h.wait_signal(stray, Duration::from_secs(5)), Some(SIGTERM));
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    let _ = child.wait();
+    let _ = stop(&mut child);
     assert!(h.running(fixed));
     // The audit log tells the story in order.
     let phases: Vec<(String, u64)> = std::fs::read_to_string(&audit)
@@ -720,13 +705,8 @@ fn a_restart_mid_grace_keeps_the_deadline_and_warns_nobody_twice() {
             .spawn()
             .unwrap()
     };
-    let stop = |child: &mut std::process::Child| {
-        rustix::process::kill_process(
-            rustix::process::Pid::from_child(child),
-            rustix::process::Signal::TERM,
-        )
-        .unwrap();
-        assert!(child.wait().unwrap().success());
+    let stop_ok = |child: &mut std::process::Child| {
+        assert!(stop(child).success());
     };
     let started = std::time::Instant::now();
     let mut first = start();
@@ -734,7 +714,7 @@ fn a_restart_mid_grace_keeps_the_deadline_and_warns_nobody_twice() {
     let report: Value = serde_json::from_str(&reports.next().unwrap().unwrap()).unwrap();
     assert_eq!(report["events"][0]["stage"], "warned", "{report:#}");
     let deadline = report["events"][0]["deadline_ms"].as_u64().unwrap();
-    stop(&mut first);
+    stop_ok(&mut first);
     // A new run, mid-grace: no second warning; the same deadline.
     let mut second = start();
     let mut reports = BufReader::new(second.stdout.take().unwrap()).lines();
@@ -748,7 +728,7 @@ fn a_restart_mid_grace_keeps_the_deadline_and_warns_nobody_twice() {
         assert_eq!(r["awaiting_confirmation"][0]["deadline_ms"], deadline);
         assert!(started.elapsed() < Duration::from_secs(20), "never acted");
     };
-    stop(&mut second);
+    stop_ok(&mut second);
     assert_eq!(acted["events"][0]["stage"], "acted");
     assert_eq!(acted["events"][0]["deadline_ms"], deadline);
     assert_eq!(h.wait_signal(stray, Duration::from_secs(5)), Some(SIGTERM));
@@ -798,12 +778,7 @@ fn report_gives_the_gpu_hours_a_multi_cycle_run_recorded() {
     for _ in 0..4 {
         reports.next().unwrap().unwrap();
     }
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    assert!(child.wait().unwrap().success());
+    assert!(stop(&mut child).success());
     let elapsed = started.elapsed().as_secs_f64();
     // What the run recorded: its first and last sample.
     let (first, last): (i64, i64) = rusqlite::Connection::open(&db)
@@ -962,12 +937,7 @@ fn metrics_may_be_served_over_tls_to_the_users_of_a_web_config_only() {
         let _ = s.read_to_end(&mut text);
         String::from_utf8_lossy(&text).into_owned()
     };
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    let _ = child.wait();
+    let _ = stop(&mut child);
     assert_eq!(good.0, 200);
     assert!(good.1.contains("genv_enforce_cycles_total"), "{}", good.1);
     assert_eq!((wrong, none), (401, 401));
