@@ -88,6 +88,7 @@ pub struct Metrics {
     user_devices: Family<UserLabel, Gauge>,
     user_memory: Family<UserLabel, Gauge>,
     unowned_memory: Family<GpuLabels, Gauge>,
+    mps_memory: Family<GpuLabels, Gauge>,
     degraded: Family<HostLabel, Gauge>,
     unjudged: Family<HostLabel, Gauge>,
     notifications: Family<NotifyLabels, Counter>,
@@ -120,6 +121,7 @@ impl Metrics {
             user_devices: Family::default(),
             user_memory: Family::default(),
             unowned_memory: Family::default(),
+            mps_memory: Family::default(),
             degraded: Family::default(),
             unjudged: Family::default(),
             notifications: Family::default(),
@@ -176,6 +178,11 @@ impl Metrics {
             "unowned_gpu_memory_bytes",
             "GPU memory the driver lists for pids no live process has, by host and GPU, last cycle (never acted on)",
             m.unowned_memory.clone(),
+        );
+        registry.register(
+            "mps_server_gpu_memory_bytes",
+            "GPU memory the machine's shared CUDA MPS server holds, by host and GPU, last cycle (overhead: never judged, in no one's count)",
+            m.mps_memory.clone(),
         );
         registry.register(
             "host_degraded",
@@ -265,6 +272,7 @@ impl Metrics {
                 .inc_by(i64::try_from(s.memory_bytes).unwrap_or(i64::MAX));
         }
         self.unowned_memory.clear();
+        self.mps_memory.clear();
         self.unjudged.clear();
         for n in &r.notices {
             if let crate::rules::Notice::UnknownOwner { host, .. } = n {
@@ -282,6 +290,20 @@ impl Metrics {
             } = n
             {
                 self.unowned_memory
+                    .get_or_create(&GpuLabels {
+                        host: host.0.to_string(),
+                        gpu: device.to_string(),
+                    })
+                    .inc_by(i64::try_from(*b).unwrap_or(i64::MAX));
+            }
+            if let crate::rules::Notice::MpsServer {
+                host,
+                device,
+                bytes: Some(b),
+                ..
+            } = n
+            {
+                self.mps_memory
                     .get_or_create(&GpuLabels {
                         host: host.0.to_string(),
                         gpu: device.to_string(),
@@ -626,9 +648,17 @@ mod tests {
                 bytes: Some(b),
             })
             .collect();
+        report.notices.push(crate::rules::Notice::MpsServer {
+            host: HostId("h1".into()),
+            device: crate::model::GpuIndex(1),
+            pid: crate::model::Pid(8),
+            user: Some("alice".into()),
+            bytes: Some(66 << 20),
+        });
         m.observe(&report);
         let text = m.render();
         for line in [
+            "genv_enforce_mps_server_gpu_memory_bytes{host=\"h1\",gpu=\"1\"} 69206016",
             "genv_enforce_unowned_gpu_memory_bytes{host=\"h1\",gpu=\"0\"} 4194304",
             "genv_enforce_unowned_gpu_memory_bytes{host=\"h1\",gpu=\"1\"} 5242880",
             "genv_enforce_host_failures_total{host=\"a\",kind=\"host-key\"} 1",
@@ -648,5 +678,6 @@ mod tests {
         ));
         assert!(!m.render().contains("alice"));
         assert!(!m.render().contains("unowned_gpu_memory_bytes{"));
+        assert!(!m.render().contains("mps_server_gpu_memory_bytes{"));
     }
 }

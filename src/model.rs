@@ -499,6 +499,31 @@ pub struct HostTruth {
     /// to one sub-uid range's owner, and why.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub unresolved_uids: BTreeMap<u32, String>,
+    /// The machine's shared CUDA MPS servers, which no rule judges (they
+    /// are not among the snapshot's processes).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mps_servers: Vec<MpsServer>,
+    /// GPU processes that run the driver's MPS server file but are no
+    /// shared server (a user's own), and why not: judged as any process.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub own_mps_servers: BTreeMap<Pid, String>,
+}
+
+/// The machine's shared CUDA MPS server: the kernel says root's
+/// `nvidia-cuda-mps-control` started it from the driver's root-owned
+/// `nvidia-cuda-mps-server` file (the agent's `mps_role`). It runs every
+/// client's kernels, so terminating it would end them all: it is never
+/// judged, and its memory is overhead on its GPUs, in no one's count.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MpsServer {
+    pub pid: Pid,
+    pub start_time: Option<u64>,
+    /// The user it runs as: the control daemon starts it as the user of
+    /// its first client.
+    pub uid: Option<u32>,
+    pub user: Option<Arc<str>>,
+    /// Its memory on each of its GPUs.
+    pub gpus: Gpus,
 }
 
 /// What turns a process's start time (clock ticks since boot, as `/proc`
@@ -540,6 +565,10 @@ pub struct ProcessUtilization {
     /// SM utilization in percent; `None` where pmon printed `-`: no kernel
     /// of the process ran in its sampling window.
     pub sm: Option<u32>,
+    /// A CUDA MPS client (type `M+C` or `M`): its kernels run on the MPS
+    /// server, so its own `-` says nothing of its work.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub mps_client: bool,
 }
 
 impl HostTruth {

@@ -382,7 +382,7 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
             bytes.map_or("Unmeasured".to_string(), |b| format!("{} of", mebibytes(b)))
         ),
         Notice::UtilizationUnknown { host, pid, gpus } => format!(
-            "{}[WARNING] Utilization of process {pid} on GPU(s) {} is unknown (pmon has no figure for it and it shares its GPU): it is never reclaimed as idle",
+            "{}[WARNING] Utilization of process {pid} on GPU(s) {} is unknown (pmon has no figure of its own for it: it shares its GPU, or it is a CUDA MPS client whose kernels run on the busy MPS server): it is never reclaimed as idle",
             prefix(mode, host),
             indices(gpus)
         ),
@@ -402,6 +402,12 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
             "{}[WARNING] {}: genv's state was read without it",
             prefix(mode, host),
             clean(holders)
+        ),
+        Notice::MpsServer { host, device, pid, user, bytes } => format!(
+            "{}[INFO] Process {pid}{} on device {device} is the machine's CUDA MPS server (root's nvidia-cuda-mps-control started it): it is never judged, and its {} GPU memory there is overhead, in no one's count",
+            prefix(mode, host),
+            user.as_deref().map_or(String::new(), |u| format!(" (user {})", clean(u))),
+            bytes.map_or("unmeasured".to_string(), mebibytes)
         ),
         Notice::UnresolvedUid { host, uid, reason } => format!(
             "{}[WARNING] uid {uid} has no name here and is {}: its processes count as their own user's",

@@ -41,6 +41,9 @@
 #                        an environment lists (absent: not alive); hidden:
 #                        the environ cannot be read for a reason the
 #                        process controls (see read_environ)
+#     mps <pid>          (after its proc frame) a GPU process that runs the
+#                        driver's MPS server file: "shared" (the machine's
+#                        server, see mps_role) or "own\n<why not shared>"
 #     subuid <uid>       the owner's uid of the sub-uid range holding a uid
 #                        seen that has no name here, or "- <why not>"
 #     user <uid>         the host's name for a uid seen (and for owners)
@@ -97,7 +100,7 @@ import sys
 import threading
 import time
 
-PROTOCOL = 6
+PROTOCOL = 7
 VAR = b"GENV_ENVIRONMENT_ID="
 PROC = ["/proc"]  # where procfs is, for the request at hand
 SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -681,7 +684,14 @@ def environ_of_threads(pid, start, stat, deadline):
 
 
 def identity(pid, want_environ, asked=None, deadline=None):
-    """The identity body of a proc frame, or None when the process is gone.
+    """The identity body of a proc frame, or None when the process is gone."""
+    found = identity_and_role(pid, want_environ, asked, deadline)
+    return None if found is None else found[0]
+
+
+def identity_and_role(pid, want_environ, asked=None, deadline=None):
+    """(the identity body of a proc frame, a GPU process's MPS role: see
+    mps_role), or None when the process is gone.
     `asked`: clock ticks since boot when nvidia-smi was asked; a process
     that started then or later is not the one it listed."""
     try:
@@ -690,9 +700,9 @@ def identity(pid, want_environ, asked=None, deadline=None):
         return None
     before = start_time(stat)
     if before is None:
-        return b"unsure\nits /proc stat does not parse"
+        return (b"unsure\nits /proc stat does not parse", None)
     if asked is not None and before >= asked:
-        return b"unsure\nit started after nvidia-smi was asked: what it listed for this pid was another process's"
+        return (b"unsure\nit started after nvidia-smi was asked: what it listed for this pid was another process's", None)
     # The leader keeps the process's credentials when it exits: its uid
     # is read there whatever the threads do.
     try:
@@ -715,14 +725,93 @@ def identity(pid, want_environ, asked=None, deadline=None):
         env, value = environ_of_threads(pid, before, stat, deadline)
     if env is None:
         return None
+    role = mps_role(pid, stat, before, deadline) if asked is not None else None
     try:
         after = start_time(proc_read(pid, "stat"))
     except OSError:
         return None
     if after != before:
-        return b"unsure\nits pid was reused while it was read"
+        return (b"unsure\nits pid was reused while it was read", None)
     uid_text = "-" if uid is None else str(uid)
-    return ("seen %d %s %s\n" % (before, uid_text, env)).encode() + value
+    return ("seen %d %s %s\n" % (before, uid_text, env)).encode() + value, role
+
+
+# CUDA MPS. The machine's MPS server is started by root's control daemon
+# (nvidia-cuda-mps-control -d) as the user of its first client, carries no
+# environment, and runs every client's kernels: terminating it ends all of
+# them. So it is known by what only root can arrange, never by its name
+# (any user can name a process so, or run a copy of the file): a GPU
+# process is the shared server when
+# - the file the kernel runs for it (/proc/<pid>/exe) is a regular file
+#   named nvidia-cuda-mps-server, owned by root and writable by no one
+#   else, on no FUSE mount, and
+# - its parent (its stat's ppid) is a process of real uid root whose file
+#   is such a one named nvidia-cuda-mps-control, and that started no later
+#   than it (not a reused pid).
+# One that runs the server file otherwise (a user's own control daemon) is
+# its user's own ("own"), judged like any of their processes.
+MPS_SERVER = "nvidia-cuda-mps-server"
+MPS_CONTROL = "nvidia-cuda-mps-control"
+EXE_WAIT = 1.0
+EXE_HUNG = set()  # (pid, start time) whose executable's stat hung
+
+
+def root_program(pid, name, start, deadline):
+    """Why /proc/<pid>/exe is not a root-owned file named `name` that only
+    root can write, or None when it is. Its stat follows the kernel's link
+    (the file itself, even replaced or in another mount namespace) on the
+    reader thread: a file on a user's FUSE mount may never answer."""
+    try:
+        path = os.readlink(proc_path(pid, "exe"))
+    except OSError as e:
+        return "its executable cannot be read: %s" % e.strerror
+    if path.endswith(" (deleted)"):
+        path = path[: -len(" (deleted)")]
+    if os.path.basename(path) != name:
+        return "its executable is not named %s" % name
+    if (pid, start) in EXE_HUNG:
+        return "its executable's stat hung"
+    wait = EXE_WAIT if deadline is None else min(EXE_WAIT, deadline - time.monotonic())
+    if wait < 0.05:
+        return "its executable was not looked at within the snapshot's time"
+    try:
+        st = READER.run(lambda: os.stat(proc_path(pid, "exe")), wait)
+    except Hung:
+        if wait >= EXE_WAIT:
+            EXE_HUNG.add((pid, start))
+        return "its executable's stat did not end in time"
+    except OSError as e:
+        return "its executable cannot be read: %s" % e.strerror
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022 or on_fuse(st):
+        return "its executable is not a file only root can write"
+    return None
+
+
+def mps_role(pid, stat_bytes, start, deadline):
+    """b"shared", b"own\n<why not shared>", or None for a GPU process that
+    does not run the driver's MPS server file (see above)."""
+    if root_program(pid, MPS_SERVER, start, deadline) is not None:
+        return None
+    fields = stat_fields(stat_bytes)
+    ppid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+    why = None
+    try:
+        parent_stat = proc_read(ppid, "stat") if ppid > 1 else None
+        parent_uid = real_uid(proc_read(ppid, "status")) if ppid > 1 else None
+    except OSError:
+        parent_stat = parent_uid = None
+    parent_start = start_time(parent_stat) if parent_stat else None
+    if parent_stat is None or parent_uid != 0:
+        why = "its parent (pid %d) is not a process of root" % ppid
+    elif parent_start is None or parent_start > start:
+        why = "its parent (pid %d) started after it" % ppid
+    else:
+        not_control = root_program(ppid, MPS_CONTROL, parent_start, deadline)
+        if not_control is not None:
+            why = "its parent (pid %d) is not root's %s: %s" % (ppid, MPS_CONTROL, not_control)
+    if why is None:
+        return b"shared"
+    return b"own\n" + why.encode()
 
 
 def environ_of(pid, tid, start, stat, deadline):
@@ -940,15 +1029,19 @@ def snapshot(req, out):
     for pid in order:
         if time.monotonic() >= deadline:
             body = b"unsure\nnot read within the snapshot's %gs" % req["step"]
+            role = None
         else:
-            body = identity(pid, pid in on_gpus, asked if pid in on_gpus else None, deadline)
+            body, role = identity_and_role(pid, pid in on_gpus, asked if pid in on_gpus else None, deadline) or (None, None)
         if body is not None:
             frame(out, "proc", pid, body)
+            if role is not None:
+                frame(out, "mps", pid, role)
             words = body.split(b"\n", 1)[0].split()
             if words[0] == b"seen" and words[2] != b"-":
                 uids.add(int(words[2]))
                 seen_uids[pid] = int(words[2])
     HUNG.intersection_update(set(k for k in HUNG if k[0] in live))
+    EXE_HUNG.intersection_update(set(k for k in EXE_HUNG if k[0] in live))
     import pwd
 
     owners = sub_uid_owners(req.get("subuid") or SUBUID, uids)

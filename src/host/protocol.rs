@@ -29,7 +29,7 @@ use crate::outcome::{DetachResult, TerminateResult};
 use crate::plan::{Signal, Termination};
 
 /// The protocol's version: both sides must speak the same.
-pub const PROTOCOL: u32 = 6;
+pub const PROTOCOL: u32 = 7;
 
 /// The host agent's source.
 pub const AGENT: &str = include_str!("agent.py");

@@ -7,9 +7,13 @@
 //! u` prints it (`-`, no kernel of it ran in pmon's sampling window, is
 //! 0), or, where pmon has no line for it (it failed, or MIG, where it is
 //! unavailable), the whole GPU's `utilization.gpu` when the process is the
-//! only one on that GPU (said in the finding). Otherwise its utilization
+//! only one on that GPU (said in the finding). A CUDA MPS client (pmon's
+//! type `M+C`) runs its kernels on the MPS server, whose line carries them:
+//! its own `-` is 0 only where the whole GPU's figure is 0 (said in the
+//! finding), and a number is its own. Otherwise its utilization
 //! is unknown and it is never reclaimed: it is noticed, and its window
-//! starts over.
+//! starts over. The machine's shared MPS server is no process here (see
+//! [`crate::model::MpsServer`]): never reclaimed.
 //!
 //! The windows ([`IdleHistory`]) are kept from cycle to cycle, and across
 //! restarts in `--state-db`: a process (host, pid, start time) is idle
@@ -48,7 +52,8 @@ pub struct IdlePolicy {
 pub enum Source {
     /// Its own, from pmon.
     Process,
-    /// Its GPU's, which it had to itself, on at least one of its GPUs.
+    /// Its GPU's, on at least one of its GPUs: it had the GPU to itself,
+    /// or it is a CUDA MPS client and the whole GPU did nothing.
     Gpu,
 }
 
@@ -62,8 +67,8 @@ pub fn reading(snap: &HostSnapshot, p: &Process) -> Option<(u32, Source)> {
 /// What pmon said of one process on one GPU.
 #[derive(Clone, Copy)]
 enum Line {
-    /// Its SM figure (`None`: `-`).
-    Sm(Option<u32>),
+    /// Its SM figure (`None`: `-`), and whether it is an MPS client.
+    Sm(Option<u32>, bool),
     /// Listed twice: a process name can hold a newline and forge a line,
     /// so neither is believed.
     Twice,
@@ -82,7 +87,7 @@ pub fn readings(snap: &HostSnapshot) -> HashMap<Pid, Option<(u32, Source)>> {
         lines
             .entry((l.index, l.pid))
             .and_modify(|seen| *seen = Line::Twice)
-            .or_insert(Line::Sm(l.sm));
+            .or_insert(Line::Sm(l.sm, l.mps_client));
     }
     let mut on_gpu: HashMap<GpuIndex, usize> = HashMap::new();
     for p in &snap.processes {
@@ -96,8 +101,11 @@ pub fn readings(snap: &HostSnapshot) -> HashMap<Pid, Option<(u32, Source)>> {
             let gpu = u.gpus.get(&index).copied();
             // A line listed twice, like no figure at all, is unknown.
             let (pct, source) = match (lines.get(&(index, p.pid)), gpu) {
-                (Some(Line::Sm(Some(pct))), _) => (*pct, Source::Process),
-                (Some(Line::Sm(None)), Some(_)) => (0, Source::Process),
+                (Some(Line::Sm(Some(pct), _)), _) => (*pct, Source::Process),
+                (Some(Line::Sm(None, false)), Some(_)) => (0, Source::Process),
+                // An MPS client's kernels run on the server, whose line has
+                // them: its own `-` says nothing, unless the GPU did nothing.
+                (Some(Line::Sm(None, true)), Some(0)) => (0, Source::Gpu),
                 (None, Some(pct)) if on_gpu.get(&index) == Some(&1) => (pct, Source::Gpu),
                 _ => return None,
             };
@@ -341,6 +349,7 @@ mod tests {
                             index: GpuIndex(g),
                             pid: Pid(pid),
                             sm,
+                            mps_client: false,
                         })
                         .collect()
                 }),
@@ -394,6 +403,75 @@ mod tests {
             crate::snapshot::nvidia_smi::parse_pmon(&capture("0-none-pmon-c1-su.txt"), "h100")
                 .unwrap();
         assert!(none.is_empty());
+    }
+
+    /// Issue 44's second row, from `fixtures/nvidia-smi/mps/`: alice's MPS
+    /// client 1040 computes; pmon puts its work on the server's line (the
+    /// shared server is no process of the snapshot) and prints `-` for it.
+    #[test]
+    fn an_mps_client_is_idle_only_when_its_gpu_did_nothing() {
+        let mps = |name: &str| {
+            std::fs::read_to_string(format!(
+                "{}/fixtures/nvidia-smi/mps/{name}",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with("# exit"))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+        };
+        let client = proc_(1040, Some("e"), &[(0, mib(1540))]);
+        let with = |phase: &str| HostSnapshot {
+            processes: vec![client.clone()],
+            utilization: Some(Utilization {
+                processes: Some(
+                    crate::snapshot::nvidia_smi::parse_pmon(
+                        &mps(&format!("{phase}-pmon-c1-su.txt")),
+                        "",
+                    )
+                    .unwrap(),
+                ),
+                gpus: crate::snapshot::nvidia_smi::parse_gpu_utilization(
+                    &mps(&format!("{phase}-query-gpu-util.csv")),
+                    "",
+                )
+                .unwrap(),
+            }),
+            ..Default::default()
+        };
+        let busy = with("1-busy");
+        let lines = busy
+            .utilization
+            .as_ref()
+            .unwrap()
+            .processes
+            .clone()
+            .unwrap();
+        assert_eq!(
+            lines
+                .iter()
+                .map(|l| (l.pid.0, l.sm, l.mps_client))
+                .collect::<Vec<_>>(),
+            [(1040, None, true), (1048, Some(99), false)]
+        );
+        assert_eq!(reading(&busy, &client), None, "busy: unknown, never idle");
+        let idle = with("2-idle");
+        assert_eq!(reading(&idle, &client), Some((0, Source::Gpu)));
+        // Its own figure, where the driver gives one, is its own.
+        let mut own = busy.clone();
+        own.utilization
+            .as_mut()
+            .unwrap()
+            .processes
+            .as_mut()
+            .unwrap()[0]
+            .sm = Some(40);
+        assert_eq!(reading(&own, &client), Some((40, Source::Process)));
+        // The GPU's figure unknown: so is the client's.
+        let mut blind = idle.clone();
+        blind.utilization.as_mut().unwrap().gpus.clear();
+        assert_eq!(reading(&blind, &client), None);
     }
 
     #[test]

@@ -385,6 +385,18 @@ pub enum Notice {
     /// genv's lock was held past the agent's short wait; the state was
     /// read without it.
     LockHeld { host: HostId, holders: String },
+    /// The machine's shared CUDA MPS server on one of its GPUs: never
+    /// judged; its memory there is overhead, in no one's count (see
+    /// [`crate::model::MpsServer`]).
+    MpsServer {
+        host: HostId,
+        device: GpuIndex,
+        pid: Pid,
+        /// The user it runs as (its first client's).
+        user: Option<String>,
+        /// `None` where the driver could not say how much.
+        bytes: Option<u64>,
+    },
     /// A uid seen that has no name on the host and is in no single
     /// sub-uid range: counted as its own user.
     UnresolvedUid {
@@ -655,6 +667,15 @@ fn notices(host: &HostId, a: &Attribution, policy: &Policy) -> Vec<Notice> {
                 holders: holders.clone(),
             });
         }
+        out.extend(truth.mps_servers.iter().flat_map(|s| {
+            s.gpus.iter().map(|g| Notice::MpsServer {
+                host: host.clone(),
+                device: g.index,
+                pid: s.pid,
+                user: s.user.as_deref().map(str::to_string),
+                bytes: g.usage.bytes(),
+            })
+        }));
         out.extend(
             truth
                 .unresolved_uids

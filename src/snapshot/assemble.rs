@@ -44,6 +44,18 @@ pub struct RawHost<'a> {
     pub state_errors: BTreeMap<String, String>,
     /// `lock`: who held genv's lock past the agent's wait.
     pub lock_held: Option<String>,
+    /// `mps <pid>`: the GPU processes that run the driver's MPS server file.
+    pub mps: BTreeMap<u32, RawMps>,
+}
+
+/// What the agent said of a GPU process that runs the driver's MPS server
+/// file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RawMps {
+    /// The machine's shared server (root's control daemon started it).
+    Shared,
+    /// A user's own, and why it is not the shared one.
+    Own(String),
 }
 
 /// What `/proc/<pid>` said.
@@ -154,10 +166,21 @@ pub fn assemble(
     };
 
     let ids = Ids::of(&envs);
-    let processes = by_pid
-        .into_iter()
-        .map(|(pid, gpus)| process(raw, pid, gpus, &ids))
-        .collect();
+    let (mut processes, mut mps_servers) = (Vec::with_capacity(by_pid.len()), Vec::new());
+    for (pid, gpus) in by_pid {
+        let p = process(raw, pid, gpus, &ids);
+        match (raw.mps.get(&pid.0), p.start_time) {
+            // Only a process seen (its identity pinned) is the server.
+            (Some(RawMps::Shared), Some(_)) => mps_servers.push(crate::model::MpsServer {
+                pid,
+                start_time: p.start_time,
+                uid: p.uid,
+                user: p.user,
+                gpus: p.gpus,
+            }),
+            _ => processes.push(p),
+        }
+    }
     let pid_uids = envs
         .iter()
         .flat_map(|e| &e.pids)
@@ -184,6 +207,15 @@ pub fn assemble(
                 .sub_uids
                 .iter()
                 .filter_map(|(uid, owner)| Some((*uid, owner.as_ref().err()?.clone())))
+                .collect(),
+            mps_servers,
+            own_mps_servers: raw
+                .mps
+                .iter()
+                .filter_map(|(pid, role)| match role {
+                    RawMps::Own(why) => Some((Pid(*pid), why.clone())),
+                    RawMps::Shared => None,
+                })
                 .collect(),
         }),
         utilization: match &raw.gpu_utilization {
@@ -386,6 +418,129 @@ mod tests {
             uid: Some(uid),
             environ,
         }
+    }
+
+    /// A recorded output of `fixtures/nvidia-smi/mps/` (its `# exit` line
+    /// left out).
+    fn mps_fixture(name: &str) -> String {
+        let path = format!(
+            "{}/fixtures/nvidia-smi/mps/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with("# exit"))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
+    /// Issue 44's host: alice's MPS client 1040 in her environment `ea`,
+    /// and the MPS server 1048 running as alice, carrying no environment;
+    /// `role`: what the agent said of the server.
+    fn mps_host(role: Option<RawMps>) -> RawHost<'static> {
+        RawHost {
+            gpus: mps_fixture("query-gpu.csv").into(),
+            apps: mps_fixture("query-compute-apps.csv").into(),
+            envs: Some(
+                br#"{"envs": [{"eid": "ea", "uid": 1001, "creation": "x", "username": "alice", "config": {}, "pids": [1040], "kernel_ids": []}]}"#
+                    .as_slice()
+                    .into(),
+            ),
+            devices: Some(
+                br#"{"devices": [{"index": 0, "total_memory": "143771mi", "attachments": [{"eid": "ea", "gpu_memory": null, "time": "t"}]}]}"#
+                    .as_slice()
+                    .into(),
+            ),
+            procs: [
+                (1040, seen(500, 1001, Environ::Var(b"ea".as_slice().into()))),
+                (1048, seen(510, 1001, Environ::NoVar)),
+            ]
+            .into_iter()
+            .collect(),
+            user_names: [(1001, "alice".into())].into_iter().collect(),
+            mps: role.into_iter().map(|r| (1048, r)).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// The pids the rules would terminate on the one host of `snap`.
+    fn terminated(snap: HostSnapshot, policy: &crate::rules::Policy) -> Vec<u32> {
+        let cluster = crate::rules::test_support::local(snap);
+        crate::rules::evaluate(&cluster, policy)
+            .iter()
+            .flat_map(|v| &v.actions)
+            .filter_map(|a| match a {
+                crate::rules::Action::Terminate { pid, .. } => Some(pid.0),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_shared_mps_server_is_never_judged_and_its_memory_is_in_no_ones_count() {
+        let snap = assemble(
+            &mps_host(Some(RawMps::Shared)),
+            "h",
+            &mut ParsedState::default(),
+            MAX,
+        )
+        .unwrap();
+        assert_eq!(
+            snap.processes.iter().map(|p| p.pid.0).collect::<Vec<_>>(),
+            [1040]
+        );
+        let servers = &snap.truth.as_ref().unwrap().mps_servers;
+        assert_eq!(servers.len(), 1);
+        let s = &servers[0];
+        assert_eq!(
+            (s.pid.0, s.uid, s.user.as_deref()),
+            (1048, Some(1001), Some("alice"))
+        );
+        assert_eq!(s.gpus[0].usage, Usage::Known(66 << 20), "its overhead");
+        // Outside genv, yet never terminated; alice's 1540 MiB are all she
+        // holds (at her cap, not over it).
+        let policy = crate::rules::Policy {
+            non_env_processes: true,
+            max_memory_per_user: Some(1540 << 20),
+            ..Default::default()
+        };
+        assert_eq!(terminated(snap.clone(), &policy), Vec::<u32>::new());
+        let host = crate::model::HostId("h".into());
+        let findings = crate::rules::assess_host(&host, &snap, &policy, &Default::default());
+        assert!(findings.notices.iter().any(|n| matches!(
+            n,
+            crate::rules::Notice::MpsServer { pid: Pid(1048), bytes: Some(b), .. } if *b == 66 << 20
+        )));
+    }
+
+    #[test]
+    fn a_process_that_is_not_root_s_mps_server_is_judged_as_itself() {
+        let policy = crate::rules::Policy {
+            non_env_processes: true,
+            ..Default::default()
+        };
+        // A user's own server (the agent says why it is not root's), and a
+        // process merely named like one (the agent says nothing).
+        let own = RawMps::Own("its parent (pid 1) is not a process of root".into());
+        for role in [Some(own), None] {
+            let snap = assemble(
+                &mps_host(role.clone()),
+                "h",
+                &mut ParsedState::default(),
+                MAX,
+            )
+            .unwrap();
+            assert_eq!(snap.processes.len(), 2, "{role:?}");
+            assert!(snap.truth.as_ref().unwrap().mps_servers.is_empty());
+            assert_eq!(terminated(snap, &policy), [1048], "{role:?}");
+        }
+        // Only a process whose identity was pinned is the server.
+        let mut unsure = mps_host(Some(RawMps::Shared));
+        unsure.procs.insert(1048, RawProc::Unsure("reused".into()));
+        let snap = assemble(&unsure, "h", &mut ParsedState::default(), MAX).unwrap();
+        assert!(snap.truth.as_ref().unwrap().mps_servers.is_empty());
+        assert_eq!(snap.processes.len(), 2);
     }
 
     fn raw() -> RawHost<'static> {

@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use super::assemble::{Environ, RawHost, RawProc};
+use super::assemble::{Environ, RawHost, RawMps, RawProc};
 use super::ParseError;
 
 /// One frame of the agent's snapshot answer, borrowed from it.
@@ -123,6 +123,7 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
         sub_uids: BTreeMap::new(),
         state_errors: BTreeMap::new(),
         lock_held: lock.map(|f| String::from_utf8_lossy(f.body).into_owned()),
+        mps: BTreeMap::new(),
     };
     let mut procs = Vec::with_capacity(frames.len());
     for f in frames {
@@ -150,6 +151,20 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
                     })?),
                 };
                 raw.sub_uids.insert(number("uid")?, owner);
+            }
+            "mps" => {
+                let role = match f.body.strip_prefix(b"own\n") {
+                    Some(why) => RawMps::Own(String::from_utf8_lossy(why).into_owned()),
+                    None if f.body == b"shared" => RawMps::Shared,
+                    None => {
+                        return Err(ParseError::new(
+                            source,
+                            "mps",
+                            format!("malformed: {:?}", String::from_utf8_lossy(f.body)),
+                        ))
+                    }
+                };
+                raw.mps.insert(number("pid")?, role);
             }
             "state-error" => {
                 let part = f

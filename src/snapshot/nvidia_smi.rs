@@ -243,7 +243,8 @@ pub fn devices(gpus: &[Gpu<'_>]) -> Vec<Device> {
 }
 
 /// `nvidia-smi pmon -c 1 -s u`: each (GPU, pid) line, with its SM
-/// utilization (`-`: no kernel of it ran in the sampling window). Columns
+/// utilization (`-`: no kernel of it ran in the sampling window) and
+/// whether its type says it is a CUDA MPS client (`M+C`, `M`). Columns
 /// are found by the header (`# gpu  pid  type  sm ...`; drivers add
 /// columns); a GPU without processes prints a line of `-`, skipped.
 /// Bounded: one pass over the text.
@@ -258,8 +259,9 @@ pub fn devices(gpus: &[Gpu<'_>]) -> Vec<Device> {
 /// the header has columns, or whose fields are not numbers (or `-` for
 /// `sm`).
 pub fn parse_pmon(text: &str, source: &str) -> Result<Vec<ProcessUtilization>, ParseError> {
-    // The columns of gpu, pid and sm, and how many there are.
-    let mut columns: Option<(usize, usize, usize, usize)> = None;
+    // The columns of gpu, pid, sm and type (where named), and how many
+    // there are.
+    let mut columns: Option<(usize, usize, usize, Option<usize>, usize)> = None;
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line_no = n + 1;
@@ -268,7 +270,7 @@ pub fn parse_pmon(text: &str, source: &str) -> Result<Vec<ProcessUtilization>, P
                 let names: Vec<&str> = header.split_whitespace().collect();
                 let at = |name: &str| names.iter().position(|c| *c == name);
                 if let (Some(g), Some(p), Some(sm)) = (at("gpu"), at("pid"), at("sm")) {
-                    columns = Some((g, p, sm, names.len()));
+                    columns = Some((g, p, sm, at("type"), names.len()));
                 }
             }
             continue;
@@ -276,7 +278,7 @@ pub fn parse_pmon(text: &str, source: &str) -> Result<Vec<ProcessUtilization>, P
         if line.trim().is_empty() {
             continue;
         }
-        let Some((g, p, sm, width)) = columns else {
+        let Some((g, p, sm, kind, width)) = columns else {
             return Err(bad(
                 source,
                 line_no,
@@ -310,7 +312,15 @@ pub fn parse_pmon(text: &str, source: &str) -> Result<Vec<ProcessUtilization>, P
             "-" => None,
             _ => Some(number(sm)?),
         };
-        out.push(ProcessUtilization { index, pid, sm });
+        let mps_client = kind
+            .and_then(|k| fields.get(k))
+            .is_some_and(|t| t.contains('M'));
+        out.push(ProcessUtilization {
+            index,
+            pid,
+            sm,
+            mps_client,
+        });
     }
     Ok(out)
 }

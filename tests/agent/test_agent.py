@@ -230,6 +230,83 @@ class Identity(unittest.TestCase):
             agent["PARSE_INT"] = saved
 
 
+class Mps(unittest.TestCase):
+    """mps_role against a fake /proc in a temporary directory: a server
+    (pid 100) and its parent (pid 7), each with its executable. Needs root
+    (the files' owners are set)."""
+
+    def setUp(self):
+        self.real = agent["PROC"][0]
+        self.tmp = tempfile.TemporaryDirectory()
+        agent["PROC"][0] = self.tmp.name
+        self.bin = os.path.join(self.tmp.name, "bin")
+        os.mkdir(self.bin)
+
+    def tearDown(self):
+        agent["PROC"][0] = self.real
+        agent["EXE_HUNG"].clear()
+        self.tmp.cleanup()
+
+    def program(self, name, uid=0, mode=0o755):
+        path = os.path.join(self.bin, "%s-%d-%o" % (name, uid, mode), name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb"):
+            pass
+        os.chown(path, uid, 0)
+        os.chmod(path, mode)
+        return path
+
+    def process(self, pid, exe, ppid, start, uid):
+        d = os.path.join(self.tmp.name, str(pid))
+        os.mkdir(d)
+        os.symlink(exe, os.path.join(d, "exe"))
+        with open(os.path.join(d, "stat"), "wb") as f:
+            f.write(b"%d (x) S %d 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0\n" % (pid, ppid, start))
+        with open(os.path.join(d, "status"), "wb") as f:
+            f.write(b"Name:\tx\nUid:\t%d\t%d\t%d\t%d\n" % (uid, uid, uid, uid))
+        return agent["proc_read"](pid, "stat")
+
+    def role(self, server_exe, parent_exe, parent_uid=0, parent_start=400):
+        stat_bytes = self.process(100, server_exe, 7, 500, 1001)
+        if parent_exe is not None:
+            self.process(7, parent_exe, 1, parent_start, parent_uid)
+        return agent["mps_role"](100, stat_bytes, 500, None)
+
+    def test_the_shared_server_is_roots_program_started_by_roots_control_daemon(self):
+        server, control = self.program("nvidia-cuda-mps-server"), self.program("nvidia-cuda-mps-control")
+        self.assertEqual(self.role(server, control), b"shared")
+
+    def test_a_server_not_started_by_roots_control_daemon_is_its_users_own(self):
+        control = ("nvidia-cuda-mps-control", 0)
+        cases = [
+            (control, 1001, 400, b"own\nits parent (pid 7) is not a process of root"),
+            (("bash", 0), 0, 400, b"own\nits parent (pid 7) is not root's nvidia-cuda-mps-control: its executable is not named nvidia-cuda-mps-control"),
+            (("nvidia-cuda-mps-control", 1001), 0, 400, b"own\nits parent (pid 7) is not root's nvidia-cuda-mps-control: its executable is not a file only root can write"),
+            (None, 0, 400, b"own\nits parent (pid 7) is not a process of root"),
+            (control, 0, 600, b"own\nits parent (pid 7) started after it"),
+        ]
+        for parent, uid, start, said in cases:
+            with self.subTest(parent=parent, uid=uid, start=start):
+                self.tearDown()
+                self.setUp()
+                server = self.program("nvidia-cuda-mps-server")
+                exe = None if parent is None else self.program(parent[0], uid=parent[1])
+                self.assertEqual(self.role(server, exe, uid, start), said)
+
+    def test_a_process_merely_named_like_the_server_or_running_a_users_copy_is_no_server(self):
+        for name, uid, mode in [
+            ("python3", 0, 0o755),
+            ("nvidia-cuda-mps-server", 1001, 0o755),
+            ("nvidia-cuda-mps-server", 0, 0o775),
+            ("nvidia-cuda-mps-server", 0, 0o757),
+        ]:
+            with self.subTest(name=name, uid=uid, mode=mode):
+                self.tearDown()
+                self.setUp()
+                server = self.program(name, uid, mode)
+                self.assertIsNone(self.role(server, self.program("nvidia-cuda-mps-control")))
+
+
 class Environ(unittest.TestCase):
     """read_environ on files laid out as /proc/PID/environ reads."""
 
