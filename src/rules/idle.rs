@@ -52,9 +52,11 @@ pub struct IdlePolicy {
 pub enum Source {
     /// Its own, from pmon.
     Process,
-    /// Its GPU's, on at least one of its GPUs: it had the GPU to itself,
-    /// or it is a CUDA MPS client and the whole GPU did nothing.
+    /// Its GPU's, which it had to itself, on at least one of its GPUs.
     Gpu,
+    /// A CUDA MPS client's: its whole GPU's, which did nothing (pmon shows
+    /// a client's work on the server's line), on at least one of its GPUs.
+    Mps,
 }
 
 /// A process's utilization this cycle: the highest of its GPUs', and
@@ -105,7 +107,7 @@ pub fn readings(snap: &HostSnapshot) -> HashMap<Pid, Option<(u32, Source)>> {
                 (Some(Line::Sm(None, false)), Some(_)) => (0, Source::Process),
                 // An MPS client's kernels run on the server, whose line has
                 // them: its own `-` says nothing, unless the GPU did nothing.
-                (Some(Line::Sm(None, true)), Some(0)) => (0, Source::Gpu),
+                (Some(Line::Sm(None, true)), Some(0)) => (0, Source::Mps),
                 (None, Some(pct)) if on_gpu.get(&index) == Some(&1) => (pct, Source::Gpu),
                 _ => return None,
             };
@@ -457,7 +459,7 @@ mod tests {
         );
         assert_eq!(reading(&busy, &client), None, "busy: unknown, never idle");
         let idle = with("2-idle");
-        assert_eq!(reading(&idle, &client), Some((0, Source::Gpu)));
+        assert_eq!(reading(&idle, &client), Some((0, Source::Mps)));
         // Its own figure, where the driver gives one, is its own.
         let mut own = busy.clone();
         own.utilization
