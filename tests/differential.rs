@@ -387,3 +387,87 @@ fn difference_unmeasured_usage_does_not_crash() {
     assert_eq!(r.replay, expected);
     assert_eq!(r.ours, expected);
 }
+
+/// genv 1.4.3 terminates the machine's CUDA MPS server (a process outside
+/// any environment), and with it every client: here alice's job in her own
+/// environment. We never judge it: the kernel says root's control daemon
+/// started it from the driver's root-owned file (see docs/rules.md, "CUDA
+/// MPS"). A snapshot genv recorded says none of that: its replay judges
+/// the server as genv does.
+#[test]
+fn difference_the_shared_mps_server_is_never_terminated() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut h = Host::new(1);
+    let (alice, _) = util::ensure_user("alice");
+    // Root's programs (copies of sh and sleep), which alice may run.
+    let open = std::fs::Permissions::from_mode(0o755);
+    std::fs::set_permissions(h.dir.path(), open.clone()).unwrap();
+    let driver = h.dir.path().join("driver");
+    std::fs::create_dir(&driver).unwrap();
+    let (control, server) = (
+        driver.join("nvidia-cuda-mps-control"),
+        driver.join("nvidia-cuda-mps-server"),
+    );
+    for (from, to) in [("/bin/sh", &control), ("/bin/sleep", &server)] {
+        std::fs::copy(from, to).unwrap();
+        std::fs::set_permissions(to, open.clone()).unwrap();
+    }
+    let pid_file = h.dir.path().join("server.pid");
+    let script = format!(
+        "setpriv --reuid={alice} --regid={alice} --clear-groups {} 1000 & echo $! > {}; wait",
+        server.display(),
+        pid_file.display()
+    );
+    let daemon = h.start("root", None, &[control.to_str().unwrap(), "-c", &script]);
+    let start = std::time::Instant::now();
+    let server: u32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+        {
+            break pid;
+        }
+        assert!(start.elapsed().as_secs() < 10, "the server did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // The daemon's end (the test's, or a panic's) leaves the server: it
+    // goes with the test, or it would hold the test's output open.
+    struct Ends(u32);
+    impl Drop for Ends {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("kill")
+                .arg(self.0.to_string())
+                .status();
+        }
+    }
+    let _server = Ends(server);
+    let client = h.spawn_as("alice", Some("ea"));
+    h.set_apps(&[(client, 0, "1540"), (server, 0, "66")]);
+    h.write_envs(&[env("ea", Some("alice"), None, client)]);
+    h.write_devices(1, &[(0, "ea")]);
+
+    let genv = h.genv(&["enforce", "--interval", "0", "--non-env-processes"]);
+    assert!(genv.status.success());
+    assert_eq!(
+        lines(&genv),
+        [
+            format!("Process {server} is not running in a GPU environment"),
+            format!(
+                "Terminating process {server} from environment N/A that is running on GPU(s) 0"
+            ),
+        ]
+    );
+    // Ours, acting: nothing to do; the server is said, and lives.
+    let ours = h.ours(&["enforce", "--interval", "0", "--non-env-processes"]);
+    let stderr = String::from_utf8_lossy(&ours.stderr);
+    assert!(ours.status.success(), "{stderr}");
+    assert!(lines(&ours).is_empty(), "{:?}", lines(&ours));
+    assert!(
+        stderr.contains(&format!(
+            "[INFO] Process {server} (user alice) on device 0 is the machine's CUDA MPS server"
+        )),
+        "{stderr}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(h.running(daemon) && h.running(client));
+}
