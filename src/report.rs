@@ -283,7 +283,7 @@ pub fn violation_line(mode: Mode, v: &Violation) -> String {
             match source {
                 crate::rules::idle::Source::Process => "",
                 crate::rules::idle::Source::Gpu => " (its GPU's, which it has to itself: pmon has no figure for it)",
-                crate::rules::idle::Source::Mps => " (its GPU's, which did nothing: it is a CUDA MPS client, whose work pmon shows on the MPS server's line)",
+                crate::rules::idle::Source::Mps => " (a CUDA MPS client: its MPS server's figure, or its idle GPU's; pmon shows a client's work on its server's line)",
             },
             humantime::format_duration(std::time::Duration::from_secs(idle_ms / 1000))
         ),

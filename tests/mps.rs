@@ -165,14 +165,8 @@ fn the_shared_mps_server_is_never_terminated_and_each_client_is_judged_by_its_ow
         );
         assert_eq!(f.host(0).wait_signal(pid, WAIT), Some(SIGTERM), "{pid}");
     }
-    // The busy client is not idle: its own `-` is unknown.
+    // The busy client is not idle: the server's figure bounds its own.
     assert!(!stdout.contains(&format!("Process {client} ")), "{stdout}");
-    assert!(
-        stderr.contains(&format!(
-            "Utilization of process {client} on GPU(s) 0 is unknown"
-        )),
-        "{stderr}"
-    );
     std::thread::sleep(Duration::from_millis(500));
     assert!(f.host(0).running(client));
     assert!(
@@ -180,30 +174,33 @@ fn the_shared_mps_server_is_never_terminated_and_each_client_is_judged_by_its_ow
         "the server lives (its daemon waits for it)"
     );
 
-    // The client stops computing: the GPU did nothing, so neither did it.
+    // The client stops computing: its server did nothing, so neither did
+    // it, whatever bob's job beside it does.
+    let busy = f.host(0).spawn_as("bob", None);
     let h = f.host(0);
-    set_gpus(h, &[0, 0, 0, 0]);
+    set_gpus(h, &[100, 0, 0, 0]);
     set_apps(
         h,
         &[
             (client, 0, 1540, "M+C", "-", "python3"),
             (mps_server, 0, 66, "C", "-", "nvidia-cuda-mps-server"),
+            (busy, 0, 100, "C", "97", "python3"),
         ],
     );
-    let out = run(&f);
+    let out = f.ours(&["enforce", "--interval", "0", "--idle-after", "0s"]);
     let stdout = lines(&out).join("\n");
     assert!(out.status.success(), "{stdout}");
     assert!(
         stdout.contains(&format!(
-            "Process {client} of user alice holds GPU memory on GPU(s) 0 and has been below 5% utilization (its GPU's, which did nothing: it is a CUDA MPS client"
+            "Process {client} of user alice holds GPU memory on GPU(s) 0 and has been below 5% utilization (a CUDA MPS client: its MPS server's figure"
         )),
         "{stdout}"
     );
     assert_eq!(f.host(0).wait_signal(client, WAIT), Some(SIGTERM));
-    assert!(
-        !stdout.contains(&format!("process {mps_server} ")),
-        "{stdout}"
-    );
+    for pid in [mps_server, busy] {
+        assert!(!stdout.contains(&format!("process {pid} ")), "{stdout}");
+    }
+    assert!(f.host(0).running(busy));
     std::thread::sleep(Duration::from_millis(500));
     assert!(f.host(0).running(daemon), "the server lives on");
 }

@@ -9,8 +9,10 @@
 //! unavailable), the whole GPU's `utilization.gpu` when the process is the
 //! only one on that GPU (said in the finding). A CUDA MPS client (pmon's
 //! type `M+C`) runs its kernels on the MPS server, whose line carries them:
-//! its own `-` is 0 only where the whole GPU's figure is 0 (said in the
-//! finding), and a number is its own. Otherwise its utilization
+//! for its own `-`, the highest figure of the servers on its GPU that run
+//! as its user or as root (all of them where none does), a bound on its
+//! own work, where pmon gave each one; else 0 where the whole GPU's figure
+//! is 0 (said in the finding); a number pmon gives it is its own. Otherwise its utilization
 //! is unknown and it is never reclaimed: it is noticed, and its window
 //! starts over. The machine's shared MPS server is no process here (see
 //! [`crate::model::MpsServer`]): never reclaimed.
@@ -54,8 +56,9 @@ pub enum Source {
     Process,
     /// Its GPU's, which it had to itself, on at least one of its GPUs.
     Gpu,
-    /// A CUDA MPS client's: its whole GPU's, which did nothing (pmon shows
-    /// a client's work on the server's line), on at least one of its GPUs.
+    /// A CUDA MPS client's, on at least one of its GPUs: the figure of the
+    /// MPS servers that may serve it (pmon shows a client's work on its
+    /// server's line), a bound on its own, or its GPU's when that is 0.
     Mps,
 }
 
@@ -97,6 +100,32 @@ pub fn readings(snap: &HostSnapshot) -> HashMap<Pid, Option<(u32, Source)>> {
             *on_gpu.entry(index).or_default() += 1;
         }
     }
+    let servers = mps_servers(snap);
+    // An MPS client's work is on the line of the server that serves it:
+    // the figure of the servers on its GPU that run as its user or as
+    // root (all of them where none does), the highest, where pmon gave
+    // each one. A bound on the client's own: its work is some of theirs.
+    let served = |p: &Process, index: GpuIndex| -> Option<u32> {
+        let on: Vec<&(GpuIndex, Option<u32>, Pid)> =
+            servers.iter().filter(|s| s.0 == index).collect();
+        let mine: Vec<_> = on
+            .iter()
+            .filter(|s| s.1 == p.uid || s.1 == Some(0))
+            .collect();
+        let serving = if mine.is_empty() {
+            on.iter().collect()
+        } else {
+            mine
+        };
+        let mut bound = None;
+        for s in serving {
+            let Some(Line::Sm(sm, _)) = lines.get(&(index, s.2)) else {
+                return None;
+            };
+            bound = Some(bound.unwrap_or(0).max(sm.unwrap_or(0)));
+        }
+        bound
+    };
     let of = |p: &Process| {
         let mut out: Option<(u32, Source)> = None;
         for index in p.indices() {
@@ -106,8 +135,12 @@ pub fn readings(snap: &HostSnapshot) -> HashMap<Pid, Option<(u32, Source)>> {
                 (Some(Line::Sm(Some(pct), _)), _) => (*pct, Source::Process),
                 (Some(Line::Sm(None, false)), Some(_)) => (0, Source::Process),
                 // An MPS client's kernels run on the server, whose line has
-                // them: its own `-` says nothing, unless the GPU did nothing.
-                (Some(Line::Sm(None, true)), Some(0)) => (0, Source::Mps),
+                // them: its own `-` says nothing; its servers' figure, or
+                // its GPU's when that is 0, does.
+                (Some(Line::Sm(None, true)), gpu) => match (served(p, index), gpu) {
+                    (Some(pct), _) | (None, Some(pct @ 0)) => (pct, Source::Mps),
+                    _ => return None,
+                },
                 (None, Some(pct)) if on_gpu.get(&index) == Some(&1) => (pct, Source::Gpu),
                 _ => return None,
             };
@@ -119,6 +152,24 @@ pub fn readings(snap: &HostSnapshot) -> HashMap<Pid, Option<(u32, Source)>> {
         out
     };
     snap.processes.iter().map(|p| (p.pid, of(p))).collect()
+}
+
+/// The MPS servers of a host, each (GPU, its uid, pid) it runs on: the
+/// shared ones and the users' own.
+fn mps_servers(snap: &HostSnapshot) -> Vec<(GpuIndex, Option<u32>, Pid)> {
+    let Some(truth) = &snap.truth else {
+        return Vec::new();
+    };
+    let shared = truth
+        .mps_servers
+        .iter()
+        .flat_map(|s| s.gpus.iter().map(|g| (g.index, s.uid, s.pid)));
+    let own = snap
+        .processes
+        .iter()
+        .filter(|p| truth.own_mps_servers.contains_key(&p.pid))
+        .flat_map(|p| p.indices().map(|i| (i, p.uid, p.pid)));
+    shared.chain(own).collect()
 }
 
 /// What identifies a process from cycle to cycle.
@@ -411,7 +462,7 @@ mod tests {
     /// client 1040 computes; pmon puts its work on the server's line (the
     /// shared server is no process of the snapshot) and prints `-` for it.
     #[test]
-    fn an_mps_client_is_idle_only_when_its_gpu_did_nothing() {
+    fn an_mps_clients_figure_is_its_servers_or_its_idle_gpus() {
         let mps = |name: &str| {
             std::fs::read_to_string(format!(
                 "{}/fixtures/nvidia-smi/mps/{name}",
@@ -460,6 +511,78 @@ mod tests {
         assert_eq!(reading(&busy, &client), None, "busy: unknown, never idle");
         let idle = with("2-idle");
         assert_eq!(reading(&idle, &client), Some((0, Source::Mps)));
+        // Where the host names the server (1048, alice's), its line bounds
+        // its clients': busy, the client is at most as busy; idle, the
+        // client is idle whatever else runs on the GPU.
+        let server = |uid: u32| crate::model::MpsServer {
+            pid: Pid(1048),
+            start_time: Some(1),
+            uid: Some(uid),
+            user: None,
+            gpus: smallvec::smallvec![crate::model::DeviceUsage {
+                index: GpuIndex(0),
+                usage: mib(66),
+            }],
+        };
+        let named = |mut snap: HostSnapshot, uid: u32| {
+            snap.processes[0].uid = Some(1001);
+            snap.truth = Some(crate::model::HostTruth {
+                mps_servers: vec![server(uid)],
+                ..Default::default()
+            });
+            snap
+        };
+        assert_eq!(
+            reading(&named(busy.clone(), 1001), &client),
+            Some((99, Source::Mps))
+        );
+        let mut beside = named(idle.clone(), 1001);
+        beside
+            .utilization
+            .as_mut()
+            .unwrap()
+            .gpus
+            .insert(GpuIndex(0), 100);
+        assert_eq!(reading(&beside, &client), Some((0, Source::Mps)));
+        // A server of another user serves none of its clients: where none
+        // runs as the client's user (or root), all of them are its bound.
+        assert_eq!(
+            reading(&named(busy.clone(), 1002), &client),
+            Some((99, Source::Mps))
+        );
+        let mut two = named(busy.clone(), 1002);
+        let own = crate::model::MpsServer {
+            pid: Pid(2000),
+            uid: Some(1001),
+            ..server(1001)
+        };
+        two.truth.as_mut().unwrap().mps_servers.push(own);
+        two.utilization
+            .as_mut()
+            .unwrap()
+            .processes
+            .as_mut()
+            .unwrap()
+            .push(ProcessUtilization {
+                index: GpuIndex(0),
+                pid: Pid(2000),
+                sm: None,
+                mps_client: false,
+            });
+        assert_eq!(
+            reading(&two, &client),
+            Some((0, Source::Mps)),
+            "its own server is idle"
+        );
+        // A server pmon has no line for: no bound; the GPU's figure only.
+        two.utilization
+            .as_mut()
+            .unwrap()
+            .processes
+            .as_mut()
+            .unwrap()
+            .pop();
+        assert_eq!(reading(&two, &client), None);
         // Its own figure, where the driver gives one, is its own.
         let mut own = busy.clone();
         own.utilization
