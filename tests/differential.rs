@@ -399,11 +399,11 @@ fn difference_the_shared_mps_server_is_never_terminated() {
     use std::os::unix::fs::PermissionsExt;
     let mut h = Host::new(1);
     let (alice, _) = util::ensure_user("alice");
-    // Root's programs (copies of sh and sleep), which alice may run.
+    // Root's programs (copies of sh and sleep) in root's directories,
+    // which alice may run.
     let open = std::fs::Permissions::from_mode(0o755);
-    std::fs::set_permissions(h.dir.path(), open.clone()).unwrap();
-    let driver = h.dir.path().join("driver");
-    std::fs::create_dir(&driver).unwrap();
+    let driver_dir = util::driver_dir();
+    let driver = driver_dir.path();
     let (control, server) = (
         driver.join("nvidia-cuda-mps-control"),
         driver.join("nvidia-cuda-mps-server"),

@@ -75,17 +75,18 @@ fn the_shared_mps_server_is_never_terminated_and_each_client_is_judged_by_its_ow
     let Some(mut f) = Fleet::up(1) else { return };
     let (alice, _) = ensure_user("alice");
     let (bob, _) = ensure_user("bob");
-    // The driver's programs, root's files (copies of sh and sleep), where
-    // every user may run them (the fleet's directory is root's alone).
-    std::fs::set_permissions(f.dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    let h1 = f.dir.path().join("h1");
-    let driver = h1.join("driver");
-    dir_of(&driver, 0);
+    // The driver's programs, root's files (copies of sh and sleep) in
+    // root's directories, where every user may run them.
+    let driver_dir = util::driver_dir();
+    let driver = driver_dir.path();
     let control = driver.join("nvidia-cuda-mps-control");
     let server = driver.join("nvidia-cuda-mps-server");
     program("/bin/sh", &control, 0);
     program("/bin/sleep", &server, 0);
-    // Bob's copy of the server file, his own.
+    // Bob's copy of the server file, his own (the fleet's directory is
+    // root's alone: he may enter it to run it).
+    std::fs::set_permissions(f.dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let h1 = f.dir.path().join("h1");
     let bobs = h1.join("bob");
     dir_of(&bobs, bob);
     let copy = bobs.join("nvidia-cuda-mps-server");

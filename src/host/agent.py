@@ -725,7 +725,7 @@ def identity_and_role(pid, want_environ, asked=None, deadline=None):
         env, value = environ_of_threads(pid, before, stat, deadline)
     if env is None:
         return None
-    role = mps_role(pid, stat, before, deadline) if asked is not None else None
+    role = mps_role(pid, stat, before) if asked is not None else None
     try:
         after = start_time(proc_read(pid, "stat"))
     except OSError:
@@ -742,73 +742,100 @@ def identity_and_role(pid, want_environ, asked=None, deadline=None):
 # them. So it is known by what only root can arrange, never by its name
 # (any user can name a process so, or run a copy of the file): a GPU
 # process is the shared server when
-# - the file the kernel runs for it (/proc/<pid>/exe) is a regular file
-#   named nvidia-cuda-mps-server, owned by root and writable by no one
-#   else, on no FUSE mount, and
+# - the file the kernel runs for it (/proc/<pid>/exe's path) is, here, a
+#   regular file named nvidia-cuda-mps-server owned by root and writable
+#   by no one else, in directories that are all root's and writable by no
+#   one else (so only root put it there; replaced since, "(deleted)", the
+#   directories alone say so); each looked at with lstat from /, none a
+#   FUSE mount point (a user can mount one only on a directory they may
+#   write), so that nothing here waits on a user's program;
+# - no one traces it (TracerPid 0: its user could take it over);
 # - its parent (its stat's ppid) is a process of real uid root whose file
 #   is such a one named nvidia-cuda-mps-control, and that started no later
-#   than it (not a reused pid).
+#   than it and still runs (not a reused pid).
 # One that runs the server file otherwise (a user's own control daemon) is
 # its user's own ("own"), judged like any of their processes.
 MPS_SERVER = "nvidia-cuda-mps-server"
 MPS_CONTROL = "nvidia-cuda-mps-control"
-EXE_WAIT = 1.0
-EXE_HUNG = set()  # (pid, start time) whose executable's stat hung
+DELETED = " (deleted)"
 
 
-def root_program(pid, name, start, deadline):
-    """Why /proc/<pid>/exe is not a root-owned file named `name` that only
-    root can write, or None when it is. Its stat follows the kernel's link
-    (the file itself, even replaced or in another mount namespace) on the
-    reader thread: a file on a user's FUSE mount may never answer."""
+def root_file(path, name):
+    """Why `path` is not a file only root could have put there, named
+    `name` (see above), or None when it is."""
+    deleted = path.endswith(DELETED)
+    if deleted:
+        path = path[: -len(DELETED)]
+    if os.path.basename(path) != name:
+        return "its executable is not named %s" % name
+    parts = path.split("/")
+    if parts[0] != "" or "" in parts[1:] or "." in parts or ".." in parts:
+        return "its executable's path %r is not a plain absolute path" % path
+    prefix = ""
+    for i, part in enumerate(parts[1:]):
+        prefix += "/" + part
+        last = i == len(parts) - 2
+        if last and deleted:
+            break
+        if fuse_mountpoint(prefix):
+            return "its executable is on a FUSE file system (%s)" % prefix
+        try:
+            st = os.lstat(prefix)
+        except OSError as e:
+            return "its executable cannot be looked at (%s: %s)" % (prefix, e.strerror)
+        kind = stat.S_ISREG(st.st_mode) if last else stat.S_ISDIR(st.st_mode)
+        if not kind or st.st_uid != 0 or st.st_mode & 0o022:
+            return "its executable is not a file only root can write (%s)" % prefix
+    return None
+
+
+def root_program(pid, name):
+    """Why process `pid` does not run a file only root could have put
+    there named `name`, or None when it does."""
     try:
         path = os.readlink(proc_path(pid, "exe"))
     except OSError as e:
         return "its executable cannot be read: %s" % e.strerror
-    if path.endswith(" (deleted)"):
-        path = path[: -len(" (deleted)")]
-    if os.path.basename(path) != name:
-        return "its executable is not named %s" % name
-    if (pid, start) in EXE_HUNG:
-        return "its executable's stat hung"
-    wait = EXE_WAIT if deadline is None else min(EXE_WAIT, deadline - time.monotonic())
-    if wait < 0.05:
-        return "its executable was not looked at within the snapshot's time"
-    try:
-        st = READER.run(lambda: os.stat(proc_path(pid, "exe")), wait)
-    except Hung:
-        if wait >= EXE_WAIT:
-            EXE_HUNG.add((pid, start))
-        return "its executable's stat did not end in time"
-    except OSError as e:
-        return "its executable cannot be read: %s" % e.strerror
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022 or on_fuse(st):
-        return "its executable is not a file only root can write"
+    return root_file(path, name)
+
+
+def tracer(status):
+    for line in status.split(b"\n"):
+        if line.startswith(b"TracerPid:"):
+            value = line.split()[1:2]
+            return int(value[0]) if value and value[0].isdigit() else None
     return None
 
 
-def mps_role(pid, stat_bytes, start, deadline):
+def mps_role(pid, stat_bytes, start):
     """b"shared", b"own\n<why not shared>", or None for a GPU process that
     does not run the driver's MPS server file (see above)."""
-    if root_program(pid, MPS_SERVER, start, deadline) is not None:
+    if root_program(pid, MPS_SERVER) is not None:
         return None
     fields = stat_fields(stat_bytes)
     ppid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
-    why = None
+    try:
+        traced = tracer(proc_read(pid, "status"))
+    except OSError:
+        traced = None
     try:
         parent_stat = proc_read(ppid, "stat") if ppid > 1 else None
         parent_uid = real_uid(proc_read(ppid, "status")) if ppid > 1 else None
     except OSError:
         parent_stat = parent_uid = None
     parent_start = start_time(parent_stat) if parent_stat else None
-    if parent_stat is None or parent_uid != 0:
+    if traced:
+        why = "it is traced (by pid %s)" % traced
+    elif parent_stat is None or parent_uid != 0:
         why = "its parent (pid %d) is not a process of root" % ppid
     elif parent_start is None or parent_start > start:
         why = "its parent (pid %d) started after it" % ppid
     else:
-        not_control = root_program(ppid, MPS_CONTROL, parent_start, deadline)
-        if not_control is not None:
-            why = "its parent (pid %d) is not root's %s: %s" % (ppid, MPS_CONTROL, not_control)
+        why = root_program(ppid, MPS_CONTROL)
+        if why is not None:
+            why = "its parent (pid %d) is not root's %s: %s" % (ppid, MPS_CONTROL, why)
+        elif start_time(proc_read_or_empty(ppid)) != parent_start:
+            why = "its parent (pid %d) ended while it was looked at" % ppid
     if why is None:
         return b"shared"
     return b"own\n" + why.encode()
@@ -1041,7 +1068,6 @@ def snapshot(req, out):
                 uids.add(int(words[2]))
                 seen_uids[pid] = int(words[2])
     HUNG.intersection_update(set(k for k in HUNG if k[0] in live))
-    EXE_HUNG.intersection_update(set(k for k in EXE_HUNG if k[0] in live))
     import pwd
 
     owners = sub_uid_owners(req.get("subuid") or SUBUID, uids)

@@ -10,9 +10,10 @@
 //! only one on that GPU (said in the finding). A CUDA MPS client (pmon's
 //! type `M+C`) runs its kernels on the MPS server, whose line carries them:
 //! for its own `-`, the highest figure of the servers on its GPU that run
-//! as its user or as root (all of them where none does), a bound on its
-//! own work, where pmon gave each one; else 0 where the whole GPU's figure
-//! is 0 (said in the finding); a number pmon gives it is its own. Otherwise its utilization
+//! as its user or as root, a bound on its own work, where there is one and
+//! pmon gave each one; else 0 where the whole GPU's figure is 0 (said in
+//! the finding); a number pmon gives it is its own. A driver whose pmon
+//! names no type makes every `-` such a reading. Otherwise its utilization
 //! is unknown and it is never reclaimed: it is noticed, and its window
 //! starts over. The machine's shared MPS server is no process here (see
 //! [`crate::model::MpsServer`]): never reclaimed.
@@ -101,23 +102,16 @@ pub fn readings(snap: &HostSnapshot) -> HashMap<Pid, Option<(u32, Source)>> {
         }
     }
     let servers = mps_servers(snap);
-    // An MPS client's work is on the line of the server that serves it:
-    // the figure of the servers on its GPU that run as its user or as
-    // root (all of them where none does), the highest, where pmon gave
-    // each one. A bound on the client's own: its work is some of theirs.
+    // An MPS client's work is on the line of the server that serves it,
+    // which runs as its user (a server serves one user's clients) or as
+    // root: the highest figure of those on its GPU, where pmon gave each
+    // one; none where none runs. A bound on the client's own: its work is
+    // some of theirs.
     let served = |p: &Process, index: GpuIndex| -> Option<u32> {
-        let on: Vec<&(GpuIndex, Option<u32>, Pid)> =
-            servers.iter().filter(|s| s.0 == index).collect();
-        let mine: Vec<_> = on
-            .iter()
-            .filter(|s| s.1 == p.uid || s.1 == Some(0))
-            .collect();
-        let serving = if mine.is_empty() {
-            on.iter().collect()
-        } else {
-            mine
-        };
         let mut bound = None;
+        let serving = servers
+            .iter()
+            .filter(|s| s.0 == index && (s.1 == p.uid || s.1 == Some(0)));
         for s in serving {
             let Some(Line::Sm(sm, _)) = lines.get(&(index, s.2)) else {
                 return None;
@@ -544,12 +538,17 @@ mod tests {
             .gpus
             .insert(GpuIndex(0), 100);
         assert_eq!(reading(&beside, &client), Some((0, Source::Mps)));
-        // A server of another user serves none of its clients: where none
-        // runs as the client's user (or root), all of them are its bound.
-        assert_eq!(
-            reading(&named(busy.clone(), 1002), &client),
-            Some((99, Source::Mps))
-        );
+        // A server of another user serves none of its clients: it says
+        // nothing of the client, idle or busy; the GPU's figure decides.
+        assert_eq!(reading(&named(busy.clone(), 1002), &client), None);
+        let mut other = named(idle.clone(), 1002);
+        other
+            .utilization
+            .as_mut()
+            .unwrap()
+            .gpus
+            .insert(GpuIndex(0), 100);
+        assert_eq!(reading(&other, &client), None, "bob's idle server");
         let mut two = named(busy.clone(), 1002);
         let own = crate::model::MpsServer {
             pid: Pid(2000),

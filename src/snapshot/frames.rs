@@ -340,6 +340,39 @@ mod tests {
     }
 
     #[test]
+    fn the_agents_word_on_mps_servers_is_kept_by_pid() {
+        let base = [frame("gpus", None, b""), frame("apps", None, b"")].concat();
+        let with = |mps: &[Vec<u8>]| {
+            let f = [base.clone(), mps.concat()].concat();
+            raw_host(&parse_frames(&f, "h").unwrap(), "h").map(|r| r.mps)
+        };
+        let said = with(&[
+            frame("mps", Some("1048"), b"shared"),
+            frame(
+                "mps",
+                Some("7"),
+                b"own\nits parent (pid 1) is not a process of root",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(
+            said.into_iter().collect::<Vec<_>>(),
+            [
+                (
+                    7,
+                    RawMps::Own("its parent (pid 1) is not a process of root".into())
+                ),
+                (1048, RawMps::Shared),
+            ]
+        );
+        for bad in [&b"sharedx"[..], b"", b"own"] {
+            let e = with(&[frame("mps", Some("1"), bad)]).unwrap_err();
+            assert!(e.to_string().contains("malformed"), "{e}");
+        }
+        assert!(with(&[frame("mps", None, b"shared")]).is_err(), "no pid");
+    }
+
+    #[test]
     fn bytes_users_write_that_are_not_utf8_never_fail_the_answer() {
         // State files and process names (pmon's last column) are a user's
         // to write; tools' figures and our own frames are not.

@@ -312,8 +312,9 @@ pub fn parse_pmon(text: &str, source: &str) -> Result<Vec<ProcessUtilization>, P
             "-" => None,
             _ => Some(number(sm)?),
         };
+        // Without a type column, any process may be a client.
         let mps_client = kind
-            .and_then(|k| fields.get(k))
+            .map_or(Some("M"), |k| fields.get(k).copied())
             .is_some_and(|t| t.contains('M'));
         out.push(ProcessUtilization {
             index,

@@ -232,56 +232,81 @@ class Identity(unittest.TestCase):
 
 class Mps(unittest.TestCase):
     """mps_role against a fake /proc in a temporary directory: a server
-    (pid 100) and its parent (pid 7), each with its executable. Needs root
-    (the files' owners are set)."""
+    (pid 100) and its parent (pid 7), each with its executable, in a
+    directory of root's under /run (as the driver's are: /tmp is every
+    user's). Needs root (the files' owners are set)."""
 
     def setUp(self):
         self.real = agent["PROC"][0]
-        self.tmp = tempfile.TemporaryDirectory()
+        self.tmp = tempfile.TemporaryDirectory(dir="/run")
         agent["PROC"][0] = self.tmp.name
         self.bin = os.path.join(self.tmp.name, "bin")
         os.mkdir(self.bin)
 
     def tearDown(self):
         agent["PROC"][0] = self.real
-        agent["EXE_HUNG"].clear()
+        agent["FUSE_DEVICES"][0] = None
         self.tmp.cleanup()
 
-    def program(self, name, uid=0, mode=0o755):
-        path = os.path.join(self.bin, "%s-%d-%o" % (name, uid, mode), name)
+    def program(self, name, uid=0, mode=0o755, dir_uid=0, dir_mode=0o755):
+        path = os.path.join(self.bin, "%s-%d-%o-%d-%o" % (name, uid, mode, dir_uid, dir_mode), name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.chown(os.path.dirname(path), dir_uid, 0)
+        os.chmod(os.path.dirname(path), dir_mode)
         with open(path, "wb"):
             pass
         os.chown(path, uid, 0)
         os.chmod(path, mode)
         return path
 
-    def process(self, pid, exe, ppid, start, uid):
+    def process(self, pid, exe, ppid, start, uid, tracer=0):
         d = os.path.join(self.tmp.name, str(pid))
         os.mkdir(d)
         os.symlink(exe, os.path.join(d, "exe"))
         with open(os.path.join(d, "stat"), "wb") as f:
             f.write(b"%d (x) S %d 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0\n" % (pid, ppid, start))
         with open(os.path.join(d, "status"), "wb") as f:
-            f.write(b"Name:\tx\nUid:\t%d\t%d\t%d\t%d\n" % (uid, uid, uid, uid))
+            f.write(b"Name:\tx\nTracerPid:\t%d\nUid:\t%d\t%d\t%d\t%d\n" % (tracer, uid, uid, uid, uid))
         return agent["proc_read"](pid, "stat")
 
-    def role(self, server_exe, parent_exe, parent_uid=0, parent_start=400):
-        stat_bytes = self.process(100, server_exe, 7, 500, 1001)
+    def role(self, server_exe, parent_exe, parent_uid=0, parent_start=400, tracer=0):
+        stat_bytes = self.process(100, server_exe, 7, 500, 1001, tracer)
         if parent_exe is not None:
             self.process(7, parent_exe, 1, parent_start, parent_uid)
-        return agent["mps_role"](100, stat_bytes, 500, None)
+        return agent["mps_role"](100, stat_bytes, 500)
 
     def test_the_shared_server_is_roots_program_started_by_roots_control_daemon(self):
         server, control = self.program("nvidia-cuda-mps-server"), self.program("nvidia-cuda-mps-control")
         self.assertEqual(self.role(server, control), b"shared")
+
+    def test_a_server_whose_file_root_replaced_is_still_known_by_its_directory(self):
+        server, control = self.program("nvidia-cuda-mps-server"), self.program("nvidia-cuda-mps-control")
+        os.unlink(server)
+        self.assertEqual(self.role(server + " (deleted)", control + " (deleted)"), b"shared")
+        # Deleted from a directory its user may write: anyone's.
+        self.tearDown()
+        self.setUp()
+        server = self.program("nvidia-cuda-mps-server", dir_uid=1001)
+        os.unlink(server)
+        self.assertIsNone(self.role(server + " (deleted)", self.program("nvidia-cuda-mps-control")))
+
+    def test_a_traced_server_is_no_longer_the_shared_one(self):
+        server, control = self.program("nvidia-cuda-mps-server"), self.program("nvidia-cuda-mps-control")
+        self.assertEqual(self.role(server, control, tracer=4242), b"own\nit is traced (by pid 4242)")
+
+    def test_the_files_are_looked_at_without_entering_a_fuse_mount(self):
+        server, control = self.program("nvidia-cuda-mps-server"), self.program("nvidia-cuda-mps-control")
+        mount = os.path.dirname(os.path.dirname(server))
+        agent["FUSE_DEVICES"][0] = (set(), {mount})
+        self.assertEqual(agent["root_file"](server, "nvidia-cuda-mps-server"), "its executable is on a FUSE file system (%s)" % mount)
+        self.assertIsNone(self.role(server, control))
 
     def test_a_server_not_started_by_roots_control_daemon_is_its_users_own(self):
         control = ("nvidia-cuda-mps-control", 0)
         cases = [
             (control, 1001, 400, b"own\nits parent (pid 7) is not a process of root"),
             (("bash", 0), 0, 400, b"own\nits parent (pid 7) is not root's nvidia-cuda-mps-control: its executable is not named nvidia-cuda-mps-control"),
-            (("nvidia-cuda-mps-control", 1001), 0, 400, b"own\nits parent (pid 7) is not root's nvidia-cuda-mps-control: its executable is not a file only root can write"),
+            (("nvidia-cuda-mps-control", 1001), 0, 400, b"own\nits parent (pid 7) is not root's nvidia-cuda-mps-control: its executable is not a file only root can write (%s)"),
             (None, 0, 400, b"own\nits parent (pid 7) is not a process of root"),
             (control, 0, 600, b"own\nits parent (pid 7) started after it"),
         ]
@@ -291,20 +316,36 @@ class Mps(unittest.TestCase):
                 self.setUp()
                 server = self.program("nvidia-cuda-mps-server")
                 exe = None if parent is None else self.program(parent[0], uid=parent[1])
+                if b"%s" in said:
+                    said = said % exe.encode()
                 self.assertEqual(self.role(server, exe, uid, start), said)
 
     def test_a_process_merely_named_like_the_server_or_running_a_users_copy_is_no_server(self):
-        for name, uid, mode in [
-            ("python3", 0, 0o755),
-            ("nvidia-cuda-mps-server", 1001, 0o755),
-            ("nvidia-cuda-mps-server", 0, 0o775),
-            ("nvidia-cuda-mps-server", 0, 0o757),
+        for name, uid, mode, dir_uid, dir_mode in [
+            ("python3", 0, 0o755, 0, 0o755),
+            ("nvidia-cuda-mps-server", 1001, 0o755, 0, 0o755),
+            ("nvidia-cuda-mps-server", 0, 0o775, 0, 0o755),
+            ("nvidia-cuda-mps-server", 0, 0o757, 0, 0o755),
+            # Root's file in a directory a user may write (replaceable).
+            ("nvidia-cuda-mps-server", 0, 0o755, 1001, 0o755),
+            ("nvidia-cuda-mps-server", 0, 0o755, 0, 0o1777),
         ]:
-            with self.subTest(name=name, uid=uid, mode=mode):
+            with self.subTest(name=name, uid=uid, mode=mode, dir_uid=dir_uid, dir_mode=dir_mode):
                 self.tearDown()
                 self.setUp()
-                server = self.program(name, uid, mode)
+                server = self.program(name, uid, mode, dir_uid, dir_mode)
                 self.assertIsNone(self.role(server, self.program("nvidia-cuda-mps-control")))
+        # In /tmp, every user's, as the files of a copy would be.
+        with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+            copy = os.path.join(tmp, "nvidia-cuda-mps-server")
+            with open(copy, "wb"):
+                pass
+            os.chmod(copy, 0o755)
+            os.chmod(tmp, 0o755)
+            self.assertEqual(
+                agent["root_file"](copy, "nvidia-cuda-mps-server"),
+                "its executable is not a file only root can write (/tmp)",
+            )
 
 
 class Environ(unittest.TestCase):

@@ -605,3 +605,17 @@ pub fn proc_state(pid: u32) -> Option<char> {
     let close = stat.iter().rposition(|&b| b == b')')?;
     stat.get(close + 2).map(|&b| b as char)
 }
+
+/// A directory for programs that stand in for a driver's (root's files,
+/// in directories only root may write, as `/usr/bin` is: `/tmp` is every
+/// user's), that every user may enter: under `/run/genv-enforce-test`.
+pub fn driver_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let base = Path::new("/run/genv-enforce-test");
+    std::fs::create_dir_all(base).unwrap();
+    let open = std::fs::Permissions::from_mode(0o755);
+    std::fs::set_permissions(base, open.clone()).unwrap();
+    let dir = tempfile::tempdir_in(base).unwrap();
+    std::fs::set_permissions(dir.path(), open).unwrap();
+    dir
+}
