@@ -368,15 +368,8 @@ mod tests {
     use crate::rules::Action;
     use proptest::prelude::*;
 
-    const H100: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/nvidia-smi/h100/pmon");
-
     fn capture(name: &str) -> String {
-        std::fs::read_to_string(format!("{H100}/{name}"))
-            .unwrap()
-            .lines()
-            .filter(|l| !l.starts_with("# exit"))
-            .map(|l| format!("{l}\n"))
-            .collect()
+        recorded(&format!("h100/pmon/{name}"))
     }
 
     fn host_with(
@@ -457,17 +450,7 @@ mod tests {
     /// shared server is no process of the snapshot) and prints `-` for it.
     #[test]
     fn an_mps_clients_figure_is_its_servers_or_its_idle_gpus() {
-        let mps = |name: &str| {
-            std::fs::read_to_string(format!(
-                "{}/fixtures/nvidia-smi/mps/{name}",
-                env!("CARGO_MANIFEST_DIR")
-            ))
-            .unwrap()
-            .lines()
-            .filter(|l| !l.starts_with("# exit"))
-            .map(|l| format!("{l}\n"))
-            .collect::<String>()
-        };
+        let mps = |name: &str| recorded(&format!("mps/{name}"));
         let client = proc_(1040, Some("e"), &[(0, mib(1540))]);
         let with = |phase: &str| HostSnapshot {
             processes: vec![client.clone()],

@@ -789,6 +789,18 @@ pub(crate) mod test_support {
     //! Small builders for rule and plan tests.
     use crate::model::*;
 
+    /// A recorded nvidia-smi output, `fixtures/nvidia-smi/<path>`, without
+    /// its `# exit N` line (not the driver's).
+    pub fn recorded(path: &str) -> String {
+        let file = format!("{}/fixtures/nvidia-smi/{path}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(file)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with("# exit"))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
     pub fn mib(n: u64) -> Usage {
         Usage::Known(n * 1024 * 1024)
     }

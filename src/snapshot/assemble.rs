@@ -423,16 +423,7 @@ mod tests {
     /// A recorded output of `fixtures/nvidia-smi/mps/` (its `# exit` line
     /// left out).
     fn mps_fixture(name: &str) -> String {
-        let path = format!(
-            "{}/fixtures/nvidia-smi/mps/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        std::fs::read_to_string(path)
-            .unwrap()
-            .lines()
-            .filter(|l| !l.starts_with("# exit"))
-            .map(|l| format!("{l}\n"))
-            .collect()
+        crate::rules::test_support::recorded(&format!("mps/{name}"))
     }
 
     /// Issue 44's host: alice's MPS client 1040 in her environment `ea`,
