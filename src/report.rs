@@ -410,6 +410,13 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
             user.as_deref().map_or(String::new(), |u| format!(" (user {})", clean(u))),
             bytes.map_or("unmeasured".to_string(), mebibytes)
         ),
+        Notice::OwnMpsServer { host, pid, user, gpus, reason } => format!(
+            "{}[INFO] Process {pid}{} on GPU(s) {} runs the CUDA MPS server but is not the machine's shared one ({}): it is judged as its user's, as any process",
+            prefix(mode, host),
+            user.as_deref().map_or(String::new(), |u| format!(" (user {})", clean(u))),
+            indices(gpus),
+            clean(reason)
+        ),
         Notice::UnresolvedUid { host, uid, reason } => format!(
             "{}[WARNING] uid {uid} has no name here and is {}: its processes count as their own user's",
             prefix(mode, host),

@@ -156,6 +156,12 @@ fn the_shared_mps_server_is_never_terminated_and_each_client_is_judged_by_its_ow
         stderr.contains("its 66mi GPU memory there is overhead"),
         "{stderr}"
     );
+    assert!(
+        stderr.contains(&format!(
+            "[INFO] Process {own} (user bob) on GPU(s) 2 runs the CUDA MPS server but is not the machine's shared one (its parent"
+        )),
+        "{stderr}"
+    );
     // Bob's two are judged as themselves: outside genv.
     for pid in [named, own] {
         assert!(

@@ -397,6 +397,16 @@ pub enum Notice {
         /// `None` where the driver could not say how much.
         bytes: Option<u64>,
     },
+    /// A GPU process that runs the driver's MPS server file but is not
+    /// the machine's shared server (a user's own): judged as any process.
+    OwnMpsServer {
+        host: HostId,
+        pid: Pid,
+        user: Option<String>,
+        gpus: Vec<GpuIndex>,
+        /// Why it is not the shared one.
+        reason: String,
+    },
     /// A uid seen that has no name on the host and is in no single
     /// sub-uid range: counted as its own user.
     UnresolvedUid {
@@ -676,6 +686,18 @@ fn notices(host: &HostId, a: &Attribution, policy: &Policy) -> Vec<Notice> {
                 bytes: g.usage.bytes(),
             })
         }));
+        out.extend(
+            snap.processes
+                .iter()
+                .filter_map(|p| Some((p, truth.own_mps_servers.get(&p.pid)?)))
+                .map(|(p, why)| Notice::OwnMpsServer {
+                    host: host.clone(),
+                    pid: p.pid,
+                    user: p.user.as_deref().map(str::to_string),
+                    gpus: p.indices().collect(),
+                    reason: why.clone(),
+                }),
+        );
         out.extend(
             truth
                 .unresolved_uids

@@ -524,6 +524,13 @@ mod tests {
             .unwrap();
             assert_eq!(snap.processes.len(), 2, "{role:?}");
             assert!(snap.truth.as_ref().unwrap().mps_servers.is_empty());
+            let host = crate::model::HostId("h".into());
+            let findings = crate::rules::assess_host(&host, &snap, &policy, &Default::default());
+            let said = findings.notices.iter().any(|n| matches!(
+                n,
+                crate::rules::Notice::OwnMpsServer { pid: Pid(1048), reason, .. } if reason.contains("parent")
+            ));
+            assert_eq!(said, role.is_some(), "{role:?}");
             assert_eq!(terminated(snap, &policy), [1048], "{role:?}");
         }
         // Only a process whose identity was pinned is the server.
