@@ -250,15 +250,21 @@ pub fn devices(gpus: &[Gpu<'_>]) -> Vec<Device> {
 /// Bounded: one pass over the text.
 ///
 /// The last column is each process's name, which its user picks and which
-/// may hold a newline: a line with fewer fields than the header has
-/// columns is such a name's tail, and fails the whole table (a forged line
-/// must then fill every column, more than the 15 bytes of a name).
+/// may hold a newline: a line of at most eight fields short of
+/// the header's columns is such a name's tail, skipped (a forged line must
+/// fill every column but the name, more than the 15 bytes of a name hold
+/// on pmon's tables of 10 columns and more), and a line short of its name
+/// alone is read. A name costs its process nothing and no one else
+/// anything; a (GPU, pid) a forged line repeats is the idle rule's to
+/// doubt.
 ///
 /// # Errors
-/// No header naming `gpu`, `pid` and `sm`, a line with fewer fields than
-/// the header has columns, or whose fields are not numbers (or `-` for
-/// `sm`).
+/// No header naming `gpu`, `pid` and `sm`, a line short of the header's
+/// columns that no name's tail can be, or whose fields are not numbers
+/// (or `-` for `sm`).
 pub fn parse_pmon(text: &str, source: &str) -> Result<Vec<ProcessUtilization>, ParseError> {
+    /// The most whitespace-separated fields a process name (15 bytes) holds.
+    const TAIL_FIELDS: usize = 8;
     // The columns of gpu, pid, sm and type (where named), and how many
     // there are.
     let mut columns: Option<(usize, usize, usize, Option<usize>, usize)> = None;
@@ -286,12 +292,20 @@ pub fn parse_pmon(text: &str, source: &str) -> Result<Vec<ProcessUtilization>, P
             ));
         };
         let fields: Vec<&str> = line.split_whitespace().collect();
+        // Short of the header's columns: a name's tail (it holds at most
+        // TAIL_FIELDS fields), skipped; or, one field short of a table
+        // wider than a tail can fill, a line whose name is blank or began
+        // with a newline, every other column there.
+        let nameless = fields.len() + 1 == width && width > TAIL_FIELDS + 1;
+        if fields.len() < width && !nameless && fields.len() <= TAIL_FIELDS {
+            continue;
+        }
         // Each of gpu, pid and sm is a column before the last.
         let (Some(&gpu), Some(&pid), Some(&sm), true) = (
             fields.get(g),
             fields.get(p),
             fields.get(sm),
-            fields.len() >= width,
+            fields.len() >= width || nameless,
         ) else {
             return Err(bad(
                 source,
@@ -363,7 +377,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pmon_line_short_of_the_headers_columns_fails_the_table() {
+    fn a_names_tail_is_skipped_and_costs_no_other_line() {
         let head = "# gpu  pid  type  sm  mem  enc  dec  jpg  ofa  command\n\
                     # Idx    #   C/G   %    %    %    %    %    %  name\n";
         let line = |rest: &str| format!("{head}    0  470  C  -  -  -  -  -  -  {rest}\n");
@@ -371,18 +385,27 @@ mod tests {
         assert_eq!((ok[0].pid, ok[0].sm), (Pid(470), None));
         // A name with spaces: more fields, as many as it takes.
         assert_eq!(parse_pmon(&line("a b (c)"), "h").unwrap().len(), 1);
-        // A name holding a newline and a line of its own (15 bytes at most).
-        let forged = parse_pmon(&line("x\n0 471 C 0 -"), "h").unwrap_err();
+        // A name holding a newline and a line of its own (15 bytes at
+        // most): the tail is skipped, the table stands, every process read.
+        let busy = "    0  471  C  97  -  -  -  -  -  python3\n";
+        for name in ["x\n0 471 C 0 -", "x\n0 1 C 0 - - -", "\nx", "x\ny", "x\n"] {
+            let read = parse_pmon(&format!("{}{busy}", line(name)), "h").unwrap();
+            assert_eq!(
+                read.iter().map(|l| (l.pid.0, l.sm)).collect::<Vec<_>>(),
+                [(470, None), (471, Some(97))],
+                "{name:?}"
+            );
+        }
+        // A line short of more than its name, yet more than a tail holds
+        // (pmon -s um: 12 columns).
+        let um = "# gpu pid type sm mem enc dec jpg ofa fb ccpm command\n";
+        let short = format!("{um}    0  12  C  -  -  -  -  -  -  5\n");
         assert_eq!(
-            forged.to_string(),
-            "h: line 4: 5 fields where the header has 10"
+            parse_pmon(&short, "h").unwrap_err().to_string(),
+            "h: line 2: 10 fields where the header has 12"
         );
-        // Fewer columns than gpu, pid and sm need, or a bad number.
-        let short = parse_pmon("# gpu pid type sm\n 0 12\n", "h").unwrap_err();
-        assert_eq!(
-            short.to_string(),
-            "h: line 2: 2 fields where the header has 4"
-        );
+        // A narrow table (no real pmon's) skips a short line alike.
+        assert_eq!(parse_pmon("# gpu pid type sm\n 0 12\n", "h").unwrap(), []);
         let bad = parse_pmon("# gpu pid type sm\n 0 12 C x\n", "h").unwrap_err();
         assert_eq!(bad.to_string(), "h: line 2: not a number: \"x\"");
         // A GPU without processes.
