@@ -368,6 +368,16 @@ mod tests {
     use crate::rules::Action;
     use proptest::prelude::*;
 
+    /// A snapshot's pmon lines, to change.
+    fn pmon_of(snap: &mut HostSnapshot) -> &mut Vec<ProcessUtilization> {
+        snap.utilization
+            .as_mut()
+            .unwrap()
+            .processes
+            .as_mut()
+            .unwrap()
+    }
+
     fn capture(name: &str) -> String {
         recorded(&format!("h100/pmon/{name}"))
     }
@@ -539,41 +549,23 @@ mod tests {
             ..server(1001)
         };
         two.truth.as_mut().unwrap().mps_servers.push(own);
-        two.utilization
-            .as_mut()
-            .unwrap()
-            .processes
-            .as_mut()
-            .unwrap()
-            .push(ProcessUtilization {
-                index: GpuIndex(0),
-                pid: Pid(2000),
-                sm: None,
-                mps_client: false,
-            });
+        pmon_of(&mut two).push(ProcessUtilization {
+            index: GpuIndex(0),
+            pid: Pid(2000),
+            sm: None,
+            mps_client: false,
+        });
         assert_eq!(
             reading(&two, &client),
             Some((0, Source::Mps)),
             "its own server is idle"
         );
         // A server pmon has no line for: no bound; the GPU's figure only.
-        two.utilization
-            .as_mut()
-            .unwrap()
-            .processes
-            .as_mut()
-            .unwrap()
-            .pop();
+        pmon_of(&mut two).pop();
         assert_eq!(reading(&two, &client), None);
         // Its own figure, where the driver gives one, is its own.
         let mut own = busy.clone();
-        own.utilization
-            .as_mut()
-            .unwrap()
-            .processes
-            .as_mut()
-            .unwrap()[0]
-            .sm = Some(40);
+        pmon_of(&mut own)[0].sm = Some(40);
         assert_eq!(reading(&own, &client), Some((40, Source::Process)));
         // The GPU's figure unknown: so is the client's.
         let mut blind = idle.clone();
