@@ -215,7 +215,7 @@ type Part = (HostId, (HostResult, HostPlan));
 /// What needs every host's part: the caps and the plan.
 fn assessed(parts: Vec<Part>, policy: &Policy) -> Assessment {
     let (results, own) = gathered(parts);
-    assess_planned(1, Mode::Remote, false, policy, results, own, Moment::none())
+    assess_planned(1, Mode::Remote, false, policy, results, own, Moment::none(), None)
 }
 
 /// The count of hosts with something to do, the assessment freed here.
@@ -524,7 +524,9 @@ fn fleet_benches(c: &mut Criterion) {
     group.bench_function("cluster-wide part only (merge, caps, plan)", |b| {
         b.iter_batched(
             || gathered(results(&mut steady)),
-            |(r, own)| assess_planned(1, Mode::Remote, false, &policy, r, own, Moment::none()),
+            |(r, own)| {
+                assess_planned(1, Mode::Remote, false, &policy, r, own, Moment::none(), None)
+            },
             criterion::BatchSize::LargeInput,
         )
     });

@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use crate::ladder::Waiting;
+use crate::ladder::{Ladder, Waiting};
 use crate::model::{Cluster, HostFailure, HostId, HostSnapshot, Mode};
 use crate::plan::{self, HostPlan, Plan};
 use crate::rules::{self, HostFindings, IdleHistory, Moment, Notice, Policy, Violation};
@@ -129,12 +129,14 @@ pub fn assess_found(
         .iter()
         .filter_map(|(h, r)| r.as_ref().ok().map(|(s, f)| own_plan(h, s, f)))
         .collect();
-    assess_planned(cycle, mode, dry_run, policy, results, own, moment)
+    assess_planned(cycle, mode, dry_run, policy, results, own, moment, None)
 }
 
 /// [`assess_found`] with each answering host's own plan (see
 /// [`own_plan`]) already made, in host order: only what the cluster-wide
-/// rules add is planned here.
+/// rules add is planned here. With `ladder`, what it holds back frees no
+/// room under the caps.
+#[allow(clippy::too_many_arguments)]
 pub fn assess_planned(
     cycle: u64,
     mode: Mode,
@@ -143,6 +145,7 @@ pub fn assess_planned(
     results: Vec<(HostId, HostResult)>,
     own: Vec<HostPlan>,
     moment: Moment,
+    ladder: Option<&Ladder>,
 ) -> Assessment {
     let mut findings = Vec::with_capacity(results.len());
     let results: Vec<(HostId, Result<HostSnapshot, HostFailure>)> = results
@@ -166,7 +169,12 @@ pub fn assess_planned(
     let snapshots: Vec<&HostSnapshot> = a.cluster.hosts.iter().map(|(_, s)| s).collect();
     // merge puts the hosts' own violations first.
     let owned: usize = hosts.iter().map(|(_, f)| f.violations.len()).sum();
-    let (violations, notices) = rules::merge(hosts, &snapshots, policy, moment);
+    let cluster = &a.cluster;
+    let mut held = |v: &[Violation]| match ladder {
+        Some(l) if l.waits() => l.held(&plan::whole(cluster, own.clone(), &v[owned..]).0, moment.now_ms),
+        _ => rules::Withheld::default(),
+    };
+    let (violations, notices) = rules::merge_held(hosts, &snapshots, policy, moment, &mut held);
     (a.plan, a.extended) = plan::whole(&a.cluster, own, &violations[owned..]);
     a.violations = violations;
     a.notices = notices;
@@ -308,6 +316,123 @@ mod tests {
     }
 
     use crate::model::FailureKind;
+
+    /// One live host: bob's job outside genv holding 60 GiB on GPU 0, and
+    /// an older one of his holding 10 GiB on GPU 1.
+    fn bobs_big_job() -> (HostId, HostSnapshot) {
+        use crate::model::{Boot, HostTruth, Owner};
+        use crate::rules::test_support::*;
+        let job = |pid: u32, gpu: u32, gib: u64, started: u64| {
+            let mut p = proc_(pid, None, &[(gpu, mib(gib * 1024))]);
+            (p.owner, p.uid, p.user) = (Owner::NoEnv, Some(1002), Some("bob".into()));
+            p.start_time = Some(started);
+            p
+        };
+        let snap = HostSnapshot {
+            processes: vec![job(5, 0, 60, 2000), job(4, 1, 10, 1000)],
+            devices: devices(2, &[]).into(),
+            truth: Some(HostTruth {
+                boot: Some(Boot {
+                    btime: 1_000_000,
+                    hz: 100,
+                }),
+                user_names: [(1002, "bob".into())].into_iter().collect(),
+                ..HostTruth::default()
+            }),
+            ..Default::default()
+        };
+        (HostId("h".into()), snap)
+    }
+
+    /// The pids `a` terminates now, and the rules behind each.
+    fn terminations(a: &Assessment) -> Vec<(u32, Vec<rules::Rule>)> {
+        a.plan
+            .hosts
+            .iter()
+            .flat_map(|(_, p)| &p.terminate)
+            .map(|t| (t.pid.0, t.rules.iter().collect()))
+            .collect()
+    }
+
+    #[test]
+    fn a_cap_counts_as_freed_only_what_is_carried_out_this_cycle() {
+        use crate::ladder::{Grace, RuleGrace};
+        use rules::Rule;
+        let (host, snap) = bobs_big_job();
+        let policy = Policy {
+            non_env_processes: true,
+            max_memory_per_user: Some(40 << 30),
+            ..Policy::default()
+        };
+        let run = |ladder: Option<&Ladder>| {
+            let found = vec![(host.clone(), with_findings(&host, Ok(snap.clone()), &policy))];
+            let own = vec![own_plan(&host, &snap, &found[0].1.as_ref().unwrap().1)];
+            let idle = IdleHistory::default();
+            let moment = Moment {
+                idle: &idle,
+                now_ms: 5_000,
+                shards: None,
+            };
+            let mut a = assess_planned(1, Mode::Local, false, &policy, found, own, moment, ladder);
+            if let Some(l) = ladder {
+                a.plan = l.split(&a.plan, 5_000).0;
+            }
+            a
+        };
+        // genv's way, nothing waits: the non-env rule's terminations free
+        // bob's memory, so the memory cap asks for nothing more.
+        let at_once = run(None);
+        assert_eq!(
+            terminations(&at_once),
+            [(5, vec![Rule::NonEnvProcesses]), (4, vec![Rule::NonEnvProcesses])]
+        );
+        // The non-env rule only warns (hosts.example.toml's way): its
+        // terminations are never carried out, so they free nothing, and
+        // the cap takes bob's youngest job itself.
+        let warn = |rules: &[Rule]| {
+            Ladder::new(Grace {
+                rules: (rules.iter())
+                    .map(|r| {
+                        let g = RuleGrace {
+                            warn_only: true,
+                            after: None,
+                        };
+                        (*r, g)
+                    })
+                    .collect(),
+                ..Grace::default()
+            })
+        };
+        let warned = run(Some(&warn(&[Rule::NonEnvProcesses])));
+        assert_eq!(
+            terminations(&warned),
+            [(5, vec![Rule::NonEnvProcesses, Rule::MaxMemoryPerUser])]
+        );
+        // With a grace on the non-env rule, the same while it waits.
+        let graced = Ladder::new(Grace {
+            rules: [(
+                Rule::NonEnvProcesses,
+                RuleGrace {
+                    warn_only: false,
+                    after: Some(std::time::Duration::from_secs(600)),
+                },
+            )]
+            .into_iter()
+            .collect(),
+            ..Grace::default()
+        });
+        assert_eq!(terminations(&run(Some(&graced))).len(), 1);
+        // Both only warn: nothing is carried out, and the cap says so.
+        let both = run(Some(&warn(&[Rule::NonEnvProcesses, Rule::MaxMemoryPerUser])));
+        assert!(terminations(&both).is_empty());
+        let memory_cap = |a: &Assessment| {
+            (a.violations.iter())
+                .filter(|v| v.rule == Rule::MaxMemoryPerUser)
+                .count()
+        };
+        assert_eq!(memory_cap(&both), 1);
+        assert_eq!(memory_cap(&at_once), 0);
+    }
 
     #[test]
     fn a_failed_host_is_a_status_and_statuses_run_no_rule() {

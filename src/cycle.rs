@@ -275,6 +275,9 @@ async fn assessed_off_workers(
     let idle = memory.idle.clone();
     let sharded = !fleet.positions.is_empty();
     let (positions, others) = (fleet.positions.clone(), memory.others.clone());
+    // What waits frees no room under the caps that count what others free.
+    let frees = policy.has_memory_caps() || !policy.max_devices_per_group.is_empty();
+    let ladder = (frees && memory.ladder.waits()).then(|| memory.ladder.clone());
     let assessing = crate::host::off_workers("assessing the cycle", move || {
         tracing::info_span!("assess", cycle = n).in_scope(|| {
             if abort {
@@ -292,7 +295,8 @@ async fn assessed_off_workers(
                         others: &others,
                     }),
                 };
-                assess::assess_planned(n, mode, dry_run, &policy, results, own, moment)
+                let ladder = ladder.as_ref();
+                assess::assess_planned(n, mode, dry_run, &policy, results, own, moment, ladder)
             }
         })
     });

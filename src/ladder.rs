@@ -120,6 +120,19 @@ impl What {
         }
     }
 
+    /// Whom an exemption must name to cover it, and their groups there:
+    /// a process's user; for a detach, its owner (a live process of the
+    /// charged user carries the environment), never a record's name.
+    fn exempted_as(&self) -> (Option<&str>, &[String]) {
+        match self {
+            What::Terminate(t) => (t.user.as_deref(), &t.groups),
+            What::Detach(d) => match &d.owner {
+                Some(o) => (Some(o), &d.groups),
+                None => (None, &[]),
+            },
+        }
+    }
+
     /// The user it is charged to, if known.
     pub fn user(&self) -> Option<&str> {
         match self {
@@ -305,6 +318,33 @@ impl Ladder {
         self.grace = grace;
     }
 
+    /// What of `plan` waits at `now` (ms): the actions the ladder holds
+    /// back, which free nothing under the caps this cycle.
+    pub fn held(&self, plan: &Plan, now: u64) -> crate::rules::Withheld {
+        let mut held = crate::rules::Withheld::default();
+        if self.immediate() {
+            return held;
+        }
+        for w in self.split(plan, now).1 {
+            match w {
+                Waiting::Terminate { host, pid, .. } => {
+                    held.terminations.insert((host, pid));
+                }
+                Waiting::Detach {
+                    host, device, eid, ..
+                } => {
+                    held.detaches.insert((host, device, eid));
+                }
+            }
+        }
+        held
+    }
+
+    /// Whether anything may wait (a grace, confirmation or exemption).
+    pub fn waits(&self) -> bool {
+        !self.immediate()
+    }
+
     /// Whether anything ever waits.
     fn immediate(&self) -> bool {
         self.grace.cycles == 1
@@ -356,10 +396,11 @@ impl Ladder {
 
     /// Why `what` on `host` is not acted on at `now`, if it is exempt.
     fn exempt(&self, host: &HostId, what: &What, now: u64) -> Option<&str> {
+        let (user, groups) = what.exempted_as();
         self.grace
             .exempt
             .iter()
-            .find(|e| e.covers(host, what.user(), what.groups(), now))
+            .find(|e| e.covers(host, user, groups, now))
             .map(|e| e.reason.as_str())
     }
 
@@ -798,6 +839,7 @@ mod tests {
         p.hosts[0].1.terminate[0].user = Some("alice".into());
         p.hosts[0].1.terminate[1].user = Some("bob".into());
         p.hosts[0].1.detach[0].charged = Some("alice".into());
+        p.hosts[0].1.detach[0].owner = Some("alice".into());
         let mut l = Ladder::new(Grace {
             after: Duration::from_secs(10),
             exempt: vec![Exemption {
@@ -853,8 +895,12 @@ mod tests {
         // A user the host said no groups of (not asked, or unknown there).
         t[2].user = Some("carol".into());
         let d = &mut p.hosts[0].1.detach;
-        (d[0].charged, d[0].groups) = (Some("alice".into()), lab);
-        d[1].charged = Some("alice".into());
+        // Her job carries e: she owns it. f's record names her, no job of
+        // hers carries it: anyone could have written it, so not covered
+        // even with her groups on it.
+        (d[0].charged, d[0].owner, d[0].groups) =
+            (Some("alice".into()), Some("alice".into()), lab.clone());
+        (d[1].charged, d[1].groups) = (Some("alice".into()), lab);
         let l = Ladder::new(Grace {
             exempt: vec![Exemption {
                 group: Some("lab".into()),
@@ -959,11 +1005,18 @@ mod tests {
     }
 
     #[test]
-    fn an_exemption_goes_by_the_charged_user_not_the_record() {
-        let mut p = plan(&[], &[(0, "e")]);
-        // mallory wrote alice's name into her record; it is charged to her.
-        p.hosts[0].1.detach[0].username = Some("alice".into());
-        p.hosts[0].1.detach[0].charged = Some("mallory".into());
+    fn an_exemption_goes_by_the_kernels_owner_not_the_record() {
+        let mut p = plan(&[], &[(0, "e"), (1, "f"), (2, "g")]);
+        let d = &mut p.hosts[0].1.detach;
+        // mallory wrote alice's name into her record; her job carries it.
+        d[0].username = Some("alice".into());
+        (d[0].charged, d[0].owner) = (Some("mallory".into()), Some("mallory".into()));
+        // bob forged f in alice's name; no job carries it: charged to her
+        // by the record, owned by no one the kernel names.
+        d[1].username = Some("alice".into());
+        d[1].charged = Some("alice".into());
+        // g is hers: her job carries it.
+        (d[2].charged, d[2].owner) = (Some("alice".into()), Some("alice".into()));
         let l = Ladder::new(Grace {
             exempt: vec![Exemption {
                 user: Some("alice".into()),
@@ -972,6 +1025,6 @@ mod tests {
             }],
             ..Grace::default()
         });
-        assert_eq!(acted_at(&l, &p, 0), (vec![], vec![0], 0));
+        assert_eq!(acted_at(&l, &p, 0), (vec![], vec![0, 1], 1));
     }
 }

@@ -11,14 +11,16 @@
 //! that brings them under is the last. Never a process whose usage is not
 //! all known, whose start time is unknown (it could not be signalled
 //! safely), or that holds nothing; what cannot be reclaimed so is noticed.
-//! Processes the other rules already terminate this cycle (their own or a
-//! device cap's detach) count as freed, so two rules never take two bites
-//! of one excess.
+//! Processes the other rules terminate this cycle (their own or a device
+//! cap's detach) count as freed, so two rules never take two bites of one
+//! excess; only what is carried out in this cycle does: a termination
+//! that waits out a grace, is warned only or is exempt leaves its memory
+//! counted ([`super::Withheld`]).
 
 use std::collections::{BTreeMap, HashSet};
 
 use super::attribution::Attribution;
-use super::{Action, Finding, Notice, Policy, Rule, Violation};
+use super::{Action, Finding, Notice, Policy, Rule, Violation, Withheld};
 use crate::model::{HostId, Pid};
 
 /// One host's part of the memory caps: each user's processes there.
@@ -148,15 +150,36 @@ pub fn evaluate(
     (violations, notices)
 }
 
-/// The processes `violations` terminate, by host: themselves or with a
-/// detach.
-pub fn terminated(violations: &[Violation]) -> HashSet<(HostId, Pid)> {
+/// The processes `violations` terminate this cycle, by host: themselves
+/// or with a detach, less what `held` keeps waiting (a detach any of
+/// whose environments waits frees none of its processes).
+pub fn terminated(violations: &[Violation], held: &Withheld) -> HashSet<(HostId, Pid)> {
     violations
         .iter()
         .flat_map(|v| &v.actions)
         .flat_map(|a| match a {
-            Action::Terminate { host, pid } => vec![(host.clone(), *pid)],
-            Action::Detach { host, pids, .. } => pids.iter().map(|p| (host.clone(), *p)).collect(),
+            Action::Terminate { host, pid } => {
+                if held.terminations.contains(&(host.clone(), *pid)) {
+                    Vec::new()
+                } else {
+                    vec![(host.clone(), *pid)]
+                }
+            }
+            Action::Detach {
+                host,
+                device,
+                eids,
+                pids,
+                ..
+            } => {
+                let waits = (eids.iter())
+                    .any(|e| held.detaches.contains(&(host.clone(), *device, e.clone())));
+                if waits {
+                    Vec::new()
+                } else {
+                    pids.iter().map(|p| (host.clone(), *p)).collect()
+                }
+            }
         })
         .collect()
 }
@@ -310,9 +333,22 @@ mod tests {
                 },
             ],
         };
-        let t = terminated(&[v]);
+        let t = terminated(std::slice::from_ref(&v), &Withheld::default());
         assert_eq!(t.len(), 3);
-        assert!(t.contains(&(h, Pid(3))));
+        assert!(t.contains(&(h.clone(), Pid(3))));
+        // What waits frees nothing: the termination, or the detach.
+        let mut held = Withheld::default();
+        held.terminations.insert((h.clone(), Pid(1)));
+        let t = terminated(std::slice::from_ref(&v), &held);
+        assert_eq!(t.len(), 2);
+        assert!(!t.contains(&(h.clone(), Pid(1))));
+        held.detaches.insert((h.clone(), crate::model::GpuIndex(0), crate::model::EnvId("e".into())));
+        assert_eq!(terminated(std::slice::from_ref(&v), &held).len(), 2, "no eid held");
+        let mut v = v;
+        if let Action::Detach { eids, .. } = &mut v.actions[1] {
+            eids.push(crate::model::EnvId("e".into()));
+        }
+        assert!(terminated(&[v], &held).is_empty());
     }
 
     #[test]

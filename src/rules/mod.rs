@@ -514,6 +514,7 @@ pub fn evaluate_caps(
     policy: &Policy,
     earlier: &[Violation],
     shards: Option<shards::Shards>,
+    held: &Withheld,
 ) -> (Vec<Violation>, Vec<Notice>) {
     let (mut violations, mut notices) = if policy.has_caps() {
         let usage: Vec<(&HostId, &HostUsage)> = hosts.iter().map(|(h, f)| (*h, &f.usage)).collect();
@@ -533,20 +534,40 @@ pub fn evaluate_caps(
             .iter()
             .map(|(h, f)| (*h, &f.usage, &f.groups))
             .collect();
-        let (v, n) = max_groups::evaluate(&parts, policy, max_groups::detached(&violations));
+        let mut detached = max_groups::detached(&violations);
+        detached.retain(|d| !held.detaches.contains(d));
+        let (v, n) = max_groups::evaluate(&parts, policy, detached);
         violations.extend(v);
         notices.extend(n);
     }
     if policy.has_memory_caps() {
         let parts: Vec<(&HostId, &HostMemory)> =
             hosts.iter().map(|(h, f)| (*h, &f.memory)).collect();
-        let mut freed = max_memory::terminated(earlier);
-        freed.extend(max_memory::terminated(&violations));
+        let mut freed = max_memory::terminated(earlier, held);
+        freed.extend(max_memory::terminated(&violations, held));
         let (v, n) = max_memory::evaluate(&parts, policy, &freed);
         violations.extend(v);
         notices.extend(n);
     }
     (violations, notices)
+}
+
+/// The actions asked for this cycle that are not carried out in it (they
+/// wait out a grace, are warned only, or are exempt: the ladder's say).
+/// What they would free stays counted by the caps after them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Withheld {
+    /// Terminations, by host and pid.
+    pub terminations: HashSet<(HostId, Pid)>,
+    /// Detaches, by host, device and environment.
+    pub detaches: HashSet<(HostId, GpuIndex, EnvId)>,
+}
+
+impl Withheld {
+    /// Whether every action of `self` is in `other`.
+    fn within(&self, other: &Withheld) -> bool {
+        self.terminations.is_subset(&other.terminations) && self.detaches.is_subset(&other.detaches)
+    }
 }
 
 /// What the rules that look past this cycle's snapshots need: the idle
@@ -583,6 +604,21 @@ pub fn merge(
     policy: &Policy,
     moment: Moment,
 ) -> (Vec<Violation>, Vec<Notice>) {
+    merge_held(hosts, snapshots, policy, moment, &mut |_| Withheld::default())
+}
+
+/// [`merge`], where only what is carried out this cycle frees room under
+/// the caps: `held` says, of every violation so far, which actions wait
+/// (the ladder's say over their plan), and the caps are worked out again
+/// until what waits is what they were worked out with (a few passes at
+/// most: each adds to what waits).
+pub fn merge_held(
+    hosts: Vec<(&HostId, HostFindings)>,
+    snapshots: &[&HostSnapshot],
+    policy: &Policy,
+    moment: Moment,
+    held: &mut dyn FnMut(&[Violation]) -> Withheld,
+) -> (Vec<Violation>, Vec<Notice>) {
     let mut hosts = hosts;
     let mut by_rule: [Vec<Violation>; 3] = Default::default();
     let mut notices = Vec::new();
@@ -609,9 +645,24 @@ pub fn merge(
     let mut violations: Vec<Violation> = by_rule.into_iter().flatten().collect();
     violations.extend(idle_violations);
     let parts: Vec<(&HostId, &HostFindings)> = hosts.iter().map(|(h, f)| (*h, f)).collect();
-    let (caps, kept) = evaluate_caps(&parts, policy, &violations, moment.shards);
-    violations.extend(caps);
-    notices.extend(kept);
+    let (ruled, noticed) = (violations.len(), notices.len());
+    let mut waits = Withheld::default();
+    for pass in 0.. {
+        let (caps, kept) = evaluate_caps(&parts, policy, &violations, moment.shards, &waits);
+        violations.extend(caps);
+        notices.extend(kept);
+        if pass == 3 || !(policy.has_memory_caps() || !policy.max_devices_per_group.is_empty()) {
+            break;
+        }
+        let now = held(&violations);
+        if now.within(&waits) {
+            break;
+        }
+        waits.terminations.extend(now.terminations);
+        waits.detaches.extend(now.detaches);
+        violations.truncate(ruled);
+        notices.truncate(noticed);
+    }
     (violations, notices)
 }
 
