@@ -215,7 +215,16 @@ type Part = (HostId, (HostResult, HostPlan));
 /// What needs every host's part: the caps and the plan.
 fn assessed(parts: Vec<Part>, policy: &Policy) -> Assessment {
     let (results, own) = gathered(parts);
-    assess_planned(1, Mode::Remote, false, policy, results, own, Moment::none(), None)
+    assess_planned(
+        1,
+        Mode::Remote,
+        false,
+        policy,
+        results,
+        own,
+        Moment::none(),
+        None,
+    )
 }
 
 /// The count of hosts with something to do, the assessment freed here.
@@ -525,7 +534,16 @@ fn fleet_benches(c: &mut Criterion) {
         b.iter_batched(
             || gathered(results(&mut steady)),
             |(r, own)| {
-                assess_planned(1, Mode::Remote, false, &policy, r, own, Moment::none(), None)
+                assess_planned(
+                    1,
+                    Mode::Remote,
+                    false,
+                    &policy,
+                    r,
+                    own,
+                    Moment::none(),
+                    None,
+                )
             },
             criterion::BatchSize::LargeInput,
         )

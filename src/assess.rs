@@ -171,7 +171,10 @@ pub fn assess_planned(
     let owned: usize = hosts.iter().map(|(_, f)| f.violations.len()).sum();
     let cluster = &a.cluster;
     let mut held = |v: &[Violation]| match ladder {
-        Some(l) if l.waits() => l.held(&plan::whole(cluster, own.clone(), &v[owned..]).0, moment.now_ms),
+        Some(l) if l.waits() => l.held(
+            &plan::whole(cluster, own.clone(), &v[owned..]).0,
+            moment.now_ms,
+        ),
         _ => rules::Withheld::default(),
     };
     let (violations, notices) = rules::merge_held(hosts, &snapshots, policy, moment, &mut held);
@@ -365,7 +368,10 @@ mod tests {
             ..Policy::default()
         };
         let run = |ladder: Option<&Ladder>| {
-            let found = vec![(host.clone(), with_findings(&host, Ok(snap.clone()), &policy))];
+            let found = vec![(
+                host.clone(),
+                with_findings(&host, Ok(snap.clone()), &policy),
+            )];
             let own = vec![own_plan(&host, &snap, &found[0].1.as_ref().unwrap().1)];
             let idle = IdleHistory::default();
             let moment = Moment {
@@ -384,7 +390,10 @@ mod tests {
         let at_once = run(None);
         assert_eq!(
             terminations(&at_once),
-            [(5, vec![Rule::NonEnvProcesses]), (4, vec![Rule::NonEnvProcesses])]
+            [
+                (5, vec![Rule::NonEnvProcesses]),
+                (4, vec![Rule::NonEnvProcesses])
+            ]
         );
         // The non-env rule only warns (hosts.example.toml's way): its
         // terminations are never carried out, so they free nothing, and
@@ -423,7 +432,10 @@ mod tests {
         });
         assert_eq!(terminations(&run(Some(&graced))).len(), 1);
         // Both only warn: nothing is carried out, and the cap says so.
-        let both = run(Some(&warn(&[Rule::NonEnvProcesses, Rule::MaxMemoryPerUser])));
+        let both = run(Some(&warn(&[
+            Rule::NonEnvProcesses,
+            Rule::MaxMemoryPerUser,
+        ])));
         assert!(terminations(&both).is_empty());
         let memory_cap = |a: &Assessment| {
             (a.violations.iter())

@@ -276,8 +276,7 @@ async fn assessed_off_workers(
     let sharded = !fleet.positions.is_empty();
     let (positions, others) = (fleet.positions.clone(), memory.others.clone());
     // What waits frees no room under the caps that count what others free.
-    let frees = policy.has_memory_caps() || !policy.max_devices_per_group.is_empty();
-    let ladder = (frees && memory.ladder.waits()).then(|| memory.ladder.clone());
+    let ladder = (policy.has_any_cap() && memory.ladder.waits()).then(|| memory.ladder.clone());
     let assessing = crate::host::off_workers("assessing the cycle", move || {
         tracing::info_span!("assess", cycle = n).in_scope(|| {
             if abort {

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 
 use crate::assess::assess;
 use crate::model::*;
-use crate::plan::{self, Plan};
+use crate::plan;
 use crate::rules::{self, evaluate, Notice, Policy};
 use crate::snapshot::assemble::{assemble, Environ, ParsedState, RawHost, RawProc};
 use crate::snapshot::frames;
@@ -153,24 +153,32 @@ proptest! {
                 prop_assert!(snap.devices.iter().any(|dev| dev.index == d.device && dev.has(&d.eid)));
             }
         }
-        // After the detaches, nobody is over their cap, unless all that is
-        // left of their excess is held by strays (nothing to detach).
-        let after = without_detached(&c, &plan);
-        let (_, notices) = rules::assess_cluster(&after, &policy);
+        // After the plan, nobody is over their cap (as this cycle counts
+        // it), unless all that is left of their excess is held by jobs that
+        // are never terminated.
+        let mut taken = rules::taking::Taken::default();
+        for (host, hp) in &plan.hosts {
+            taken.terminated.extend(hp.terminate.iter().map(|t| (host.clone(), t.pid)));
+            taken.detached.extend(hp.detach.iter().map(|d| (host.clone(), d.device, d.eid.clone())));
+        }
+        let (_, notices) = rules::assess_cluster(&c, &policy);
         let mut held: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-        for (h, snap) in &after.hosts {
+        for (h, snap) in &c.hosts {
             let f = rules::assess_host(h, snap, &policy, &Default::default());
             for (user, u) in f.usage.users {
                 let e = held.entry(user).or_default();
-                e.0 += u.devices.len();
-                e.1 += u.devices.iter().filter(|d| !d.eids.is_empty() && !d.stray).count();
+                let left = u.devices.iter().filter(|d| taken.holds(h, d));
+                for d in left {
+                    e.0 += 1;
+                    e.1 += usize::from(!d.kept);
+                }
             }
         }
-        for (user, (count, detachable)) in held {
+        for (user, (count, takeable)) in held {
             if let Some(cap) = policy.cap_for(&user) {
                 prop_assert!(
-                    count <= cap as usize || detachable == 0,
-                    "{} still has {} > {} with {} detachable", user, count, cap, detachable
+                    count <= cap as usize || takeable == 0,
+                    "{} still has {} > {} with {} to take", user, count, cap, takeable
                 );
             }
         }
@@ -238,22 +246,6 @@ proptest! {
 }
 
 /// `c` with the plan's detaches carried out.
-fn without_detached(c: &Cluster, plan: &Plan) -> Cluster {
-    let mut after = c.clone();
-    for (host, snap) in &mut after.hosts {
-        if let Some((_, p)) = plan.hosts.iter().find(|(h, _)| h == host) {
-            for d in Arc::make_mut(&mut snap.devices) {
-                d.attachments.retain(|a| {
-                    !p.detach
-                        .iter()
-                        .any(|x| x.device == d.index && x.eid == a.eid)
-                });
-            }
-        }
-    }
-    after
-}
-
 fn policy() -> impl Strategy<Value = Policy> {
     (
         any::<bool>(),

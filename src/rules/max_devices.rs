@@ -6,20 +6,24 @@
 //!
 //! A user's count is the number of (host, device) pairs on which an
 //! environment charged to them is attached ([`super::attribution`]: its
-//! processes' user, else its record's) or one of their stray processes
-//! runs (a job whose environment is gone or contested still holds the
-//! GPU). The excess is detached device by device, each from all of that
-//! user's environments on it, in this order: first the devices where none
-//! of the user's processes runs (those whose environments list no live
-//! process of the user, such as a record forged in their name, before the
-//! others), then the devices their processes run on; each group in genv's
-//! order (hosts as given, devices by index). genv takes devices in index order only, so that attaching
-//! someone's environment to spare devices would get their working device
-//! detached. Last come the devices a stray of the user runs on beside their
-//! environments: detaching there leaves the count as it is (the stray still
-//! holds the device), but a stray of theirs must not shield their
-//! environments' jobs from the cap. A device held only by strays has
-//! nothing to detach: what strays keep over the cap is reported.
+//! processes' user, else its record's) or a job of theirs runs, counted
+//! once whatever the job carries: a member of an environment attached
+//! there counts through it; a stray (a job whose environment is gone or
+//! contested), a job of theirs whose environment is not attached there, a
+//! job whose environment cannot be judged, and (when asked) a job outside
+//! genv count by the GPUs they run on. What the rules before the cap take
+//! this cycle (and carry out in it) no longer counts.
+//!
+//! The excess falls on the user alone, device by device ([`super::taking`]):
+//! each taken device is freed of them (their environments there detached,
+//! with their jobs there; their other jobs there terminated, through the
+//! ladder like any action). First the devices where no job of the user
+//! runs (those whose environments list no live process of the user, such
+//! as a record forged in their name, before the others), then those where
+//! one does; each group in genv's order (hosts as given, devices by index).
+//! genv takes devices in index order only, so that attaching someone's
+//! environment to spare devices would get their working device detached.
+//! What cannot be freed (a job whose identity is not pinned) is reported.
 //! Users are visited in name order (genv: Python set order).
 
 use std::borrow::Cow;
@@ -30,7 +34,8 @@ use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
 use super::attribution::{Attribution, Standing};
-use super::{Action, Finding, Notice, Policy, Rule, Violation};
+use super::taking::{self, Candidate, Taken};
+use super::{Finding, Notice, Policy, Rule, Violation};
 use crate::model::SMALL;
 use crate::model::{Device, EnvId, GpuIndex, HostId, Pid};
 
@@ -62,51 +67,50 @@ pub struct HeldDevice {
     pub eids: SmallVec<[EnvId; 1]>,
     /// Their member processes here, terminated with the detach.
     pub pids: SmallVec<[Pid; 2]>,
-    /// A job of one of those environments runs here (or a stray of the
-    /// user's).
+    /// The user's other jobs here, counted by the GPUs they run on (strays,
+    /// jobs of environments not attached here, jobs whose environment
+    /// cannot be judged, counted jobs outside genv): terminated to free it.
+    #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
+    pub jobs: SmallVec<[Pid; 2]>,
+    /// A job of one of those environments runs here (or another job of
+    /// the user's).
     pub working: bool,
-    /// A stray process of the user runs here: the device stays counted
-    /// whatever is detached, so it is detached last.
+    /// Another job of the user's runs here (`jobs`, or one that cannot be
+    /// terminated).
     pub stray: bool,
+    /// A job of the user's that is never terminated runs here (its
+    /// identity not pinned, or its environ unreadable): the device stays
+    /// counted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kept: bool,
     /// One of the environments lists a live pid of the user
     /// ([`Attribution::vouched`]).
     pub vouched: bool,
+    /// When the first of the user's jobs here started (ms since the Unix
+    /// epoch, comparable across hosts), if any did and it is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<u64>,
 }
 
 impl HeldDevice {
-    /// The detach that frees it from `user`'s (and their group's) count:
-    /// their environments here, with their member processes.
-    pub fn detach(&self, host: &HostId, user: &str) -> Action {
-        Action::Detach {
-            host: host.clone(),
-            device: self.index,
-            eids: self.eids.to_vec(),
-            pids: self.pids.to_vec(),
-            user: user.to_string(),
-        }
-    }
-
-    /// Its turn in a cap's detaches, one order for the user and group
-    /// caps: idle devices first, unvouched (0) before vouched (1); then
-    /// the working ones (2); last those a stray of the user runs on (3),
-    /// whose count stays.
-    pub fn turn(&self) -> u8 {
-        match (self.stray, self.working, self.vouched) {
-            (true, _, _) => 3,
-            (false, true, _) => 2,
-            (false, false, true) => 1,
-            (false, false, false) => 0,
-        }
-    }
-
     fn new(index: GpuIndex) -> Self {
         HeldDevice {
             index,
             eids: SmallVec::new(),
             pids: SmallVec::new(),
+            jobs: SmallVec::new(),
             working: false,
             stray: false,
+            kept: false,
             vouched: false,
+            since: None,
+        }
+    }
+
+    /// A job started at `started` runs here.
+    fn started(&mut self, started: Option<u64>) {
+        if let Some(t) = started {
+            self.since = Some(self.since.map_or(t, |s| s.min(t)));
         }
     }
 }
@@ -134,7 +138,10 @@ impl HostUsage {
             for &d in attached {
                 let held = devices.get_or_insert_with(d, || HeldDevice::new(d));
                 held.eids.push(e.eid.clone());
-                held.pids.extend(a.members_on(i, d).map(|p| p.pid));
+                for p in a.members_on(i, d) {
+                    held.pids.push(p.pid);
+                    held.started(snap.started(p));
+                }
                 // Only a job of one of its environments makes it working:
                 // one of hers outside them (no id, or another environment's)
                 // must not shield a device bob attached her record to.
@@ -144,22 +151,37 @@ impl HostUsage {
         }
         for (pi, p) in snap.processes.iter().enumerate() {
             let Some(user) = a.user_of(pi) else { continue };
-            // Held outside any environment of theirs, and counted: a stray,
-            // a job whose environment cannot be judged (its environ
-            // unreadable, or the host's genv state garbled), and, when
-            // asked, one outside genv.
-            let stray = match a.standing(pi) {
-                Standing::Stray(_) | Standing::Unknown => true,
-                Standing::NoEnv => non_env,
-                Standing::Member(_) => false,
+            // Counted by the GPUs it runs on: a stray, a job whose
+            // environment cannot be judged (its environ unreadable, or the
+            // host's genv state garbled), a member on a device its
+            // environment is not attached to, and, when asked, a job
+            // outside genv. A member on its environment's devices counts
+            // through the attachment.
+            let member = match a.standing(pi) {
+                Standing::Stray(_) | Standing::Unknown => None,
+                Standing::NoEnv if non_env => None,
+                Standing::NoEnv => continue,
+                Standing::Member(i) => Some(*i),
             };
-            if stray && !p.gpus.is_empty() {
-                let (_, devices) = users.get_or_insert_with(user, Default::default);
-                for index in p.indices() {
-                    let held = devices.get_or_insert_with(index, || HeldDevice::new(index));
-                    held.working = true;
-                    held.stray = true;
+            let mut on = p
+                .indices()
+                .filter(|&d| member.is_none_or(|i| !a.is_attached(i, d)))
+                .peekable();
+            if on.peek().is_none() {
+                continue;
+            }
+            let (_, devices) = users.get_or_insert_with(user, Default::default);
+            for index in on {
+                let held = devices.get_or_insert_with(index, || HeldDevice::new(index));
+                held.working = true;
+                held.stray = true;
+                // Never terminated: a job whose identity is not pinned, or
+                // whose environ could not be read at all.
+                match (p.start_time, &p.owner) {
+                    (None, _) | (_, crate::model::Owner::Unknown(_)) => held.kept = true,
+                    (Some(_), _) => held.jobs.push(p.pid),
                 }
+                held.started(snap.started(p));
             }
         }
         // Devices in genv's order: as devices.json lists them (then any
@@ -209,9 +231,15 @@ impl<'s> Places<'s> {
 }
 
 /// The caps over every host's usage (`hosts` in the order given): a
-/// violation per user over their cap, with the detaches that bring them
-/// down, and a notice for each user whose excess cannot all be detached.
-pub fn evaluate(hosts: &[(&HostId, &HostUsage)], policy: &Policy) -> (Vec<Violation>, Vec<Notice>) {
+/// violation per user over their cap, with the actions that bring them
+/// down, and a notice for each user whose excess cannot all be freed.
+/// `taken`: what the rules before take this cycle (it no longer counts);
+/// what the caps take is added to it.
+pub fn evaluate(
+    hosts: &[(&HostId, &HostUsage)],
+    policy: &Policy,
+    taken: &mut Taken,
+) -> (Vec<Violation>, Vec<Notice>) {
     let mut users: BTreeMap<&str, Vec<(&HostId, &Held)>> = BTreeMap::new();
     for (host, usage) in hosts {
         for (user, held) in &usage.users {
@@ -224,32 +252,26 @@ pub fn evaluate(hosts: &[(&HostId, &HostUsage)], policy: &Policy) -> (Vec<Violat
         let Some(cap) = policy.cap_for(user) else {
             continue;
         };
-        let count: usize = held.iter().map(|(_, h)| h.devices.len()).sum();
+        // Still held, in genv's order.
+        let mut candidates: Vec<Candidate> = (held.iter())
+            .flat_map(|(host, h)| h.devices.iter().map(move |d| (*host, user, d)))
+            .filter(|(host, _, d)| taken.holds(host, d))
+            .collect();
+        let count = candidates.len();
         let over = count.saturating_sub(cap as usize);
         if over == 0 {
             continue;
         }
         // Turn by turn, each in genv's order (the working ones a subset of
         // what genv would take).
-        let in_turn = |turn: u8| {
-            held.iter().flat_map(move |(host, h)| {
-                (h.devices.iter())
-                    .filter(move |d| !d.eids.is_empty() && d.turn() == turn)
-                    .map(move |d| (*host, d))
-            })
-        };
-        let chosen: Vec<(&HostId, &HeldDevice)> = (0..=3).flat_map(in_turn).take(over).collect();
-        let freed = chosen.iter().filter(|(_, d)| !d.stray).count();
+        candidates.sort_by_key(|(host, _, d)| taken.turn(host, d));
+        let (actions, freed) = taking::take(&candidates, over, taken);
         if freed < over {
             notices.push(Notice::ExcessKept {
                 user: user.to_string(),
                 left: over - freed,
             });
         }
-        let actions: Vec<Action> = chosen
-            .iter()
-            .map(|(host, d)| d.detach(host, user))
-            .collect();
         violations.push(Violation {
             rule: Rule::MaxDevicesPerUser,
             finding: Finding::MaxDevices {
@@ -272,6 +294,7 @@ mod tests {
     use super::super::test_support::*;
     use super::*;
     use crate::model::{Cluster, HostSnapshot, HostTruth, Mode, Process};
+    use crate::rules::Action;
 
     fn policy(global: Option<u32>, per_user: &[(&str, u32)]) -> Policy {
         Policy {
@@ -541,18 +564,29 @@ mod tests {
         assert_eq!(detached(cap), vec![("localhost".into(), 1, 1)]);
     }
 
+    /// What `v` asks for, in order: "detach E from D" or "terminate P".
+    fn asked(v: &Violation) -> Vec<String> {
+        v.actions
+            .iter()
+            .map(|a| match a {
+                Action::Detach { device, eids, .. } => {
+                    let eids: Vec<&str> = eids.iter().map(|e| &*e.0).collect();
+                    format!("detach {} from {}", eids.join(","), device.0)
+                }
+                Action::Terminate { pid, .. } => format!("terminate {}", pid.0),
+            })
+            .collect()
+    }
+
     #[test]
-    fn strays_count_toward_their_users_cap_and_are_never_detached() {
+    fn strays_count_toward_their_users_cap_and_are_taken_like_members() {
         // alice's nohup job on device 2 outlived its env; her new env holds 0 and 1.
         let s = live(
             host(vec![env("a", Some("alice"), None)], &[(0, "a"), (1, "a")]),
             vec![job(10, Some("gone"), 1001, 2), job(11, Some("a"), 1001, 0)],
         );
         let c = local(s);
-        let (v, n) = {
-            let v = crate::rules::evaluate(&c, &policy(Some(2), &[]));
-            (v, crate::rules::assess_cluster(&c, &policy(Some(2), &[])).1)
-        };
+        let v = crate::rules::evaluate(&c, &policy(Some(2), &[]));
         assert!(
             matches!(
                 &v[0].finding,
@@ -564,19 +598,68 @@ mod tests {
             ),
             "{v:?}"
         );
-        assert_eq!(
-            detached(&v[0]),
-            vec![("localhost".into(), 1, 1)],
-            "the idle one"
-        );
-        assert!(!n.iter().any(|n| matches!(n, Notice::ExcessKept { .. })));
-        // A cap of 0: both attachments go, the stray's device stays, said so.
+        assert_eq!(asked(&v[0]), ["detach a from 1"], "the idle one");
+        // A cap of 0: the idle one, then the working ones in genv's order
+        // (the stray's device, listed in no devices.json, last): all freed.
         let (v, n) = crate::rules::assess_cluster(&c, &policy(Some(0), &[]));
-        assert_eq!(detached(&v[0]).len(), 2);
+        assert_eq!(
+            asked(&v[0]),
+            ["detach a from 1", "detach a from 0", "terminate 10"]
+        );
+        assert!(
+            !n.iter().any(|n| matches!(n, Notice::ExcessKept { .. })),
+            "{n:?}"
+        );
+        // One whose start time is unknown is never terminated: kept, said.
+        let mut s = c.hosts[0].1.clone();
+        s.processes[0].start_time = None;
+        let (v, n) = crate::rules::assess_cluster(&local(s), &policy(Some(0), &[]));
+        assert_eq!(asked(&v[0]), ["detach a from 1", "detach a from 0"]);
         assert!(n.contains(&Notice::ExcessKept {
             user: "alice".into(),
             left: 1
         }));
+    }
+
+    #[test]
+    fn a_member_on_a_device_its_environment_lacks_counts_there_once() {
+        // alice's job of `a` (attached to 0) runs on 0 and 1; with
+        // env-devices off nothing else takes it: device 1 counts, and
+        // freeing it terminates the job (which frees nothing else: 0 stays
+        // attached).
+        let s = live(
+            host(vec![env("a", Some("alice"), None)], &[(0, "a")]),
+            vec![{
+                let mut p = job(10, Some("a"), 1001, 0);
+                p.gpus.push(crate::model::DeviceUsage {
+                    index: GpuIndex(1),
+                    usage: mib(1),
+                });
+                p
+            }],
+        );
+        let off = Policy {
+            env_devices: false,
+            ..policy(Some(1), &[])
+        };
+        let v = crate::rules::evaluate(&local(s.clone()), &off);
+        let cap = user_cap(&v);
+        assert!(
+            matches!(
+                &cap.finding,
+                Finding::MaxDevices {
+                    devices: 2,
+                    over: 1,
+                    ..
+                }
+            ),
+            "{cap:?}"
+        );
+        assert_eq!(asked(cap), ["detach a from 0"], "genv's order");
+        // With env-devices on, its termination frees device 1 this cycle:
+        // the count is genv's, and nothing is over.
+        let v = crate::rules::evaluate(&local(s), &policy(Some(1), &[]));
+        assert!(v.iter().all(|v| v.rule != Rule::MaxDevicesPerUser), "{v:?}");
     }
 
     #[test]
@@ -611,35 +694,37 @@ mod tests {
             ),
             "{cap:?}"
         );
-        // The idle device first, then the strays' devices in genv's order,
-        // each with the environment's job there.
+        // The idle device first, then the working ones in genv's order,
+        // each freed: the environment's job there with the detach, the
+        // stray beside it terminated.
         assert_eq!(
-            detached(cap),
+            asked(cap),
             [
-                ("localhost".into(), 3, 1),
-                ("localhost".into(), 0, 1),
-                ("localhost".into(), 1, 1)
+                "detach b from 3",
+                "detach b from 0",
+                "terminate 20",
+                "detach b from 1",
+                "terminate 21"
             ]
         );
         let pids: Vec<Vec<Pid>> = (cap.actions.iter())
-            .map(|a| match a {
-                Action::Detach { pids, .. } => pids.clone(),
-                other => panic!("{other:?}"),
+            .filter_map(|a| match a {
+                Action::Detach { pids, .. } => Some(pids.clone()),
+                Action::Terminate { .. } => None,
             })
             .collect();
         assert_eq!(pids, [vec![], vec![Pid(10)], vec![Pid(11)]]);
-        // His strays still hold 0 and 1: two over, said so.
-        assert!(n.contains(&Notice::ExcessKept {
-            user: "bob".into(),
-            left: 2
-        }));
+        assert!(
+            !n.iter().any(|n| matches!(n, Notice::ExcessKept { .. })),
+            "{n:?}"
+        );
     }
 
     #[test]
     fn a_contested_env_counts_for_nobody_and_its_jobs_for_their_users() {
         // bob runs a job with alice's id on her device 0 and attaches her env
         // to 1..3: the env is nobody's, nothing of it is detached; each job
-        // counts toward its own user's cap.
+        // counts toward its own user's cap, and is taken under it alone.
         let s = live(
             host(
                 vec![env("a", Some("alice"), None)],
@@ -647,18 +732,22 @@ mod tests {
             ),
             vec![job(10, Some("a"), 1001, 0), job(11, Some("a"), 1002, 0)],
         );
-        let (v, n) = crate::rules::assess_cluster(&local(s), &policy(Some(0), &[]));
-        for user in ["alice", "bob"] {
+        let (v, n) = crate::rules::assess_cluster(&local(s.clone()), &policy(Some(0), &[]));
+        for (user, pid) in [("alice", "10"), ("bob", "11")] {
             let v = v
                 .iter()
                 .find(|v| matches!(&v.finding, Finding::MaxDevices { user: u, devices: 1, .. } if u == user))
                 .unwrap_or_else(|| panic!("{user}: {v:?}"));
-            assert!(v.actions.is_empty());
-            assert!(n.contains(&Notice::ExcessKept {
-                user: user.into(),
-                left: 1
-            }));
+            assert_eq!(asked(v), [format!("terminate {pid}")]);
         }
+        assert!(
+            !n.iter().any(|n| matches!(n, Notice::ExcessKept { .. })),
+            "{n:?}"
+        );
+        // Within her cap, bob's contest costs her nothing; his job is his.
+        let (v, _) = crate::rules::assess_cluster(&local(s), &policy(Some(1), &[("bob", 0)]));
+        assert_eq!(v.len(), 1);
+        assert_eq!(asked(&v[0]), ["terminate 11"]);
     }
 
     #[test]

@@ -5,20 +5,22 @@
 //! cap counts it ([`super::max_devices`]), membership as each host
 //! resolves it (the host's name service, for the users it names: the
 //! owners of live processes; a recording's `groups`). A user the host
-//! does not name counts toward no group. The excess is detached as the
-//! per-user caps detach: devices none of the user's processes runs on
-//! first (records that list no live pid of theirs before the others), then
-//! those their processes run on; within each, hosts as given, devices by
-//! index, users by name; last, those a stray of the user runs on beside
-//! their environments (their count stays). Devices the per-user caps (or
-//! an earlier group, groups by name) detach this cycle count as detached
-//! already, unless a stray still holds them.
+//! does not name counts toward no group. The excess falls on who came
+//! last: first the devices where none of a member's jobs runs (records
+//! that list no live pid of theirs before the others), then the working
+//! ones, the most recent first (by when the first of the member's jobs
+//! there started, which only the kernel says): a member who starts jobs
+//! that put the group over loses them, never another member's older
+//! work. Ties (and idle devices) go in one order: hosts as given, devices
+//! by index, users by name. What the per-user caps (or an earlier group,
+//! groups by name) take this cycle counts as taken already.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
-use super::max_devices::{HeldDevice, HostUsage};
-use super::{Action, Finding, Notice, Policy, Rule, Violation};
-use crate::model::{EnvId, GpuIndex, HostId, HostSnapshot};
+use super::max_devices::HostUsage;
+use super::taking::{self, Candidate, Taken};
+use super::{Finding, Notice, Policy, Rule, Violation};
+use crate::model::{HostId, HostSnapshot};
 
 /// One host's word on its users' groups: the capped groups each user
 /// counted there is a member of.
@@ -68,59 +70,30 @@ impl HostGroups {
     }
 }
 
-/// A detached (host, device, environment).
-pub type Detached = HashSet<(HostId, GpuIndex, EnvId)>;
-
-/// Whether every environment of `d` on `host` is in `detached` (true when
-/// it has none).
-fn all_detached(detached: &Detached, host: &HostId, d: &HeldDevice) -> bool {
-    (d.eids.iter()).all(|e| detached.contains(&(host.clone(), d.index, e.clone())))
-}
-
-/// What `violations` detach.
-pub fn detached(violations: &[Violation]) -> Detached {
-    violations
-        .iter()
-        .flat_map(|v| &v.actions)
-        .flat_map(|a| match a {
-            Action::Detach {
-                host, device, eids, ..
-            } => eids
-                .iter()
-                .map(|e| (host.clone(), *device, e.clone()))
-                .collect(),
-            Action::Terminate { .. } => Vec::new(),
-        })
-        .collect()
-}
-
 /// The group caps over every host's part (in the order given): a
-/// violation per group over its cap, with the detaches that bring it down,
-/// and a notice for each group whose excess cannot all be detached.
-/// `detached`: what the per-user caps detach.
+/// violation per group over its cap, with the actions that bring it down,
+/// and a notice for each group whose excess cannot all be freed.
+/// `taken`: what the rules before take this cycle; what the groups take
+/// is added to it.
 pub fn evaluate(
     hosts: &[(&HostId, &HostUsage, &HostGroups)],
     policy: &Policy,
-    mut detached: Detached,
+    taken: &mut Taken,
 ) -> (Vec<Violation>, Vec<Notice>) {
     let mut violations = Vec::new();
     let mut notices = Vec::new();
     for (group, &cap) in &policy.max_devices_per_group {
-        // (host order, user, device) for each member's device still held.
-        let mut held: Vec<(usize, &HostId, &str, &HeldDevice)> = Vec::new();
+        // (host order, candidate) for each member's device still held.
+        let mut held: Vec<(usize, Candidate)> = Vec::new();
         for (k, (host, usage, groups)) in hosts.iter().enumerate() {
             for (user, devices) in &usage.users {
                 if !groups.users.get(user).is_some_and(|g| g.contains(group)) {
                     continue;
                 }
                 held.extend(
-                    devices
-                        .devices
-                        .iter()
-                        .filter(|d| {
-                            d.stray || d.eids.is_empty() || !all_detached(&detached, host, d)
-                        })
-                        .map(|d| (k, *host, user.as_str(), d)),
+                    (devices.devices.iter())
+                        .filter(|d| taken.holds(host, d))
+                        .map(|d| (k, (*host, user.as_str(), d))),
                 );
             }
         }
@@ -129,25 +102,20 @@ pub fn evaluate(
         if over == 0 {
             continue;
         }
-        held.retain(|(_, host, _, d)| !all_detached(&detached, host, d));
-        held.sort_by_key(|&(k, _, user, d)| (d.turn(), k, d.index, user));
-        let chosen: Vec<_> = held.into_iter().take(over).collect();
-        let freed = chosen.iter().filter(|(_, _, _, d)| !d.stray).count();
+        held.sort_by_key(|&(k, (host, user, d))| {
+            let turn = taken.turn(host, d);
+            // Working: the most recent first (unknown: as the oldest).
+            let recent = std::cmp::Reverse(if turn == 2 { d.since.unwrap_or(0) } else { 0 });
+            (turn, recent, k, d.index, user)
+        });
+        let candidates: Vec<Candidate> = held.into_iter().map(|(_, c)| c).collect();
+        let (actions, freed) = taking::take(&candidates, over, taken);
         if freed < over {
             notices.push(Notice::GroupExcessKept {
                 group: group.clone(),
                 left: over - freed,
             });
         }
-        let actions: Vec<Action> = chosen
-            .into_iter()
-            .map(|(_, host, user, d)| {
-                for e in &d.eids {
-                    detached.insert((host.clone(), d.index, e.clone()));
-                }
-                d.detach(host, user)
-            })
-            .collect();
         violations.push(Violation {
             rule: Rule::MaxDevicesPerGroup,
             finding: Finding::MaxGroupDevices {
@@ -164,9 +132,10 @@ pub fn evaluate(
 
 #[cfg(test)]
 mod tests {
-    use super::super::max_devices::Held;
+    use super::super::max_devices::{Held, HeldDevice};
     use super::*;
-    use crate::model::Pid;
+    use crate::model::{EnvId, GpuIndex, Pid};
+    use crate::rules::Action;
     use proptest::prelude::*;
 
     fn device(index: u32, eid: &str, working: bool, vouched: bool) -> HeldDevice {
@@ -178,9 +147,12 @@ mod tests {
             } else {
                 smallvec::smallvec![]
             },
+            jobs: smallvec::smallvec![],
             working,
             stray: false,
+            kept: false,
             vouched,
+            since: working.then_some(1000),
         }
     }
 
@@ -252,7 +224,7 @@ mod tests {
         let (v, n) = evaluate(
             &[(&a, &ua, &ga), (&b, &ub, &gb)],
             &policy(&[("lab", 1)]),
-            Detached::new(),
+            &mut Taken::default(),
         );
         assert_eq!(
             detaches(&v),
@@ -273,62 +245,97 @@ mod tests {
             }
         );
         // What the per-user caps detach counts as gone: b's device 3.
-        let done: Detached = [(b.clone(), GpuIndex(3), EnvId("b3".into()))]
-            .into_iter()
-            .collect();
+        let mut done = Taken::default();
+        done.detached
+            .insert((b.clone(), GpuIndex(3), EnvId("b3".into())));
         let (v, _) = evaluate(
             &[(&a, &ua, &ga), (&b, &ub, &gb)],
             &policy(&[("lab", 1)]),
-            done,
+            &mut done,
         );
         assert_eq!(detaches(&v).len(), 2);
         // A user the host names in no capped group counts for none.
         let (v, _) = evaluate(
             &[(&a, &ua, &HostGroups::default())],
             &policy(&[("lab", 0)]),
-            Detached::new(),
+            &mut Taken::default(),
         );
         assert!(v.is_empty());
     }
 
+    /// What `v` asks for: detaches as (host, device, user), terminations
+    /// as (host, pid).
+    fn taken(v: &[Violation]) -> Vec<String> {
+        v.iter()
+            .flat_map(|v| &v.actions)
+            .map(|a| match a {
+                Action::Detach {
+                    host, device, user, ..
+                } => format!("{}: detach {user} from {}", host.0, device.0),
+                Action::Terminate { host, pid } => format!("{}: terminate {}", host.0, pid.0),
+            })
+            .collect()
+    }
+
     #[test]
-    fn devices_strays_run_on_count_and_are_detached_last() {
+    fn the_excess_falls_on_the_most_recent_work_strays_included() {
         let h = HostId("h".into());
-        let stray = HeldDevice {
-            eids: smallvec::smallvec![],
-            stray: true,
-            ..device(0, "x", true, false)
-        };
-        // A stray runs beside her environment: detaching it does not lower
-        // the count, but the stray must not shield the environment's jobs.
+        // alice: her job (since 1000) in e1 on device 1, with a stray of
+        // hers beside it started at 5000; her job in e2 on 2 (since 2000).
+        // bob: two strays (made-up ids) started at 3000 and 4000, each on
+        // a device of its own.
         let beside = HeldDevice {
+            jobs: smallvec::smallvec![Pid(51)],
             stray: true,
+            since: Some(1000),
             ..device(1, "e1", true, true)
         };
-        let u = usage(&[("alice", vec![stray, beside, device(2, "e2", true, false)])]);
-        let part = [(&h, &u, &groups(&[("alice", &["lab"])]))];
-        let (v, n) = evaluate(&part, &policy(&[("lab", 2)]), Detached::new());
-        assert_eq!(detaches(&v), [("h".to_string(), 2, "alice".to_string())]);
+        let e2 = HeldDevice {
+            since: Some(2000),
+            ..device(2, "e2", true, false)
+        };
+        let stray = |index: u32, pid: u32, since: u64| HeldDevice {
+            eids: smallvec::smallvec![],
+            pids: smallvec::smallvec![],
+            jobs: smallvec::smallvec![Pid(pid)],
+            stray: true,
+            since: Some(since),
+            ..device(index, "x", true, false)
+        };
+        let u = usage(&[
+            ("alice", vec![beside, e2]),
+            ("bob", vec![stray(0, 60, 3000), stray(3, 61, 4000)]),
+        ]);
+        let lab = groups(&[("alice", &["lab"]), ("bob", &["lab"])]);
+        let part = [(&h, &u, &lab)];
+        // Over by 2: bob's newer jobs go, never alice's older work.
+        let (v, n) = evaluate(&part, &policy(&[("lab", 2)]), &mut Taken::default());
+        assert_eq!(taken(&v), ["h: terminate 61", "h: terminate 60"]);
         assert_eq!(n, []);
-        let (v, n) = evaluate(&part, &policy(&[("lab", 0)]), Detached::new());
+        // Over by 3: then alice's most recent, e2 (her stray beside e1
+        // started later, but the device was held since 1000).
+        let (v, _) = evaluate(&part, &policy(&[("lab", 1)]), &mut Taken::default());
         assert_eq!(
-            detaches(&v),
+            taken(&v),
             [
-                ("h".to_string(), 2, "alice".to_string()),
-                ("h".to_string(), 1, "alice".to_string())
+                "h: terminate 61",
+                "h: terminate 60",
+                "h: detach alice from 2"
             ]
         );
-        let left = |n: &[Notice]| match n {
-            [Notice::GroupExcessKept { left, .. }] => *left,
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(left(&n), 2);
-        // Detached by her own cap already: still counted (the stray holds
-        // it), not detached again.
-        let mut done = Detached::new();
-        done.insert((h.clone(), GpuIndex(1), EnvId("e1".into())));
-        let (v, n) = evaluate(&part, &policy(&[("lab", 0)]), done);
-        assert_eq!(detaches(&v), [("h".to_string(), 2, "alice".to_string())]);
+        // Over by all: the stray beside e1 is terminated with the detach.
+        let (v, n) = evaluate(&part, &policy(&[("lab", 0)]), &mut Taken::default());
+        assert_eq!(
+            taken(&v)[3..],
+            ["h: detach alice from 1", "h: terminate 51"]
+        );
+        assert_eq!(n, []);
+        // Taken by her own cap already: not counted, not taken again.
+        let mut done = Taken::default();
+        done.detached
+            .insert((h.clone(), GpuIndex(1), EnvId("e1".into())));
+        done.terminated.insert((h.clone(), Pid(51)));
+        let (v, _) = evaluate(&part, &policy(&[("lab", 0)]), &mut done);
         assert!(
             matches!(
                 &v[0].finding,
@@ -340,37 +347,7 @@ mod tests {
             ),
             "{v:?}"
         );
-        assert_eq!(left(&n), 2);
-    }
-
-    #[test]
-    fn what_detaches_name_is_detached_and_terminations_are_not() {
-        let h = HostId("h".into());
-        let v = Violation {
-            rule: Rule::MaxDevicesPerUser,
-            finding: Finding::MaxDevices {
-                user: "a".into(),
-                devices: 1,
-                hosts: 1,
-                over: 1,
-            },
-            actions: smallvec::smallvec![
-                Action::Terminate {
-                    host: h.clone(),
-                    pid: Pid(1),
-                },
-                Action::Detach {
-                    host: h.clone(),
-                    device: GpuIndex(3),
-                    eids: vec![EnvId("x".into()), EnvId("y".into())],
-                    pids: vec![],
-                    user: "a".into(),
-                },
-            ],
-        };
-        let d = detached(&[v]);
-        assert_eq!(d.len(), 2);
-        assert!(d.contains(&(h.clone(), GpuIndex(3), EnvId("y".into()))));
+        assert!(!taken(&v).iter().any(|a| a.contains("from 1")), "{v:?}");
     }
 
     #[test]
@@ -445,8 +422,8 @@ mod tests {
             }).collect();
             let input: Vec<_> = (0..2).map(|h| (&hosts[h], &parts[h], &gs[h])).collect();
             let p = policy(&[("lab", cap_lab), ("ops", cap_ops)]);
-            let (v, _) = evaluate(&input, &p, Detached::new());
-            prop_assert_eq!(&evaluate(&input, &p, Detached::new()).0, &v);
+            let (v, _) = evaluate(&input, &p, &mut Taken::default());
+            prop_assert_eq!(&evaluate(&input, &p, &mut Taken::default()).0, &v);
             let all = detaches(&v);
             let mut seen = std::collections::HashSet::new();
             for d in &all {

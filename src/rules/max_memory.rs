@@ -342,8 +342,16 @@ mod tests {
         let t = terminated(std::slice::from_ref(&v), &held);
         assert_eq!(t.len(), 2);
         assert!(!t.contains(&(h.clone(), Pid(1))));
-        held.detaches.insert((h.clone(), crate::model::GpuIndex(0), crate::model::EnvId("e".into())));
-        assert_eq!(terminated(std::slice::from_ref(&v), &held).len(), 2, "no eid held");
+        held.detaches.insert((
+            h.clone(),
+            crate::model::GpuIndex(0),
+            crate::model::EnvId("e".into()),
+        ));
+        assert_eq!(
+            terminated(std::slice::from_ref(&v), &held).len(),
+            2,
+            "no eid held"
+        );
         let mut v = v;
         if let Action::Detach { eids, .. } = &mut v.actions[1] {
             eids.push(crate::model::EnvId("e".into()));

@@ -18,6 +18,7 @@ pub mod max_memory;
 mod non_env_processes;
 mod orphaned_env_processes;
 pub mod shards;
+pub mod taking;
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -516,27 +517,29 @@ pub fn evaluate_caps(
     shards: Option<shards::Shards>,
     held: &Withheld,
 ) -> (Vec<Violation>, Vec<Notice>) {
+    let mut taken = taking::Taken::of(earlier, held);
     let (mut violations, mut notices) = if policy.has_caps() {
         let usage: Vec<(&HostId, &HostUsage)> = hosts.iter().map(|(h, f)| (*h, &f.usage)).collect();
         match shards {
             Some(s) => {
-                let (mut v, n) = max_devices::evaluate(&s.in_order(&usage), policy);
+                let (mut v, n) = max_devices::evaluate(&s.in_order(&usage), policy, &mut taken);
                 s.ours_only(&mut v);
                 (v, n)
             }
-            None => max_devices::evaluate(&usage, policy),
+            None => max_devices::evaluate(&usage, policy, &mut taken),
         }
     } else {
         (Vec::new(), Vec::new())
     };
+    // What waits of the per-user caps' actions takes nothing.
+    taken = taking::Taken::of(earlier, held);
+    taken.add(&violations, held);
     if !policy.max_devices_per_group.is_empty() {
         let parts: Vec<(&HostId, &HostUsage, &HostGroups)> = hosts
             .iter()
             .map(|(h, f)| (*h, &f.usage, &f.groups))
             .collect();
-        let mut detached = max_groups::detached(&violations);
-        detached.retain(|d| !held.detaches.contains(d));
-        let (v, n) = max_groups::evaluate(&parts, policy, detached);
+        let (v, n) = max_groups::evaluate(&parts, policy, &mut taken);
         violations.extend(v);
         notices.extend(n);
     }
@@ -604,7 +607,9 @@ pub fn merge(
     policy: &Policy,
     moment: Moment,
 ) -> (Vec<Violation>, Vec<Notice>) {
-    merge_held(hosts, snapshots, policy, moment, &mut |_| Withheld::default())
+    merge_held(hosts, snapshots, policy, moment, &mut |_| {
+        Withheld::default()
+    })
 }
 
 /// [`merge`], where only what is carried out this cycle frees room under
@@ -651,7 +656,7 @@ pub fn merge_held(
         let (caps, kept) = evaluate_caps(&parts, policy, &violations, moment.shards, &waits);
         violations.extend(caps);
         notices.extend(kept);
-        if pass == 3 || !(policy.has_memory_caps() || !policy.max_devices_per_group.is_empty()) {
+        if pass == 3 || !policy.has_any_cap() {
             break;
         }
         let now = held(&violations);

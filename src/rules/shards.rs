@@ -53,6 +53,10 @@ impl Published {
                     d.eids = smallvec::smallvec![EnvId("".into())];
                 }
                 d.pids.clear();
+                if !d.jobs.is_empty() {
+                    // Never one of ours: only counted, never taken here.
+                    d.jobs = smallvec::smallvec![crate::model::Pid(0)];
+                }
             }
         }
         self
@@ -125,9 +129,12 @@ mod tests {
                     index: GpuIndex(i),
                     eids: smallvec::smallvec![EnvId(format!("{user}-{i}").into())],
                     pids: smallvec::smallvec![],
+                    jobs: smallvec::smallvec![],
                     working,
                     stray: false,
+                    kept: false,
                     vouched: working,
+                    since: None,
                 })
                 .collect(),
         };
@@ -173,7 +180,7 @@ mod tests {
             max_devices_per_user: Some(2),
             ..Policy::default()
         };
-        let (mut v, _) = max_devices::evaluate(&all, &policy);
+        let (mut v, _) = max_devices::evaluate(&all, &policy, &mut Default::default());
         shards.ours_only(&mut v);
         assert!(v.iter().all(|v| v.rule == Rule::MaxDevicesPerUser));
         v.iter()
