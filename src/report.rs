@@ -365,11 +365,11 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
             }
         ),
         Notice::ExcessKept { user, left } => format!(
-            "[WARNING] User {} stays {left} over the device cap: the rest is held by jobs of theirs outside their environments (orphaned or contested), which are never terminated for a cap",
+            "[WARNING] User {} stays {left} over the device cap: the rest is held by jobs of theirs that cannot be terminated (their start time or environ unknown)",
             clean(user)
         ),
         Notice::GroupExcessKept { group, left } => format!(
-            "[WARNING] Group {} stays {left} over its device cap: the rest is held by jobs of its members outside their environments (orphaned or contested), which are never terminated for a cap",
+            "[WARNING] Group {} stays {left} over its device cap: the rest is held by jobs of its members that cannot be terminated (their start time or environ unknown)",
             clean(group)
         ),
         Notice::MemoryExcessKept { user, left } => format!(

@@ -25,7 +25,9 @@
 //!   nothing a made-up id would not.
 //! - A process once seen orphaned stays a stray for life ([`Orphans`],
 //!   remembered from cycle to cycle): a record that appears later with its
-//!   id (anyone can write one) never makes it a member again.
+//!   id (anyone can write one) never makes it a member again, and counts
+//!   toward the orphan's owner (when no job that may be a member carries
+//!   the id), whatever user it names, or none.
 //! - The pids an environment lists only keep it alive (genv's clean-up);
 //!   they never say whose it is.
 //!
@@ -175,17 +177,31 @@ impl<'a> Attribution<'a> {
         let degraded = snap.state_problem().is_some();
         let orphaned =
             |p: &crate::model::Process| p.start_time.is_some_and(|t| orphans.contains(&(p.pid, t)));
+        // Who carries each id: jobs that may be members, then (for a
+        // record no such job carries) jobs seen orphaned. A record written
+        // for an orphan's id is its owner's, whatever it names.
         let mut carriers = vec![Carriers::None; n];
+        let mut by_orphans = vec![Carriers::None; n];
         if live {
-            for p in snap.processes.iter().filter(|p| !orphaned(p)) {
+            for p in &snap.processes {
                 if let (Some(eid), Some(uid)) = (p.owner.eid(), p.uid) {
                     if let Some(&i) = index.get(eid) {
-                        carriers[i] = match carriers[i] {
+                        let c = if orphaned(p) {
+                            &mut by_orphans[i]
+                        } else {
+                            &mut carriers[i]
+                        };
+                        *c = match *c {
                             Carriers::None => Carriers::One(uid),
                             Carriers::One(u) if u == uid => Carriers::One(u),
                             _ => Carriers::Several,
                         };
                     }
+                }
+            }
+            for (c, o) in carriers.iter_mut().zip(by_orphans) {
+                if *c == Carriers::None {
+                    *c = o;
                 }
             }
         }
@@ -541,8 +557,29 @@ mod tests {
         let a = Attribution::of(&s, &orphans);
         assert_eq!(a.standing(0), &Standing::Stray(Stray::Reclaimed));
         assert_eq!(a.standing(1), &Standing::Stray(Stray::Orphaned));
-        // It does not make the record its user's: an idle record is its own.
+        // The record written for its id is the orphan's owner's, whatever
+        // it names (even no one): it counts toward her cap.
+        assert_eq!(a.charge(0), Charge::User("alice".into()));
+        let mut nameless = s.clone();
+        std::sync::Arc::make_mut(&mut nameless.envs)[0].username = None;
+        let a = Attribution::of(&nameless, &orphans);
+        assert_eq!(a.charge(0), Charge::User("alice".into()));
+        assert_eq!(a.standing(0), &Standing::Stray(Stray::Reclaimed));
+        // Orphans of two users carry it: nobody's.
+        let mut two = nameless.clone();
+        two.processes.push(job(32, Some("a"), 1002));
+        let orphans: Orphans = [(Pid(30), 1030), (Pid(32), 1032)].into_iter().collect();
+        let a = Attribution::of(&two, &orphans);
+        assert!(
+            matches!(a.charge(0), Charge::Nobody(Unconfirmed::Contested { .. })),
+            "{:?}",
+            a.charge(0)
+        );
+        // A job that may be a member comes first: the record is its user's.
+        let orphans: Orphans = [(Pid(30), 1030)].into_iter().collect();
+        let a = Attribution::of(&two, &orphans);
         assert_eq!(a.charge(0), Charge::User("bob".into()));
+        assert_eq!(a.standing(2), &Standing::Member(0));
     }
 
     #[test]

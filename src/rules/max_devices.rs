@@ -622,6 +622,37 @@ mod tests {
     }
 
     #[test]
+    fn a_nameless_record_for_an_orphans_id_is_its_owners_and_the_job_is_taken() {
+        // bob's job with a made-up id `x` on devices 0 and 1, seen orphaned;
+        // then he writes a record for `x` naming no one, attached to both.
+        let mut orphan = job(20, Some("x"), 1002, 0);
+        orphan.gpus.push(crate::model::DeviceUsage {
+            index: GpuIndex(1),
+            usage: mib(1),
+        });
+        let s = live(
+            host(vec![env("x", None, None)], &[(0, "x"), (1, "x")]),
+            vec![orphan],
+        );
+        let known: crate::rules::Orphans = [(Pid(20), 1020)].into_iter().collect();
+        let usage = HostUsage::of(&Attribution::of(&s, &known), false);
+        let h = HostId("h".into());
+        let (v, n) = evaluate(
+            &[(&h, &usage)],
+            &policy(Some(1), &[]),
+            &mut Taken::default(),
+        );
+        assert!(
+            matches!(&v[0].finding, Finding::MaxDevices { user, devices: 2, over: 1, .. } if user == "bob"),
+            "{v:?}"
+        );
+        // Device 0 in genv's order: detaching it frees nothing while the
+        // job runs there, so the job goes with it (device 1 stays attached).
+        assert_eq!(asked(&v[0]), ["detach x from 0", "terminate 20"]);
+        assert_eq!(n, []);
+    }
+
+    #[test]
     fn a_member_on_a_device_its_environment_lacks_counts_there_once() {
         // alice's job of `a` (attached to 0) runs on 0 and 1; with
         // env-devices off nothing else takes it: device 1 counts, and
