@@ -396,8 +396,9 @@ pub struct CycleArgs {
     #[arg(long, value_parser = parse_timeout, value_name = "DURATION")]
     pub kill_after: Option<Duration>,
 
-    /// Act on a violation only once it is seen in N consecutive cycles
-    /// (same process and start time, or same environment and device).
+    /// Act on a violation only once it is seen in N cycles (same process
+    /// and start time, or same environment and device; an absence its
+    /// owner could cause does not start the count over).
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub confirm_cycles: u32,
 

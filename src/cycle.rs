@@ -341,10 +341,12 @@ fn laddered(
     if abort {
         return (Vec::new(), Vec::new());
     }
+    // A host whose genv state cannot be used this cycle is as good as
+    // unanswered for the waits that need it: none of them moves.
     let unanswered: Vec<HostId> = a
         .hosts
         .iter()
-        .filter(|h| h.error.is_some())
+        .filter(|h| h.error.is_some() || h.degraded.is_some())
         .map(|h| h.host.clone())
         .collect();
     (

@@ -1,12 +1,17 @@
 //! Warn, then act. Each action the rules ask for keeps its identity from
 //! cycle to cycle (a process by host, pid and start time; a detach by host,
 //! device and environment). It is carried out only once it has been seen in
-//! `--confirm-cycles` consecutive cycles and its grace (`--grace`, or its
-//! rules' own) has run out; until then it waits, its owner warned once. One
-//! that goes away first is cleared. Pure: the cycle keeps one [`Ladder`]
-//! and feeds it each cycle's whole plan and the time.
+//! `--confirm-cycles` cycles and its grace (`--grace`, or its rules' own)
+//! has run out; until then it waits, its owner warned once. One that goes
+//! away first is cleared (said so), but its wait is kept until its deadline
+//! has passed and a gap more: seen again, or a job of the same owner,
+//! rules and GPUs in its place (a restart under a new pid), it goes on
+//! where it was, so no absence its owner can cause resets it. A host that
+//! did not answer, or whose genv state cannot be used, moves no wait.
+//! Pure: the cycle keeps one [`Ladder`] and feeds it each cycle's whole
+//! plan and the time.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -178,9 +183,36 @@ struct Track {
     /// without its exemption.
     #[serde(default)]
     exempted: bool,
-    /// When last seen (ms).
+    /// When last seen (ms), or when a cycle last passed while it was
+    /// away (`absent`).
     #[serde(default)]
     last: u64,
+    /// Since when it has not been seen (ms), if it is away: its wait is
+    /// kept, deadline and all, until that deadline has passed and it has
+    /// stayed away a while ([`Ladder::window`]); seen again (or a job of
+    /// the same owner, rules and GPUs in its place), it goes on from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    absent: Option<u64>,
+}
+
+/// What a restarted job has in common with the one before it: its host,
+/// its owner's uid, the rules asking and its GPUs (none of which the owner
+/// can change by restarting it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Lineage(HostId, u32, crate::rules::Rules, Vec<GpuIndex>);
+
+impl Lineage {
+    /// The lineage of a termination whose owner the kernel names.
+    fn of(key: &Key, what: &What) -> Option<Lineage> {
+        match (key, what) {
+            (Key::Terminate(host, ..), What::Terminate(t)) => {
+                let mut gpus = t.gpus.to_vec();
+                gpus.sort_unstable();
+                Some(Lineage(host.clone(), t.uid?, t.rules, gpus))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Where an action stands.
@@ -249,6 +281,9 @@ pub enum Waiting {
 pub struct Ladder {
     grace: Grace,
     tracks: HashMap<Key, Track>,
+    /// The waits kept while away, by lineage (terminations whose owner
+    /// the kernel names).
+    away: HashMap<Lineage, Key>,
 }
 
 /// One action's progress as kept across restarts (`--state-db`): opaque
@@ -289,7 +324,62 @@ impl Ladder {
         Ladder {
             grace,
             tracks: HashMap::new(),
+            away: HashMap::new(),
         }
+    }
+
+    /// How long a wait is kept while its action is away, past its
+    /// deadline: the run's gap between sightings (an hour for cron runs).
+    fn window(&self) -> u64 {
+        ms(self.grace.gap.unwrap_or(Duration::from_secs(3600)))
+    }
+
+    /// Whether the wait `t`, away, is over at `now`.
+    fn expired(&self, t: &Track, now: u64) -> bool {
+        t.absent.is_some_and(|a| {
+            let from = a.max(t.deadline.unwrap_or(0));
+            now.saturating_sub(from) > self.window()
+        })
+    }
+
+    /// The lineage index of the waits kept while away.
+    fn index_away(&mut self) {
+        let mut away: HashMap<Lineage, (u64, Key)> = HashMap::new();
+        for (k, t) in self.tracks.iter().filter(|(_, t)| t.absent.is_some()) {
+            let Some(l) = Lineage::of(k, &t.what) else {
+                continue;
+            };
+            // Of two away with one lineage, the longest waiting.
+            match away.get(&l) {
+                Some((since, _)) if *since <= t.since => {}
+                _ => {
+                    away.insert(l, (t.since, k.clone()));
+                }
+            }
+        }
+        self.away = away.into_iter().map(|(l, (_, k))| (l, k)).collect();
+    }
+
+    /// The track of `key`: its own, or the wait of a job of the same
+    /// lineage that a restarted job takes up (with the key it was kept
+    /// under): one kept while away, or one gone this cycle (not in
+    /// `present`), the longest waiting.
+    fn track_of(&self, key: &Key, what: &What, present: &HashSet<Key>) -> Option<(&Key, &Track)> {
+        if let Some(kt) = self.tracks.get_key_value(key) {
+            return Some(kt);
+        }
+        let lineage = Lineage::of(key, what)?;
+        if let Some(kt) = (self.away.get(&lineage))
+            .and_then(|old| self.tracks.get_key_value(old))
+            .filter(|(_, t)| t.absent.is_some())
+        {
+            return Some(kt);
+        }
+        (self.tracks.iter())
+            .filter(|(k, _)| matches!(k, Key::Terminate(h, ..) if *h == lineage.0))
+            .filter(|(k, t)| !t.acted && t.absent.is_none() && !present.contains(*k))
+            .filter(|(k, t)| Lineage::of(k, &t.what).as_ref() == Some(&lineage))
+            .min_by_key(|(_, t)| t.since)
     }
 
     /// Every action's progress, to be kept across a restart.
@@ -308,6 +398,7 @@ impl Ladder {
     pub fn restore(grace: Grace, saved: Vec<Saved>) -> Self {
         let mut ladder = Ladder::new(grace);
         ladder.tracks = saved.into_iter().map(|s| (s.key, s.track)).collect();
+        ladder.index_away();
         ladder
     }
 
@@ -354,7 +445,7 @@ impl Ladder {
     }
 
     /// How an action would stand if seen now (its track carried over).
-    fn standing(&self, key: &Key, what: &What, now: u64) -> Track {
+    fn standing(&self, key: &Key, what: &What, now: u64, present: &HashSet<Key>) -> Track {
         let fresh = Track {
             what: what.clone(),
             seen: 1,
@@ -364,13 +455,19 @@ impl Ladder {
             acted: false,
             exempted: false,
             last: now,
+            absent: None,
         };
         let stale = |t: &Track| {
             self.grace
                 .gap
                 .is_some_and(|g| now.saturating_sub(t.last) > ms(g))
         };
-        let mut track = match self.tracks.get(key) {
+        let found = self.track_of(key, what, present);
+        // Taken up by another process: it is warned of anew.
+        let other = found.is_some_and(|(k, _)| k != key);
+        let mut track = match found.map(|(_, t)| t) {
+            // Its wait is over: it starts anew.
+            Some(t) if self.expired(t, now) => fresh,
             // Seen before a stop: it starts over.
             Some(t) if stale(t) => fresh,
             // Exempt until now: its grace starts now.
@@ -382,6 +479,8 @@ impl Ladder {
                 what: what.clone(),
                 seen: t.seen.saturating_add(1),
                 last: now,
+                absent: None,
+                warned: t.warned && !other,
                 ..t.clone()
             },
             None => fresh,
@@ -415,8 +514,9 @@ impl Ladder {
         }
         let mut due = HostPlan::default();
         let mut waiting = Vec::new();
+        let present: HashSet<Key> = keyed(host, plan).map(|(k, _)| k).collect();
         for (key, what) in keyed(host, plan) {
-            let track = self.standing(&key, &what, now);
+            let track = self.standing(&key, &what, now, &present);
             let exempt = self.exempt(host, &what, now);
             if exempt.is_none() && self.due(&track, now) {
                 match what {
@@ -501,18 +601,28 @@ impl Ladder {
         }
         let mut events = Vec::new();
         let mut tracks = HashMap::with_capacity(self.tracks.len());
+        // The waits that a restarted job takes up.
+        let mut taken_up = HashSet::new();
+        let present: HashSet<Key> = (plan.hosts.iter())
+            .flat_map(|(host, p)| keyed(host, p).map(|(k, _)| k))
+            .collect();
         for (host, p) in &plan.hosts {
             for (key, what) in keyed(host, p) {
+                if let Some((old, _)) = self.track_of(&key, &what, &present) {
+                    if *old != key {
+                        taken_up.insert(old.clone());
+                    }
+                }
                 if self.exempt(host, &what, now).is_some() {
                     // Its grace starts when the exemption ends.
                     let track = Track {
                         exempted: true,
-                        ..self.standing(&key, &what, now)
+                        ..self.standing(&key, &what, now, &present)
                     };
                     tracks.insert(key, track);
                     continue;
                 }
-                let mut track = self.standing(&key, &what, now);
+                let mut track = self.standing(&key, &what, now, &present);
                 let event = |stage| Event {
                     stage,
                     host: host.clone(),
@@ -532,29 +642,49 @@ impl Ladder {
                 tracks.insert(key, track);
             }
         }
-        for (key, old) in self.tracks.drain() {
-            if tracks.contains_key(&key) {
+        for (key, mut old) in std::mem::take(&mut self.tracks) {
+            if tracks.contains_key(&key) || taken_up.contains(&key) {
                 continue;
             }
             let (Key::Terminate(host, ..) | Key::Detach(host, ..)) = &key;
             if unanswered.contains(host) {
-                // Not seen this cycle, but not gone either: kept as it was.
+                // Not seen this cycle (its host unanswered, or its genv
+                // state unusable), but not gone either: kept as it was.
+                old.last = now;
                 tracks.insert(key, old);
                 continue;
             }
-            if !old.warned || old.acted {
+            if old.acted {
                 continue;
             }
-            let (Key::Terminate(host, ..) | Key::Detach(host, ..)) = key;
-            events.push(Event {
-                stage: Stage::Cleared,
-                host,
-                what: old.what,
-                since_ms: old.since,
-                deadline_ms: old.deadline,
-            });
+            if old.absent.is_some() {
+                // Still away: kept until its wait is over.
+                if !self.expired(&old, now) {
+                    old.last = now;
+                    tracks.insert(key, old);
+                }
+                continue;
+            }
+            // Gone this cycle: said, and its wait kept a while, so that an
+            // absence its owner causes (a job restarted under a new pid,
+            // one that carries another id for a cycle) resets nothing.
+            if old.warned {
+                let (Key::Terminate(host, ..) | Key::Detach(host, ..)) = &key;
+                events.push(Event {
+                    stage: Stage::Cleared,
+                    host: host.clone(),
+                    what: old.what.clone(),
+                    since_ms: old.since,
+                    deadline_ms: old.deadline,
+                });
+            }
+            old.warned = false;
+            old.absent = Some(now);
+            old.last = now;
+            tracks.insert(key, old);
         }
         self.tracks = tracks;
+        self.index_away();
         events.sort_by_cached_key(|e| {
             // Terminations before detaches, as in a plan.
             let (kind, pid, device, eid) = match &e.what {
@@ -688,9 +818,12 @@ mod tests {
         let second = plan(&[(1, 10), (2, 21)], &[(0, "e")]);
         assert_eq!(acted(&c, &second), (vec![1], vec![0], 1));
         c.advance(&second, 0, &[]);
-        // A cycle without them starts the count over.
+        // A cycle without them starts nothing over: an absence its owner
+        // could cause must not reset a wait.
         c.advance(&plan(&[], &[]), 0, &[]);
-        assert_eq!(acted(&c, &second), (vec![], vec![], 3));
+        // (pid 1 and the detach were carried out: seen again, they are
+        // new; pid 2's count goes on.)
+        assert_eq!(acted(&c, &second), (vec![2], vec![], 2));
         let mut three = Ladder::new(cycles(3));
         for expected in [0, 0, 2, 2] {
             assert_eq!(acted(&three, &first).0.len(), expected);
@@ -761,6 +894,93 @@ mod tests {
             [(Stage::Warned, "pid 1".to_string())]
         );
         assert_eq!(acted_at(&l, &reused, 60_000), (vec![2], vec![], 1));
+    }
+
+    /// bob's job `pid` (start time `start`) on GPU 0, breaking env-devices.
+    fn bobs(pid: u32, start: u64) -> Plan {
+        let mut p = plan(&[(pid, start)], &[]);
+        let t = &mut p.hosts[0].1.terminate[0];
+        t.uid = Some(1002);
+        t.gpus = smallvec::smallvec![GpuIndex(0)];
+        t.rules = Rule::EnvDevices.into();
+        p
+    }
+
+    #[test]
+    fn a_wait_survives_every_absence_its_owner_can_cause() {
+        let graced = Grace {
+            after: Duration::from_secs(60),
+            gap: Some(Duration::from_secs(30)),
+            ..Grace::default()
+        };
+        let h = HostId("h".into());
+        let none = plan(&[], &[]);
+        let deadline = |e: &[Event]| e.iter().map(|e| e.deadline_ms).collect::<Vec<_>>();
+        // Away for a cycle (another id carried, the state garbled and
+        // taken for healthy): cleared, then warned again, same deadline.
+        let mut l = Ladder::new(graced.clone());
+        assert_eq!(deadline(&l.advance(&bobs(1, 10), 0, &[])), [Some(60_000)]);
+        let gone = l.advance(&none, 10_000, &[]);
+        assert_eq!(stages(&gone), [(Stage::Cleared, "pid 1".to_string())]);
+        let back = l.advance(&bobs(1, 10), 20_000, &[]);
+        assert_eq!(stages(&back), [(Stage::Warned, "pid 1".to_string())]);
+        assert_eq!(deadline(&back), [Some(60_000)]);
+        // Restarted under a new pid: the new job takes the wait up.
+        l.advance(&none, 30_000, &[]);
+        let restarted = bobs(2, 30);
+        assert_eq!(
+            deadline(&l.advance(&restarted, 40_000, &[])),
+            [Some(60_000)]
+        );
+        assert!(l.advance(&restarted, 50_000, &[]).is_empty());
+        assert_eq!(acted_at(&l, &restarted, 60_000).0, [2]);
+        // Another user's job, or one on other GPUs, takes up nothing.
+        let mut alices = bobs(3, 40);
+        alices.hosts[0].1.terminate[0].uid = Some(1001);
+        let mut elsewhere = bobs(4, 40);
+        elsewhere.hosts[0].1.terminate[0].gpus = smallvec::smallvec![GpuIndex(1)];
+        let mut l2 = Ladder::new(graced.clone());
+        l2.advance(&bobs(1, 10), 0, &[]);
+        l2.advance(&none, 10_000, &[]);
+        for other in [&alices, &elsewhere] {
+            assert_eq!(acted_at(&l2, other, 60_000).0, Vec::<u32>::new());
+        }
+        // A degraded host (unanswered for genv's state): nothing moves,
+        // nothing is said.
+        let mut l3 = Ladder::new(graced.clone());
+        l3.advance(&bobs(1, 10), 0, &[]);
+        assert!(l3
+            .advance(&none, 10_000, std::slice::from_ref(&h))
+            .is_empty());
+        assert!(l3
+            .advance(&none, 40_000, std::slice::from_ref(&h))
+            .is_empty());
+        assert!(l3.advance(&bobs(1, 10), 50_000, &[]).is_empty());
+        assert_eq!(acted_at(&l3, &bobs(1, 10), 60_000).0, [1]);
+        // Away past its deadline and the run's gap: over; a job then is new.
+        let mut l4 = Ladder::new(graced.clone());
+        l4.advance(&bobs(1, 10), 0, &[]);
+        l4.advance(&none, 10_000, &[]);
+        l4.advance(&none, 60_000, &[]);
+        assert_eq!(l4.export().len(), 1, "kept to its deadline and a gap past");
+        l4.advance(&none, 90_001, &[]);
+        assert!(l4.export().is_empty());
+        let fresh = l4.advance(&bobs(5, 90), 95_000, &[]);
+        assert_eq!(deadline(&fresh), [Some(155_000)]);
+        // Restarted between two cycles: taken up at once, the new process
+        // warned of by name, the old one not cleared.
+        let mut l6 = Ladder::new(graced.clone());
+        l6.advance(&bobs(1, 10), 0, &[]);
+        let swapped = l6.advance(&bobs(7, 15), 10_000, &[]);
+        assert_eq!(stages(&swapped), [(Stage::Warned, "pid 7".to_string())]);
+        assert_eq!(deadline(&swapped), [Some(60_000)]);
+        // Kept across a restart of the enforcer, lineage and all.
+        let mut l5 = Ladder::new(graced.clone());
+        l5.advance(&bobs(1, 10), 0, &[]);
+        l5.advance(&none, 10_000, &[]);
+        let mut again = Ladder::restore(graced, l5.export());
+        let taken_up = again.advance(&bobs(6, 20), 15_000, &[]);
+        assert_eq!(deadline(&taken_up), [Some(60_000)]);
     }
 
     #[test]

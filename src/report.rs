@@ -501,7 +501,7 @@ fn waiting_line(mode: Mode, w: &Waiting) -> Option<String> {
     let why = |seen: u32, needed: u32, deadline: Option<u64>| match deadline {
         Some(d) => format!("its grace ends at {}", when(d)),
         None => {
-            format!("its violation is confirmed after {needed} cycles in a row (seen in {seen})")
+            format!("its violation is confirmed after {needed} cycles (seen in {seen})")
         }
     };
     Some(match w {

@@ -76,3 +76,92 @@ fn rows_4_and_11_a_cap_counts_what_is_carried_out_and_an_exemption_follows_the_k
     assert!(f.host(0).running(hers), "{err}");
     assert!(f.host(0).running(bobs_shell), "{err}");
 }
+
+/// The JSON report of a run with `--output json`.
+fn report(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            stderr(out)
+        )
+    })
+}
+
+/// The deadlines of what waits in `r`, by pid.
+fn deadlines(r: &serde_json::Value) -> Vec<(u64, u64)> {
+    r["awaiting_confirmation"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| Some((w["pid"].as_u64()?, w["deadline_ms"].as_u64()?)))
+        .collect()
+}
+
+/// The stages of the ladder's events in `r`.
+fn stages(r: &serde_json::Value) -> Vec<String> {
+    r["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| e["stage"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+// Row 3 and the third limit: a wait is kept through a garbled envs.json,
+// and a job restarted under a new pid takes it up.
+#[test]
+fn row3_a_wait_survives_a_garbled_state_and_a_restart_under_a_new_pid() {
+    if !util::prerequisite(
+        rustix::process::geteuid().is_root(),
+        "jobs of other users, and their signals, need root",
+    ) {
+        return;
+    }
+    let mut h = util::Host::new(2);
+    let private = util::private_dir();
+    let db = private.path().join("state.db");
+    let shell = h.spawn_as("exbob", Some("b"));
+    let job = h.spawn_as("exbob", Some("b"));
+    let envs = [env("b", Some("exbob"), None, shell)];
+    h.write_envs(&envs);
+    h.write_devices(2, &[(0, "b")]);
+    // His job runs on GPU 1, which `b` is not attached to.
+    h.set_apps(&[(job, 1, "100")]);
+    let run = |h: &util::Host| {
+        let out = h.ours(&[
+            "enforce",
+            "--interval",
+            "0",
+            "--grace",
+            "1h",
+            "--output",
+            "json",
+            "--state-db",
+            db.to_str().unwrap(),
+        ]);
+        report(&out)
+    };
+    let first = run(&h);
+    assert_eq!(stages(&first), ["warned"], "{first:#}");
+    let due = deadlines(&first)[0].1;
+    // One garbled cycle: nothing cleared, nothing moved.
+    std::fs::write(h.state_dir().join("envs.json"), "{garbled").unwrap();
+    let garbled = run(&h);
+    assert_eq!(stages(&garbled), Vec::<String>::new(), "{garbled:#}");
+    h.write_envs(&envs);
+    let back = run(&h);
+    assert_eq!(stages(&back), Vec::<String>::new(), "{back:#}");
+    assert_eq!(deadlines(&back), [(u64::from(job), due)]);
+    // Restarted under a new pid on the same GPU: the same deadline.
+    h.end(job);
+    let again = h.spawn_as("exbob", Some("b"));
+    h.set_apps(&[(again, 1, "100")]);
+    let restarted = run(&h);
+    assert_eq!(
+        deadlines(&restarted),
+        [(u64::from(again), due)],
+        "{restarted:#}"
+    );
+    assert!(h.running(again));
+}
