@@ -14,7 +14,10 @@
 //!   the allowance, nor the messages about devices its jobs use.
 //! - A warning with a deadline about the recipient's work (a job that will
 //!   be terminated, a device in use that will be detached) is never held
-//!   back: it is counted, and sent.
+//!   back by an allowance: it is counted, and sent. Repeated about one
+//!   target within the hour (its violation flapping, as another user can
+//!   make it), it is folded into the first: held back unless its deadline
+//!   is earlier than the one told.
 //! - A message held back is counted each time; the first of a run of them
 //!   says so ([`Verdict::Hold`] with `first`), for the audit log, so that
 //!   a flood is said once.
@@ -94,6 +97,9 @@ pub struct RateLimit {
     /// now, since when: the first held-back message of each is said, not
     /// the rest (forgotten after an hour).
     holding: HashMap<String, u64>,
+    /// The deadline last told of each target's warning never held back,
+    /// and when (forgotten after an hour).
+    told: HashMap<Target, (u64, u64)>,
 }
 
 /// Drops the times an hour old or more; whether any is left.
@@ -116,6 +122,7 @@ impl RateLimit {
             sent: HashMap::new(),
             targets: HashMap::new(),
             holding: HashMap::new(),
+            told: HashMap::new(),
         }
     }
 
@@ -128,6 +135,8 @@ impl RateLimit {
         self.targets.retain(|_, times| recent(times, now_ms));
         self.holding
             .retain(|_, since| now_ms.saturating_sub(*since) < HOUR_MS);
+        self.told
+            .retain(|_, (_, at)| now_ms.saturating_sub(*at) < HOUR_MS);
         let class = Class::of(e);
         let target = (Target::of(e), class);
         let never_held =
@@ -140,7 +149,15 @@ impl RateLimit {
         } else {
             recipient.to_string()
         };
-        let held = if never_held {
+        let folded = never_held
+            && (self.told.get(&target.0))
+                .is_some_and(|(told, _)| e.deadline_ms.is_some_and(|d| d >= *told));
+        let held = if folded {
+            Some((
+                format!("told:{target:?}"),
+                "one warning an hour about one process or environment, unless its deadline comes sooner".to_string(),
+            ))
+        } else if never_held {
             None
         } else if by_target >= PER_TARGET {
             Some((
@@ -170,6 +187,9 @@ impl RateLimit {
         self.holding.remove(&format!("target:{target:?}"));
         self.holding
             .remove(&format!("recipient:{recipient}:{class:?}"));
+        if let (true, Some(d)) = (never_held, e.deadline_ms) {
+            self.told.insert(target.0.clone(), (d, now_ms));
+        }
         self.sent.entry(bucket).or_default().push_back(now_ms);
         self.targets.entry(target).or_default().push_back(now_ms);
         Verdict::Send
@@ -273,6 +293,31 @@ mod tests {
             "alice",
             &detach("e", 1, false, Stage::Warned),
             0
+        )));
+    }
+
+    #[test]
+    fn a_flapping_warning_about_one_target_is_told_once_an_hour_unless_sooner() {
+        let mut l = RateLimit::new(0);
+        let warned = |pid, deadline| terminate(pid, Stage::Warned, Some(deadline));
+        assert!(sent(&l.allow("alice", &warned(1, 100_000), 0)));
+        // bob flaps her attachment: the same warning again and again.
+        for k in 1..8 {
+            let again = l.allow("alice", &warned(1, 100_000), k * 5_000);
+            assert!(
+                matches!(&again, Verdict::Hold { first, why } if *first == (k == 1) && why.contains("one warning an hour")),
+                "{again:?}"
+            );
+        }
+        // A sooner deadline is news; a later one is not.
+        assert!(sent(&l.allow("alice", &warned(1, 50_000), 40_000)));
+        assert!(!sent(&l.allow("alice", &warned(1, 60_000), 41_000)));
+        // Another target is told at once; an hour on, this one again.
+        assert!(sent(&l.allow("alice", &warned(2, 100_000), 42_000)));
+        assert!(sent(&l.allow(
+            "alice",
+            &warned(1, 50_000),
+            40_000 + HOUR_MS
         )));
     }
 
