@@ -45,6 +45,9 @@ pub struct AuditLog {
     noticed: Mutex<HashSet<(HostId, Pid, Option<u64>)>>,
     /// The hosts failing, and how: a line when one starts failing.
     failing: Mutex<HashMap<HostId, FailureKind>>,
+    /// Why the last write failed, while writes fail: the log is degraded
+    /// (actions go on unrecorded, said loudly).
+    degraded: Mutex<Option<String>>,
 }
 
 /// One line of the log.
@@ -151,10 +154,13 @@ impl AuditLog {
             file: Mutex::new(File::from(fd)),
             noticed: Mutex::default(),
             failing: Mutex::default(),
+            degraded: Mutex::default(),
         })
     }
 
-    /// Appends lines and flushes them to disk.
+    /// Appends lines and flushes them to disk. A failure makes the log
+    /// degraded until a write succeeds again; each change is said on
+    /// stderr and in the journal.
     ///
     /// # Errors
     /// The write or the flush failed.
@@ -162,6 +168,26 @@ impl AuditLog {
         if entries.is_empty() {
             return Ok(());
         }
+        let written = self.append(entries);
+        let mut degraded = self.degraded.lock().unwrap_or_else(|e| e.into_inner());
+        match (&written, degraded.is_some()) {
+            (Err(e), false) => {
+                tracing::error!(error = %e, "audit log degraded: actions go on unrecorded");
+                crate::output::complain(&format!(
+                    "audit log degraded ({e}): actions go on, unrecorded, until it can be written again"
+                ));
+            }
+            (Ok(()), true) => {
+                tracing::warn!("audit log written again");
+                crate::output::complain("audit log written again");
+            }
+            _ => {}
+        }
+        *degraded = written.as_ref().err().map(ToString::to_string);
+        written
+    }
+
+    fn append(&self, entries: &[Entry]) -> std::io::Result<()> {
         let mut text = String::new();
         for e in entries {
             text.push_str(&report::json_safe(
@@ -172,6 +198,14 @@ impl AuditLog {
         let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
         file.write_all(text.as_bytes())?;
         file.sync_data()
+    }
+
+    /// Why the log cannot be written, while it cannot.
+    pub fn degraded(&self) -> Option<String> {
+        self.degraded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 

@@ -110,20 +110,20 @@ impl Fleet {
         self.audited(
             h,
             || audit::decided(SystemTime::now(), cycle, h.id(), plan),
-            |error| crate::outcome::failed(h.id(), plan, error),
             h.execute(plan),
         )
         .await
     }
 
     /// Runs `act` on `h`, recorded in the audit log if there is one: the
-    /// `decided` lines before (if they cannot be written, nothing is done
-    /// and every action fails as `failed` says) and the outcomes after.
+    /// `decided` lines before and the outcomes after. Enforcement wins
+    /// over the record: a log that cannot be written (a full disk, a
+    /// read-only file system, a failed sync) is degraded, said loudly, and
+    /// the actions are carried out all the same.
     async fn audited<'a>(
         &self,
         h: &Host,
         decided: impl FnOnce() -> Vec<audit::Entry<'a>>,
-        failed: impl FnOnce(&str) -> Vec<Outcome>,
         act: impl std::future::Future<Output = Vec<Outcome>>,
     ) -> Vec<Outcome> {
         let Some(log) = &self.audit else {
@@ -131,9 +131,7 @@ impl Fleet {
         };
         let decided = decided();
         if let Err(e) = log.write(&decided) {
-            return failed(&format!(
-                "not recorded in the audit log, so not carried out: {e}"
-            ));
+            tracing::error!(host = %h.id(), error = %e, "actions not recorded in the audit log: carried out all the same");
         }
         let outcomes = act.await;
         if let Err(e) = log.write(&audit::done(SystemTime::now(), &decided, &outcomes)) {
@@ -241,7 +239,6 @@ impl Fleet {
             Box::pin(self.audited(
                 h,
                 move || audit::kills(SystemTime::now(), cycle, h.id(), ts),
-                move |error| crate::outcome::failed_kills(h.id(), ts, error),
                 h.escalate(ts),
             ))
         })

@@ -95,6 +95,7 @@ pub struct Metrics {
     last_success: Gauge<f64, AtomicU64>,
     ha_leader: Gauge,
     ha_epoch: Gauge,
+    audit_degraded: Gauge,
     ha_takeovers: Counter,
     ha_fenced: Counter,
 }
@@ -128,6 +129,7 @@ impl Metrics {
             last_success: Gauge::default(),
             ha_leader: Gauge::default(),
             ha_epoch: Gauge::default(),
+            audit_degraded: Gauge::default(),
             ha_takeovers: Counter::default(),
             ha_fenced: Counter::default(),
             registry: Registry::default(),
@@ -215,6 +217,11 @@ impl Metrics {
             m.ha_epoch.clone(),
         );
         registry.register(
+            "audit_degraded",
+            "1 while the audit log cannot be written (a full disk, a read-only file system, a failed sync): actions go on, unrecorded",
+            m.audit_degraded.clone(),
+        );
+        registry.register(
             "ha_takeovers",
             "High availability: times this box became the leader",
             m.ha_takeovers.clone(),
@@ -237,6 +244,11 @@ impl Metrics {
         if took_over {
             self.ha_takeovers.inc();
         }
+    }
+
+    /// Whether the audit log is degraded (cannot be written).
+    pub fn audit(&self, degraded: bool) {
+        self.audit_degraded.set(i64::from(degraded));
     }
 
     /// A host's agent refused this box's epoch.

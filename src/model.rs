@@ -491,6 +491,10 @@ pub struct HostTruth {
     /// needs no genv state is judged there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_problem: Option<String>,
+    /// Records and attachments of genv's state ignored for an id or user
+    /// name over [`crate::snapshot::genv::MAX_NAME`] bytes.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub garbled_records: usize,
     /// Who held genv's lock past the agent's short wait (the state was
     /// read without it).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -686,6 +690,11 @@ impl Cluster {
     pub fn host(&self, host: &HostId) -> Option<&HostSnapshot> {
         self.hosts.iter().find(|(h, _)| h == host).map(|(_, s)| s)
     }
+}
+
+/// Whether `n` is 0 (a field left out of JSON then).
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

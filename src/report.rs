@@ -399,6 +399,11 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
             prefix(mode, host),
             clean(reason)
         ),
+        Notice::GarbledRecords { host, records } => format!(
+            "{}[WARNING] {records} record(s) of genv's state hold an environment id or user name over {} bytes: garbled, ignored (a record or attachment with such an id is dropped, such a user name taken as none)",
+            prefix(mode, host),
+            crate::snapshot::genv::MAX_NAME
+        ),
         Notice::LockHeld { host, holders } => format!(
             "{}[WARNING] {}: genv's state was read without it",
             prefix(mode, host),

@@ -366,6 +366,9 @@ impl Run {
     async fn tell(&mut self, i: usize, n: u64, report: &CycleReport) -> bool {
         if let Some(m) = &self.service.metrics {
             m.observe(report);
+            if let Some(log) = &self.fleets[i].audit {
+                m.audit(log.degraded().is_some());
+            }
         }
         let mut events = Vec::new();
         if let Some(tell) = &self.notifier {

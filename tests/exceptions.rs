@@ -165,3 +165,153 @@ fn row3_a_wait_survives_a_garbled_state_and_a_restart_under_a_new_pid() {
     );
     assert!(h.running(again));
 }
+
+/// A tmpfs of `kib` KiB mounted on a fresh private directory, unmounted
+/// when dropped.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn new(kib: u32) -> Tmpfs {
+        let dir = util::private_dir();
+        let status = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={kib}k,mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir.path())
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "mount a tmpfs (root)");
+        Tmpfs(dir)
+    }
+
+    /// Fills it up: every further write fails with ENOSPC.
+    fn fill(&self) {
+        let mut f = std::fs::File::create(self.0.path().join("filler")).unwrap();
+        let block = vec![0u8; 4096];
+        while std::io::Write::write_all(&mut f, &block).is_ok() {}
+        while std::io::Write::write_all(&mut f, b"x").is_ok() {}
+        let _ = f.sync_all();
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+// Row 5: on a full disk the audit log is degraded, loudly, and every action
+// is carried out all the same; a record's overlong id or name is garbled.
+#[test]
+fn row5_a_full_disk_degrades_the_audit_log_and_stops_no_action() {
+    if !util::prerequisite(
+        rustix::process::geteuid().is_root(),
+        "jobs of other users, their signals and a tmpfs need root",
+    ) {
+        return;
+    }
+    let disk = Tmpfs::new(256);
+    let log = disk.0.path().join("audit.log");
+    let mut h = util::Host::new(2);
+    let outside = h.spawn_as("exbob", None);
+    let shell = h.spawn_as("exbob", None);
+    // Records with a 16 KiB id and a 48 KiB user name, attached everywhere.
+    let long_id = "i".repeat(16 << 10);
+    let long_name = "n".repeat(48 << 10);
+    h.write_envs(&[
+        env(&long_id, Some("exbob"), None, shell),
+        env("named", Some(&long_name), None, shell),
+    ]);
+    h.write_devices(
+        2,
+        &[(0, &long_id), (1, &long_id), (0, "named"), (1, "named")],
+    );
+    h.set_apps(&[(outside, 1, "100")]);
+    let enforce = |h: &util::Host| {
+        h.ours(&[
+            "enforce",
+            "--interval",
+            "0",
+            "--non-env-processes",
+            "--max-devices-per-user",
+            "0",
+            "--audit-log",
+            log.to_str().unwrap(),
+        ])
+    };
+    // Room on the disk: the garbled records (the record and its two
+    // attachments, the name) are said, and nothing of them reaches the log.
+    let out = enforce(&h);
+    let err = stderr(&out);
+    assert!(
+        err.contains("[WARNING] 4 record(s) of genv's state hold an environment id or user name over 256 bytes"),
+        "{err}"
+    );
+    assert_eq!(h.wait_signal(outside, WAIT), Some(SIGTERM), "{err}");
+    let written = std::fs::read_to_string(&log).unwrap();
+    assert!(written.len() < 16 << 10, "{} bytes written", written.len());
+    assert!(!written.contains(&long_name[..300]) && !written.contains(&long_id[..300]));
+    // A full disk: the action is carried out all the same, said loudly.
+    let outside = h.spawn_as("exbob", None);
+    h.set_apps(&[(outside, 0, "100")]);
+    // (The log's last page padded full, so no line fits in it either.)
+    let pad = (4096 - written.len() % 4096) % 4096;
+    if pad > 0 {
+        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        let blank = format!("{}\n", " ".repeat(pad - 1));
+        std::io::Write::write_all(&mut f, blank.as_bytes()).unwrap();
+    }
+    disk.fill();
+    let out = enforce(&h);
+    let err = stderr(&out);
+    assert_eq!(h.wait_signal(outside, WAIT), Some(SIGTERM), "{err}");
+    assert!(
+        err.contains("audit log degraded (No space left on device"),
+        "{err}"
+    );
+    assert!(!err.contains("not carried out"), "{err}");
+}
+
+// Row 6: a devices.json past --max-records is counted and refused on the
+// host: the enforcer never receives it.
+#[test]
+fn row6_an_oversized_devices_json_is_refused_on_the_host() {
+    if !util::prerequisite(
+        rustix::process::geteuid().is_root(),
+        "jobs of other users, and their signals, need root",
+    ) {
+        return;
+    }
+    let mut h = util::Host::new(2);
+    let outside = h.spawn_as("exbob", None);
+    h.set_apps(&[(outside, 0, "100")]);
+    // Three million empty attachments (about 9 MB).
+    let mut text = String::from(
+        "{\"devices\": [{\"index\": 0, \"total_memory\": \"81559mi\", \"attachments\": [",
+    );
+    text.push_str(&vec!["{}"; 3_000_000].join(","));
+    text.push_str("]}]}");
+    std::fs::write(h.state_dir().join("devices.json"), text).unwrap();
+    let out = h.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--non-env-processes",
+        "--output",
+        "json",
+    ]);
+    let r = report(&out);
+    let degraded = r["hosts"][0]["degraded"].as_str().unwrap_or_default();
+    assert!(
+        degraded.contains("devices.json: 3000001 records (devices and attachments), more than the limit of 250000 (--max-records): refused"),
+        "{r:#}"
+    );
+    // What needs no genv state is enforced there all the same.
+    assert_eq!(h.wait_signal(outside, WAIT), Some(SIGTERM));
+}

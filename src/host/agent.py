@@ -937,6 +937,36 @@ def listed_pids(envs_text, path="envs.json", max_records=None):
     return pids
 
 
+def counted_devices(devices_text, path="devices.json", max_records=None):
+    """Fails the snapshot, naming the file, when devices.json holds more
+    than max_records records (devices and their attachments) or cannot be
+    parsed at all: counted here, so the enforcer never receives (nor
+    allocates for) a file past the limit. What is not genv's layout is the
+    snapshot's parser's to say."""
+    if max_records is None:
+        return
+    try:
+        devices = users_json(devices_text).get("devices") or []
+    except RecursionError:
+        raise Failure("state", "%s: cannot parse: nested too deeply" % path)
+    except (ValueError, AttributeError, TypeError):
+        return
+    if not isinstance(devices, list):
+        return
+    records = 0
+    for d in devices:
+        records += 1
+        attachments = d.get("attachments") if type(d) is dict else None
+        if type(attachments) is list:
+            records += len(attachments)
+    if records > max_records:
+        raise Failure(
+            "state",
+            "%s: %d records (devices and attachments), more than the limit of %d (--max-records): refused"
+            % (path, records, max_records),
+        )
+
+
 def gpu_pids(apps):
     pids = set()
     for line in apps.split(b"\n"):
@@ -1040,6 +1070,12 @@ def snapshot(req, out):
         except Failure as f:
             problems["envs"] = f.message
             del state["envs"]
+    if state.get("devices") is not None:
+        try:
+            counted_devices(state["devices"], os.path.join(d, "devices.json"), req.get("max_records"))
+        except Failure as f:
+            problems["devices"] = f.message
+            del state["devices"]
     for name in ("envs", "devices"):
         if state.get(name) is not None:
             frame(out, name, None, state[name])

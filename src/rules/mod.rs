@@ -386,6 +386,10 @@ pub enum Notice {
     /// genv's lock was held past the agent's short wait; the state was
     /// read without it.
     LockHeld { host: HostId, holders: String },
+    /// Records or attachments of genv's state holding an id or user name
+    /// too long to be anyone's: ignored (see
+    /// [`crate::snapshot::genv::bound`]).
+    GarbledRecords { host: HostId, records: usize },
     /// The machine's shared CUDA MPS server on one of its GPUs: never
     /// judged; its memory there is overhead, in no one's count (see
     /// [`crate::model::MpsServer`]).
@@ -725,6 +729,12 @@ fn notices(host: &HostId, a: &Attribution, policy: &Policy) -> Vec<Notice> {
             out.push(Notice::StateUnusable {
                 host: host.clone(),
                 reason: reason.clone(),
+            });
+        }
+        if truth.garbled_records > 0 {
+            out.push(Notice::GarbledRecords {
+                host: host.clone(),
+                records: truth.garbled_records,
             });
         }
         if let Some(holders) = &truth.lock_held {

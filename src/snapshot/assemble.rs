@@ -101,8 +101,9 @@ pub struct ParsedState {
     cleaned: Option<Cleaned>,
 }
 
-/// A host's environments and devices, cleaned up and normalized, shared.
-type State = (Arc<Vec<Env>>, Arc<Vec<Device>>);
+/// A host's environments and devices, cleaned up and normalized, shared;
+/// how many records and attachments held an overlong string.
+type State = (Arc<Vec<Env>>, Arc<Vec<Device>>, usize);
 
 /// Both files as last parsed, cleaned up and normalized, and which of the
 /// pids they list (in order) were alive then.
@@ -111,6 +112,7 @@ struct Cleaned {
     alive: Vec<bool>,
     envs: Arc<Vec<Env>>,
     devices: Arc<Vec<Device>>,
+    garbled: usize,
 }
 
 /// `bytes` parsed by `parse` (once found to be UTF-8), or what `cache`
@@ -156,11 +158,13 @@ pub fn assemble(
     let apps = nvidia_smi::parse_compute_apps(&raw.apps, "")
         .map_err(named("nvidia-smi --query-compute-apps"))?;
     let by_pid = nvidia_smi::processes(&gpus, &apps, "").map_err(named("nvidia-smi"))?;
-    let (envs, devices, state_problem) = match genv_state(raw, parsed, max_records, &gpus) {
-        Ok((envs, devices)) => (envs, devices, None),
+    let (envs, devices, garbled, state_problem) = match genv_state(raw, parsed, max_records, &gpus)
+    {
+        Ok((envs, devices, garbled)) => (envs, devices, garbled, None),
         Err(problem) => (
             Arc::default(),
             Arc::new(nvidia_smi::devices(&gpus)),
+            0,
             Some(problem),
         ),
     };
@@ -202,6 +206,7 @@ pub fn assemble(
             groups: raw.groups.clone(),
             boot: raw.boot,
             state_problem,
+            garbled_records: garbled,
             lock_held: raw.lock_held.clone(),
             unresolved_uids: raw
                 .sub_uids
@@ -299,12 +304,13 @@ fn genv_state(
     // result.
     if let (true, true, Some(c)) = (envs_held, devices_held, last) {
         if c.alive == alive_now {
-            let shared = (Arc::clone(&c.envs), Arc::clone(&c.devices));
+            let shared = (Arc::clone(&c.envs), Arc::clone(&c.devices), c.garbled);
             parsed.cleaned = Some(c);
             return Ok(shared);
         }
     }
     let (mut envs, mut devices) = (envs.clone(), devices.clone());
+    let garbled = genv::bound(&mut envs, &mut devices);
     // Kernels are taken as gone, as genv 1.4.3 finds them when run as root
     // (it looks in root's own Jupyter runtime directory): a record kept
     // alive by kernel ids alone is dropped, and processes carrying its id
@@ -316,8 +322,9 @@ fn genv_state(
         alive: alive_now,
         envs: Arc::clone(&envs),
         devices: Arc::clone(&devices),
+        garbled,
     });
-    Ok((envs, devices))
+    Ok((envs, devices, garbled))
 }
 
 /// The uid a process of real uid `uid` is charged to, and its sub-uid

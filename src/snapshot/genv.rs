@@ -280,6 +280,33 @@ fn devices_from_json(json: &[DeviceJson]) -> Vec<Device> {
         .collect()
 }
 
+/// The longest environment id or user name a record may hold (bytes):
+/// genv's ids and Linux user names are far shorter; a longer one is a
+/// user's way to grow every line the enforcer writes about it.
+pub const MAX_NAME: usize = 256;
+
+/// `envs` and `devices` without what holds a string over [`MAX_NAME`]:
+/// a record or attachment with such an id is dropped, such a user name is
+/// taken as none (the record stays: its jobs stay its members). The
+/// number of records and attachments so garbled.
+pub fn bound(envs: &mut Vec<Env>, devices: &mut [Device]) -> usize {
+    let before = envs.len();
+    envs.retain(|e| e.eid.0.len() <= MAX_NAME);
+    let mut garbled = before - envs.len();
+    for e in envs.iter_mut() {
+        if e.username.as_ref().is_some_and(|u| u.len() > MAX_NAME) {
+            e.username = None;
+            garbled += 1;
+        }
+    }
+    for d in devices {
+        let before = d.attachments.len();
+        d.attachments.retain(|a| a.eid.0.len() <= MAX_NAME);
+        garbled += before - d.attachments.len();
+    }
+    garbled
+}
+
 /// Whether two of `items` have the same `key`: a scan for a few, a set
 /// for more.
 fn has_duplicates<T, K: std::hash::Hash + Eq>(items: &[T], key: impl Fn(&T) -> &K) -> bool {
@@ -610,6 +637,28 @@ mod tests {
     }
 
     const SPEC_EXAMPLE_ENVS: &str = r#"{"envs": [{"eid": "4100", "uid": 1001, "creation": "c", "username": "alice", "config": {}, "pids": [4100], "kernel_ids": []}]}"#;
+
+    #[test]
+    fn overlong_ids_and_names_are_garbled_records() {
+        let long = "x".repeat(MAX_NAME + 1);
+        let fits = "y".repeat(MAX_NAME);
+        let mut envs = vec![
+            Env {
+                eid: EnvId(long.as_str().into()),
+                ..crate::rules::test_support::env("a", Some("bob"), None)
+            },
+            crate::rules::test_support::env("b", Some(&long), None),
+            crate::rules::test_support::env(&fits, Some(&fits), None),
+        ];
+        let mut devices =
+            crate::rules::test_support::devices(1, &[(0, &long), (0, "b"), (0, &fits)]);
+        assert_eq!(bound(&mut envs, &mut devices), 3);
+        let eids: Vec<&str> = envs.iter().map(|e| &*e.eid.0).collect();
+        assert_eq!(eids, ["b", fits.as_str()]);
+        assert_eq!(envs[0].username, None, "the record stays, nameless");
+        assert_eq!(envs[1].username.as_deref(), Some(fits.as_str()));
+        assert_eq!(devices[0].attachments.len(), 2);
+    }
 
     #[test]
     fn record_limits_name_the_file() {

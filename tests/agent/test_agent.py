@@ -214,6 +214,26 @@ class Identity(unittest.TestCase):
             agent["listed_pids"](many, "e", 10)
         self.assertIn("e: 100002 records", caught.exception.message)
 
+    def test_devices_json_is_counted_here_and_refused_past_the_limit(self):
+        devices = b'{"devices": [{"index": 0, "attachments": [{"eid": "a"}, {"eid": "b"}]}, {"index": 1}, 7]}'
+        agent["counted_devices"](devices, "d", 5)
+        agent["counted_devices"](devices, "d", None)
+        with self.assertRaises(agent["Failure"]) as caught:
+            agent["counted_devices"](devices, "d", 4)
+        self.assertIn("d: 5 records (devices and attachments), more than the limit of 4 (--max-records): refused", caught.exception.message)
+        # Three million empty attachments: refused, never sent.
+        many = b'{"devices": [{"index": 0, "attachments": [' + b",".join([b"{}"] * 3000000) + b"]}]}"
+        with self.assertRaises(agent["Failure"]) as caught:
+            agent["counted_devices"](many, "d", 250000)
+        self.assertIn("d: 3000001 records", caught.exception.message)
+        # Not genv's layout: the snapshot's parser says what is wrong.
+        for odd in (b"{", b"[]", b'{"devices": {"index": 0}}', b'{"devices": [{"attachments": 3}]}'):
+            agent["counted_devices"](odd, "d", 1)
+        deep = b'{"devices": [' + b"[" * 200000 + b"]" * 200000 + b"]}"
+        with self.assertRaises(agent["Failure"]) as caught:
+            agent["counted_devices"](deep, "d", 10)
+        self.assertEqual(caught.exception.message, "d: cannot parse: nested too deeply")
+
     def test_integers_of_more_than_4300_digits_are_refused_on_every_interpreter(self):
         self.assertEqual(agent["bounded_int"]("9" * 4300), int("9" * 4300))
         with self.assertRaises(ValueError):
