@@ -315,3 +315,119 @@ fn row6_an_oversized_devices_json_is_refused_on_the_host() {
     // What needs no genv state is enforced there all the same.
     assert_eq!(h.wait_signal(outside, WAIT), Some(SIGTERM));
 }
+
+/// A Unix group with these members, created if missing.
+fn ensure_group(name: &str, members: &[&str]) {
+    let out = std::process::Command::new("groupadd")
+        .args(["-f", name])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "groupadd: {out:?}");
+    for m in members {
+        util::ensure_user(m);
+        let out = std::process::Command::new("usermod")
+            .args(["-a", "-G", name, m])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "usermod: {out:?}");
+    }
+}
+
+fn root() -> bool {
+    util::prerequisite(
+        rustix::process::geteuid().is_root(),
+        "jobs of other users, and their signals, need root",
+    )
+}
+
+// Row 1: a record bob writes for his orphan's id, naming no one, is his;
+// the orphan is taken under his cap.
+#[test]
+fn row1_a_nameless_record_for_an_orphans_id_hides_nothing_from_the_cap() {
+    if !root() {
+        return;
+    }
+    let mut h = util::Host::new(2);
+    let private = util::private_dir();
+    let db = private.path().join("state.db");
+    let job = h.spawn_as("exbob", Some("made-up"));
+    h.set_apps(&[(job, 0, "100"), (job, 1, "100")]);
+    h.write_devices(2, &[]);
+    let run = |h: &util::Host, cap: &[&str]| {
+        let mut args = vec![
+            "enforce",
+            "--interval",
+            "0",
+            "--non-env-processes",
+            "--orphans-as-non-env",
+            "1h",
+            "--state-db",
+            db.to_str().unwrap(),
+        ];
+        args.extend_from_slice(cap);
+        h.ours(&args)
+    };
+    // Seen orphaned (its own grace: an hour).
+    let out = run(&h, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(h.running(job));
+    // Then a record for its id, `"username": null`, on both its GPUs.
+    let shell = h.spawn_as("exbob", None);
+    h.write_envs(&[env("made-up", None, None, shell)]);
+    h.write_devices(2, &[(0, "made-up"), (1, "made-up")]);
+    let out = run(&h, &["--max-devices-per-user", "1"]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        util::lines(&out).contains(
+            &"User exbob is using 2 devices which is 1 more than the maximum allowed".to_string()
+        ),
+        "{err}"
+    );
+    assert_eq!(h.wait_signal(job, WAIT), Some(SIGTERM), "{err}");
+    assert!(!err.contains("over the device cap"), "{err}");
+    assert!(h.running(shell));
+}
+
+// Row 2: bob's jobs with made-up ids put alice's group over its cap: his
+// newer jobs go, never her older work.
+#[test]
+fn row2_a_group_caps_excess_falls_on_who_came_last() {
+    if !root() {
+        return;
+    }
+    ensure_group("exlab", &["exalice", "exbob"]);
+    let mut h = util::Host::new(3);
+    let shell = h.spawn_as("exalice", Some("a"));
+    let hers = h.spawn_as("exalice", Some("a"));
+    h.write_envs(&[env("a", Some("exalice"), None, shell)]);
+    h.write_devices(3, &[(0, "a")]);
+    std::thread::sleep(Duration::from_millis(1100));
+    let older = h.spawn_as("exbob", Some("nope1"));
+    std::thread::sleep(Duration::from_millis(50));
+    let newer = h.spawn_as("exbob", Some("nope2"));
+    h.set_apps(&[(hers, 0, "100"), (older, 1, "100"), (newer, 2, "100")]);
+    let out = h.ours(&[
+        "enforce",
+        "--interval",
+        "0",
+        "--max-devices-per-group",
+        "exlab=2",
+    ]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        util::lines(&out).contains(
+            &"Group exlab is using 3 devices which is 1 more than its maximum of 2".to_string()
+        ),
+        "{:?} {err}",
+        util::lines(&out)
+    );
+    assert_eq!(h.wait_signal(newer, WAIT), Some(SIGTERM), "{err}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        h.running(hers) && h.running(older) && h.running(shell),
+        "{err}"
+    );
+    assert_eq!(h.attached(0), ["a"]);
+}
