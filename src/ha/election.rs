@@ -315,34 +315,47 @@ impl Elector {
 
     /// Publishes this shard's part under this box's lease (it lapses with
     /// the lease: a dead shard drops out of everyone's counts). A part over
-    /// [`MAX_PART`] / shards is not published, and the last one is taken
-    /// back: the others count this shard's hosts as unseen rather than as
-    /// they were.
+    /// [`MAX_PART`] / shards is published reduced ([`Published::reduced`]:
+    /// what only records say left out); one still too large is not, and
+    /// the last one stays while the lease lives: the others never count
+    /// fewer of this shard's devices for what a user wrote.
     ///
     /// # Errors
-    /// etcd did not take it, it is too large, or this box has no live
-    /// lease.
+    /// etcd did not take it, it is too large even reduced, or this box has
+    /// no live lease.
     pub async fn publish(&self, parts: Vec<Published>) -> Result<(), PublishError> {
         let (Some(key), Some(shard)) = (self.spec.counts_key(), self.spec.shard) else {
             return Ok(());
         };
         let (id, _) = self.live_lease()?;
-        let value = serde_json::to_vec(&Part {
-            shard: shard.k,
-            of: shard.n,
-            hosts: parts.into_iter().map(Published::compact).collect(),
-        })
-        .map_err(PublishError::Encode)?;
+        let encode = |hosts: Vec<Published>| {
+            serde_json::to_vec(&Part {
+                shard: shard.k,
+                of: shard.n,
+                hosts,
+            })
+            .map_err(PublishError::Encode)
+        };
+        let compact: Vec<Published> = parts.into_iter().map(Published::compact).collect();
         let most = MAX_PART / shard.n as usize;
+        let mut value = encode(compact.clone())?;
+        if value.len() > most {
+            let whole = value.len();
+            value = encode(compact.into_iter().map(Published::reduced).collect())?;
+            if value.len() > most {
+                return Err(PublishError::TooLarge {
+                    bytes: value.len(),
+                    most,
+                });
+            }
+            tracing::warn!(
+                bytes = whole,
+                most,
+                "this shard's part is too large: published without the idle devices only records vouch for"
+            );
+        }
         let mut client = self.client.clone();
         let timeout = self.spec.request_timeout();
-        if value.len() > most {
-            let _ = tokio::time::timeout(timeout, client.delete(key.as_bytes(), None)).await;
-            return Err(PublishError::TooLarge {
-                bytes: value.len(),
-                most,
-            });
-        }
         let put = client.put(
             key.as_bytes(),
             value,

@@ -1,13 +1,17 @@
 //! Telling a job's owner, and the admins, what the ladder does: each
 //! event (warned, acted, cleared) goes once to each channel (mail,
 //! webhook), beside the cycle. A cycle only hands its events to each
-//! channel's bounded queue and never waits: a dead mail server or a
+//! channel and never waits: the rate limits apply there, then each event
+//! waits in its recipient's own bounded line ([`queue::Fair`]), so no
+//! user's events can push out another's warning; a dead mail server or a
 //! hanging webhook delays no enforcement; what cannot be queued or sent is
-//! counted in the metrics, logged and written to the audit log.
+//! counted in the metrics, logged and written to the audit log (a run of
+//! held-back or dropped ones said once).
 
 pub mod limit;
 pub mod mail;
 pub mod message;
+pub mod queue;
 pub mod terminal;
 mod webhook;
 
@@ -16,7 +20,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
-use tokio::sync::mpsc;
 
 use crate::audit::AuditLog;
 use crate::ladder::{Event, Stage, What};
@@ -26,9 +29,6 @@ use crate::outcome::{CarriedOut, Outcome};
 
 pub use mail::MailSpec;
 pub use webhook::WebhookSpec;
-
-/// Events each channel holds before more are dropped (counted).
-pub const QUEUE: usize = 1024;
 
 /// Where notifications go, from the flags and the inventory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -183,11 +183,22 @@ pub fn check(spec: &Notify) -> Result<(), NotifyError> {
     Ok(())
 }
 
-/// The running channels: one queue and one worker task each.
+/// The running channels: a rate limit, a fair queue and a worker task
+/// each.
 pub struct Notifier {
-    queues: Vec<(&'static str, mpsc::Sender<(u64, Event)>)>,
+    queues: Vec<Line>,
     workers: Vec<tokio::task::JoinHandle<()>>,
     metrics: Option<Arc<Metrics>>,
+    audit: Option<Arc<AuditLog>>,
+}
+
+/// One channel's way in: its name, rate limit and queue.
+struct Line {
+    name: &'static str,
+    limit: std::sync::Mutex<limit::RateLimit>,
+    queue: Arc<queue::Fair<(u64, Event)>>,
+    /// Recipients whose line was full, said once per run of drops.
+    full: std::sync::Mutex<HashSet<String>>,
 }
 
 impl Notifier {
@@ -209,12 +220,16 @@ impl Notifier {
         }
         let (mut queues, mut workers) = (Vec::new(), Vec::new());
         for channel in channels {
-            let (tx, rx) = mpsc::channel(QUEUE);
-            queues.push((channel.name(), tx));
+            let queue = Arc::new(queue::Fair::new(queue::PER_RECIPIENT));
+            queues.push(Line {
+                name: channel.name(),
+                limit: std::sync::Mutex::new(limit::RateLimit::new(spec.per_user_hour)),
+                queue: Arc::clone(&queue),
+                full: std::sync::Mutex::default(),
+            });
             workers.push(tokio::spawn(work(
-                rx,
+                queue,
                 channel,
-                limit::RateLimit::new(spec.per_user_hour),
                 spec.link.clone(),
                 audit.clone(),
                 metrics.clone(),
@@ -224,6 +239,7 @@ impl Notifier {
             queues,
             workers,
             metrics,
+            audit,
         })
     }
 
@@ -231,7 +247,9 @@ impl Notifier {
     /// a cron run's mail must leave before it exits); what is left then is
     /// said and abandoned.
     pub async fn close(self, within: Duration) {
-        drop(self.queues);
+        for line in &self.queues {
+            line.queue.close();
+        }
         let waiting = futures::future::join_all(self.workers);
         if tokio::time::timeout(within, waiting).await.is_err() {
             tracing::warn!(
@@ -245,36 +263,75 @@ impl Notifier {
         }
     }
 
-    /// Hands `events` of cycle `n` to every channel; never waits. An event
-    /// a full queue cannot take is dropped and counted.
+    /// Hands `events` of cycle `n` to every channel; never waits. Each is
+    /// rate limited there, then queued in its recipient's line; one a
+    /// full line cannot take is dropped and counted, the first of a run
+    /// said in the audit log.
     pub fn send(&self, n: u64, events: &[&Event]) {
-        for (name, tx) in &self.queues {
-            let mut dropped = 0u64;
+        let now = crate::clock::now_ms();
+        for line in &self.queues {
+            let name = line.name;
+            let (mut held, mut dropped) = (0u64, 0u64);
             for e in events {
-                if tx.try_send((n, (*e).clone())).is_err() {
-                    dropped += 1;
+                // Owners unknown share one allowance, and one line.
+                let who = message::recipient(e).unwrap_or_default();
+                let verdict =
+                    (line.limit.lock().unwrap_or_else(|p| p.into_inner())).allow(who, e, now);
+                if let limit::Verdict::Hold { first, why } = verdict {
+                    held += 1;
+                    if first {
+                        self.unsent_later(n, e, name, why);
+                    }
+                    continue;
+                }
+                let mut full = line.full.lock().unwrap_or_else(|p| p.into_inner());
+                if line.queue.push(who, (n, (*e).clone())) {
+                    full.remove(who);
+                    continue;
+                }
+                dropped += 1;
+                if full.insert(who.to_string()) {
+                    let why = format!(
+                        "dropped: {} messages already wait for {}; further ones dropped are counted, not said",
+                        queue::PER_RECIPIENT,
+                        if who.is_empty() { "owners unknown" } else { who }
+                    );
+                    self.unsent_later(n, e, name, why);
                 }
             }
             if dropped > 0 {
                 tracing::warn!(
                     channel = name,
                     dropped,
-                    "notification queue full: events dropped"
+                    "notification line full: events dropped"
                 );
-                if let Some(m) = &self.metrics {
+            }
+            if let Some(m) = &self.metrics {
+                if held > 0 {
+                    m.notified(name, "rate_limited", held);
+                }
+                if dropped > 0 {
                     m.notified(name, "dropped", dropped);
                 }
             }
         }
     }
+
+    /// An `unsent` line for `e` in the audit log, written off the cycle.
+    fn unsent_later(&self, n: u64, e: &Event, channel: &'static str, why: String) {
+        if self.audit.is_some() {
+            let audit = self.audit.clone();
+            let e = e.clone();
+            tokio::spawn(async move { unsent(&audit, n, e, channel, why).await });
+        }
+    }
 }
 
-/// Delivers what comes on `rx`, one at a time, each within the channel's
-/// own time limits.
+/// Delivers what comes out of `queue`, one at a time, each within the
+/// channel's own time limits.
 async fn work(
-    mut rx: mpsc::Receiver<(u64, Event)>,
+    queue: Arc<queue::Fair<(u64, Event)>>,
     channel: Channel,
-    mut limit: limit::RateLimit,
     link: Option<String>,
     audit: Option<Arc<AuditLog>>,
     metrics: Option<Arc<Metrics>>,
@@ -285,16 +342,7 @@ async fn work(
             m.notified(name, result, 1);
         }
     };
-    while let Some((n, e)) = rx.recv().await {
-        // Owners unknown share one allowance.
-        let who = message::recipient(&e).unwrap_or_default();
-        if let limit::Verdict::Hold { first, why } = limit.allow(who, &e, crate::clock::now_ms()) {
-            count("rate_limited");
-            if first {
-                unsent(&audit, n, e, name, why).await;
-            }
-            continue;
-        }
+    while let Some((n, e)) = queue.next().await {
         match channel.deliver(&e, link.as_deref()).await {
             Ok(Delivery::Sent) => count("sent"),
             Ok(Delivery::Nobody) => count("nobody"),
@@ -538,26 +586,39 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_full_queue_drops_and_counts_and_never_waits() {
+    async fn a_full_line_drops_and_counts_its_own_and_never_waits() {
         let metrics = Arc::new(Metrics::new());
-        let (tx, mut rx) = mpsc::channel(2);
+        let queue = Arc::new(queue::Fair::new(2));
         let n = Notifier {
-            queues: vec![("mail", tx)],
+            queues: vec![Line {
+                name: "mail",
+                limit: std::sync::Mutex::new(limit::RateLimit::new(1000)),
+                queue: Arc::clone(&queue),
+                full: std::sync::Mutex::default(),
+            }],
             workers: Vec::new(),
             metrics: Some(Arc::clone(&metrics)),
+            audit: None,
         };
-        let e = Event {
-            stage: Stage::Warned,
-            host: crate::model::HostId("h".into()),
-            what: What::Terminate(crate::plan::Termination::of(crate::model::Pid(1), Some(1))),
-            since_ms: 0,
-            deadline_ms: None,
+        let event = |pid: u32, owner: Option<&str>| {
+            let mut t = crate::plan::Termination::of(crate::model::Pid(pid), Some(1));
+            if let Some(o) = owner {
+                (t.uid, t.user) = (Some(1001), Some(o.into()));
+            }
+            Event {
+                stage: Stage::Warned,
+                host: crate::model::HostId("h".into()),
+                what: What::Terminate(t),
+                since_ms: 0,
+                deadline_ms: owner.map(|_| 60_000),
+            }
         };
-        let events = vec![&e, &e, &e, &e, &e];
-        n.send(7, &events[..1]);
+        // Events whose owner no one knows (anyone can make them): one line.
+        let unknown: Vec<Event> = (0..6).map(|pid| event(pid, None)).collect();
+        n.send(7, &[&unknown[0]]);
         let text = metrics.render();
         assert!(!text.contains("result=\"dropped\""), "{text}");
-        n.send(7, &events);
+        n.send(7, &unknown[1..].iter().collect::<Vec<_>>());
         let text = metrics.render();
         assert!(
             text.contains(
@@ -565,10 +626,19 @@ mod tests {
             ),
             "{text}"
         );
-        assert_eq!(rx.recv().await.map(|(c, _)| c), Some(7));
+        // alice's warning about her job has a line of its own.
+        let hers = event(99, Some("alice"));
+        n.send(8, &[&hers]);
+        let mut got = Vec::new();
         n.close(Duration::from_secs(1)).await;
-        assert!(rx.recv().await.is_some());
-        assert!(rx.recv().await.is_none(), "closed: the queue ends");
+        while let Some((c, e)) = queue.next().await {
+            got.push((c, e.what.owner().map(String::from)));
+        }
+        assert_eq!(
+            got,
+            [(7, None), (8, Some("alice".to_string())), (7, None)],
+            "in turn"
+        );
     }
 
     #[test]

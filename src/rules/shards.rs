@@ -47,6 +47,8 @@ impl Published {
     /// for them.
     #[must_use]
     pub fn compact(mut self) -> Published {
+        // Only users holding devices count for the others.
+        self.usage.users.retain(|_, held| !held.devices.is_empty());
         for held in self.usage.users.values_mut() {
             for d in &mut held.devices {
                 if !d.eids.is_empty() {
@@ -59,6 +61,23 @@ impl Published {
                 }
             }
         }
+        self
+    }
+}
+
+impl Published {
+    /// The part without what only a record says (a user's idle devices
+    /// whose records list no live process of theirs: anyone can write
+    /// those, in any number, under any name), for a part too large to
+    /// publish whole: what jobs hold, which the kernel bounds, still
+    /// counts everywhere.
+    #[must_use]
+    pub fn reduced(mut self) -> Published {
+        for held in self.usage.users.values_mut() {
+            held.devices
+                .retain(|d| d.working || d.vouched || d.stray || d.kept);
+        }
+        self.usage.users.retain(|_, held| !held.devices.is_empty());
         self
     }
 }
@@ -289,6 +308,33 @@ mod tests {
         let devices = &kept.usage.users["alice"].devices;
         assert_eq!(devices.len(), 2);
         assert!(devices[1].eids.is_empty() && devices[1].stray);
+    }
+
+    #[test]
+    fn a_reduced_part_keeps_what_jobs_hold_and_only_users_holding_devices() {
+        // alice: a working device and an idle unvouched one; bob's many
+        // forged names: idle, unvouched; carol: an environment, no device.
+        let mut u = usage("alice", &[(0, true), (1, false)]);
+        for k in 0..100 {
+            let forged = usage(&format!("f{k}"), &[(2, false)]);
+            u.users.extend(forged.users);
+        }
+        u.users.insert("carol".into(), Default::default());
+        let p = Published {
+            host: h("h1"),
+            position: 0,
+            usage: u,
+        };
+        let whole = p.clone().compact();
+        assert_eq!(whole.usage.users.len(), 101, "carol holds nothing");
+        let reduced = whole.reduced();
+        assert_eq!(
+            reduced.usage.users.keys().collect::<Vec<_>>(),
+            ["alice"],
+            "what only records say is left out"
+        );
+        assert_eq!(reduced.usage.users["alice"].devices.len(), 1);
+        assert!(reduced.usage.users["alice"].devices[0].working);
     }
 
     #[test]
