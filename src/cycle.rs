@@ -349,8 +349,16 @@ fn laddered(
         .filter(|h| h.error.is_some() || h.degraded.is_some())
         .map(|h| h.host.clone())
         .collect();
+    let judged: crate::ladder::Judged = (a.cluster.hosts.iter())
+        .filter(|(h, _)| !unanswered.contains(h))
+        .flat_map(|(h, s)| {
+            s.processes.iter().filter_map(move |p| {
+                Some(((h.clone(), p.pid, p.start_time?), p.owner.eid().cloned()))
+            })
+        })
+        .collect();
     (
-        ladder.advance(&whole, now, &unanswered),
+        ladder.advance_seen(&whole, now, &unanswered, &judged),
         ladder.acted_at_once(&a.plan, now),
     )
 }

@@ -276,6 +276,10 @@ pub enum Waiting {
     },
 }
 
+/// The processes judged this cycle on the hosts that answered with usable
+/// state: by host, pid and start time, the environment each carried.
+pub type Judged = HashMap<(HostId, Pid, u64), Option<EnvId>>;
+
 /// Every action's progress, from cycle to cycle.
 #[derive(Debug, Clone, Default)]
 pub struct Ladder {
@@ -595,6 +599,21 @@ impl Ladder {
     /// when it is first due, `cleared` when a warned action goes away
     /// before it was due.
     pub fn advance(&mut self, plan: &Plan, now: u64, unanswered: &[HostId]) -> Vec<Event> {
+        self.advance_seen(plan, now, unanswered, &Judged::default())
+    }
+
+    /// [`Ladder::advance`], knowing which processes were judged this cycle
+    /// and found as they were (`judged`): a termination whose process is
+    /// among them, same environment, has really ended (its violation
+    /// resolved, by whoever), so its wait ends too. One whose process is
+    /// gone, or carries another id, is kept a while (see the module).
+    pub fn advance_seen(
+        &mut self,
+        plan: &Plan,
+        now: u64,
+        unanswered: &[HostId],
+        judged: &Judged,
+    ) -> Vec<Event> {
         if self.immediate() {
             self.tracks.clear();
             return Vec::new();
@@ -657,7 +676,15 @@ impl Ladder {
             if old.acted {
                 continue;
             }
-            if old.absent.is_some() {
+            let ended = match (&key, &old.what) {
+                // Only a job's wait is kept away (a restart takes it up).
+                (Key::Detach(..), _) => true,
+                (Key::Terminate(host, pid, Some(start)), What::Terminate(t)) => {
+                    judged.get(&(host.clone(), *pid, *start)) == Some(&t.eid)
+                }
+                _ => false,
+            };
+            if old.absent.is_some() && !ended {
                 // Still away: kept until its wait is over.
                 if !self.expired(&old, now) {
                     old.last = now;
@@ -677,6 +704,9 @@ impl Ladder {
                     since_ms: old.since,
                     deadline_ms: old.deadline,
                 });
+            }
+            if ended {
+                continue;
             }
             old.warned = false;
             old.absent = Some(now);
@@ -974,6 +1004,36 @@ mod tests {
         let swapped = l6.advance(&bobs(7, 15), 10_000, &[]);
         assert_eq!(stages(&swapped), [(Stage::Warned, "pid 7".to_string())]);
         assert_eq!(deadline(&swapped), [Some(60_000)]);
+        // A real end, by whoever: her job judged as it was, in the same
+        // environment, no longer violating. Its wait ends; a new
+        // violation is a new wait (bob's flapping of her attachment gives
+        // her a fresh grace each time, never a primed one).
+        let mut l7 = Ladder::new(graced.clone());
+        l7.advance(&bobs(1, 10), 0, &[]);
+        let judged: Judged = [((h.clone(), Pid(1), 10), None)].into_iter().collect();
+        let over = l7.advance_seen(&none, 10_000, &[], &judged);
+        assert_eq!(stages(&over), [(Stage::Cleared, "pid 1".to_string())]);
+        assert!(l7.export().is_empty());
+        assert_eq!(
+            deadline(&l7.advance(&bobs(1, 10), 20_000, &[])),
+            [Some(80_000)]
+        );
+        // Another id carried now: not an end, the wait is kept.
+        let mut l8 = Ladder::new(graced.clone());
+        l8.advance(&bobs(1, 10), 0, &[]);
+        let other: Judged = [((h.clone(), Pid(1), 10), Some(EnvId("x".into())))]
+            .into_iter()
+            .collect();
+        l8.advance_seen(&none, 10_000, &[], &other);
+        assert_eq!(
+            deadline(&l8.advance(&bobs(1, 10), 20_000, &[])),
+            [Some(60_000)]
+        );
+        // A detach that goes away is over: only a job's wait is kept.
+        let mut l9 = Ladder::new(graced.clone());
+        l9.advance(&plan(&[], &[(0, "e")]), 0, &[]);
+        l9.advance(&none, 10_000, &[]);
+        assert!(l9.export().is_empty());
         // Kept across a restart of the enforcer, lineage and all.
         let mut l5 = Ladder::new(graced.clone());
         l5.advance(&bobs(1, 10), 0, &[]);

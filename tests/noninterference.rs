@@ -756,9 +756,10 @@ fn row6_a_state_over_max_records_degrades_its_host_naming_the_file_and_the_other
     ]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
+    // Both files are counted, and refused, on the host.
     assert!(
         err.contains(&format!(
-            "[{}] [ERROR] genv's state cannot be used (/var/tmp/genv/envs.json: 4000 records (environments, their pids and kernel ids), more than the limit of 1000 (--max-records): refused)",
+            "[{}] [ERROR] genv's state cannot be used (/var/tmp/genv/devices.json: 2002 records (devices and attachments), more than the limit of 1000 (--max-records): refused; /var/tmp/genv/envs.json: 4000 records (environments, their pids and kernel ids), more than the limit of 1000 (--max-records): refused)",
             f.names[0]
         )),
         "{err}"

@@ -25,7 +25,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::ladder::{Event, Stage, What};
-use crate::model::{EnvId, HostId, Pid};
+use crate::model::{EnvId, GpuIndex, HostId, Pid};
 
 const HOUR_MS: u64 = 3_600_000;
 
@@ -97,9 +97,10 @@ pub struct RateLimit {
     /// now, since when: the first held-back message of each is said, not
     /// the rest (forgotten after an hour).
     holding: HashMap<String, u64>,
-    /// The deadline last told of each target's warning never held back,
-    /// and when (forgotten after an hour).
-    told: HashMap<Target, (u64, u64)>,
+    /// The deadline last told of each target's warning never held back
+    /// (a detach's on each device), and when (forgotten after an hour, or
+    /// once its clearing is told).
+    told: HashMap<(Target, Option<GpuIndex>), (u64, u64)>,
 }
 
 /// Drops the times an hour old or more; whether any is left.
@@ -149,8 +150,13 @@ impl RateLimit {
         } else {
             recipient.to_string()
         };
+        let device = match &e.what {
+            What::Detach(d) => Some(d.device),
+            What::Terminate(_) => None,
+        };
+        let told_key = (target.0.clone(), device);
         let folded = never_held
-            && (self.told.get(&target.0))
+            && (self.told.get(&told_key))
                 .is_some_and(|(told, _)| e.deadline_ms.is_some_and(|d| d >= *told));
         let held = if folded {
             Some((
@@ -188,7 +194,10 @@ impl RateLimit {
         self.holding
             .remove(&format!("recipient:{recipient}:{class:?}"));
         if let (true, Some(d)) = (never_held, e.deadline_ms) {
-            self.told.insert(target.0.clone(), (d, now_ms));
+            self.told.insert(told_key, (d, now_ms));
+        } else if e.stage == Stage::Cleared {
+            // Told it is over: a new wait is news.
+            self.told.remove(&told_key);
         }
         self.sent.entry(bucket).or_default().push_back(now_ms);
         self.targets.entry(target).or_default().push_back(now_ms);
@@ -319,6 +328,21 @@ mod tests {
             &warned(1, 50_000),
             40_000 + HOUR_MS
         )));
+        // Once its clearing is told, a new wait is news, whatever its
+        // deadline.
+        let mut l = RateLimit::new(20);
+        assert!(sent(&l.allow("alice", &warned(3, 100_000), 0)));
+        let cleared = terminate(3, Stage::Cleared, Some(100_000));
+        assert!(sent(&l.allow("alice", &cleared, 1_000)));
+        assert!(sent(&l.allow("alice", &warned(3, 200_000), 2_000)));
+        // A detach's warning is about one device: another is news.
+        let on = |device| Event {
+            deadline_ms: Some(100_000),
+            ..detach("e", device, true, Stage::Warned)
+        };
+        assert!(sent(&l.allow("alice", &on(0), 3_000)));
+        assert!(sent(&l.allow("alice", &on(1), 3_000)));
+        assert!(!sent(&l.allow("alice", &on(0), 4_000)));
     }
 
     #[test]

@@ -31,13 +31,13 @@ use std::collections::BTreeMap;
 
 use crate::model::{Few, HashMap};
 use serde::{Deserialize, Serialize};
-use smallvec::SmallVec;
 
 use super::attribution::{Attribution, Standing};
+pub use super::taking::HeldDevice;
 use super::taking::{self, Candidate, Taken};
 use super::{Finding, Notice, Policy, Rule, Violation};
 use crate::model::SMALL;
-use crate::model::{Device, EnvId, GpuIndex, HostId, Pid};
+use crate::model::{Device, GpuIndex, HostId};
 
 /// One host's part of the device caps: what each user holds there (what
 /// a shard publishes, see [`super::shards`]).
@@ -55,64 +55,6 @@ pub struct Held {
     pub envs: bool,
     /// The devices counted toward their cap, in device order.
     pub devices: Vec<HeldDevice>,
-}
-
-/// A device counted toward a user's cap.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HeldDevice {
-    pub index: GpuIndex,
-    /// The user's environments attached here, detached together (nearly
-    /// always one).
-    pub eids: SmallVec<[EnvId; 1]>,
-    /// Their member processes here, terminated with the detach.
-    pub pids: SmallVec<[Pid; 2]>,
-    /// The user's other jobs here, counted by the GPUs they run on (strays,
-    /// jobs of environments not attached here, jobs whose environment
-    /// cannot be judged, counted jobs outside genv): terminated to free it.
-    #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
-    pub jobs: SmallVec<[Pid; 2]>,
-    /// A job of one of those environments runs here (or another job of
-    /// the user's).
-    pub working: bool,
-    /// Another job of the user's runs here (`jobs`, or one that cannot be
-    /// terminated).
-    pub stray: bool,
-    /// A job of the user's that is never terminated runs here (its
-    /// identity not pinned, or its environ unreadable): the device stays
-    /// counted.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub kept: bool,
-    /// One of the environments lists a live pid of the user
-    /// ([`Attribution::vouched`]).
-    pub vouched: bool,
-    /// When the first of the user's jobs here started (ms since the Unix
-    /// epoch, comparable across hosts), if any did and it is known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since: Option<u64>,
-}
-
-impl HeldDevice {
-    fn new(index: GpuIndex) -> Self {
-        HeldDevice {
-            index,
-            eids: SmallVec::new(),
-            pids: SmallVec::new(),
-            jobs: SmallVec::new(),
-            working: false,
-            stray: false,
-            kept: false,
-            vouched: false,
-            since: None,
-        }
-    }
-
-    /// A job started at `started` runs here.
-    fn started(&mut self, started: Option<u64>) {
-        if let Some(t) = started {
-            self.since = Some(self.since.map_or(t, |s| s.min(t)));
-        }
-    }
 }
 
 impl HostUsage {
@@ -294,6 +236,7 @@ mod tests {
     use super::super::test_support::*;
     use super::*;
     use crate::model::{Cluster, HostSnapshot, HostTruth, Mode, Process};
+    use crate::model::{EnvId, Pid};
     use crate::rules::Action;
 
     fn policy(global: Option<u32>, per_user: &[(&str, u32)]) -> Policy {

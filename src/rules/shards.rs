@@ -44,7 +44,9 @@ impl Published {
     /// What counting needs of it, as a shard publishes it: each device's
     /// environments and processes are not (a user may write a great many
     /// eids; only whether there is one counts), one placeholder stands
-    /// for them.
+    /// for them: the eid `""`, and for the processes a pid no process has,
+    /// its own to each device (taking one device of another shard's host
+    /// must never count its other devices as freed).
     #[must_use]
     pub fn compact(mut self) -> Published {
         // Only users holding devices count for the others.
@@ -54,10 +56,14 @@ impl Published {
                 if !d.eids.is_empty() {
                     d.eids = smallvec::smallvec![EnvId("".into())];
                 }
-                d.pids.clear();
+                // Never a real pid (they stay below 2^22): only counted,
+                // never taken here.
+                let placeholder = crate::model::Pid(u32::MAX - d.index.0);
+                if !d.pids.is_empty() {
+                    d.pids = smallvec::smallvec![placeholder];
+                }
                 if !d.jobs.is_empty() {
-                    // Never one of ours: only counted, never taken here.
-                    d.jobs = smallvec::smallvec![crate::model::Pid(0)];
+                    d.jobs = smallvec::smallvec![placeholder];
                 }
             }
         }
@@ -299,7 +305,12 @@ mod tests {
         let small = left.compact();
         let d = &small.usage.users["alice"].devices[0];
         assert_eq!(d.eids[..], [EnvId("".into())], "a placeholder, not the eid");
-        assert_eq!((d.pids.len(), d.working), (0, true));
+        assert_eq!(
+            d.pids[..],
+            [crate::model::Pid(u32::MAX)],
+            "a placeholder, not the pid"
+        );
+        assert!(d.working);
         // A stray keeps its device counted whatever is detached, and one
         // with no environment left publishes none.
         let mut stray = p;
@@ -308,6 +319,61 @@ mod tests {
         let devices = &kept.usage.users["alice"].devices;
         assert_eq!(devices.len(), 2);
         assert!(devices[1].eids.is_empty() && devices[1].stray);
+    }
+
+    #[test]
+    fn another_shards_working_and_stray_devices_stay_so_once_compacted() {
+        // h9 (the other shard's): alice's job in her environment on 0,
+        // strays of hers alone on 1 and 2; h1 (ours): her idle device 3.
+        let mut theirs = usage("alice", &[(0, true)]);
+        let held = theirs.users.get_mut("alice").unwrap();
+        held.devices[0].pids = smallvec::smallvec![crate::model::Pid(40)];
+        for i in [1, 2] {
+            held.devices.push(HeldDevice {
+                index: GpuIndex(i),
+                eids: smallvec::smallvec![],
+                pids: smallvec::smallvec![],
+                jobs: smallvec::smallvec![crate::model::Pid(50)],
+                working: true,
+                stray: true,
+                kept: false,
+                vouched: false,
+                since: None,
+            });
+        }
+        let others = [Published {
+            host: h("h9"),
+            position: 0,
+            usage: theirs,
+        }
+        .compact()];
+        let (id, mine) = (h("h1"), usage("alice", &[(3, false)]));
+        let positions: HashMap<HostId, usize> = [(id.clone(), 1)].into_iter().collect();
+        let shards = Shards {
+            positions: &positions,
+            others: &others,
+        };
+        let all = shards.in_order(&[(&id, &mine)]);
+        // Cap 2, 4 held: ours (idle) goes first; then the other shard's
+        // in order, each counted freed alone (the placeholder is each
+        // device's own): one more, on h9 device 0.
+        let policy = Policy {
+            max_devices_per_user: Some(2),
+            ..Policy::default()
+        };
+        let (mut v, n) = max_devices::evaluate(&all, &policy, &mut Default::default());
+        assert_eq!(n, []);
+        let hosts: Vec<String> = v[0]
+            .actions
+            .iter()
+            .map(|a| match a {
+                Action::Detach { host, device, .. } => format!("{}:{}", host.0, device.0),
+                Action::Terminate { host, pid } => format!("{}:pid {}", host.0, pid.0),
+            })
+            .collect();
+        assert_eq!(hosts, ["h1:3", "h9:0"], "{v:?}");
+        shards.ours_only(&mut v);
+        assert_eq!(v[0].actions.len(), 1);
     }
 
     #[test]

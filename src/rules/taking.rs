@@ -8,10 +8,70 @@
 
 use std::collections::HashSet;
 
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
+
 use crate::model::{EnvId, GpuIndex, HashMap, HostId, Pid};
 
-use super::max_devices::HeldDevice;
 use super::{Action, Violation, Withheld};
+
+/// A device counted toward a user's cap.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeldDevice {
+    pub index: GpuIndex,
+    /// The user's environments attached here, detached together (nearly
+    /// always one).
+    pub eids: SmallVec<[EnvId; 1]>,
+    /// Their member processes here, terminated with the detach.
+    pub pids: SmallVec<[Pid; 2]>,
+    /// The user's other jobs here, counted by the GPUs they run on (strays,
+    /// jobs of environments not attached here, jobs whose environment
+    /// cannot be judged, counted jobs outside genv): terminated to free it.
+    #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
+    pub jobs: SmallVec<[Pid; 2]>,
+    /// A job of one of those environments runs here (or another job of
+    /// the user's).
+    pub working: bool,
+    /// Another job of the user's runs here (`jobs`, or one that cannot be
+    /// terminated).
+    pub stray: bool,
+    /// A job of the user's that is never terminated runs here (its
+    /// identity not pinned, or its environ unreadable): the device stays
+    /// counted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kept: bool,
+    /// One of the environments lists a live pid of the user
+    /// ([`super::attribution::Attribution::vouched`]).
+    pub vouched: bool,
+    /// When the first of the user's jobs here started (ms since the Unix
+    /// epoch, comparable across hosts), if any did and it is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<u64>,
+}
+
+impl HeldDevice {
+    pub(super) fn new(index: GpuIndex) -> Self {
+        HeldDevice {
+            index,
+            eids: SmallVec::new(),
+            pids: SmallVec::new(),
+            jobs: SmallVec::new(),
+            working: false,
+            stray: false,
+            kept: false,
+            vouched: false,
+            since: None,
+        }
+    }
+
+    /// A job started at `started` runs here.
+    pub(super) fn started(&mut self, started: Option<u64>) {
+        if let Some(t) = started {
+            self.since = Some(self.since.map_or(t, |s| s.min(t)));
+        }
+    }
+}
 
 /// What is taken this cycle: detached (host, device, environment) and
 /// terminated (host, pid), only what is carried out in it.
