@@ -596,6 +596,46 @@ mod tests {
     }
 
     #[test]
+    fn a_held_device_is_held_since_its_users_first_job_there_started() {
+        // alice's job in `a` on device 0 (started at tick 500) and a stray
+        // of hers there and on device 1 (tick 300); 100 ticks a second.
+        let mut stray = job(11, Some("gone"), 1001, 0);
+        stray.start_time = Some(300);
+        stray.gpus.push(crate::model::DeviceUsage {
+            index: GpuIndex(1),
+            usage: mib(1),
+        });
+        let mut member = job(10, Some("a"), 1001, 0);
+        member.start_time = Some(500);
+        let mut s = live(
+            host(vec![env("a", Some("alice"), None)], &[(0, "a")]),
+            vec![member, stray],
+        );
+        let boot = crate::model::Boot {
+            btime: 1_000,
+            hz: 100,
+        };
+        s.truth.as_mut().unwrap().boot = Some(boot);
+        let usage = HostUsage::of(&Attribution::of(&s, &Default::default()), false);
+        let since: Vec<Option<u64>> = usage.users["alice"]
+            .devices
+            .iter()
+            .map(|d| d.since)
+            .collect();
+        assert_eq!(
+            since,
+            [Some(boot.started_ms(300)), Some(boot.started_ms(300))]
+        );
+        // Without the stray, device 0 is held since her job started.
+        s.processes.truncate(1);
+        let usage = HostUsage::of(&Attribution::of(&s, &Default::default()), false);
+        assert_eq!(
+            usage.users["alice"].devices[0].since,
+            Some(boot.started_ms(500))
+        );
+    }
+
+    #[test]
     fn a_member_on_a_device_its_environment_lacks_counts_there_once() {
         // alice's job of `a` (attached to 0) runs on 0 and 1; with
         // env-devices off nothing else takes it: device 1 counts, and

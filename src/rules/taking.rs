@@ -234,3 +234,56 @@ pub fn take(candidates: &[Candidate], over: usize, taken: &mut Taken) -> (Vec<Ac
     }
     (actions, freed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{Finding, Rule};
+
+    #[test]
+    fn what_waits_is_not_taken() {
+        let h = HostId("h".into());
+        let v = Violation {
+            rule: Rule::MaxDevicesPerUser,
+            finding: Finding::MaxDevices {
+                user: "bob".into(),
+                devices: 2,
+                hosts: 1,
+                over: 2,
+            },
+            actions: smallvec::smallvec![
+                Action::Terminate {
+                    host: h.clone(),
+                    pid: Pid(1),
+                },
+                Action::Terminate {
+                    host: h.clone(),
+                    pid: Pid(2),
+                },
+                Action::Detach {
+                    host: h.clone(),
+                    device: GpuIndex(0),
+                    eids: vec![EnvId("a".into()), EnvId("b".into())],
+                    pids: vec![Pid(3)],
+                    user: "bob".into(),
+                },
+            ],
+        };
+        let all = Taken::of(std::slice::from_ref(&v), &Withheld::default());
+        assert_eq!(all.terminated.len(), 3);
+        assert_eq!(all.detached.len(), 2);
+        let mut withheld = Withheld::default();
+        withheld.terminations.insert((h.clone(), Pid(1)));
+        withheld
+            .detaches
+            .insert((h.clone(), GpuIndex(0), EnvId("b".into())));
+        let some = Taken::of(&[v], &withheld);
+        // Pid 1 waits; the detach of `b` waits, so its processes stay.
+        let pids: Vec<u32> = some.terminated.iter().map(|(_, p)| p.0).collect();
+        assert_eq!(pids, [2]);
+        assert!(some
+            .detached
+            .contains(&(h.clone(), GpuIndex(0), EnvId("a".into()))));
+        assert!(!some.detached.contains(&(h, GpuIndex(0), EnvId("b".into()))));
+    }
+}
