@@ -15,12 +15,12 @@
 //! cap's detach) count as freed, so two rules never take two bites of one
 //! excess; only what is carried out in this cycle does: a termination
 //! that waits out a grace, is warned only or is exempt leaves its memory
-//! counted ([`super::Withheld`]).
+//! counted ([`super::Withheld`], [`super::taking::Taken`]).
 
 use std::collections::{BTreeMap, HashSet};
 
 use super::attribution::Attribution;
-use super::{Action, Finding, Notice, Policy, Rule, Violation, Withheld};
+use super::{Action, Finding, Notice, Policy, Rule, Violation};
 use crate::model::{HostId, Pid};
 
 /// One host's part of the memory caps: each user's processes there.
@@ -150,40 +150,6 @@ pub fn evaluate(
     (violations, notices)
 }
 
-/// The processes `violations` terminate this cycle, by host: themselves
-/// or with a detach, less what `held` keeps waiting (a detach any of
-/// whose environments waits frees none of its processes).
-pub fn terminated(violations: &[Violation], held: &Withheld) -> HashSet<(HostId, Pid)> {
-    violations
-        .iter()
-        .flat_map(|v| &v.actions)
-        .flat_map(|a| match a {
-            Action::Terminate { host, pid } => {
-                if held.terminations.contains(&(host.clone(), *pid)) {
-                    Vec::new()
-                } else {
-                    vec![(host.clone(), *pid)]
-                }
-            }
-            Action::Detach {
-                host,
-                device,
-                eids,
-                pids,
-                ..
-            } => {
-                let waits = (eids.iter())
-                    .any(|e| held.detaches.contains(&(host.clone(), *device, e.clone())));
-                if waits {
-                    Vec::new()
-                } else {
-                    pids.iter().map(|p| (host.clone(), *p)).collect()
-                }
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,57 +272,6 @@ mod tests {
             picked(&evaluate(&[(&h, &m)], &only_carol, &HashSet::new()).0),
             [("h".to_string(), 5)]
         );
-    }
-
-    #[test]
-    fn what_other_rules_terminate_is_every_terminated_pid_and_every_detachs_processes() {
-        let h = HostId("h".into());
-        let v = Violation {
-            rule: Rule::EnvMemory,
-            finding: Finding::MaxDevices {
-                user: "a".into(),
-                devices: 1,
-                hosts: 1,
-                over: 1,
-            },
-            actions: smallvec::smallvec![
-                Action::Terminate {
-                    host: h.clone(),
-                    pid: Pid(1),
-                },
-                Action::Detach {
-                    host: h.clone(),
-                    device: crate::model::GpuIndex(0),
-                    eids: vec![],
-                    pids: vec![Pid(2), Pid(3)],
-                    user: "a".into(),
-                },
-            ],
-        };
-        let t = terminated(std::slice::from_ref(&v), &Withheld::default());
-        assert_eq!(t.len(), 3);
-        assert!(t.contains(&(h.clone(), Pid(3))));
-        // What waits frees nothing: the termination, or the detach.
-        let mut held = Withheld::default();
-        held.terminations.insert((h.clone(), Pid(1)));
-        let t = terminated(std::slice::from_ref(&v), &held);
-        assert_eq!(t.len(), 2);
-        assert!(!t.contains(&(h.clone(), Pid(1))));
-        held.detaches.insert((
-            h.clone(),
-            crate::model::GpuIndex(0),
-            crate::model::EnvId("e".into()),
-        ));
-        assert_eq!(
-            terminated(std::slice::from_ref(&v), &held).len(),
-            2,
-            "no eid held"
-        );
-        let mut v = v;
-        if let Action::Detach { eids, .. } = &mut v.actions[1] {
-            eids.push(crate::model::EnvId("e".into()));
-        }
-        assert!(terminated(&[v], &held).is_empty());
     }
 
     #[test]

@@ -550,9 +550,9 @@ pub fn evaluate_caps(
     if policy.has_memory_caps() {
         let parts: Vec<(&HostId, &HostMemory)> =
             hosts.iter().map(|(h, f)| (*h, &f.memory)).collect();
-        let mut freed = max_memory::terminated(earlier, held);
-        freed.extend(max_memory::terminated(&violations, held));
-        let (v, n) = max_memory::evaluate(&parts, policy, &freed);
+        let mut freed = taking::Taken::of(earlier, held);
+        freed.add(&violations, held);
+        let (v, n) = max_memory::evaluate(&parts, policy, &freed.terminated);
         violations.extend(v);
         notices.extend(n);
     }

@@ -241,6 +241,57 @@ mod tests {
     use crate::rules::{Finding, Rule};
 
     #[test]
+    fn what_other_rules_terminate_is_every_terminated_pid_and_every_detachs_processes() {
+        let h = HostId("h".into());
+        let v = Violation {
+            rule: Rule::EnvMemory,
+            finding: Finding::MaxDevices {
+                user: "a".into(),
+                devices: 1,
+                hosts: 1,
+                over: 1,
+            },
+            actions: smallvec::smallvec![
+                Action::Terminate {
+                    host: h.clone(),
+                    pid: Pid(1),
+                },
+                Action::Detach {
+                    host: h.clone(),
+                    device: crate::model::GpuIndex(0),
+                    eids: vec![],
+                    pids: vec![Pid(2), Pid(3)],
+                    user: "a".into(),
+                },
+            ],
+        };
+        let t = Taken::of(std::slice::from_ref(&v), &Withheld::default()).terminated;
+        assert_eq!(t.len(), 3);
+        assert!(t.contains(&(h.clone(), Pid(3))));
+        // What waits frees nothing: the termination, or the detach.
+        let mut held = Withheld::default();
+        held.terminations.insert((h.clone(), Pid(1)));
+        let t = Taken::of(std::slice::from_ref(&v), &held).terminated;
+        assert_eq!(t.len(), 2);
+        assert!(!t.contains(&(h.clone(), Pid(1))));
+        held.detaches.insert((
+            h.clone(),
+            crate::model::GpuIndex(0),
+            crate::model::EnvId("e".into()),
+        ));
+        assert_eq!(
+            Taken::of(std::slice::from_ref(&v), &held).terminated.len(),
+            2,
+            "no eid held"
+        );
+        let mut v = v;
+        if let Action::Detach { eids, .. } = &mut v.actions[1] {
+            eids.push(crate::model::EnvId("e".into()));
+        }
+        assert!(Taken::of(&[v], &held).terminated.is_empty());
+    }
+
+    #[test]
     fn what_waits_is_not_taken() {
         let h = HostId("h".into());
         let v = Violation {
