@@ -1443,16 +1443,39 @@ def detach(req):
 
 
 def detach_pairs(req, deadline):
+    """Detaches the pairs from devices.json as it is now. A write made
+    meanwhile that changes the file's content is never lost: the detach is
+    done again on the new content, within the step; a change of its
+    metadata alone (a touch, a chmod, a copy renamed over) stops nothing."""
     d = req["dir"]
     pairs = req["detach"]
     dfd = open_dir(d)
     if dfd is None:
         return [False] * len(pairs), None
     note = lock(dfd, d, fcntl.LOCK_EX, deadline)
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return detach_once(req, dfd, d, pairs), note
+        except Changed:
+            if time.monotonic() >= deadline:
+                raise Failure(
+                    "state",
+                    "%s: its content changed each of the %d times it was detached from within %gs: nothing detached, retried next cycle"
+                    % (os.path.join(d, "devices.json"), tries, req["step"]),
+                )
+
+
+class Changed(Exception):
+    """The file's content changed between its read and its replacement."""
+
+
+def detach_once(req, dfd, d, pairs):
     seen = identity_of(dfd, "devices.json")
     text = read_file(dfd, d, "devices.json", req["max_bytes"])
     if text is None:
-        return [False] * len(pairs), note
+        return [False] * len(pairs)
     path = os.path.join(d, "devices.json")
     try:
         state = users_json(text)
@@ -1487,8 +1510,9 @@ def detach_pairs(req, deadline):
         if len(kept) != len(attachments):
             device["attachments"] = kept
     if removed:
-        replace(dfd, d, "devices.json", rewritten(state, len(text), req["max_bytes"], path), seen)
-    return [(index, eid) in removed for index, eid in pairs], note
+        data = rewritten(state, len(text), req["max_bytes"], path)
+        replace(dfd, d, "devices.json", data, (seen, text, req["max_bytes"]))
+    return [(index, eid) in removed for index, eid in pairs]
 
 
 def indent_cost(value, depth=1):
@@ -1554,14 +1578,23 @@ def identity_of(dfd, name):
     return file_identity(stat_in(dfd, name))
 
 
+def unlike(dfd, d, name, seen):
+    """Whether `name` no longer holds the content read (`seen`: its
+    identity then, that content, the most to read)."""
+    try:
+        return read_file(dfd, d, name, seen[2]) != seen[1]
+    except (Failure, OSError):
+        return True
+
+
 def replace(dfd, d, name, data, seen=None):
     """Writes `data` to a new file created exclusively beside `name`, then
     renames it over `name` with the owner, group and mode `name` had (as
     genv's rewrite in place keeps them; 0666 root's where there was none):
     root's file in a user's quota, or a file another user may write, is
-    never made of it. When `seen` is given, only if `name` is still the
-    file then read (a write made meanwhile, under genv's lock or not, is
-    never lost: the detach is retried next cycle instead)."""
+    never made of it. When `seen` is given (see unlike()), only if `name`
+    still holds the content then read: a write made meanwhile, under
+    genv's lock or not, is never lost (Changed: the caller reads again)."""
     tmp = ".%s.%s" % (name, os.urandom(8).hex())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | SAFE, 0o600, dir_fd=dfd)
     temp_files.append((dfd, tmp))
@@ -1572,20 +1605,20 @@ def replace(dfd, d, name, data, seen=None):
         # One look at the file replaced: whether it is the one read, and
         # whose it is.
         old = stat_in(dfd, name)
-        if seen is not None and file_identity(old) != seen:
-            raise Failure("state", "%s changed while it was detached from: nothing detached" % os.path.join(d, name))
+        if seen is not None and file_identity(old) != seen[0] and unlike(dfd, d, name, seen):
+            raise Changed()
         if old is not None and stat.S_ISREG(old.st_mode):
             os.fchown(fd, old.st_uid, old.st_gid)
             os.fchmod(fd, stat.S_IMODE(old.st_mode) & 0o777)
         else:
             os.fchmod(fd, 0o666)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except (OSError, Failure) as e:
+    except (OSError, Failure, Changed) as e:
         try:
             os.unlink(tmp, dir_fd=dfd)
         except OSError:
             pass
-        if isinstance(e, Failure):
+        if not isinstance(e, OSError):
             raise
         raise Failure("state", "%s: cannot replace: %s" % (os.path.join(d, name), e.strerror))
     finally:

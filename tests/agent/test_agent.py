@@ -617,6 +617,81 @@ class StateDir(unittest.TestCase):
         self.assertEqual(detached, [True])
         self.assertIn("pid %d" % holder.pid, note)
 
+    def meddling(self, meddle):
+        """Calls meddle(n) each time the detach has its new content ready
+        (n from 1), before it renames it over: what a user may do then."""
+        real = agent["rewritten"]
+        calls = []
+
+        def rewritten(*args):
+            calls.append(1)
+            meddle(len(calls))
+            return real(*args)
+
+        agent["rewritten"] = rewritten
+        self.addCleanup(agent.__setitem__, "rewritten", real)
+        return calls
+
+    def test_a_detach_goes_on_whatever_is_done_to_the_files_metadata_meanwhile(self):
+        devices = {"devices": [{"index": 0, "attachments": [{"eid": "a"}, {"eid": "b"}]}]}
+        with open(self.path("devices.json"), "w") as f:
+            json.dump(devices, f)
+        copy = self.path("copy")
+
+        def meddle(n):
+            # A touch, a chmod and an identical copy renamed over.
+            os.utime(self.path("devices.json"), (1, 1))
+            os.chmod(self.path("devices.json"), 0o644)
+            with open(self.path("devices.json"), "rb") as f, open(copy, "wb") as g:
+                g.write(f.read())
+            os.rename(copy, self.path("devices.json"))
+
+        calls = self.meddling(meddle)
+        detached, _ = agent["detach"]({"dir": self.dir, "detach": [[0, "a"]], "step": 5, "limit": 10, "max_bytes": 1000})
+        agent["release"]()
+        self.assertEqual(detached, [True])
+        self.assertEqual(len(calls), 1, "done at the first try")
+        with open(self.path("devices.json")) as f:
+            self.assertEqual(json.load(f)["devices"][0]["attachments"], [{"eid": "b"}])
+
+    def test_a_detach_is_done_again_on_content_written_meanwhile_within_the_step(self):
+        with open(self.path("devices.json"), "w") as f:
+            json.dump({"devices": [{"index": 0, "attachments": [{"eid": "a"}]}]}, f)
+
+        def meddle(n):
+            if n == 1:  # genv attaches c meanwhile
+                with open(self.path("devices.json"), "w") as f:
+                    json.dump({"devices": [{"index": 0, "attachments": [{"eid": "a"}, {"eid": "c"}]}]}, f)
+
+        calls = self.meddling(meddle)
+        detached, _ = agent["detach"]({"dir": self.dir, "detach": [[0, "a"]], "step": 5, "limit": 10, "max_bytes": 1000})
+        agent["release"]()
+        self.assertEqual(detached, [True])
+        self.assertEqual(len(calls), 2)
+        with open(self.path("devices.json")) as f:
+            self.assertEqual(json.load(f)["devices"][0]["attachments"], [{"eid": "c"}], "c's write kept, a detached")
+        self.assertEqual(sorted(os.listdir(self.dir)), ["devices.json", "genv.lock"], "no temp file left")
+
+    def test_content_changing_through_the_whole_step_fails_the_detach_and_loses_no_write(self):
+        with open(self.path("devices.json"), "w") as f:
+            json.dump({"devices": [{"index": 0, "attachments": [{"eid": "a"}]}]}, f)
+
+        def meddle(n):
+            with open(self.path("devices.json"), "w") as f:
+                json.dump({"devices": [{"index": 0, "attachments": [{"eid": "a"}, {"eid": "w%d" % n}]}]}, f)
+
+        calls = self.meddling(meddle)
+        start = agent["time"].monotonic()
+        message = self.refused(agent["detach"], {"dir": self.dir, "detach": [[0, "a"]], "step": 0.3, "limit": 1, "max_bytes": 1000})
+        agent["release"]()
+        self.assertLess(agent["time"].monotonic() - start, 2)
+        self.assertGreater(len(calls), 1)
+        self.assertIn("content changed each of the %d times" % len(calls), message)
+        with open(self.path("devices.json")) as f:
+            after = json.load(f)["devices"][0]["attachments"]
+        self.assertEqual(after, [{"eid": "a"}, {"eid": "w%d" % len(calls)}], "the last write stands")
+        self.assertEqual(sorted(os.listdir(self.dir)), ["devices.json", "genv.lock"])
+
     def test_a_detach_of_devices_nested_too_deeply_fails_and_changes_nothing(self):
         text = b'{"devices": ' + b"[" * 200000 + b"]" * 200000 + b"}"
         with open(self.path("devices.json"), "wb") as f:
