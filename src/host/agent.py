@@ -292,7 +292,7 @@ def lock(dfd, d, operation, deadline):
             break
         except BlockingIOError:
             if time.monotonic() >= until:
-                note = "genv.lock held for over %gs by %s" % (LOCK_WAIT, lock_holders(fd))
+                note = "genv.lock held for over %gs by %s" % (LOCK_WAIT, lock_holders(fd, Names(deadline)))
                 break
             waited = True
             time.sleep(0.005)
@@ -303,11 +303,9 @@ def lock(dfd, d, operation, deadline):
     return note
 
 
-def lock_holders(fd):
+def lock_holders(fd, names):
     """Who holds locks on the file open at fd, as /proc/locks says: "pid P
     (user U)" for each (at most 8), or "another process"."""
-    import pwd
-
     st = os.fstat(fd)
     inode = "%02x:%02x:%d" % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
     try:
@@ -326,9 +324,12 @@ def lock_holders(fd):
         who = "pid %d" % pid
         try:
             uid = real_uid(proc_read(pid, "status"))
-            name = pwd.getpwuid(uid).pw_name if uid is not None else None
+            try:
+                name = names.user(uid) if uid is not None else None
+            except Late:
+                name = None
             who += " (%s)" % (name or "uid %s" % uid)
-        except (OSError, KeyError):
+        except OSError:
             pass
         said.append(who)
     return ", ".join(said) or "another process"
@@ -662,6 +663,93 @@ def start_worker():
 
 
 READER = Reader()
+
+
+class Late(Exception):
+    """A lookup not asked: the name service had no time left, or was asked
+    MAX_LOOKUPS times already, in this request (why)."""
+
+    def __init__(self, why):
+        Exception.__init__(self, why)
+        self.why = why
+
+
+class Names:
+    """The host's name service (NSS: files, LDAP, SSSD...), which may be
+    slow, as one request may ask it: each lookup on LOOKUPS's thread within
+    the request's deadline, at most MAX_LOOKUPS of them, each answer kept
+    for the request. Once one is late, every one not yet answered is
+    (Late): nothing waits past the deadline, nothing is asked without
+    bound, whatever uids a user's processes run under."""
+
+    def __init__(self, deadline):
+        self.deadline = deadline
+        self.known = {}
+        self.asked = 0
+        self.late = None
+
+    def ask(self, key, fn):
+        """fn()'s answer, None when there is no such entry, Late when not
+        asked or not answered in time."""
+        if key in self.known:
+            return self.known[key]
+        if self.late is None and self.asked >= MAX_LOOKUPS:
+            self.late = "more than %d name lookups in one request" % MAX_LOOKUPS
+        left = self.deadline - time.monotonic()
+        if self.late is None and left <= 0:
+            self.late = "the name service was not asked: no time was left in the step"
+        if self.late is not None:
+            raise Late(self.late)
+        self.asked += 1
+
+        def lookup():
+            try:
+                return fn()
+            except (KeyError, OSError, ValueError, UnicodeError, OverflowError):
+                return None
+
+        try:
+            value = LOOKUPS.run(lookup, left)
+        except Hung:
+            self.late = "the name service did not answer within the step"
+            raise Late(self.late)
+        self.known[key] = value
+        return value
+
+    def user(self, uid):
+        """The name of a uid, None when it has none here."""
+        import pwd
+
+        pw = self.ask(("uid", uid), lambda: pwd.getpwuid(uid))
+        return None if pw is None else pw.pw_name
+
+    def uid(self, name):
+        """The uid of a user name, None when there is no such user."""
+        import pwd
+
+        pw = self.ask(("name", name), lambda: pwd.getpwnam(name))
+        return None if pw is None else pw.pw_uid
+
+    def gid(self, group):
+        import grp
+
+        gr = self.ask(("group", group), lambda: grp.getgrnam(group))
+        return None if gr is None else gr.gr_gid
+
+    def groups_of(self, uid):
+        """The gids a uid is a member of, None when it has no name here."""
+        import pwd
+
+        def lookup():
+            pw = pwd.getpwuid(uid)
+            return set(os.getgrouplist(pw.pw_name, pw.pw_gid))
+
+        return self.ask(("groups", uid), lookup)
+
+
+MAX_LOOKUPS = 4096
+# Lookups have their own thread: a hung one never holds up a state read.
+LOOKUPS = Reader()
 
 
 def proc_read_or_empty(pid):
@@ -1104,9 +1192,13 @@ def snapshot(req, out):
                 uids.add(int(words[2]))
                 seen_uids[pid] = int(words[2])
     HUNG.intersection_update(set(k for k in HUNG if k[0] in live))
-    import pwd
-
-    owners = sub_uid_owners(req.get("subuid") or SUBUID, uids)
+    # Every lookup within the deadline and bounded in number (Names); the
+    # owners of GPU processes first, since any user can list any pid in a
+    # record. A uid whose name was not looked up is said "unnamed": its
+    # processes are never acted on (a name decides exemptions).
+    names = Names(deadline)
+    gpu_uids = set(seen_uids[pid] for pid in on_gpus if pid in seen_uids)
+    owners = sub_uid_owners(req.get("subuid") or SUBUID, sorted(gpu_uids) + sorted(uids - gpu_uids), names)
     for uid in sorted(owners):
         owner = owners[uid]
         frame(out, "subuid", uid, (b"%d" % owner) if isinstance(owner, int) else b"- " + owner.encode())
@@ -1117,27 +1209,23 @@ def snapshot(req, out):
         owner = owners.get(seen)
         if isinstance(owner, int):
             seen_uids[pid] = owner
-    for uid in sorted(uids):
+    gpu_uids = set(seen_uids[pid] for pid in on_gpus if pid in seen_uids)
+    ordered = sorted(gpu_uids) + sorted(uids - gpu_uids)
+    for uid in ordered:
         try:
-            frame(out, "user", uid, pwd.getpwuid(uid).pw_name.encode())
-        except KeyError:
-            pass
+            name = names.user(uid)
+        except Late as late:
+            frame(out, "unnamed", uid, late.why.encode())
+            continue
+        if name is not None:
+            frame(out, "user", uid, name.encode())
     boot = clock()
     if boot is not None:
         frame(out, "clock", None, boot)
     if req.get("groups"):
-        # Each uid seen once, each named group once (at most MAX_GROUPS),
-        # and nothing past the deadline: lookups may be slow.
-        # The owners of GPU processes first: any user can list any pid in
-        # a record, and lookups stop at the deadline.
-        gpu_uids = set()
-        for pid in on_gpus:
-            body = seen_uids.get(pid)
-            if body is not None:
-                gpu_uids.add(body)
-        ordered = sorted(gpu_uids) + sorted(uids - gpu_uids)
-        for uid, names in memberships(req["groups"], ordered, deadline):
-            frame(out, "groups", uid, "\n".join(names).encode())
+        # Each uid seen once, each named group once (at most MAX_GROUPS).
+        for uid, found in memberships(req["groups"], ordered, names):
+            frame(out, "groups", uid, "\n".join(found).encode())
 
 
 # Subordinate uids: a user with a range in /etc/subuid (Debian's adduser
@@ -1150,19 +1238,21 @@ SUBUID = "/etc/subuid"
 MAX_SUBUID_BYTES = 16 << 20
 
 
-def sub_uid_owners(path, uids):
-    """{uid: owner uid, or why not resolved} for each uid of `uids` that
-    has no name here (`path`, root's own file, says whose range holds it;
-    a file anyone else may write is not believed)."""
+def sub_uid_owners(path, uids, names):
+    """{uid: owner uid, or why not resolved} for each uid of `uids` (in the
+    order given: lookups may run out of time) that has no name here
+    (`path`, root's own file, says whose range holds it; a file anyone
+    else may write is not believed). A uid not looked up in time is left
+    out: it is said unnamed."""
     import bisect
-    import pwd
 
     nameless = []
-    for uid in sorted(uids):
+    for uid in uids:
         try:
-            pwd.getpwuid(uid)
-        except KeyError:
-            nameless.append(uid)
+            if names.user(uid) is None:
+                nameless.append(uid)
+        except Late:
+            break
     if not nameless:
         return {}
     try:
@@ -1205,8 +1295,10 @@ def sub_uid_owners(path, uids):
         elif owners:
             owner = owners.pop()
             try:
-                found[uid] = int(owner) if owner.isdigit() else pwd.getpwnam(owner).pw_uid
-            except KeyError:
+                found[uid] = int(owner) if owner.isdigit() else names.uid(owner)
+            except Late as late:
+                found[uid] = "in the sub-uid range of %s, not looked up: %s" % (owner, late.why)
+            if found[uid] is None:
                 found[uid] = "in the sub-uid range of %s, unknown here" % owner
         else:
             found[uid] = "in no sub-uid range of %s" % path
@@ -1227,34 +1319,30 @@ def clock():
     return None
 
 
-def memberships(groups, uids, deadline):
+def memberships(groups, uids, names):
     """(uid, the named groups it is a member of) for each uid in the order
-    given, as this host's name service says: each group looked up once,
-    each uid's groups once; a lookup that fails says nothing (no exemption), and nothing is
-    looked up past the deadline."""
-    import grp
-    import pwd
-
+    given, as this host's name service says (`names`: within the request's
+    deadline): each group looked up once, each uid's groups once; a lookup
+    that fails says nothing (no exemption), and nothing is looked up once
+    one is late."""
     gids = {}
-    for name in sorted(set(g for g in groups if isinstance(g, str)))[:MAX_GROUPS]:
-        if time.monotonic() >= deadline:
-            return []
-        try:
-            gids.setdefault(grp.getgrnam(name).gr_gid, []).append(name)
-        except (KeyError, OSError, ValueError, UnicodeError):
-            pass
     found = []
-    for uid in uids:
-        if not gids or time.monotonic() >= deadline:
-            break
-        try:
-            pw = pwd.getpwuid(uid)
-            member = set(os.getgrouplist(pw.pw_name, pw.pw_gid))
-        except (KeyError, OSError, ValueError, UnicodeError):
-            continue
-        names = sorted(name for gid, named in gids.items() if gid in member for name in named)
-        if names:
-            found.append((uid, names))
+    try:
+        for name in sorted(set(g for g in groups if isinstance(g, str)))[:MAX_GROUPS]:
+            gid = names.gid(name)
+            if gid is not None:
+                gids.setdefault(gid, []).append(name)
+        for uid in uids:
+            if not gids:
+                break
+            member = names.groups_of(uid)
+            if member is None:
+                continue
+            listed = sorted(name for gid, named in gids.items() if gid in member for name in named)
+            if listed:
+                found.append((uid, listed))
+    except Late:
+        pass
     return found
 
 
@@ -1751,8 +1839,8 @@ def write_terminal(path, uid, dev, data):
 
 def tell(req):
     """Terminals written per note."""
-    import pwd
-
+    # Half the run's limit for lookups: a note not looked up is not told.
+    names = Names(time.monotonic() + req["limit"] / 2)
     notes = req["notes"]
     if not isinstance(notes, list) or len(notes) > MAX_NOTES:
         raise Failure("request", "a tell request holds at most %d notes" % MAX_NOTES)
@@ -1763,8 +1851,8 @@ def tell(req):
                 and isinstance(note.get("pids"), list)):
             raise Failure("request", "a note is {user, pids, text}")
         try:
-            uid = pwd.getpwnam(note["user"]).pw_uid
-        except (KeyError, ValueError):
+            uid = names.uid(note["user"])
+        except Late:
             uid = None
         if not uid:
             # Unknown here, or root: root's terminals are the admins'.

@@ -39,6 +39,10 @@ pub struct RawHost<'a> {
     /// `subuid <uid>`: for a uid seen that has no name on the host, the
     /// uid of the owner of the sub-uid range holding it, or why none.
     pub sub_uids: BTreeMap<u32, Result<u32, String>>,
+    /// `unnamed <uid>`: a uid whose name the agent did not look up within
+    /// its deadline or lookup bound, and why: its processes are unknown
+    /// (a name decides exemptions and overrides), counted, never acted on.
+    pub unnamed: BTreeMap<u32, String>,
     /// `state-error <part>`: why a state file (or the directory) could
     /// not be read.
     pub state_errors: BTreeMap<String, String>,
@@ -401,6 +405,10 @@ fn process(raw: &RawHost, pid: Pid, gpus: crate::model::Gpus, ids: &Ids) -> Proc
         }
         None => (None, None),
     };
+    let owner = match uid.and_then(|u| Some((u, raw.unnamed.get(&u)?))) {
+        Some((u, why)) => Owner::Unknown(format!("its user (uid {u}) was not looked up: {why}")),
+        None => owner,
+    };
     Process {
         pid,
         owner,
@@ -651,6 +659,36 @@ mod tests {
         r.sub_uids.insert(300_001, Ok(1002));
         let s = assemble(&r, "h", &mut ParsedState::default(), MAX).unwrap();
         assert_eq!(s.truth.unwrap().pid_uids[&7], 1002);
+    }
+
+    #[test]
+    fn a_process_whose_users_name_was_not_looked_up_is_unknown_and_counted() {
+        let mut r = raw();
+        r.procs
+            .insert(300, seen(9, 300_001, Environ::Var(b"e".as_slice().into())));
+        r.sub_uids.insert(300_001, Ok(1002));
+        r.unnamed.insert(
+            1002,
+            "the name service did not answer within the step".into(),
+        );
+        let s = assemble(&r, "h", &mut ParsedState::default(), MAX).unwrap();
+        let p = s.process(Pid(300)).unwrap();
+        assert_eq!(
+            p.owner,
+            Owner::Unknown(
+                "its user (uid 1002) was not looked up: the name service did not answer within the step"
+                    .into()
+            )
+        );
+        assert_eq!(
+            (p.uid, p.sub_uid, p.user.as_deref()),
+            (Some(1002), Some(300_001), None)
+        );
+        assert_eq!(
+            s.process(Pid(200)).unwrap().owner,
+            Owner::NoEnv,
+            "others as they are"
+        );
     }
 
     #[test]

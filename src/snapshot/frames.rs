@@ -121,6 +121,7 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
             .map(|f| text(f, source).map(Cow::Borrowed))
             .transpose()?,
         sub_uids: BTreeMap::new(),
+        unnamed: BTreeMap::new(),
         state_errors: BTreeMap::new(),
         lock_held: lock.map(|f| String::from_utf8_lossy(f.body).into_owned()),
         mps: BTreeMap::new(),
@@ -141,6 +142,10 @@ pub fn raw_host<'a>(frames: &[Frame<'a>], source: &str) -> Result<RawHost<'a>, P
             "groups" => {
                 let names = text(f, source)?.lines().map(String::from).collect();
                 raw.groups.insert(number("uid")?, names);
+            }
+            "unnamed" => {
+                raw.unnamed
+                    .insert(number("uid")?, String::from_utf8_lossy(f.body).into_owned());
             }
             "subuid" => {
                 let body = text(f, source)?;
@@ -404,9 +409,11 @@ mod tests {
             frame("state-error", Some("envs"), b"envs.json: not JSON"),
             frame("subuid", Some("300001"), b"1001"),
             frame("subuid", Some("999999"), b"- in no range of /etc/subuid"),
+            frame("unnamed", Some("1002"), b"no time was left"),
         ]
         .concat();
         let raw = raw_host(&parse_frames(&f, "h").unwrap(), "h").unwrap();
+        assert_eq!(raw.unnamed[&1002], "no time was left");
         assert_eq!(raw.state_errors["envs"], "envs.json: not JSON");
         assert_eq!(raw.sub_uids[&300001], Ok(1001));
         assert_eq!(

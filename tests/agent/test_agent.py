@@ -410,7 +410,7 @@ class SubUids(unittest.TestCase):
             f.write(text)
             f.flush()
             os.chmod(f.name, mode)
-            found = agent["sub_uid_owners"](f.name, set(uids))
+            found = agent["sub_uid_owners"](f.name, list(uids), agent["Names"](agent["time"].monotonic() + 5))
             agent["release"]()
             return found
 
@@ -429,7 +429,7 @@ class SubUids(unittest.TestCase):
         self.assertTrue(found[999999].startswith("in no sub-uid range of "))
         # A file others may write is not root's word; none is none.
         self.assertIn("not root's own regular file: not believed", self.owners(text, [100001], mode=0o666)[100001])
-        self.assertEqual(agent["sub_uid_owners"]("/nonexistent/subuid", {100001}),
+        self.assertEqual(agent["sub_uid_owners"]("/nonexistent/subuid", [100001], agent["Names"](agent["time"].monotonic() + 5)),
                          {100001: "in no sub-uid range (there is no /nonexistent/subuid)"})
         # A long range reaches past shorter ones that start after it.
         found = self.owners(b"0:1000000:1000000\n1234:1000010:5\n", [1500000, 1000012])
@@ -1038,10 +1038,83 @@ class Tell(unittest.TestCase):
         root = pwd.getpwuid(0)
         primary = grp.getgrgid(root.pw_gid).gr_name
         later = time.monotonic() + 5
-        found = agent["memberships"]([primary, "no-such-group-here", 7], [0, 2**31 - 7], later)
+        names = agent["Names"]
+        found = agent["memberships"]([primary, "no-such-group-here", 7], [0, 2**31 - 7], names(later))
         self.assertEqual(found, [(0, [primary])])
-        self.assertEqual(agent["memberships"]([primary], [0], time.monotonic() - 1), [])
-        self.assertEqual(agent["memberships"]([], [0], later), [])
+        self.assertEqual(agent["memberships"]([primary], [0], names(time.monotonic() - 1)), [])
+        self.assertEqual(agent["memberships"]([], [0], names(later)), [])
+
+
+class Names(unittest.TestCase):
+    """Point 8 of issue 42: the name service (NSS, which may be LDAP) is
+    asked within the request's deadline and a bounded number of times."""
+
+    FAKE = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "fake-nvidia-smi")
+
+    def test_a_hung_lookup_costs_the_deadline_then_nothing_more_is_asked(self):
+        import time
+
+        names = agent["Names"](time.monotonic() + 0.3)
+        self.assertEqual(names.ask("a", lambda: 1), 1)
+        self.assertIsNone(names.ask("none", lambda: {}["missing"]), "no such entry")
+        start = time.monotonic()
+        with self.assertRaises(agent["Late"]) as late:
+            names.ask("slow", lambda: time.sleep(3))
+        self.assertLess(time.monotonic() - start, 1)
+        self.assertIn("did not answer within the step", late.exception.why)
+        asked = []
+        with self.assertRaises(agent["Late"]):
+            names.ask("next", lambda: asked.append(1))
+        self.assertEqual(asked, [], "nothing asked once one was late")
+        self.assertEqual(names.ask("a", lambda: 2), 1, "what was answered stays")
+
+    def test_lookups_are_bounded_in_number_per_request(self):
+        import time
+
+        saved = agent["MAX_LOOKUPS"]
+        agent["MAX_LOOKUPS"] = 3
+        self.addCleanup(agent.__setitem__, "MAX_LOOKUPS", saved)
+        names = agent["Names"](time.monotonic() + 5)
+        for key in range(3):
+            self.assertEqual(names.ask(key, lambda: key), key)
+        self.assertEqual(names.ask(0, lambda: 9), 0, "each key asked once")
+        with self.assertRaises(agent["Late"]) as late:
+            names.ask(3, lambda: 3)
+        self.assertIn("more than 3 name lookups", late.exception.why)
+
+    def test_a_snapshot_with_a_hung_name_service_answers_in_its_step_saying_who_is_unnamed(self):
+        import pwd
+        import time
+
+        real = pwd.getpwuid
+
+        def hung(uid):
+            time.sleep(3)
+            return real(uid)
+
+        with tempfile.TemporaryDirectory() as d:
+            gpu = os.path.join(d, "gpu")
+            os.mkdir(gpu)
+            with open(os.path.join(gpu, "gpus.csv"), "w") as f:
+                f.write("index, uuid, memory.total\n0, GPU-a, 81559\n")
+            with open(os.path.join(gpu, "apps.csv"), "w") as f:
+                f.write("gpu_uuid, pid, used_gpu_memory\nGPU-a, %d, 100\n" % os.getpid())
+            os.environ["FAKE_GPU_DIR"] = gpu
+            req = {"mode": "snapshot", "dir": os.path.join(d, "genv"), "nvidia_smi": ["sh", self.FAKE],
+                   "step": 1.5, "limit": 20, "max_bytes": 100000, "groups": ["root"]}
+            pwd.getpwuid = hung
+            try:
+                start = time.monotonic()
+                kinds = Utilization.frames(self, req)
+                took = time.monotonic() - start
+            finally:
+                pwd.getpwuid = real
+            agent["release"]()
+        self.assertLess(took, 2.5, "within the step, not the name service's time")
+        self.assertEqual([w for w, _ in kinds["proc"]], [[str(os.getpid())]])
+        self.assertNotIn("user", kinds)
+        self.assertNotIn("groups", kinds)
+        self.assertEqual(kinds["unnamed"], [([str(os.getuid())], b"the name service did not answer within the step")])
 
 
 class Utilization(unittest.TestCase):
