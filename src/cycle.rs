@@ -181,7 +181,7 @@ struct Gathered {
 }
 
 /// Each host's own plan as the ladder split it beside its snapshot.
-type Early = HashMap<HostId, (HostPlan, Vec<Waiting>)>;
+pub(crate) type Early = HashMap<HostId, (HostPlan, Vec<Waiting>)>;
 
 /// The rounds' timings into `timing`, their orphans into `memory` (a host
 /// that failed keeps what it had; a host no longer in the fleet is
@@ -319,7 +319,7 @@ async fn assessed_off_workers(
 /// the events to tell, and (without a ladder) what was acted on at once.
 /// A host that did not answer keeps its actions' progress as it was;
 /// `-e`'s abort decides nothing, so nothing moves.
-fn laddered(
+pub(crate) fn laddered(
     a: &mut assess::Assessment,
     ladder: &mut Ladder,
     early: &mut Early,

@@ -422,12 +422,29 @@ impl Ladder {
         }
         for w in self.split(plan, now).1 {
             match w {
-                Waiting::Terminate { host, pid, .. } => {
+                Waiting::Terminate {
+                    host,
+                    pid,
+                    warn_only,
+                    exempt,
+                    ..
+                } => {
+                    if !warn_only && exempt.is_none() {
+                        held.waiting_terminations.insert((host.clone(), pid));
+                    }
                     held.terminations.insert((host, pid));
                 }
                 Waiting::Detach {
-                    host, device, eid, ..
+                    host,
+                    device,
+                    eid,
+                    warn_only,
+                    exempt,
+                    ..
                 } => {
+                    if !warn_only && exempt.is_none() {
+                        (held.waiting_detaches).insert((host.clone(), device, eid.clone()));
+                    }
                     held.detaches.insert((host, device, eid));
                 }
             }

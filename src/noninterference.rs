@@ -67,6 +67,10 @@ struct HonestHost {
     /// business, honest where that rule is off.
     plain: Vec<u32>,
     bob: Vec<BobEnv>,
+    /// Alice's jobs of her environment `k` (modulo) on a GPU it may not be
+    /// attached to: her own business (env-devices, her caps), which only
+    /// the sequences have.
+    elsewhere: Vec<(usize, u32)>,
 }
 
 /// Which environment id bob's job or record takes.
@@ -208,7 +212,12 @@ fn job(pid: u32, eid: Option<&EnvId>, uid: u32, gpus: &[u32], mib: Option<u64>) 
             .collect(),
         start_time: Some(u64::from(pid)),
         uid: Some(uid),
-        user: None,
+        // As a host's assembly names it.
+        user: match uid {
+            ALICE => Some("alice".into()),
+            BOB => Some("bob".into()),
+            _ => None,
+        },
         sub_uid: None,
     }
 }
@@ -275,6 +284,15 @@ impl World {
             w.alice_plain.push(pid);
             w.processes
                 .push(job(pid as u32, None, ALICE, &[*g], Some(100)));
+        }
+        for (k, g) in &host.elsewhere {
+            let Some(eid) = w.alice_envs.get(k % w.alice_envs.len().max(1)).cloned() else {
+                continue;
+            };
+            let pid = w.pid(ALICE);
+            w.alice_jobs.push(pid);
+            w.processes
+                .push(job(pid as u32, Some(&eid), ALICE, &[*g], Some(100)));
         }
         for (k, e) in host.bob.iter().enumerate() {
             let eid = EnvId(format!("b{h}.{k}").into());
@@ -476,8 +494,20 @@ impl World {
             envs: envs.into(),
             devices: devices.into(),
             truth: Some(HostTruth {
-                groups: Default::default(),
+                // Alice and bob share a lab (its cap, when set).
+                groups: [
+                    (ALICE, vec!["lab".to_string()]),
+                    (BOB, vec!["lab".to_string()]),
+                ]
+                .into_iter()
+                .collect(),
                 pid_uids,
+                // Start times comparable (a Linux host's agent says its
+                // clock): the group caps take the most recent work first.
+                boot: Some(Boot {
+                    btime: 1_795_000_000,
+                    hz: 100,
+                }),
                 user_names: [
                     (0, "root"),
                     (ALICE, "alice"),
@@ -551,7 +581,7 @@ fn honest_host() -> impl Strategy<Value = HonestHost> {
             ),
             0..=2,
         );
-        let orphans = proptest::collection::vec(0..gpus, 0..=1);
+        let orphans = proptest::collection::vec(0..gpus, 0..=2);
         let plain = proptest::collection::vec(0..gpus, 0..=2);
         let bob = proptest::collection::vec(
             (
@@ -574,6 +604,7 @@ fn honest_host() -> impl Strategy<Value = HonestHost> {
                 orphans,
                 plain,
                 bob,
+                elsewhere: Vec::new(),
             }
         })
     })
@@ -771,3 +802,5 @@ proptest! {
         }
     }
 }
+
+mod sequences;

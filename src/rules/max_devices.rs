@@ -99,7 +99,8 @@ impl HostUsage {
             // environment is not attached to, and, when asked, a job
             // outside genv. A member on its environment's devices counts
             // through the attachment.
-            let member = match a.standing(pi) {
+            let standing = a.standing(pi);
+            let member = match standing {
                 Standing::Stray(_) | Standing::Unknown => None,
                 Standing::NoEnv if non_env => None,
                 Standing::NoEnv => continue,
@@ -117,11 +118,18 @@ impl HostUsage {
                 let held = devices.get_or_insert_with(index, || HeldDevice::new(index));
                 held.working = true;
                 held.stray = true;
-                // Never terminated: a job whose identity is not pinned, or
-                // whose environ could not be read at all.
-                match (p.start_time, &p.owner) {
-                    (None, _) | (_, crate::model::Owner::Unknown(_)) => held.kept = true,
-                    (Some(_), _) => held.jobs.push(p.pid),
+                // Never terminated: a job whose identity is not pinned,
+                // whose environ could not be read at all, or whose
+                // environment cannot be judged (its host's genv state
+                // unusable, which anyone can cause: a cap must never
+                // pick among a user's jobs by what it cannot see).
+                match (p.start_time, &p.owner, standing) {
+                    (None, ..) | (_, crate::model::Owner::Unknown(_), _) => held.kept = true,
+                    (.., Standing::Unknown) => {
+                        held.kept = true;
+                        held.unseen = true;
+                    }
+                    (Some(_), ..) => held.jobs.push(p.pid),
                 }
                 held.started(snap.started(p));
             }
@@ -207,7 +215,7 @@ pub fn evaluate(
         // Turn by turn, each in genv's order (the working ones a subset of
         // what genv would take).
         candidates.sort_by_key(|(host, _, d)| taken.turn(host, d));
-        let (actions, freed) = taking::take(&candidates, over, taken);
+        let (actions, freed) = taking::take(&candidates, over, taken, false);
         if freed < over {
             notices.push(Notice::ExcessKept {
                 user: user.to_string(),

@@ -12,7 +12,11 @@
 //! there started, which only the kernel says): a member who starts jobs
 //! that put the group over loses them, never another member's older
 //! work. Ties (and idle devices) go in one order: hosts as given, devices
-//! by index, users by name. What the per-user caps (or an earlier group,
+//! by index, users by name. A device that can never be freed (a job there
+//! is never terminated: its identity or environment unknown, its host's
+//! genv state unusable) bears its share where its work puts it: that
+//! share of the excess is kept (`group_excess_kept`), never passed on to
+//! another member; an exempt member's, likewise. What the per-user caps (or an earlier group,
 //! groups by name) take this cycle counts as taken already.
 
 use std::collections::BTreeMap;
@@ -103,13 +107,20 @@ pub fn evaluate(
             continue;
         }
         held.sort_by_key(|&(k, (host, user, d))| {
-            let turn = taken.turn(host, d);
+            // A device never freed stands where its work puts it: it
+            // bears its share (see taking::take), never passes it on.
+            let turn = taken.turn(host, d).min(taking::WORKING);
             // Working: the most recent first (unknown: as the oldest).
-            let recent = std::cmp::Reverse(if turn == 2 { d.since.unwrap_or(0) } else { 0 });
+            let recent = std::cmp::Reverse(if turn == taking::WORKING {
+                d.since.unwrap_or(0)
+            } else {
+                0
+            });
             (turn, recent, k, d.index, user)
         });
         let candidates: Vec<Candidate> = held.into_iter().map(|(_, c)| c).collect();
-        let (actions, freed) = taking::take(&candidates, over, taken);
+
+        let (actions, freed) = taking::take(&candidates, over, taken, true);
         if freed < over {
             notices.push(Notice::GroupExcessKept {
                 group: group.clone(),
@@ -151,6 +162,7 @@ mod tests {
             working,
             stray: false,
             kept: false,
+            unseen: false,
             vouched,
             since: working.then_some(1000),
         }

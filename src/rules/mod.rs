@@ -535,9 +535,10 @@ pub fn evaluate_caps(
     } else {
         (Vec::new(), Vec::new())
     };
-    // What waits of the per-user caps' actions takes nothing.
+    // What the per-user caps take, but what is never carried out.
+    let lasting = held.lasting();
     taken = taking::Taken::of(earlier, held);
-    taken.add(&violations, held);
+    taken.add(&violations, &lasting);
     if !policy.max_devices_per_group.is_empty() {
         let parts: Vec<(&HostId, &HostUsage, &HostGroups)> = hosts
             .iter()
@@ -551,7 +552,7 @@ pub fn evaluate_caps(
         let parts: Vec<(&HostId, &HostMemory)> =
             hosts.iter().map(|(h, f)| (*h, &f.memory)).collect();
         let mut freed = taking::Taken::of(earlier, held);
-        freed.add(&violations, held);
+        freed.add(&violations, &lasting);
         let (v, n) = max_memory::evaluate(&parts, policy, &freed.terminated);
         violations.extend(v);
         notices.extend(n);
@@ -568,12 +569,44 @@ pub struct Withheld {
     pub terminations: HashSet<(HostId, Pid)>,
     /// Detaches, by host, device and environment.
     pub detaches: HashSet<(HostId, GpuIndex, EnvId)>,
+    /// Of the terminations, those that only wait for their deadline or
+    /// confirmation (carried out then), unlike warn-only and exempt ones.
+    pub waiting_terminations: HashSet<(HostId, Pid)>,
+    /// Of the detaches, those that only wait.
+    pub waiting_detaches: HashSet<(HostId, GpuIndex, EnvId)>,
 }
 
 impl Withheld {
-    /// Whether every action of `self` is in `other`.
+    /// Whether every action of `self` is in `other`, waiting as there.
     fn within(&self, other: &Withheld) -> bool {
-        self.terminations.is_subset(&other.terminations) && self.detaches.is_subset(&other.detaches)
+        self.terminations.is_subset(&other.terminations)
+            && self.detaches.is_subset(&other.detaches)
+            && self
+                .waiting_terminations
+                .is_subset(&other.waiting_terminations)
+            && self.waiting_detaches.is_subset(&other.waiting_detaches)
+    }
+
+    fn extend(&mut self, other: Withheld) {
+        self.terminations.extend(other.terminations);
+        self.detaches.extend(other.detaches);
+        self.waiting_terminations.extend(other.waiting_terminations);
+        self.waiting_detaches.extend(other.waiting_detaches);
+    }
+
+    /// What is never carried out while it stands (warn-only, exempt): a
+    /// cap's action that only waits is taken for the caps after it, which
+    /// would otherwise take more than the excess, all due together.
+    pub fn lasting(&self) -> Withheld {
+        Withheld {
+            terminations: (self.terminations.difference(&self.waiting_terminations))
+                .cloned()
+                .collect(),
+            detaches: (self.detaches.difference(&self.waiting_detaches))
+                .cloned()
+                .collect(),
+            ..Withheld::default()
+        }
     }
 }
 
@@ -667,8 +700,7 @@ pub fn merge_held(
         if now.within(&waits) {
             break;
         }
-        waits.terminations.extend(now.terminations);
-        waits.detaches.extend(now.detaches);
+        waits.extend(now);
         violations.truncate(ruled);
         notices.truncate(noticed);
     }

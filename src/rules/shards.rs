@@ -158,6 +158,7 @@ mod tests {
                     working,
                     stray: false,
                     kept: false,
+                    unseen: false,
                     vouched: working,
                     since: None,
                 })
@@ -337,6 +338,7 @@ mod tests {
                 working: true,
                 stray: true,
                 kept: false,
+                unseen: false,
                 vouched: false,
                 since: None,
             });

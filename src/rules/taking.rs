@@ -41,6 +41,11 @@ pub struct HeldDevice {
     /// counted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub kept: bool,
+    /// Kept because its host's genv state is unusable this cycle (which
+    /// anyone can cause): it bears its share of the excess where it stands
+    /// under every cap, never passing it on to the user's other devices.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unseen: bool,
     /// One of the environments lists a live pid of the user
     /// ([`super::attribution::Attribution::vouched`]).
     pub vouched: bool,
@@ -60,6 +65,7 @@ impl HeldDevice {
             working: false,
             stray: false,
             kept: false,
+            unseen: false,
             vouched: false,
             since: None,
         }
@@ -79,7 +85,19 @@ impl HeldDevice {
 pub struct Taken {
     pub detached: HashSet<(HostId, GpuIndex, EnvId)>,
     pub terminated: HashSet<(HostId, Pid)>,
+    /// What the actions that wait for their deadline take then: a cap
+    /// takes those devices first, so that it never takes more than its
+    /// excess once they come due.
+    pub soon_detached: HashSet<(HostId, GpuIndex, EnvId)>,
+    pub soon_terminated: HashSet<(HostId, Pid)>,
 }
+
+/// A device's turn under a cap ([`Taken::turn`]): one the actions that
+/// wait take at their deadline first, then the idle ones (unvouched, then
+/// vouched), then the working ones, last the ones that are never taken.
+pub const SOON: u8 = 0;
+pub const WORKING: u8 = 3;
+pub const KEPT: u8 = 4;
 
 impl Taken {
     /// What `violations` take this cycle, less what `withheld` keeps
@@ -99,6 +117,8 @@ impl Taken {
                     let t = (host.clone(), *pid);
                     if !withheld.terminations.contains(&t) {
                         self.terminated.insert(t);
+                    } else if withheld.waiting_terminations.contains(&t) {
+                        self.soon_terminated.insert(t);
                     }
                 }
                 Action::Detach {
@@ -108,18 +128,25 @@ impl Taken {
                     pids,
                     ..
                 } => {
-                    let mut waits = false;
+                    let (mut waits, mut lasts) = (false, false);
                     for e in eids {
                         let d = (host.clone(), *device, e.clone());
-                        if withheld.detaches.contains(&d) {
-                            waits = true;
-                        } else {
+                        if !withheld.detaches.contains(&d) {
                             self.detached.insert(d);
+                            continue;
+                        }
+                        waits = true;
+                        if withheld.waiting_detaches.contains(&d) {
+                            self.soon_detached.insert(d);
+                        } else {
+                            lasts = true;
                         }
                     }
+                    let pids = pids.iter().map(|p| (host.clone(), *p));
                     if !waits {
-                        self.terminated
-                            .extend(pids.iter().map(|p| (host.clone(), *p)));
+                        self.terminated.extend(pids);
+                    } else if !lasts {
+                        self.soon_terminated.extend(pids);
                     }
                 }
             }
@@ -155,20 +182,39 @@ impl Taken {
         d.kept || self.attached(host, d).next().is_some() || self.running(host, d).next().is_some()
     }
 
-    /// Its turn among a cap's devices: idle ones first (no job of the user
-    /// runs there), unvouched (0) before vouched (1); then the working
-    /// ones (2); last (3) those a job that cannot be terminated holds (its
-    /// identity not pinned), whose count stays.
+    /// Its turn among a cap's devices: first ([`SOON`]) those that the
+    /// actions waiting for their deadline free anyway; then the idle ones
+    /// (no job of the user runs there), unvouched (1) before vouched (2);
+    /// then the working ones ([`WORKING`]); last ([`KEPT`]) those a job
+    /// that cannot be terminated holds (its identity not pinned), whose
+    /// count stays.
     pub fn turn(&self, host: &HostId, d: &HeldDevice) -> u8 {
-        if d.kept {
-            3
+        if d.kept && d.unseen {
+            WORKING
+        } else if d.kept {
+            KEPT
+        } else if self.freed_soon(host, d) {
+            SOON
         } else if !d.pids.is_empty() || self.running(host, d).next().is_some() {
-            2
+            WORKING
         } else if d.vouched {
-            1
+            2
         } else {
-            0
+            1
         }
+    }
+
+    /// Whether the actions that wait free `d` of its user at their
+    /// deadline: each environment of theirs still attached there is
+    /// detached then, and each job of theirs still running there ends.
+    fn freed_soon(&self, host: &HostId, d: &HeldDevice) -> bool {
+        let soon = |e: &EnvId| (self.soon_detached).contains(&(host.clone(), d.index, e.clone()));
+        let ends = |p: Pid| self.soon_terminated.contains(&(host.clone(), p));
+        let mut attached = self.attached(host, d).peekable();
+        let mut running = self.running(host, d).peekable();
+        (attached.peek().is_some() || running.peek().is_some())
+            && attached.all(soon)
+            && running.all(ends)
     }
 }
 
@@ -178,8 +224,16 @@ pub type Candidate<'a> = (&'a HostId, &'a str, &'a HeldDevice);
 /// Takes `candidates` (each still held, in the order to take them) until
 /// `over` of them no longer count, recording what is taken in `taken`:
 /// the actions, and how many were freed (fewer than `over` when what is
-/// left cannot be freed).
-pub fn take(candidates: &[Candidate], over: usize, taken: &mut Taken) -> (Vec<Action>, usize) {
+/// left cannot be freed). A device that is never freed (`kept`) is
+/// passed over; with `share` (or when it is `unseen`), it still bears its
+/// share of the excess where it stands (a group's excess stays with the
+/// member who came last, never passes to another), left unfreed.
+pub fn take(
+    candidates: &[Candidate],
+    over: usize,
+    taken: &mut Taken,
+    share: bool,
+) -> (Vec<Action>, usize) {
     let mut by_job: HashMap<(&HostId, Pid), Vec<usize>> = HashMap::default();
     for (k, (host, _, d)) in candidates.iter().enumerate() {
         for p in d.jobs.iter().chain(&d.pids) {
@@ -187,16 +241,22 @@ pub fn take(candidates: &[Candidate], over: usize, taken: &mut Taken) -> (Vec<Ac
         }
     }
     let mut free = vec![false; candidates.len()];
-    let mut freed = 0;
+    let (mut freed, mut borne) = (0, 0);
     let mut actions = Vec::new();
     for k in 0..candidates.len() {
-        if freed >= over {
+        if freed + borne >= over {
             break;
+        }
+        let (host, user, d) = candidates[k];
+        // Never freed (a job there is never terminated): nothing there is
+        // taken for it.
+        if d.kept && !free[k] {
+            borne += usize::from(share || d.unseen);
+            continue;
         }
         if free[k] {
             continue;
         }
-        let (host, user, d) = candidates[k];
         let eids: Vec<EnvId> = taken.attached(host, d).cloned().collect();
         let jobs: Vec<Pid> = taken.running(host, d).collect();
         let mut touched = vec![k];

@@ -1,0 +1,521 @@
+//! Non-interference and counting over sequences of cycles (issue 42): the
+//! honest cluster of the parent module, enforced cycle after cycle (8 to
+//! 10) by the pure parts of a running enforcer: each host's findings with
+//! the orphans it remembers, the caps over every host (group caps, shards
+//! publishing their parts to each other), the ladder (confirmations, a
+//! grace, warn-only rules, exemptions), and the plan carried out on the
+//! world (what is terminated ends, what is detached goes). Between cycles
+//! bob moves: any edit of the parent's, a garbled state file for one
+//! cycle, a job of his ended, or restarted under a new pid. Alice's
+//! model adds her own business: several orphans per host and jobs on GPUs
+//! her environment may not be attached to.
+//!
+//! Left out of bob's moves, as the parent leaves out removing alice's
+//! attachments: what genv cannot tell from her own edits and that only
+//! changes her own violations (attaching her environment where her job
+//! of it runs), and removing her record (a documented limit: her jobs of
+//! it become orphans).
+//!
+//! It holds both ways:
+//!
+//! 1. nothing bob does makes any more of alice's processes terminated, or
+//!    any more of her working attachments detached, than the same
+//!    sequence without him (her own violations are hers either way);
+//! 2. in every cycle, every GPU each live job of bob's runs on is in his
+//!    count (jobs outside genv where `--count-non-env-devices`), on a
+//!    healthy host or a garbled one.
+//!
+//! Cases: 128 per run, the same each time (`PROPTEST_CASES` and
+//! `PROPTEST_RNG_SEED` override).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::assess;
+use crate::ladder::{Exemption, Grace, Ladder, RuleGrace};
+use crate::plan::Plan;
+use crate::rules::shards::{Published, Shards};
+use crate::rules::{IdleHistory, Moment, Rule};
+
+/// A cycle's interval (ms).
+const INTERVAL: u64 = 60_000;
+
+/// What bob does between two cycles.
+#[derive(Debug, Clone)]
+enum Move {
+    Edit(Edit),
+    /// Garbles the host's state files for the next cycle only.
+    Garble {
+        host: usize,
+    },
+    /// One of his jobs ends.
+    End {
+        host: usize,
+        job: usize,
+    },
+    /// One of his jobs ends and starts again under a new pid.
+    Restart {
+        host: usize,
+        job: usize,
+    },
+}
+
+/// The enforcer's settings beyond the rules.
+#[derive(Debug, Clone)]
+struct Setup {
+    policy: Policy,
+    grace: Grace,
+    /// Two shards (host 0; the rest), each with its own enforcer.
+    sharded: bool,
+}
+
+/// What one enforcer (a shard, or the whole run) remembers.
+struct Enforcer {
+    hosts: Vec<usize>,
+    ladder: Ladder,
+    orphans: Vec<Orphans>,
+    /// Its hosts' parts, as last published.
+    published: Vec<Published>,
+}
+
+/// What a run did to alice.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Done {
+    /// (host, pid) of her processes terminated.
+    terminated: BTreeSet<(usize, i64)>,
+    /// (host, device, eid) of her attachments detached where a job of
+    /// that environment of hers ran.
+    detached_working: BTreeSet<(usize, u32, EnvId)>,
+}
+
+fn id(h: usize) -> HostId {
+    HostId(format!("h{h}").into())
+}
+
+impl World {
+    /// The snapshot of a host whose state files bob garbled: no record
+    /// and no attachment usable, said (a degraded host).
+    fn garbled(&self) -> HostSnapshot {
+        let mut s = self.snapshot();
+        s.envs = Vec::new().into();
+        s.devices = (0..self.gpus)
+            .map(|i| Device {
+                index: GpuIndex(i),
+                total_memory: "81559mi".into(),
+                attachments: Vec::new(),
+            })
+            .collect::<Vec<_>>()
+            .into();
+        if let Some(t) = s.truth.as_mut() {
+            t.pid_uids = Default::default();
+            t.state_problem = Some("envs.json: cannot parse: garbled by bob".into());
+        }
+        s
+    }
+
+    /// Bob's `job`th live job, ended; with `again`, started again under a
+    /// new pid with the same environment, GPUs and usage.
+    fn end(&mut self, job: usize, again: bool) {
+        let live: Vec<i64> = (self.bob_jobs.iter())
+            .copied()
+            .filter(|p| self.live.contains_key(p))
+            .collect();
+        let Some(&pid) = live.get(job % live.len().max(1)) else {
+            return;
+        };
+        self.live.remove(&pid);
+        let Some(i) = self
+            .processes
+            .iter()
+            .position(|p| i64::from(p.pid.0) == pid)
+        else {
+            return;
+        };
+        let mut p = self.processes.remove(i);
+        if again {
+            let new = self.pid(BOB);
+            self.bob_jobs.push(new);
+            p.pid = Pid(new as u32);
+            p.start_time = Some(new as u64);
+            self.processes.push(p);
+        }
+    }
+
+    /// Whether `e` may remove one of alice's records, making her jobs of
+    /// it orphans: a documented limit, like removing one of her
+    /// attachments (under `--orphans-as-non-env` she is warned and has
+    /// its grace to restore it; under a cap, her strays count the same,
+    /// but the cap may take another of her jobs than the one env-devices
+    /// was ending).
+    fn orphans_hers(&self, e: &Edit) -> bool {
+        let env = match e {
+            Edit::Remove { env, .. }
+            | Edit::List {
+                env, replace: true, ..
+            } => *env,
+            _ => return false,
+        };
+        !self.envs.is_empty() && self.is_alices(&self.envs[env % self.envs.len()].eid)
+    }
+
+    /// Whether `e` attaches one of alice's environments to a device where
+    /// her own job of it runs: her own `genv attach` as far as anyone can
+    /// tell, which makes that job comply (it was her business, and the
+    /// sequence without bob terminates it); a cap may then take another
+    /// job of hers in its place. Left out, as her own edits are.
+    fn attaches_her_job(&self, e: &Edit) -> bool {
+        let Edit::Attach { env, device, .. } = e else {
+            return false;
+        };
+        let Some(r) = (!self.envs.is_empty()).then(|| &self.envs[env % self.envs.len()]) else {
+            return false;
+        };
+        let device = GpuIndex(device % (self.gpus + 1));
+        self.is_alices(&r.eid)
+            && (self.processes.iter()).any(|p| {
+                p.uid == Some(ALICE)
+                    && p.owner.eid() == Some(&r.eid)
+                    && p.usage_on(device).is_some()
+            })
+    }
+
+    /// What the plan carried out does: terminated processes end, detached
+    /// attachments go.
+    fn carry_out(&mut self, plan: &plan::HostPlan) {
+        for t in &plan.terminate {
+            self.processes.retain(|p| p.pid != t.pid);
+            self.live.remove(&i64::from(t.pid.0));
+        }
+        for d in &plan.detach {
+            for x in self.devices.iter_mut().filter(|x| x.index == d.device) {
+                x.attachments.retain(|a| a.eid != d.eid);
+            }
+        }
+    }
+}
+
+impl Enforcer {
+    fn new(hosts: Vec<usize>, grace: &Grace, n: usize) -> Self {
+        Enforcer {
+            hosts,
+            ladder: Ladder::new(grace.clone()),
+            orphans: vec![Orphans::default(); n],
+            published: Vec::new(),
+        }
+    }
+
+    /// One cycle over its hosts of `worlds` at `now`, as `cycle::cycle`
+    /// runs it (nothing early: every action waits for the whole plan):
+    /// the plan due, the snapshots judged and bob's count on each host.
+    fn cycle(
+        &mut self,
+        worlds: &[World],
+        garbled: &BTreeSet<usize>,
+        setup: &Setup,
+        others: Option<&[Published]>,
+        (n, now): (u64, u64),
+    ) -> (Plan, Vec<(usize, HostSnapshot, BTreeSet<GpuIndex>)>) {
+        let policy = &setup.policy;
+        let mut results = Vec::new();
+        let mut own = Vec::new();
+        let mut seen = Vec::new();
+        self.published.clear();
+        for &h in &self.hosts {
+            let snap = if garbled.contains(&h) {
+                worlds[h].garbled()
+            } else {
+                worlds[h].snapshot()
+            };
+            // Bob's count there, as every device cap counts it (a cycle
+            // works it out only when one is set).
+            let usage = HostUsage::of(
+                &Attribution::of(&snap, &self.orphans[h]),
+                policy.count_non_env_devices,
+            );
+            let bob: BTreeSet<GpuIndex> = (usage.users.get("bob").into_iter())
+                .flat_map(|b| b.devices.iter().map(|d| d.index))
+                .collect();
+            let mut f = rules::assess_host(&id(h), &snap, policy, &self.orphans[h]);
+            self.orphans[h] = std::mem::take(&mut f.orphans);
+            self.published.push(Published {
+                host: id(h),
+                position: h,
+                usage: f.usage.clone(),
+            });
+            own.push(assess::own_plan(&id(h), &snap, &f));
+            seen.push((h, snap.clone(), bob));
+            results.push((id(h), Ok((snap, f))));
+        }
+        let positions: HashMap<HostId, usize> = self.hosts.iter().map(|&h| (id(h), h)).collect();
+        let idle = IdleHistory::default();
+        let moment = Moment {
+            idle: &idle,
+            now_ms: now,
+            shards: others.map(|others| Shards {
+                positions: &positions,
+                others,
+            }),
+        };
+        let held = (policy.has_any_cap() && self.ladder.waits()).then(|| self.ladder.clone());
+        let mut a = assess::assess_planned(
+            n,
+            Mode::Remote,
+            false,
+            policy,
+            results,
+            own,
+            moment,
+            held.as_ref(),
+        );
+        let mut early = crate::cycle::Early::default();
+        crate::cycle::laddered(&mut a, &mut self.ladder, &mut early, now, false);
+        (a.plan, seen)
+    }
+
+    /// Its part for the other shard: what it published, without what its
+    /// plan detached, compact.
+    fn part(&self, due: &Plan) -> Vec<Published> {
+        let none = HashSet::new();
+        (self.published.iter())
+            .map(|p| {
+                let gone: HashSet<(GpuIndex, EnvId)> = (due.hosts.iter())
+                    .filter(|(h, _)| *h == p.host)
+                    .flat_map(|(_, hp)| hp.detach.iter().map(|d| (d.device, d.eid.clone())))
+                    .collect();
+                p.clone()
+                    .without(if gone.is_empty() { &none } else { &gone })
+                    .compact()
+            })
+            .collect()
+    }
+}
+
+/// Runs the cycles over `honest` with bob's `moves` (each cycle's moves
+/// made before it; none before the first): what was done to alice, and
+/// the first cycle in which a live job of bob's was not in his count.
+fn run(honest: &[HonestHost], moves: &[Vec<Move>], setup: &Setup) -> (Done, Option<String>) {
+    let mut worlds: Vec<World> = honest
+        .iter()
+        .enumerate()
+        .map(|(h, x)| World::honest(h, x))
+        .collect();
+    let n = worlds.len();
+    let mut shards = if setup.sharded && n > 1 {
+        vec![
+            Enforcer::new(vec![0], &setup.grace, n),
+            Enforcer::new((1..n).collect(), &setup.grace, n),
+        ]
+    } else {
+        vec![Enforcer::new((0..n).collect(), &setup.grace, n)]
+    };
+    let mut parts: Vec<Vec<Published>> = vec![Vec::new(); shards.len()];
+    let mut done = Done::default();
+    let mut uncounted = None;
+    for (c, cycle_moves) in std::iter::once(&Vec::new()).chain(moves).enumerate() {
+        let mut garbled = BTreeSet::new();
+        let before: Vec<BTreeSet<Pid>> = (worlds.iter())
+            .map(|w| w.processes.iter().map(|p| p.pid).collect())
+            .collect();
+        for m in cycle_moves {
+            match m {
+                Move::Edit(e) => {
+                    let h = e.host() % n;
+                    let skipped = worlds[h].orphans_hers(e) || worlds[h].attaches_her_job(e);
+                    if !skipped {
+                        worlds[h].apply(e, h);
+                    }
+                }
+                Move::Garble { host } => {
+                    garbled.insert(host % n);
+                }
+                Move::End { host, job } => worlds[host % n].end(*job, false),
+                Move::Restart { host, job } => worlds[host % n].end(*job, true),
+            }
+        }
+        // What bob started now started after everything before it (a
+        // cycle is 10,000 s of clock ticks here), on every host.
+        for (w, before) in worlds.iter_mut().zip(&before) {
+            for p in w.processes.iter_mut().filter(|p| !before.contains(&p.pid)) {
+                p.start_time = Some(c as u64 * 1_000_000 + u64::from(p.pid.0));
+            }
+        }
+        let now = c as u64 * INTERVAL;
+        let sharded = shards.len() > 1;
+        let mut dues = Vec::new();
+        for (k, shard) in shards.iter_mut().enumerate() {
+            let others = sharded.then(|| parts[1 - k].as_slice());
+            let (due, seen) = shard.cycle(&worlds, &garbled, setup, others, (c as u64 + 1, now));
+            for (h, snap, bob) in &seen {
+                for p in snap.processes.iter().filter(|p| p.uid == Some(BOB)) {
+                    let counted =
+                        !matches!(p.owner, Owner::NoEnv) || setup.policy.count_non_env_devices;
+                    for d in p.indices().filter(|d| counted && !bob.contains(d)) {
+                        uncounted.get_or_insert_with(|| {
+                            format!("cycle {c}: bob's job {} ({:?}) on h{h} device {d} is not in his count", p.pid, p.owner)
+                        });
+                    }
+                }
+            }
+            for (host, hp) in &due.hosts {
+                let h: usize = host.0[1..].parse().expect("h<index>");
+                let (w, snap) = (
+                    &worlds[h],
+                    &seen.iter().find(|s| s.0 == h).expect("judged").1,
+                );
+                for t in &hp.terminate {
+                    let pid = i64::from(t.pid.0);
+                    if w.alice_jobs.contains(&pid) || w.alice_plain.contains(&pid) {
+                        done.terminated.insert((h, pid));
+                    }
+                }
+                for d in &hp.detach {
+                    let working = snap.processes.iter().any(|p| {
+                        p.uid == Some(ALICE)
+                            && p.owner.eid() == Some(&d.eid)
+                            && p.usage_on(d.device).is_some()
+                    });
+                    if w.is_alices(&d.eid) && working {
+                        done.detached_working.insert((h, d.device.0, d.eid.clone()));
+                    }
+                }
+            }
+            dues.push(due);
+        }
+        for (k, due) in dues.iter().enumerate() {
+            parts[k] = shards[k].part(due);
+            for (host, hp) in &due.hosts {
+                let h: usize = host.0[1..].parse().expect("h<index>");
+                worlds[h].carry_out(hp);
+            }
+        }
+    }
+    (done, uncounted)
+}
+
+fn moves() -> impl Strategy<Value = Move> {
+    prop_oneof![
+        6 => edit().prop_map(Move::Edit),
+        1 => (0usize..3).prop_map(|host| Move::Garble { host }),
+        1 => (0usize..3, 0usize..4).prop_map(|(host, job)| Move::End { host, job }),
+        2 => (0usize..3, 0usize..4).prop_map(|(host, job)| Move::Restart { host, job }),
+    ]
+}
+
+fn sequence_host() -> impl Strategy<Value = HonestHost> {
+    honest_host().prop_flat_map(|h| {
+        let gpus = h.gpus;
+        proptest::collection::vec((0usize..2, 0..gpus), 0..=2).prop_map(move |elsewhere| {
+            HonestHost {
+                elsewhere,
+                ..h.clone()
+            }
+        })
+    })
+}
+
+fn setup() -> impl Strategy<Value = Setup> {
+    let who = prop_oneof![Just(None), Just(Some("alice")), Just(Some("bob"))];
+    (
+        base_policy(),
+        (
+            proptest::option::of(0u32..5),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+        ),
+        (1u32..=3, 0u64..=3, any::<bool>(), who, 0u64..=3),
+    )
+        .prop_map(
+            |(
+                policy,
+                (group, orphans, non_env, sharded),
+                (cycles, after, warn, exempt, orphan_grace),
+            )| {
+                let mut rules = std::collections::BTreeMap::new();
+                if orphans {
+                    // As `--orphans-as-non-env GRACE` sets it.
+                    rules.insert(
+                        Rule::OrphanedEnvProcesses,
+                        RuleGrace {
+                            warn_only: false,
+                            after: Some(Duration::from_millis(orphan_grace * INTERVAL)),
+                        },
+                    );
+                }
+                if warn {
+                    rules.insert(
+                        Rule::NonEnvProcesses,
+                        RuleGrace {
+                            warn_only: true,
+                            after: None,
+                        },
+                    );
+                }
+                Setup {
+                    policy: Policy {
+                        max_devices_per_group: group
+                            .map(|g| ("lab".to_string(), g))
+                            .into_iter()
+                            .collect(),
+                        orphans_as_non_env: orphans,
+                        count_non_env_devices: non_env,
+                        ..policy
+                    },
+                    grace: Grace {
+                        cycles,
+                        after: Duration::from_millis(after * INTERVAL),
+                        rules,
+                        exempt: exempt
+                            .map(|u| Exemption {
+                                user: Some(u.to_string()),
+                                reason: "a deadline".into(),
+                                ..Default::default()
+                            })
+                            .into_iter()
+                            .collect(),
+                        gap: Some(Duration::from_millis(3 * INTERVAL)),
+                    },
+                    sharded,
+                }
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(128),
+        max_shrink_iters: 20_000,
+        // The same cases in every run (PROPTEST_RNG_SEED picks others):
+        // runs of 10,000 still find the open case the closing note of
+        // issue 42 names (garbled hosts under sharded caps).
+        rng_seed: match std::env::var("PROPTEST_RNG_SEED").ok().and_then(|s| s.parse().ok()) {
+            Some(seed) => proptest::test_runner::RngSeed::Fixed(seed),
+            None => proptest::test_runner::RngSeed::Fixed(42),
+        },
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn over_cycles_bob_gets_no_more_of_alice_stopped_and_every_job_of_his_counts(
+        honest in proptest::collection::vec(sequence_host(), 1..=3),
+        moves in proptest::collection::vec(proptest::collection::vec(moves(), 0..=2), 7..=9),
+        setup in setup(),
+    ) {
+        let (alone, _) = run(&honest, &vec![Vec::new(); moves.len()], &setup);
+        let (with_bob, uncounted) = run(&honest, &moves, &setup);
+        prop_assert!(
+            with_bob.terminated.is_subset(&alone.terminated),
+            "alice's processes terminated only because of bob: {:?}",
+            with_bob.terminated.difference(&alone.terminated).collect::<Vec<_>>()
+        );
+        prop_assert!(
+            with_bob.detached_working.is_subset(&alone.detached_working),
+            "alice's working attachments detached only because of bob: {:?}",
+            with_bob.detached_working.difference(&alone.detached_working).collect::<Vec<_>>()
+        );
+        prop_assert_eq!(uncounted, None);
+    }
+}
