@@ -801,6 +801,55 @@ mod tests {
     }
 
     #[test]
+    fn what_only_waits_is_told_from_what_is_never_carried_out() {
+        // 7 waits for a second sighting; 8 is warned only; 9 is exempt;
+        // the detach waits.
+        let mut p = plan(&[(7, 1), (8, 1), (9, 1)], &[(2, "e")]);
+        let hp = &mut p.hosts[0].1;
+        hp.terminate[1].rules = Rule::NonEnvProcesses.into();
+        hp.terminate[2].user = Some("bob".into());
+        let warn = RuleGrace {
+            warn_only: true,
+            after: None,
+        };
+        let grace = Grace {
+            cycles: 2,
+            rules: [(Rule::NonEnvProcesses, warn)].into_iter().collect(),
+            exempt: vec![Exemption {
+                user: Some("bob".into()),
+                reason: "a deadline".into(),
+                ..Exemption::default()
+            }],
+            ..Grace::default()
+        };
+        let held = Ladder::new(grace).held(&p, 0);
+        let h = HostId("h".into());
+        let pids = |ps: &[u32]| {
+            ps.iter()
+                .map(|p| (h.clone(), Pid(*p)))
+                .collect::<HashSet<_>>()
+        };
+        assert_eq!(held.terminations, pids(&[7, 8, 9]));
+        assert_eq!(held.waiting_terminations, pids(&[7]));
+        let detach: HashSet<_> = [(h.clone(), GpuIndex(2), EnvId("e".into()))].into();
+        assert_eq!((&held.detaches, &held.waiting_detaches), (&detach, &detach));
+        let lasting = held.lasting();
+        assert_eq!(lasting.terminations, pids(&[8, 9]));
+        assert!(lasting.detaches.is_empty() && lasting.waiting_terminations.is_empty());
+        // Warned only, the detach is lasting too.
+        let mut p = plan(&[], &[(2, "e")]);
+        p.hosts[0].1.detach[0].rules = Rule::NonEnvProcesses.into();
+        let grace = Grace {
+            cycles: 2,
+            rules: [(Rule::NonEnvProcesses, warn)].into_iter().collect(),
+            ..Grace::default()
+        };
+        let held = Ladder::new(grace).held(&p, 0);
+        assert_eq!(held.detaches, detach);
+        assert!(held.waiting_detaches.is_empty());
+    }
+
+    #[test]
     fn a_reload_regraces_the_ladder_and_keeps_every_actions_progress() {
         let p = plan(&[(10, 1)], &[]);
         let mut c = Ladder::new(cycles(4));
