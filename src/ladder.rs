@@ -847,6 +847,7 @@ mod tests {
         let held = Ladder::new(grace).held(&p, 0);
         assert_eq!(held.detaches, detach);
         assert!(held.waiting_detaches.is_empty());
+        assert_eq!(held.lasting().detaches, detach);
     }
 
     #[test]
