@@ -680,27 +680,30 @@ class Names:
     the request's deadline, at most MAX_LOOKUPS of them, each answer kept
     for the request. Once one is late, every one not yet answered is
     (Late): nothing waits past the deadline, nothing is asked without
-    bound, whatever uids a user's processes run under."""
+    bound, whatever uids a user's processes run under. Lookups made while
+    `counted` is false (those about what nvidia-smi lists, bounded by it)
+    are not counted against MAX_LOOKUPS."""
 
     def __init__(self, deadline):
         self.deadline = deadline
         self.known = {}
         self.asked = 0
         self.late = None
+        self.counted = True
 
     def ask(self, key, fn):
         """fn()'s answer, None when there is no such entry, Late when not
         asked or not answered in time."""
         if key in self.known:
             return self.known[key]
-        if self.late is None and self.asked >= MAX_LOOKUPS:
+        if self.late is None and self.counted and self.asked >= MAX_LOOKUPS:
             self.late = "more than %d name lookups in one request" % MAX_LOOKUPS
         left = self.deadline - time.monotonic()
         if self.late is None and left <= 0:
             self.late = "the name service was not asked: no time was left in the step"
         if self.late is not None:
             raise Late(self.late)
-        self.asked += 1
+        self.asked += self.counted
 
         def lookup():
             try:
@@ -1192,40 +1195,54 @@ def snapshot(req, out):
                 uids.add(int(words[2]))
                 seen_uids[pid] = int(words[2])
     HUNG.intersection_update(set(k for k in HUNG if k[0] in live))
-    # Every lookup within the deadline and bounded in number (Names); the
-    # owners of GPU processes first, since any user can list any pid in a
-    # record. A uid whose name was not looked up is said "unnamed": its
-    # processes are never acted on (a name decides exemptions).
-    names = Names(deadline)
-    gpu_uids = set(seen_uids[pid] for pid in on_gpus if pid in seen_uids)
-    owners = sub_uid_owners(req.get("subuid") or SUBUID, sorted(gpu_uids) + sorted(uids - gpu_uids), names)
-    for uid in sorted(owners):
-        owner = owners[uid]
-        frame(out, "subuid", uid, (b"%d" % owner) if isinstance(owner, int) else b"- " + owner.encode())
-        if isinstance(owner, int):
-            uids.add(owner)
-    # One pass: a user may run thousands of pids under as many sub-uids.
-    for pid, seen in seen_uids.items():
-        owner = owners.get(seen)
-        if isinstance(owner, int):
-            seen_uids[pid] = owner
-    gpu_uids = set(seen_uids[pid] for pid in on_gpus if pid in seen_uids)
-    ordered = sorted(gpu_uids) + sorted(uids - gpu_uids)
-    for uid in ordered:
-        try:
-            name = names.user(uid)
-        except Late as late:
-            frame(out, "unnamed", uid, late.why.encode())
-            continue
-        if name is not None:
-            frame(out, "user", uid, name.encode())
+    # Every lookup within the deadline (Names). The owners of GPU processes
+    # first and outside the count (what nvidia-smi lists bounds them): their
+    # names, the owners of their sub-uid ranges and their groups decide. Then
+    # the uids of the pids that records list, at most MAX_LOOKUPS, since any
+    # user can list any pid in a record. A uid whose name or range owner was
+    # not looked up is said "unnamed": its processes are never acted on (a
+    # name decides exemptions and overrides).
     boot = clock()
     if boot is not None:
         frame(out, "clock", None, boot)
-    if req.get("groups"):
-        # Each uid seen once, each named group once (at most MAX_GROUPS).
-        for uid, found in memberships(req["groups"], ordered, names):
-            frame(out, "groups", uid, "\n".join(found).encode())
+    gpu_uids = set(seen_uids[pid] for pid in on_gpus if pid in seen_uids)
+    tell_names(out, req, gpu_uids, uids - gpu_uids, Names(deadline))
+
+
+def tell_names(out, req, gpu_uids, listed_uids, names):
+    """Frames each uid's name (or unnamed), sub-uid range owner and asked
+    groups: `gpu_uids` (those of GPU processes) first and outside the count
+    of lookups, then `listed_uids` (of pids that only records list)."""
+    ranges = SubUidRanges(req.get("subuid") or SUBUID)
+    told = set()
+    for batch, counted in ((sorted(gpu_uids), False), (sorted(listed_uids), True)):
+        names.counted = counted
+        owners = sub_uid_owners(ranges, batch, names)
+        for uid in sorted(owners):
+            owner = owners[uid]
+            if isinstance(owner, Late):
+                frame(out, "unnamed", uid, owner.why.encode())
+            else:
+                frame(out, "subuid", uid, (b"%d" % owner) if isinstance(owner, int) else b"- " + owner.encode())
+        named = []
+        for uid in batch:
+            owner = owners.get(uid, uid)
+            owner = owner if isinstance(owner, int) else uid
+            if owner in told or isinstance(owners.get(uid), Late):
+                continue
+            told.add(owner)
+            try:
+                name = names.user(owner)
+            except Late as late:
+                frame(out, "unnamed", owner, late.why.encode())
+                continue
+            named.append(owner)
+            if name is not None:
+                frame(out, "user", owner, name.encode())
+        if req.get("groups"):
+            # Each uid seen once, each named group once (at most MAX_GROUPS).
+            for uid, found in memberships(req["groups"], named, names):
+                frame(out, "groups", uid, "\n".join(found).encode())
 
 
 # Subordinate uids: a user with a range in /etc/subuid (Debian's adduser
@@ -1238,14 +1255,58 @@ SUBUID = "/etc/subuid"
 MAX_SUBUID_BYTES = 16 << 20
 
 
-def sub_uid_owners(path, uids, names):
-    """{uid: owner uid, or why not resolved} for each uid of `uids` (in the
-    order given: lookups may run out of time) that has no name here
-    (`path`, root's own file, says whose range holds it; a file anyone
-    else may write is not believed). A uid not looked up in time is left
-    out: it is said unnamed."""
+class SubUidRanges:
+    """The sub-uid ranges of `path` (root's own file), read once when first
+    needed: (starts, reaches, ranges) or why the file is not believed."""
+
+    def __init__(self, path):
+        self.path = path
+        self.read = None
+
+    def get(self):
+        if self.read is None:
+            self.read = self.load()
+        return self.read
+
+    def load(self):
+        path = self.path
+        try:
+            fd = keep(os.open(path, os.O_RDONLY | SAFE))
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+                return "in no sub-uid range (%s is not root's own regular file: not believed)" % path
+            text = os.read(fd, MAX_SUBUID_BYTES)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return "in no sub-uid range (%s is a symbolic link: not believed)" % path
+            if e.errno == errno.ENOENT:
+                return "in no sub-uid range (there is no %s)" % path
+            return "in no sub-uid range (%s: %s)" % (path, e.strerror)
+        ranges = []
+        for line in text.split(b"\n"):
+            parts = line.strip().split(b":")
+            if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() and parts[0] and int(parts[2]) > 0:
+                ranges.append((int(parts[1]), int(parts[1]) + int(parts[2]), parts[0].decode("utf-8", "replace")))
+        ranges.sort()
+        # reach[i]: the furthest end among ranges[:i + 1], to stop looking back.
+        reach, furthest = [], 0
+        for r in ranges:
+            furthest = max(furthest, r[1])
+            reach.append(furthest)
+        return [r[0] for r in ranges], reach, ranges
+
+
+def sub_uid_owners(ranges, uids, names):
+    """{uid: owner uid, why not resolved, or Late} for each uid of `uids`
+    (in the order given: lookups may run out of time) that has no name here
+    (`ranges`: a SubUidRanges, or the path of root's own file; a file
+    anyone else may write is not believed). A uid not looked up in time is
+    left out, and one whose range owner was not is Late: either is said
+    unnamed."""
     import bisect
 
+    if not isinstance(ranges, SubUidRanges):
+        ranges = SubUidRanges(ranges)
     nameless = []
     for uid in uids:
         try:
@@ -1255,33 +1316,10 @@ def sub_uid_owners(path, uids, names):
             break
     if not nameless:
         return {}
-    try:
-        fd = keep(os.open(path, os.O_RDONLY | SAFE))
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-            why = "in no sub-uid range (%s is not root's own regular file: not believed)" % path
-            return dict((uid, why) for uid in nameless)
-        text = os.read(fd, MAX_SUBUID_BYTES)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            why = "in no sub-uid range (%s is a symbolic link: not believed)" % path
-        elif e.errno == errno.ENOENT:
-            why = "in no sub-uid range (there is no %s)" % path
-        else:
-            why = "in no sub-uid range (%s: %s)" % (path, e.strerror)
-        return dict((uid, why) for uid in nameless)
-    ranges = []
-    for line in text.split(b"\n"):
-        parts = line.strip().split(b":")
-        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() and parts[0] and int(parts[2]) > 0:
-            ranges.append((int(parts[1]), int(parts[1]) + int(parts[2]), parts[0].decode("utf-8", "replace")))
-    ranges.sort()
-    starts = [r[0] for r in ranges]
-    # reach[i]: the furthest end among ranges[:i + 1], to stop looking back.
-    reach, furthest = [], 0
-    for r in ranges:
-        furthest = max(furthest, r[1])
-        reach.append(furthest)
+    path, read = ranges.path, ranges.get()
+    if isinstance(read, str):
+        return dict((uid, read) for uid in nameless)
+    starts, reach, ranges = read
     found = {}
     for uid in nameless:
         owners = set()
@@ -1297,7 +1335,7 @@ def sub_uid_owners(path, uids, names):
             try:
                 found[uid] = int(owner) if owner.isdigit() else names.uid(owner)
             except Late as late:
-                found[uid] = "in the sub-uid range of %s, not looked up: %s" % (owner, late.why)
+                found[uid] = Late("in the sub-uid range of %s, not looked up: %s" % (owner, late.why))
             if found[uid] is None:
                 found[uid] = "in the sub-uid range of %s, unknown here" % owner
         else:

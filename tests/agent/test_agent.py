@@ -1082,6 +1082,49 @@ class Names(unittest.TestCase):
             names.ask(3, lambda: 3)
         self.assertIn("more than 3 name lookups", late.exception.why)
 
+    def told(self, gpu_uids, listed_uids, subuid, limit):
+        import time
+
+        saved = agent["MAX_LOOKUPS"]
+        agent["MAX_LOOKUPS"] = limit
+        self.addCleanup(agent.__setitem__, "MAX_LOOKUPS", saved)
+        out = []
+        req = {"subuid": subuid, "groups": ["root"]}
+        agent["tell_names"](out, req, set(gpu_uids), set(listed_uids), agent["Names"](time.monotonic() + 5))
+        agent["release"]()
+        text, said = b"".join(out), {}
+        while text:
+            head, rest = text.split(b"\n", 1)
+            words = head.decode().split()
+            n = int(words[-1])
+            said[(words[0][1:], int(words[1]))] = rest[:n].decode()
+            text = rest[n:]
+        return said
+
+    def test_the_owners_of_gpu_processes_are_looked_up_outside_the_count(self):
+        """Review of stop 48, finding 1: pids a user lists in a record must
+        not spend the lookups that decide whose a GPU job is."""
+        if os.geteuid() != 0:
+            self.fail("the sub-uid file must be root's: run as root")
+        with tempfile.NamedTemporaryFile() as f:
+            f.write(b"root:300000:100\n")
+            f.flush()
+            os.chmod(f.name, 0o644)
+            said = self.told([300001], range(400000, 400004), f.name, 2)
+            self.assertEqual(said[("subuid", 300001)], "0", "a GPU job's range owner, whatever was listed")
+            self.assertEqual(said[("user", 0)], "root")
+            self.assertEqual(said[("groups", 0)], "root", "a GPU job's owner's groups")
+            for uid in (400000, 400001):
+                self.assertTrue(said[("subuid", uid)].startswith("- in no sub-uid range of "))
+            for uid in (400002, 400003):
+                self.assertIn("more than 2 name lookups", said[("unnamed", uid)])
+            # A listed sub-uid whose range owner is not looked up is unnamed,
+            # never a user of its own.
+            said = self.told([], [300002], f.name, 1)
+            self.assertNotIn(("subuid", 300002), said)
+            self.assertEqual(said[("unnamed", 300002)],
+                             "in the sub-uid range of root, not looked up: more than 1 name lookups in one request")
+
     def test_a_snapshot_with_a_hung_name_service_answers_in_its_step_saying_who_is_unnamed(self):
         import pwd
         import time
