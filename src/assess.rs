@@ -92,6 +92,7 @@ pub fn assess(
             idle: &idle,
             now_ms: 0,
             shards: None,
+            blind: &[],
         },
     )
 }
@@ -378,6 +379,7 @@ mod tests {
                 idle: &idle,
                 now_ms: 5_000,
                 shards: None,
+                blind: &[],
             };
             let mut a = assess_planned(1, Mode::Local, false, &policy, found, own, moment, ladder);
             if let Some(l) = ladder {

@@ -18,6 +18,7 @@ use crate::outcome::{self, Outcome};
 use crate::plan::{HostPlan, Plan, Termination};
 use crate::report::{CycleReport, Timing};
 use crate::rules::shards::{Published, Shards};
+use crate::rules::taking::BLIND_AFTER;
 use crate::rules::{IdleHistory, Moment, Orphans, Policy};
 
 /// What one cycle is told of the run (built by `config`).
@@ -60,6 +61,10 @@ pub struct Memory {
     pub others: Vec<Published>,
     /// `--shard`: our hosts' parts, to publish after the cycle.
     pub published: Vec<Published>,
+    /// Each host's cycles in a row with its genv state unusable (a host
+    /// that failed keeps its count): from [`BLIND_AFTER`], its jobs that
+    /// cannot be judged are taken under the caps.
+    pub unusable: HashMap<HostId, u32>,
 }
 
 /// One cycle over `fleet`: every host's snapshot, the assessment, the plan
@@ -197,6 +202,7 @@ fn gather(
     let mut results = Vec::new();
     let mut own = Vec::new();
     let mut early = Early::new();
+    let mut unusable = HashMap::new();
     for round in rounds {
         if let Some(c) = round.connect {
             timing.connects += 1;
@@ -228,8 +234,18 @@ fn gather(
         if let Some(o) = orphans {
             memory.orphans.insert(round.host.clone(), o);
         }
+        let before = memory.unusable.get(&round.host).copied().unwrap_or(0);
+        let now = match &result {
+            Ok((snap, _)) if snap.state_problem().is_none() => 0,
+            Ok(_) => before + 1,
+            Err(_) => before,
+        };
+        if now > 0 {
+            unusable.insert(round.host.clone(), now);
+        }
         results.push((round.host, result));
     }
+    memory.unusable = unusable;
     Gathered {
         done,
         outcomes,
@@ -275,6 +291,10 @@ async fn assessed_off_workers(
     let idle = memory.idle.clone();
     let sharded = !fleet.positions.is_empty();
     let (positions, others) = (fleet.positions.clone(), memory.others.clone());
+    let blind: Vec<HostId> = (memory.unusable.iter())
+        .filter(|(_, n)| **n >= BLIND_AFTER)
+        .map(|(h, _)| h.clone())
+        .collect();
     // What waits frees no room under the caps that count what others free.
     let ladder = (policy.has_any_cap() && memory.ladder.waits()).then(|| memory.ladder.clone());
     let assessing = crate::host::off_workers("assessing the cycle", move || {
@@ -293,6 +313,7 @@ async fn assessed_off_workers(
                         positions: &positions,
                         others: &others,
                     }),
+                    blind: &blind,
                 };
                 let ladder = ladder.as_ref();
                 assess::assess_planned(n, mode, dry_run, &policy, results, own, moment, ladder)

@@ -7,7 +7,11 @@
 //! has passed and a gap more: seen again, or a job of the same owner,
 //! rules and GPUs in its place (a restart under a new pid), it goes on
 //! where it was, so no absence its owner can cause resets it. A host that
-//! did not answer, or whose genv state cannot be used, moves no wait.
+//! did not answer, or whose genv state cannot be used, moves no deadline
+//! and delays no confirmation: its waits count the cycle as seen (the
+//! cycle that acts still sees the action), so a garble anyone can write
+//! neither resets a wait nor puts one host's actions a cycle behind the
+//! others'.
 //! Pure: the cycle keeps one [`Ladder`] and feeds it each cycle's whole
 //! plan and the time.
 
@@ -97,6 +101,23 @@ impl Grace {
         } else {
             Some(self.after)
         }
+    }
+
+    /// Whether a device cap joining an action asked for by `rules` would
+    /// bring its deadline forward (its grace shorter than theirs).
+    fn hastened_by_caps(&self, rules: crate::rules::Rules) -> bool {
+        if rules.is_empty() {
+            return false; // a cap's own detach
+        }
+        let alone = self.of(rules);
+        [Rule::MaxDevicesPerUser, Rule::MaxDevicesPerGroup]
+            .into_iter()
+            .filter(|cap| !rules.contains(*cap))
+            .any(|cap| match (self.of(rules.iter().chain([cap])), alone) {
+                (Some(joined), Some(alone)) => joined < alone,
+                (Some(_), None) => true,
+                (None, _) => false,
+            })
     }
 }
 
@@ -414,11 +435,22 @@ impl Ladder {
     }
 
     /// What of `plan` waits at `now` (ms): the actions the ladder holds
-    /// back, which free nothing under the caps this cycle.
+    /// back, which free nothing under the caps this cycle. Of those that
+    /// only wait, one a device cap would hasten by joining it (the cap's
+    /// grace shorter) is not said to wait: a cap never takes it first,
+    /// which would cut its owner's time.
     pub fn held(&self, plan: &Plan, now: u64) -> crate::rules::Withheld {
         let mut held = crate::rules::Withheld::default();
         if self.immediate() {
             return held;
+        }
+        let (mut fast_terminations, mut fast_detaches) = (HashSet::new(), HashSet::new());
+        let fast = |rules| self.grace.hastened_by_caps(rules);
+        for (host, p) in &plan.hosts {
+            let terminate = p.terminate.iter().filter(|t| fast(t.rules));
+            fast_terminations.extend(terminate.map(|t| (host, t.pid)));
+            let detach = p.detach.iter().filter(|d| fast(d.rules));
+            fast_detaches.extend(detach.map(|d| (host, d.device, &d.eid)));
         }
         for w in self.split(plan, now).1 {
             match w {
@@ -429,7 +461,8 @@ impl Ladder {
                     exempt,
                     ..
                 } => {
-                    if !warn_only && exempt.is_none() {
+                    if !warn_only && exempt.is_none() && !fast_terminations.contains(&(&host, pid))
+                    {
                         held.waiting_terminations.insert((host.clone(), pid));
                     }
                     held.terminations.insert((host, pid));
@@ -442,7 +475,8 @@ impl Ladder {
                     exempt,
                     ..
                 } => {
-                    if !warn_only && exempt.is_none() {
+                    let fast = fast_detaches.contains(&(&host, device, &eid));
+                    if !warn_only && exempt.is_none() && !fast {
                         (held.waiting_detaches).insert((host.clone(), device, eid.clone()));
                     }
                     held.detaches.insert((host, device, eid));
@@ -685,8 +719,11 @@ impl Ladder {
             let (Key::Terminate(host, ..) | Key::Detach(host, ..)) = &key;
             if unanswered.contains(host) {
                 // Not seen this cycle (its host unanswered, or its genv
-                // state unusable), but not gone either: kept as it was.
+                // state unusable), but not gone either: kept, the cycle
+                // counted as a sighting (nothing acts before it is seen
+                // again).
                 old.last = now;
+                old.seen = old.seen.saturating_add(1);
                 tracks.insert(key, old);
                 continue;
             }
@@ -926,6 +963,26 @@ mod tests {
             assert_eq!(acted(&three, &first).0.len(), expected);
             three.advance(&first, 0, &[]);
         }
+        // A cycle its host could not be read in (a garble anyone can
+        // write) delays no confirmation: it counts, and the action is
+        // carried out when next seen, with the others decided with it.
+        let h = HostId("h".into());
+        let mut garbled = Ladder::new(cycles(3));
+        garbled.advance(&first, 0, &[]);
+        assert_eq!(acted(&garbled, &first).0.len(), 0);
+        garbled.advance(&plan(&[], &[]), 0, std::slice::from_ref(&h));
+        assert_eq!(
+            acted(&garbled, &first).0.len(),
+            2,
+            "seen, unread, seen: three"
+        );
+        // Never acted on while unread, however long.
+        let mut unread = Ladder::new(cycles(3));
+        unread.advance(&first, 0, &[]);
+        for _ in 0..3 {
+            unread.advance(&plan(&[], &[]), 0, std::slice::from_ref(&h));
+        }
+        assert!(unread.split(&plan(&[], &[]), 0).0.hosts.is_empty());
     }
 
     fn stages(events: &[Event]) -> Vec<(Stage, String)> {
@@ -1178,6 +1235,57 @@ mod tests {
                 ..
             }]
         ));
+    }
+
+    #[test]
+    fn a_cap_joining_a_waiting_action_never_brings_its_deadline_forward() {
+        // Review of stop 48, finding 3: bob puts alice over her cap while
+        // env-devices waits an hour on her job; the cap, taking that job
+        // first, must not cut her hour to its minute.
+        let minute = |m: u64| Duration::from_secs(60 * m);
+        let own = |warn_only, after| RuleGrace { warn_only, after };
+        let grace = Grace {
+            after: minute(1),
+            rules: [
+                (Rule::EnvDevices, own(false, Some(minute(60)))),
+                (Rule::NonEnvProcesses, own(true, None)),
+                (Rule::EnvMemory, own(false, Some(minute(0)))),
+            ]
+            .into_iter()
+            .collect(),
+            ..Grace::default()
+        };
+        let fast = |rules: &[Rule]| grace.hastened_by_caps(rules.iter().copied().collect());
+        assert!(fast(&[Rule::EnvDevices]), "the caps' minute is shorter");
+        assert!(!fast(&[
+            Rule::EnvDevices,
+            Rule::MaxDevicesPerUser,
+            Rule::MaxDevicesPerGroup
+        ]));
+        assert!(
+            !fast(&[Rule::EnvMemory, Rule::EnvDevices]),
+            "at once already"
+        );
+        assert!(
+            fast(&[Rule::NonEnvProcesses]),
+            "warned only, the cap would act"
+        );
+        assert!(!fast(&[]), "a cap's own detach");
+        // In the ladder: her termination waits, but not as one a cap may
+        // take first; with the caps' grace as long as hers, it may.
+        let mut p = plan(&[(1, 10)], &[(0, "e")]);
+        p.hosts[0].1.terminate[0].rules = [Rule::EnvDevices].into_iter().collect();
+        p.hosts[0].1.detach[0].rules = [Rule::EnvDevices].into_iter().collect();
+        let held = Ladder::new(grace.clone()).held(&p, 1_000_000);
+        assert_eq!(held.terminations.len(), 1);
+        assert_eq!(held.detaches.len(), 1);
+        assert!(held.waiting_terminations.is_empty());
+        assert!(held.waiting_detaches.is_empty());
+        let mut slow = grace.clone();
+        slow.after = minute(60);
+        let held = Ladder::new(slow).held(&p, 1_000_000);
+        assert_eq!(held.waiting_terminations.len(), 1);
+        assert_eq!(held.waiting_detaches.len(), 1);
     }
 
     #[test]

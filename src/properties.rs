@@ -170,7 +170,7 @@ proptest! {
                 let left = u.devices.iter().filter(|d| taken.holds(h, d));
                 for d in left {
                     e.0 += 1;
-                    e.1 += usize::from(!d.kept);
+                    e.1 += usize::from(!taken.kept(h, d));
                 }
             }
         }

@@ -126,8 +126,8 @@ impl HostUsage {
                 match (p.start_time, &p.owner, standing) {
                     (None, ..) | (_, crate::model::Owner::Unknown(_), _) => held.kept = true,
                     (.., Standing::Unknown) => {
-                        held.kept = true;
                         held.unseen = true;
+                        held.jobs.push(p.pid);
                     }
                     (Some(_), ..) => held.jobs.push(p.pid),
                 }

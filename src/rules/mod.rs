@@ -520,8 +520,13 @@ pub fn evaluate_caps(
     earlier: &[Violation],
     shards: Option<shards::Shards>,
     held: &Withheld,
+    blind: &[HostId],
 ) -> (Vec<Violation>, Vec<Notice>) {
-    let mut taken = taking::Taken::of(earlier, held);
+    let fresh = || taking::Taken {
+        blind: blind.iter().cloned().collect(),
+        ..taking::Taken::of(earlier, held)
+    };
+    let mut taken = fresh();
     let (mut violations, mut notices) = if policy.has_caps() {
         let usage: Vec<(&HostId, &HostUsage)> = hosts.iter().map(|(h, f)| (*h, &f.usage)).collect();
         match shards {
@@ -537,7 +542,7 @@ pub fn evaluate_caps(
     };
     // What the per-user caps take, but what is never carried out.
     let lasting = held.lasting();
-    taken = taking::Taken::of(earlier, held);
+    taken = fresh();
     taken.add(&violations, &lasting);
     if !policy.max_devices_per_group.is_empty() {
         let parts: Vec<(&HostId, &HostUsage, &HostGroups)> = hosts
@@ -551,7 +556,7 @@ pub fn evaluate_caps(
     if policy.has_memory_caps() {
         let parts: Vec<(&HostId, &HostMemory)> =
             hosts.iter().map(|(h, f)| (*h, &f.memory)).collect();
-        let mut freed = taking::Taken::of(earlier, held);
+        let mut freed = fresh();
         freed.add(&violations, &lasting);
         let (v, n) = max_memory::evaluate(&parts, policy, &freed.terminated);
         violations.extend(v);
@@ -618,6 +623,9 @@ pub struct Moment<'a> {
     pub now_ms: u64,
     /// `--shard`: the other shards' parts of the per-user device caps.
     pub shards: Option<shards::Shards<'a>>,
+    /// The hosts whose genv state has been unusable
+    /// [`taking::BLIND_AFTER`] cycles in a row ([`taking::Taken::blind`]).
+    pub blind: &'a [HostId],
 }
 
 static NO_WINDOWS: IdleHistory = IdleHistory {
@@ -631,6 +639,7 @@ impl Moment<'static> {
             idle: &NO_WINDOWS,
             now_ms: 0,
             shards: None,
+            blind: &[],
         }
     }
 }
@@ -690,7 +699,14 @@ pub fn merge_held(
     let (ruled, noticed) = (violations.len(), notices.len());
     let mut waits = Withheld::default();
     for pass in 0.. {
-        let (caps, kept) = evaluate_caps(&parts, policy, &violations, moment.shards, &waits);
+        let (caps, kept) = evaluate_caps(
+            &parts,
+            policy,
+            &violations,
+            moment.shards,
+            &waits,
+            moment.blind,
+        );
         violations.extend(caps);
         notices.extend(kept);
         if pass == 3 || !policy.has_any_cap() {
@@ -743,6 +759,7 @@ pub fn assess_cluster_at(
             idle: &tracked,
             now_ms,
             shards: None,
+            blind: &[],
         },
     )
 }

@@ -41,9 +41,12 @@ pub struct HeldDevice {
     /// counted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub kept: bool,
-    /// Kept because its host's genv state is unusable this cycle (which
-    /// anyone can cause): it bears its share of the excess where it stands
-    /// under every cap, never passing it on to the user's other devices.
+    /// A job of the user's here cannot be judged because its host's genv
+    /// state is unusable this cycle (which anyone can cause; it is among
+    /// `jobs`): the device is kept, bearing its share of the excess where
+    /// it stands under every cap, never passing it on to the user's other
+    /// devices, until the host has been unusable [`BLIND_AFTER`] cycles in
+    /// a row; then it is taken after every other device ([`Taken::blind`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unseen: bool,
     /// One of the environments lists a live pid of the user
@@ -90,14 +93,25 @@ pub struct Taken {
     /// excess once they come due.
     pub soon_detached: HashSet<(HostId, GpuIndex, EnvId)>,
     pub soon_terminated: HashSet<(HostId, Pid)>,
+    /// The hosts whose genv state has been unusable [`BLIND_AFTER`] cycles
+    /// in a row: their unseen jobs are taken, last. A garble anyone can
+    /// keep up must not make a host cap-free; one that lasts a cycle or two
+    /// must not make a cap pick among a user's jobs blind.
+    pub blind: HashSet<HostId>,
 }
+
+/// Cycles in a row a host's genv state is unusable before its unseen jobs
+/// are taken under the caps ([`Taken::blind`]).
+pub const BLIND_AFTER: u32 = 3;
 
 /// A device's turn under a cap ([`Taken::turn`]): one the actions that
 /// wait take at their deadline first, then the idle ones (unvouched, then
-/// vouched), then the working ones, last the ones that are never taken.
+/// vouched), then the working ones, then those only a blind host's unseen
+/// jobs hold, last the ones that are never taken.
 pub const SOON: u8 = 0;
 pub const WORKING: u8 = 3;
-pub const KEPT: u8 = 4;
+pub const BLIND: u8 = 4;
+pub const KEPT: u8 = 5;
 
 impl Taken {
     /// What `violations` take this cycle, less what `withheld` keeps
@@ -177,6 +191,12 @@ impl Taken {
         })
     }
 
+    /// Whether nothing on `d` is taken: a job there is never terminated,
+    /// or cannot be judged on a host not yet blind.
+    pub fn kept(&self, host: &HostId, d: &HeldDevice) -> bool {
+        d.kept || (d.unseen && !self.blind.contains(host))
+    }
+
     /// Whether `d` still counts toward its user after what is taken.
     pub fn holds(&self, host: &HostId, d: &HeldDevice) -> bool {
         d.kept || self.attached(host, d).next().is_some() || self.running(host, d).next().is_some()
@@ -185,16 +205,20 @@ impl Taken {
     /// Its turn among a cap's devices: first ([`SOON`]) those that the
     /// actions waiting for their deadline free anyway; then the idle ones
     /// (no job of the user runs there), unvouched (1) before vouched (2);
-    /// then the working ones ([`WORKING`]); last ([`KEPT`]) those a job
-    /// that cannot be terminated holds (its identity not pinned), whose
-    /// count stays.
+    /// then the working ones ([`WORKING`]), a kept one a job that cannot
+    /// be judged holds among them (it bears its share there); then
+    /// ([`BLIND`]) those a blind host's unseen jobs hold; last ([`KEPT`])
+    /// those a job that cannot be terminated holds (its identity not
+    /// pinned), whose count stays.
     pub fn turn(&self, host: &HostId, d: &HeldDevice) -> u8 {
-        if d.kept && d.unseen {
+        if self.kept(host, d) && d.unseen {
             WORKING
         } else if d.kept {
             KEPT
         } else if self.freed_soon(host, d) {
             SOON
+        } else if d.unseen {
+            BLIND
         } else if !d.pids.is_empty() || self.running(host, d).next().is_some() {
             WORKING
         } else if d.vouched {
@@ -250,7 +274,7 @@ pub fn take(
         let (host, user, d) = candidates[k];
         // Never freed (a job there is never terminated): nothing there is
         // taken for it.
-        if d.kept && !free[k] {
+        if taken.kept(host, d) && !free[k] {
             borne += usize::from(share || d.unseen);
             continue;
         }
@@ -396,5 +420,68 @@ mod tests {
             .detached
             .contains(&(h.clone(), GpuIndex(0), EnvId("a".into()))));
         assert!(!some.detached.contains(&(h, GpuIndex(0), EnvId("b".into()))));
+    }
+
+    /// Review of stop 48, finding 2: a host whose `envs.json` anyone keeps
+    /// garbled is not cap-free for good. Its jobs that cannot be judged
+    /// bear their share where they stand for [`BLIND_AFTER`] cycles, then
+    /// are taken, after every healthy device.
+    #[test]
+    fn a_host_kept_unusable_is_judged_blind_and_its_jobs_taken_last() {
+        let (ok, garbled) = (HostId("ok".into()), HostId("g".into()));
+        let job = |index: u32, pid: u32, unseen: bool| HeldDevice {
+            jobs: smallvec::smallvec![Pid(pid)],
+            working: true,
+            stray: true,
+            unseen,
+            ..HeldDevice::new(GpuIndex(index))
+        };
+        let (healthy, first, second) = (job(0, 1, false), job(0, 2, true), job(1, 3, true));
+        let run = |blind: bool, over: usize| {
+            let mut taken = Taken::default();
+            if blind {
+                taken.blind.insert(garbled.clone());
+            }
+            let mut c: Vec<Candidate> = vec![
+                (&garbled, "bob", &first),
+                (&garbled, "bob", &second),
+                (&ok, "bob", &healthy),
+            ];
+            c.sort_by_key(|(h, _, d)| taken.turn(h, d));
+            let turns: Vec<u8> = c.iter().map(|(h, _, d)| taken.turn(h, d)).collect();
+            let (_, freed) = take(&c, over, &mut taken, false);
+            let mut pids: Vec<u32> = taken.terminated.iter().map(|(_, p)| p.0).collect();
+            pids.sort_unstable();
+            (pids, freed, turns)
+        };
+        // Not yet blind: a garbled device stands among the working ones,
+        // bearing its share, and nothing there is taken.
+        let (pids, freed, turns) = run(false, 2);
+        assert_eq!(turns, [WORKING, WORKING, WORKING]);
+        assert!(
+            pids.is_empty(),
+            "the first garbled device bears the first share"
+        );
+        assert_eq!(freed, 0);
+        let (pids, freed, _) = run(false, 3);
+        assert_eq!((pids, freed), (vec![1], 1));
+        // Blind: the healthy device first, then the garbled ones.
+        let (pids, freed, turns) = run(true, 1);
+        assert_eq!(turns, [WORKING, BLIND, BLIND]);
+        assert_eq!((pids, freed), (vec![1], 1));
+        let (pids, freed, _) = run(true, 2);
+        assert_eq!((pids, freed), (vec![1, 2], 2));
+        // A device a job that is never terminated holds stays kept, blind
+        // or not.
+        let mut taken = Taken::default();
+        taken.blind.insert(garbled.clone());
+        let pinned = HeldDevice {
+            kept: true,
+            ..job(2, 4, true)
+        };
+        assert!(taken.kept(&garbled, &pinned));
+        assert!(!taken.kept(&garbled, &first));
+        assert!(Taken::default().kept(&garbled, &first));
+        assert!(!Taken::default().kept(&ok, &healthy));
     }
 }
