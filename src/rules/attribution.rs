@@ -362,6 +362,12 @@ impl<'a> Attribution<'a> {
             .map(|&pi| &self.snap.processes[pi])
     }
 
+    /// The member processes of record `i`, as indices into the snapshot's
+    /// processes, in snapshot order.
+    pub fn member_indices(&self, i: usize) -> &[usize] {
+        &self.member_list[self.member_at[i]..self.member_at[i + 1]]
+    }
+
     /// The devices record `i` is attached to, in device order.
     pub fn attached(&self, i: usize) -> &[GpuIndex] {
         &self.attached_list[self.attached_at[i]..self.attached_at[i + 1]]

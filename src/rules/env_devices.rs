@@ -2,19 +2,37 @@
 //! attached to.
 //!
 //! genv's order: environments in snapshot order, each one's members in
-//! snapshot order. A stray (a process whose environment is gone or not
-//! its user's) is no member of any environment and is not named, as genv
-//! does not name a process whose environment does not exist.
+//! snapshot order. An orphan (a process whose environment is gone) is no
+//! member of any environment and is not named, as genv does not name a
+//! process whose environment does not exist. A process whose id several
+//! users' jobs carry (contested) is judged against that id's record as
+//! genv judges it, whoever is charged: the record's attachments are the
+//! same whoever carries the id, so a job bob starts with alice's id takes
+//! none of her jobs out of this rule (nor puts his own out of it).
 
-use super::attribution::Attribution;
+use super::attribution::{Attribution, Standing, Stray};
 use super::{Finding, Rule, Violation};
 use crate::model::{HostId, Indices};
 
 pub(super) fn evaluate(host: &HostId, a: &Attribution) -> Vec<Violation> {
     let snap = a.snapshot();
+    let mut contested: Vec<(usize, usize)> = (snap.processes.iter().enumerate())
+        .filter(|(pi, _)| matches!(a.standing(*pi), Standing::Stray(Stray::Contested { .. })))
+        .filter_map(|(pi, p)| Some((a.env(p.owner.eid()?)?, pi)))
+        .collect();
+    contested.sort_unstable();
     let mut out = Vec::new();
+    let mut judged = Vec::new();
     for (i, env) in snap.envs.iter().enumerate() {
-        for p in a.members(i) {
+        judged.clear();
+        judged.extend_from_slice(a.member_indices(i));
+        let from = contested.partition_point(|(e, _)| *e < i);
+        let to = contested.partition_point(|(e, _)| *e <= i);
+        if from < to {
+            judged.extend(contested[from..to].iter().map(|(_, pi)| *pi));
+            judged.sort_unstable();
+        }
+        for p in judged.iter().map(|&pi| &snap.processes[pi]) {
             let unallowed: Indices = p.indices().filter(|d| !a.is_attached(i, *d)).collect();
             if !unallowed.is_empty() {
                 let finding = Finding::NonAttachedDevices {
@@ -69,6 +87,50 @@ mod tests {
                 devices: smallvec::smallvec![GpuIndex(1), GpuIndex(2)],
             }
         );
+    }
+
+    /// Bob starts a job with alice's id: her jobs are strays of a
+    /// contested id, still judged against its record as genv judges them
+    /// (hers on device 1, which it is not attached to, as before), and his
+    /// is judged the same way.
+    #[test]
+    fn a_contested_ids_carriers_are_judged_against_its_record() {
+        let job = |pid: u32, uid: u32, gpu: u32| {
+            let mut p = proc_(pid, Some("a"), &[(gpu, mib(1))]);
+            p.uid = Some(uid);
+            p
+        };
+        let snap = HostSnapshot {
+            processes: vec![
+                job(10, 1001, 0),
+                job(11, 1001, 1),
+                job(20, 1002, 2),
+                job(21, 1002, 0),
+            ],
+            envs: vec![env("a", Some("alice"), None)].into(),
+            devices: devices(3, &[(0, "a")]).into(),
+            truth: Some(crate::model::HostTruth {
+                pid_uids: [(10, 1001)].into_iter().collect(),
+                user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
+                    .into_iter()
+                    .map(|(k, v)| (k, v.into()))
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let a = Attribution::of(&snap, &Default::default());
+        assert!(matches!(
+            a.standing(1),
+            Standing::Stray(Stray::Contested { .. })
+        ));
+        let named: Vec<u32> = (evaluate(&HostId("h".into()), &a).iter())
+            .map(|v| match &v.finding {
+                Finding::NonAttachedDevices { pid, .. } => pid.0,
+                f => panic!("{f:?}"),
+            })
+            .collect();
+        assert_eq!(named, [11, 20], "in snapshot order, whoever carries it");
     }
 
     #[test]
