@@ -185,6 +185,17 @@ struct Gathered {
     early: Early,
 }
 
+/// A host's cycles in a row with its genv state unusable, after one whose
+/// snapshot had usable state (`Some(true)`), unusable (`Some(false)`), or
+/// failed (`None`: the streak stays as it was).
+fn unusable_streak(before: u32, usable: Option<bool>) -> u32 {
+    match usable {
+        Some(true) => 0,
+        Some(false) => before.saturating_add(1),
+        None => before,
+    }
+}
+
 /// Each host's own plan as the ladder split it beside its snapshot.
 pub(crate) type Early = HashMap<HostId, (HostPlan, Vec<Waiting>)>;
 
@@ -235,11 +246,11 @@ fn gather(
             memory.orphans.insert(round.host.clone(), o);
         }
         let before = memory.unusable.get(&round.host).copied().unwrap_or(0);
-        let now = match &result {
-            Ok((snap, _)) if snap.state_problem().is_none() => 0,
-            Ok(_) => before + 1,
-            Err(_) => before,
-        };
+        let usable = result
+            .as_ref()
+            .ok()
+            .map(|(s, _)| s.state_problem().is_none());
+        let now = unusable_streak(before, usable);
         if now > 0 {
             unusable.insert(round.host.clone(), now);
         }
@@ -455,4 +466,26 @@ fn signalled(plan: &Plan, outcomes: &[Outcome]) -> Vec<(HostId, Vec<Termination>
         })
         .filter(|(_, ts)| !ts.is_empty())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unusable_streak_grows_with_each_unusable_cycle_and_a_failure_keeps_it() {
+        let mut n = 0;
+        for (usable, want) in [
+            (Some(false), 1),
+            (None, 1),
+            (Some(false), 2),
+            (Some(false), BLIND_AFTER),
+            (Some(true), 0),
+            (None, 0),
+        ] {
+            n = unusable_streak(n, usable);
+            assert_eq!(n, want);
+        }
+        assert_eq!(unusable_streak(u32::MAX, Some(false)), u32::MAX);
+    }
 }
