@@ -542,7 +542,12 @@ pub fn evaluate_caps(
     };
     // What the per-user caps take, but what is never carried out.
     let lasting = held.lasting();
+    let unseen = (
+        std::mem::take(&mut taken.unseen_terminated),
+        std::mem::take(&mut taken.unseen_detached),
+    );
     taken = fresh();
+    (taken.unseen_terminated, taken.unseen_detached) = unseen;
     taken.add(&violations, &lasting);
     if !policy.max_devices_per_group.is_empty() {
         let parts: Vec<(&HostId, &HostUsage, &HostGroups)> = hosts

@@ -98,6 +98,12 @@ pub struct Taken {
     /// keep up must not make a host cap-free; one that lasts a cycle or two
     /// must not make a cap pick among a user's jobs blind.
     pub blind: HashSet<HostId>,
+    /// What the shares that unseen devices bear stand for: what a cap
+    /// would take there were their host's state usable. Never carried out
+    /// (no action), it no longer counts for the caps after (a group cap
+    /// after the per-user caps), so they take no more elsewhere.
+    pub unseen_terminated: HashSet<(HostId, Pid)>,
+    pub unseen_detached: HashSet<(HostId, GpuIndex, EnvId)>,
 }
 
 /// Cycles in a row a host's genv state is unusable before its unseen jobs
@@ -167,28 +173,58 @@ impl Taken {
         }
     }
 
-    /// The user's jobs on `d` that run on after what is taken.
+    /// The user's jobs on `d` that run on after what is taken (and, unless
+    /// `really`, after what the unseen devices' shares stand for).
+    fn running_if<'d>(
+        &'d self,
+        host: &'d HostId,
+        d: &'d HeldDevice,
+        really: bool,
+    ) -> impl Iterator<Item = Pid> + 'd {
+        (d.jobs.iter())
+            .filter(move |p| {
+                let t = (host.clone(), **p);
+                !self.terminated.contains(&t) && (really || !self.unseen_terminated.contains(&t))
+            })
+            .copied()
+    }
+
     fn running<'d>(
         &'d self,
         host: &'d HostId,
         d: &'d HeldDevice,
     ) -> impl Iterator<Item = Pid> + 'd {
-        (d.jobs.iter())
-            .filter(move |p| !self.terminated.contains(&(host.clone(), **p)))
-            .copied()
+        self.running_if(host, d, false)
     }
 
-    /// The environments of `d` still attached after what is taken.
+    /// The environments of `d` still attached after what is taken (as
+    /// [`Taken::running_if`]).
+    fn attached_if<'d>(
+        &'d self,
+        host: &'d HostId,
+        d: &'d HeldDevice,
+        really: bool,
+    ) -> impl Iterator<Item = &'d EnvId> + 'd {
+        (d.eids.iter()).filter(move |e| {
+            let t = (host.clone(), d.index, (*e).clone());
+            !self.detached.contains(&t) && (really || !self.unseen_detached.contains(&t))
+        })
+    }
+
     fn attached<'d>(
         &'d self,
         host: &'d HostId,
         d: &'d HeldDevice,
     ) -> impl Iterator<Item = &'d EnvId> + 'd {
-        (d.eids.iter()).filter(move |e| {
-            !self
-                .detached
-                .contains(&(host.clone(), d.index, (*e).clone()))
-        })
+        self.attached_if(host, d, false)
+    }
+
+    /// Whether `d` still counts toward its user after what is carried out
+    /// (what the unseen devices' shares stand for still counts).
+    fn holds_really(&self, host: &HostId, d: &HeldDevice) -> bool {
+        d.kept
+            || self.attached_if(host, d, true).next().is_some()
+            || self.running_if(host, d, true).next().is_some()
     }
 
     /// Whether nothing on `d` is taken: a job there is never terminated,
@@ -271,52 +307,86 @@ pub fn take(
         if freed + borne >= over {
             break;
         }
-        let (host, user, d) = candidates[k];
-        // Never freed (a job there is never terminated): nothing there is
-        // taken for it.
-        if taken.kept(host, d) && !free[k] {
-            borne += usize::from(share || d.unseen);
-            continue;
-        }
         if free[k] {
             continue;
         }
-        let eids: Vec<EnvId> = taken.attached(host, d).cloned().collect();
-        let jobs: Vec<Pid> = taken.running(host, d).collect();
-        let mut touched = vec![k];
-        if !eids.is_empty() {
-            for e in &eids {
-                taken.detached.insert((host.clone(), d.index, e.clone()));
-            }
-            for p in &d.pids {
-                taken.terminated.insert((host.clone(), *p));
-                touched.extend(by_job.get(&(host, *p)).into_iter().flatten());
-            }
-            actions.push(Action::Detach {
-                host: host.clone(),
-                device: d.index,
-                eids,
-                pids: d.pids.to_vec(),
-                user: user.to_string(),
-            });
+        let (host, user, d) = candidates[k];
+        // Never freed (a job there is never terminated): nothing there is
+        // taken for it.
+        if d.kept {
+            borne += usize::from(share || d.unseen);
+            continue;
         }
-        for p in jobs {
-            taken.terminated.insert((host.clone(), p));
-            touched.extend(by_job.get(&(host, p)).into_iter().flatten());
-            actions.push(Action::Terminate {
+        // Unseen (its host's state unusable, not yet blind): it bears its
+        // share as if it were taken, with every device its jobs alone
+        // hold, so that its share is what a healthy cycle would take
+        // there; nothing is carried out.
+        let unseen = taken.kept(host, d);
+        let (eids, jobs, touched) = apply(taken, &by_job, k, (host, d), unseen);
+        if !unseen {
+            if !eids.is_empty() {
+                actions.push(Action::Detach {
+                    host: host.clone(),
+                    device: d.index,
+                    eids,
+                    pids: d.pids.to_vec(),
+                    user: user.to_string(),
+                });
+            }
+            actions.extend(jobs.into_iter().map(|pid| Action::Terminate {
                 host: host.clone(),
-                pid: p,
-            });
+                pid,
+            }));
         }
         for j in touched {
             let (h, _, dj) = candidates[j];
             if !free[j] && !taken.holds(h, dj) {
                 free[j] = true;
-                freed += 1;
+                if taken.holds_really(h, dj) {
+                    borne += 1;
+                } else {
+                    freed += 1;
+                }
             }
         }
     }
     (actions, freed)
+}
+
+/// Takes `d` (candidate `k`, on `host`) in `taken`, or only as its share
+/// (`unseen`): its user's environments still attached there detached with
+/// their processes, their jobs still running there terminated. Returns
+/// those environments, those jobs and the candidates touched (whose count
+/// may have dropped).
+fn apply(
+    taken: &mut Taken,
+    by_job: &HashMap<(&HostId, Pid), Vec<usize>>,
+    k: usize,
+    (host, d): (&HostId, &HeldDevice),
+    unseen: bool,
+) -> (Vec<EnvId>, Vec<Pid>, Vec<usize>) {
+    let eids: Vec<EnvId> = taken.attached(host, d).cloned().collect();
+    let jobs: Vec<Pid> = taken.running(host, d).collect();
+    let (terminated, detached) = if unseen {
+        (&mut taken.unseen_terminated, &mut taken.unseen_detached)
+    } else {
+        (&mut taken.terminated, &mut taken.detached)
+    };
+    let mut touched = vec![k];
+    let mut ended = |p: Pid| {
+        terminated.insert((host.clone(), p));
+        touched.extend(by_job.get(&(host, p)).into_iter().flatten());
+    };
+    if !eids.is_empty() {
+        for p in &d.pids {
+            ended(*p);
+        }
+    }
+    for p in &jobs {
+        ended(*p);
+    }
+    detached.extend(eids.iter().map(|e| (host.clone(), d.index, e.clone())));
+    (eids, jobs, touched)
 }
 
 #[cfg(test)]
