@@ -102,23 +102,6 @@ impl Grace {
             Some(self.after)
         }
     }
-
-    /// Whether a device cap joining an action asked for by `rules` would
-    /// bring its deadline forward (its grace shorter than theirs).
-    fn hastened_by_caps(&self, rules: crate::rules::Rules) -> bool {
-        if rules.is_empty() {
-            return false; // a cap's own detach
-        }
-        let alone = self.of(rules);
-        [Rule::MaxDevicesPerUser, Rule::MaxDevicesPerGroup]
-            .into_iter()
-            .filter(|cap| !rules.contains(*cap))
-            .any(|cap| match (self.of(rules.iter().chain([cap])), alone) {
-                (Some(joined), Some(alone)) => joined < alone,
-                (Some(_), None) => true,
-                (None, _) => false,
-            })
-    }
 }
 
 /// What identifies an action from one cycle to the next.
@@ -435,22 +418,11 @@ impl Ladder {
     }
 
     /// What of `plan` waits at `now` (ms): the actions the ladder holds
-    /// back, which free nothing under the caps this cycle. Of those that
-    /// only wait, one a device cap would hasten by joining it (the cap's
-    /// grace shorter) is not said to wait: a cap never takes it first,
-    /// which would cut its owner's time.
+    /// back, which free nothing under the caps this cycle.
     pub fn held(&self, plan: &Plan, now: u64) -> crate::rules::Withheld {
         let mut held = crate::rules::Withheld::default();
         if self.immediate() {
             return held;
-        }
-        let (mut fast_terminations, mut fast_detaches) = (HashSet::new(), HashSet::new());
-        let fast = |rules| self.grace.hastened_by_caps(rules);
-        for (host, p) in &plan.hosts {
-            let terminate = p.terminate.iter().filter(|t| fast(t.rules));
-            fast_terminations.extend(terminate.map(|t| (host, t.pid)));
-            let detach = p.detach.iter().filter(|d| fast(d.rules));
-            fast_detaches.extend(detach.map(|d| (host, d.device, &d.eid)));
         }
         for w in self.split(plan, now).1 {
             match w {
@@ -461,8 +433,7 @@ impl Ladder {
                     exempt,
                     ..
                 } => {
-                    if !warn_only && exempt.is_none() && !fast_terminations.contains(&(&host, pid))
-                    {
+                    if !warn_only && exempt.is_none() {
                         held.waiting_terminations.insert((host.clone(), pid));
                     }
                     held.terminations.insert((host, pid));
@@ -475,8 +446,7 @@ impl Ladder {
                     exempt,
                     ..
                 } => {
-                    let fast = fast_detaches.contains(&(&host, device, &eid));
-                    if !warn_only && exempt.is_none() && !fast {
+                    if !warn_only && exempt.is_none() {
                         (held.waiting_detaches).insert((host.clone(), device, eid.clone()));
                     }
                     held.detaches.insert((host, device, eid));
@@ -720,10 +690,13 @@ impl Ladder {
             if unanswered.contains(host) {
                 // Not seen this cycle (its host unanswered, or its genv
                 // state unusable), but not gone either: kept, the cycle
-                // counted as a sighting (nothing acts before it is seen
-                // again).
+                // counted as a sighting while it was last seen (nothing
+                // acts before it is seen again; a wait already away gains
+                // nothing).
                 old.last = now;
-                old.seen = old.seen.saturating_add(1);
+                if old.absent.is_none() {
+                    old.seen = old.seen.saturating_add(1);
+                }
                 tracks.insert(key, old);
                 continue;
             }
@@ -983,6 +956,19 @@ mod tests {
             unread.advance(&plan(&[], &[]), 0, std::slice::from_ref(&h));
         }
         assert!(unread.split(&plan(&[], &[]), 0).0.hosts.is_empty());
+        // A wait already away (its violation gone for a cycle) gains no
+        // sighting from cycles its host could not be read in.
+        let mut away = Ladder::new(cycles(3));
+        away.advance(&first, 0, &[]);
+        away.advance(&plan(&[], &[]), 0, &[]);
+        for _ in 0..2 {
+            away.advance(&plan(&[], &[]), 0, std::slice::from_ref(&h));
+        }
+        assert_eq!(
+            acted(&away, &first).0.len(),
+            0,
+            "seen once before, once now"
+        );
     }
 
     fn stages(events: &[Event]) -> Vec<(Stage, String)> {
@@ -1235,57 +1221,6 @@ mod tests {
                 ..
             }]
         ));
-    }
-
-    #[test]
-    fn a_cap_joining_a_waiting_action_never_brings_its_deadline_forward() {
-        // Review of stop 48, finding 3: bob puts alice over her cap while
-        // env-devices waits an hour on her job; the cap, taking that job
-        // first, must not cut her hour to its minute.
-        let minute = |m: u64| Duration::from_secs(60 * m);
-        let own = |warn_only, after| RuleGrace { warn_only, after };
-        let grace = Grace {
-            after: minute(1),
-            rules: [
-                (Rule::EnvDevices, own(false, Some(minute(60)))),
-                (Rule::NonEnvProcesses, own(true, None)),
-                (Rule::EnvMemory, own(false, Some(minute(0)))),
-            ]
-            .into_iter()
-            .collect(),
-            ..Grace::default()
-        };
-        let fast = |rules: &[Rule]| grace.hastened_by_caps(rules.iter().copied().collect());
-        assert!(fast(&[Rule::EnvDevices]), "the caps' minute is shorter");
-        assert!(!fast(&[
-            Rule::EnvDevices,
-            Rule::MaxDevicesPerUser,
-            Rule::MaxDevicesPerGroup
-        ]));
-        assert!(
-            !fast(&[Rule::EnvMemory, Rule::EnvDevices]),
-            "at once already"
-        );
-        assert!(
-            fast(&[Rule::NonEnvProcesses]),
-            "warned only, the cap would act"
-        );
-        assert!(!fast(&[]), "a cap's own detach");
-        // In the ladder: her termination waits, but not as one a cap may
-        // take first; with the caps' grace as long as hers, it may.
-        let mut p = plan(&[(1, 10)], &[(0, "e")]);
-        p.hosts[0].1.terminate[0].rules = [Rule::EnvDevices].into_iter().collect();
-        p.hosts[0].1.detach[0].rules = [Rule::EnvDevices].into_iter().collect();
-        let held = Ladder::new(grace.clone()).held(&p, 1_000_000);
-        assert_eq!(held.terminations.len(), 1);
-        assert_eq!(held.detaches.len(), 1);
-        assert!(held.waiting_terminations.is_empty());
-        assert!(held.waiting_detaches.is_empty());
-        let mut slow = grace.clone();
-        slow.after = minute(60);
-        let held = Ladder::new(slow).held(&p, 1_000_000);
-        assert_eq!(held.waiting_terminations.len(), 1);
-        assert_eq!(held.waiting_detaches.len(), 1);
     }
 
     #[test]

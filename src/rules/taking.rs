@@ -110,14 +110,14 @@ pub struct Taken {
 /// are taken under the caps ([`Taken::blind`]).
 pub const BLIND_AFTER: u32 = 3;
 
-/// A device's turn under a cap ([`Taken::turn`]): one the actions that
-/// wait take at their deadline first, then the idle ones (unvouched, then
-/// vouched), then the working ones, then those only a blind host's unseen
+/// A device's turn under a cap ([`Taken::turn`]): the idle ones first
+/// (unvouched, then vouched), then one the actions that wait take at their
+/// deadline, then the working ones, then those only a blind host's unseen
 /// jobs hold, last the ones that are never taken.
-pub const SOON: u8 = 0;
-pub const WORKING: u8 = 3;
-pub const BLIND: u8 = 4;
-pub const KEPT: u8 = 5;
+pub const SOON: u8 = 3;
+pub const WORKING: u8 = 4;
+pub const BLIND: u8 = 5;
+pub const KEPT: u8 = 6;
 
 impl Taken {
     /// What `violations` take this cycle, less what `withheld` keeps
@@ -238,29 +238,33 @@ impl Taken {
         d.kept || self.attached(host, d).next().is_some() || self.running(host, d).next().is_some()
     }
 
-    /// Its turn among a cap's devices: first ([`SOON`]) those that the
-    /// actions waiting for their deadline free anyway; then the idle ones
-    /// (no job of the user runs there), unvouched (1) before vouched (2);
-    /// then the working ones ([`WORKING`]), a kept one a job that cannot
-    /// be judged holds among them (it bears its share there); then
-    /// ([`BLIND`]) those a blind host's unseen jobs hold; last ([`KEPT`])
-    /// those a job that cannot be terminated holds (its identity not
-    /// pinned), whose count stays.
+    /// Its turn among a cap's devices: first the idle ones (no job of the
+    /// user runs there), unvouched (1) before vouched (2); then ([`SOON`])
+    /// the working ones that the actions waiting for their deadline free
+    /// anyway; then the other working ones ([`WORKING`]), a kept one a job
+    /// that cannot be judged holds among them (it bears its share there);
+    /// then ([`BLIND`]) those a blind host's unseen jobs hold; last
+    /// ([`KEPT`]) those a job that cannot be terminated holds (its identity
+    /// not pinned), whose count stays. Idle devices go before the waiting
+    /// actions' so that a record bob forges in alice's name is taken before
+    /// a cap joins (and so hastens) the wait of a job of hers.
     pub fn turn(&self, host: &HostId, d: &HeldDevice) -> u8 {
         if self.kept(host, d) && d.unseen {
             WORKING
         } else if d.kept {
             KEPT
+        } else if d.pids.is_empty() && self.running(host, d).next().is_none() {
+            if d.vouched {
+                2
+            } else {
+                1
+            }
         } else if self.freed_soon(host, d) {
             SOON
         } else if d.unseen {
             BLIND
-        } else if !d.pids.is_empty() || self.running(host, d).next().is_some() {
-            WORKING
-        } else if d.vouched {
-            2
         } else {
-            1
+            WORKING
         }
     }
 
@@ -553,5 +557,44 @@ mod tests {
         assert!(!taken.kept(&garbled, &first));
         assert!(Taken::default().kept(&garbled, &first));
         assert!(!Taken::default().kept(&ok, &healthy));
+    }
+
+    /// Review of stop 48, finding 3: a record bob forges in alice's name
+    /// (idle) is taken before a cap joins the wait of a job of hers, which
+    /// would bring its deadline forward.
+    #[test]
+    fn idle_devices_go_before_those_waiting_actions_free() {
+        let h = HostId("h".into());
+        let mut taken = Taken::default();
+        taken.soon_terminated.insert((h.clone(), Pid(7)));
+        let waiting = HeldDevice {
+            jobs: smallvec::smallvec![Pid(7)],
+            working: true,
+            stray: true,
+            ..HeldDevice::new(GpuIndex(0))
+        };
+        let forged = HeldDevice {
+            eids: smallvec::smallvec![EnvId("forged".into())],
+            vouched: true,
+            ..HeldDevice::new(GpuIndex(1))
+        };
+        let working = HeldDevice {
+            jobs: smallvec::smallvec![Pid(8)],
+            working: true,
+            ..HeldDevice::new(GpuIndex(2))
+        };
+        let turns = [&forged, &waiting, &working].map(|d| taken.turn(&h, d));
+        assert_eq!(turns, [2, SOON, WORKING]);
+        let mut c: Vec<Candidate> = vec![
+            (&h, "alice", &waiting),
+            (&h, "alice", &working),
+            (&h, "alice", &forged),
+        ];
+        c.sort_by_key(|(h, _, d)| taken.turn(h, d));
+        let (actions, freed) = take(&c, 1, &mut taken, false);
+        assert_eq!(freed, 1);
+        assert!(
+            matches!(&actions[..], [Action::Detach { eids, .. }] if eids[0].0.as_ref() == "forged")
+        );
     }
 }
