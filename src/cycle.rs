@@ -94,7 +94,7 @@ pub async fn cycle(
         let gap = Some(options.idle_gap);
         memory.idle = assess::track_idle(&memory.idle, &policy, &g.results, now, gap);
     }
-    memory.published = published(fleet, &g.results);
+    memory.published = published(fleet, &g.results, &memory.unusable);
     let assessed = Instant::now();
     let found = (std::mem::take(&mut g.results), std::mem::take(&mut g.own));
     let mut a = assessed_off_workers(fleet, options, n, abort, found, policy, memory, now).await;
@@ -267,7 +267,11 @@ fn gather(
 }
 
 /// Sharded: what our hosts hold, for the other shards.
-fn published(fleet: &Fleet, results: &[(HostId, assess::HostResult)]) -> Vec<Published> {
+fn published(
+    fleet: &Fleet,
+    results: &[(HostId, assess::HostResult)],
+    unusable: &HashMap<HostId, u32>,
+) -> Vec<Published> {
     if fleet.positions.is_empty() {
         return Vec::new();
     }
@@ -279,6 +283,7 @@ fn published(fleet: &Fleet, results: &[(HostId, assess::HostResult)]) -> Vec<Pub
                 host: host.clone(),
                 position: *fleet.positions.get(host)?,
                 usage: findings.usage.clone(),
+                blind: unusable.get(host).is_some_and(|n| *n >= BLIND_AFTER),
             })
         })
         .collect()

@@ -587,12 +587,13 @@ fn remembered(settings: &Settings) -> Memory {
                 error::chain(&e)
             )),
         }
-        match (db.ladder(), db.orphans()) {
-            (Ok(ladder), Ok(orphans)) => {
+        match (db.ladder(), db.orphans(), db.unusable()) {
+            (Ok(ladder), Ok(orphans), Ok(unusable)) => {
                 saved = ladder;
                 memory.orphans = orphans;
+                memory.unusable = unusable;
             }
-            (Err(e), _) | (_, Err(e)) => {
+            (Err(e), ..) | (_, Err(e), _) | (.., Err(e)) => {
                 complain(&format!("{}: starting afresh", error::chain(&e)));
             }
         }
@@ -629,6 +630,7 @@ async fn record(
     let db = Arc::clone(db);
     let ladder = memory.ladder.export();
     let orphans = memory.orphans.clone();
+    let unusable = memory.unusable.clone();
     let idle = memory.idle.clone();
     let (events, outcomes, usage) = (
         report.events.clone(),
@@ -646,7 +648,7 @@ async fn record(
     let now = crate::clock::now_ms();
     let written = crate::host::off_workers("recording the cycle", move || {
         db.record(
-            now, &ladder, &orphans, &idle, &events, &outcomes, &usage, retain, max_gap,
+            now, &ladder, &orphans, &unusable, &idle, &events, &outcomes, &usage, retain, max_gap,
         )
     })
     .await;

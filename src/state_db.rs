@@ -264,6 +264,16 @@ impl StateDb {
         Ok(self.kept("orphans")?.unwrap_or_default())
     }
 
+    /// Each host's cycles in a row with its genv state unusable, as the
+    /// last run left them (a restart, or a cron run, must not make a host
+    /// kept garbled look fresh).
+    ///
+    /// # Errors
+    /// The database cannot be read.
+    pub fn unusable(&self) -> Result<HashMap<HostId, u32>, StateDbError> {
+        Ok(self.kept("unusable")?.unwrap_or_default())
+    }
+
     /// Each process's idle window, as the last run left them (the idle
     /// rule's window survives a restart).
     ///
@@ -274,7 +284,7 @@ impl StateDb {
     }
 
     /// Records one cycle at `now` (ms): what is kept (each action's
-    /// progress, the orphans, the idle windows), its events, the actions' outcomes and the
+    /// progress, the orphans, the unusable streaks, the idle windows), its events, the actions' outcomes and the
     /// usage samples; drops rows older than `retain_ms`. One transaction.
     ///
     /// # Errors
@@ -285,6 +295,7 @@ impl StateDb {
         now: u64,
         ladder: &[Saved],
         orphans: &HashMap<HostId, Orphans>,
+        unusable: &HashMap<HostId, u32>,
         idle: &IdleHistory,
         events: &[Event],
         outcomes: &[(Outcome, Option<String>, Vec<Rule>)],
@@ -317,6 +328,7 @@ impl StateDb {
             )?;
             keep.execute(params!["ladder", json(&ladder)])?;
             keep.execute(params!["orphans", json(&orphans)])?;
+            keep.execute(params!["unusable", json(&unusable)])?;
             keep.execute(params!["idle", json(&idle)])?;
             keep.execute(params!["last_sample_ms", now.to_string()])?;
             let mut event = tx.prepare_cached(
@@ -591,6 +603,7 @@ mod tests {
             [(host.clone(), [(Pid(9), 90)].into_iter().collect())]
                 .into_iter()
                 .collect();
+        let unusable: HashMap<HostId, u32> = [(host.clone(), 2)].into_iter().collect();
         let usage = [Sample {
             host: host.clone(),
             user: "alice".into(),
@@ -602,6 +615,7 @@ mod tests {
             1_000,
             &ladder.export(),
             &orphans,
+            &unusable,
             &IdleHistory::default(),
             &warned,
             &[],
@@ -614,6 +628,7 @@ mod tests {
             5_000,
             &ladder.export(),
             &orphans,
+            &unusable,
             &IdleHistory::default(),
             &[],
             &[],
@@ -625,6 +640,7 @@ mod tests {
         drop(db);
         let db = StateDb::open(&path).unwrap();
         assert_eq!(db.orphans().unwrap(), orphans);
+        assert_eq!(db.unusable().unwrap(), unusable);
         let mut again = Ladder::restore(grace, db.ladder().unwrap());
         // Not warned again; due at the same deadline.
         assert!(again.advance(&plan, 30_000, &[]).is_empty());
@@ -653,6 +669,7 @@ mod tests {
             12_000,
             &again.export(),
             &orphans,
+            &unusable,
             &IdleHistory::default(),
             &[],
             &[],
@@ -667,6 +684,7 @@ mod tests {
             200_000,
             &again.export(),
             &orphans,
+            &unusable,
             &IdleHistory::default(),
             &[],
             &[],

@@ -252,6 +252,7 @@ impl Enforcer {
                 host: id(h),
                 position: h,
                 usage: f.usage.clone(),
+                blind: self.unusable[h] >= BLIND_AFTER,
             });
             own.push(assess::own_plan(&id(h), &snap, &f));
             seen.push((h, snap.clone(), bob));
@@ -617,4 +618,58 @@ fn a_host_kept_garbled_is_judged_blind_on_the_third_cycle() {
         1
     );
     assert_eq!(enforcer.unusable, [0]);
+}
+
+/// Review of this stop: under shards, every shard must order a blind
+/// host's unseen jobs alike, or each picks a device only the other may
+/// take and nothing is taken. Bob, 1 over his cap, keeps h0 garbled.
+#[test]
+fn shards_agree_on_a_blind_host() {
+    let bobs = |gpus: Vec<u32>| HonestHost {
+        gpus: 2,
+        alice: Vec::new(),
+        orphans: Vec::new(),
+        plain: Vec::new(),
+        bob: vec![BobEnv {
+            devices: gpus.iter().copied().collect(),
+            jobs: gpus.into_iter().map(|g| (vec![g], None)).collect(),
+        }],
+        elsewhere: Vec::new(),
+    };
+    let setup = Setup {
+        policy: Policy {
+            max_devices_per_user: Some(1),
+            ..Policy::default()
+        },
+        grace: Grace::default(),
+        sharded: true,
+    };
+    let worlds = vec![
+        World::honest(0, &bobs(vec![0])),
+        World::honest(1, &bobs(vec![0])),
+    ];
+    let garbled: BTreeSet<usize> = [0].into_iter().collect();
+    let mut shards = [
+        Enforcer::new(vec![0], &setup.grace, 2),
+        Enforcer::new(vec![1], &setup.grace, 2),
+    ];
+    let mut parts: [Vec<Published>; 2] = Default::default();
+    let mut taken = 0;
+    for c in 0..5u64 {
+        let mut dues = Vec::new();
+        for (k, shard) in shards.iter_mut().enumerate() {
+            let others = Some(parts[1 - k].as_slice());
+            let (due, _) = shard.cycle(&worlds, &garbled, &setup, others, (c + 1, c * INTERVAL));
+            taken += due
+                .hosts
+                .iter()
+                .map(|(_, p)| p.terminate.len() + p.detach.len())
+                .sum::<usize>();
+            dues.push(due);
+        }
+        for (k, due) in dues.iter().enumerate() {
+            parts[k] = shards[k].part(due);
+        }
+    }
+    assert!(taken > 0, "bob's excess is taken once h0 is blind");
 }

@@ -522,8 +522,15 @@ pub fn evaluate_caps(
     held: &Withheld,
     blind: &[HostId],
 ) -> (Vec<Violation>, Vec<Notice>) {
+    // Blind: ours, and the other shards' hosts their parts say are.
+    let theirs = shards
+        .iter()
+        .flat_map(|s| s.others.iter().filter(|p| p.blind));
+    let blind: HashSet<HostId> = (blind.iter().cloned())
+        .chain(theirs.map(|p| p.host.clone()))
+        .collect();
     let fresh = || taking::Taken {
-        blind: blind.iter().cloned().collect(),
+        blind: blind.clone(),
         ..taking::Taken::of(earlier, held)
     };
     let mut taken = fresh();

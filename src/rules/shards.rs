@@ -24,6 +24,11 @@ pub struct Published {
     /// Its place in the whole inventory.
     pub position: usize,
     pub usage: HostUsage,
+    /// Its genv state unusable long enough to be judged blind
+    /// ([`super::taking::Taken::blind`]): every shard orders its unseen
+    /// jobs alike.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub blind: bool,
 }
 
 impl Published {
@@ -195,6 +200,7 @@ mod tests {
                 host: h(n),
                 position: *p,
                 usage: u.clone(),
+                blind: false,
             })
             .collect();
         let shards = Shards {
@@ -254,6 +260,7 @@ mod tests {
             host: h("h1"),
             position: 0,
             usage: usage("alice", &[(0, true), (1, true), (2, true)]),
+            blind: false,
         }];
         let shards = Shards {
             positions: &positions,
@@ -267,11 +274,13 @@ mod tests {
                 host: h("h9"),
                 position: 5,
                 usage: usage("alice", &[(0, true)]),
+                blind: false,
             },
             Published {
                 host: h("h9"),
                 position: 1,
                 usage: usage("alice", &[(1, true)]),
+                blind: false,
             },
         ];
         let shards = Shards {
@@ -292,6 +301,7 @@ mod tests {
             host: h("h1"),
             position: 0,
             usage: u,
+            blind: false,
         };
         let gone: HashSet<(GpuIndex, EnvId)> = [
             (GpuIndex(1), EnvId("alice-1".into())),
@@ -347,6 +357,7 @@ mod tests {
             host: h("h9"),
             position: 0,
             usage: theirs,
+            blind: false,
         }
         .compact()];
         let (id, mine) = (h("h1"), usage("alice", &[(3, false)]));
@@ -392,6 +403,7 @@ mod tests {
             host: h("h1"),
             position: 0,
             usage: u,
+            blind: false,
         };
         let whole = p.clone().compact();
         assert_eq!(whole.usage.users.len(), 101, "carol holds nothing");
@@ -411,6 +423,7 @@ mod tests {
             host: h("gpu7"),
             position: 6,
             usage: usage("bob", &[(3, false)]),
+            blind: false,
         };
         let json = serde_json::to_string(&p).unwrap();
         assert_eq!(serde_json::from_str::<Published>(&json).unwrap(), p);
