@@ -1241,8 +1241,13 @@ def tell_names(out, req, gpu_uids, listed_uids, names):
                 frame(out, "user", owner, name.encode())
         if req.get("groups"):
             # Each uid seen once, each named group once (at most MAX_GROUPS).
-            for uid, found in memberships(req["groups"], named, names):
-                frame(out, "groups", uid, "\n".join(found).encode())
+            # A uid whose groups were not looked up is unnamed: no group
+            # exemption lost, no group cap escaped, by a slow lookup.
+            found, late = memberships(req["groups"], named, names, True)
+            for uid, groups in found:
+                frame(out, "groups", uid, "\n".join(groups).encode())
+            for uid, why in late:
+                frame(out, "unnamed", uid, ("its groups were not looked up: %s" % why).encode())
 
 
 # Subordinate uids: a user with a range in /etc/subuid (Debian's adduser
@@ -1357,20 +1362,24 @@ def clock():
     return None
 
 
-def memberships(groups, uids, names):
+def memberships(groups, uids, names, with_late=False):
     """(uid, the named groups it is a member of) for each uid in the order
     given, as this host's name service says (`names`: within the request's
     deadline): each group looked up once, each uid's groups once; a lookup
     that fails says nothing (no exemption), and nothing is looked up once
-    one is late."""
+    one is late. With `with_late`: (that, [(uid, why)] for each uid whose
+    groups were not looked up)."""
     gids = {}
     found = []
+    late = []
+    uids = list(uids)
+    k = 0
     try:
         for name in sorted(set(g for g in groups if isinstance(g, str)))[:MAX_GROUPS]:
             gid = names.gid(name)
             if gid is not None:
                 gids.setdefault(gid, []).append(name)
-        for uid in uids:
+        for k, uid in enumerate(uids):
             if not gids:
                 break
             member = names.groups_of(uid)
@@ -1379,9 +1388,9 @@ def memberships(groups, uids, names):
             listed = sorted(name for gid, named in gids.items() if gid in member for name in named)
             if listed:
                 found.append((uid, listed))
-    except Late:
-        pass
-    return found
+    except Late as e:
+        late = [(uid, e.why) for uid in uids[k:]]
+    return (found, late) if with_late else found
 
 
 MAX_GROUPS = 64

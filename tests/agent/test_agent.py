@@ -1120,6 +1120,13 @@ class Names(unittest.TestCase):
                 self.assertIn("more than 2 name lookups", said[("unnamed", uid)])
             # A listed sub-uid whose range owner is not looked up is unnamed,
             # never a user of its own.
+            # A uid whose groups were not looked up is unnamed: no group
+            # exemption lost, no group cap escaped (review, finding 5).
+            said = self.told([], [0], f.name, 1)
+            self.assertEqual(said[("user", 0)], "root")
+            self.assertNotIn(("groups", 0), said)
+            self.assertEqual(said[("unnamed", 0)],
+                             "its groups were not looked up: more than 1 name lookups in one request")
             said = self.told([], [300002], f.name, 1)
             self.assertNotIn(("subuid", 300002), said)
             self.assertEqual(said[("unnamed", 300002)],
