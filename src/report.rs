@@ -400,7 +400,7 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
             clean(reason)
         ),
         Notice::GarbledRecords { host, records } => format!(
-            "{}[WARNING] {records} record(s) of genv's state hold an environment id or user name over {} bytes: garbled, ignored (a record or attachment with such an id is dropped, such a user name taken as none)",
+            "{}[WARNING] {records} record(s) of genv's state hold a string over {} bytes: garbled (a record or attachment with such an id is dropped, such a user name taken as none, such a kernel id dropped, any other such text cut)",
             prefix(mode, host),
             crate::snapshot::genv::MAX_NAME
         ),

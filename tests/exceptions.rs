@@ -250,7 +250,7 @@ fn row5_a_full_disk_degrades_the_audit_log_and_stops_no_action() {
     let out = enforce(&h);
     let err = stderr(&out);
     assert!(
-        err.contains("[WARNING] 4 record(s) of genv's state hold an environment id or user name over 256 bytes"),
+        err.contains("[WARNING] 4 record(s) of genv's state hold a string over 256 bytes"),
         "{err}"
     );
     assert_eq!(h.wait_signal(outside, WAIT), Some(SIGTERM), "{err}");

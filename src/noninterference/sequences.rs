@@ -573,30 +573,41 @@ proptest! {
     }
 }
 
-/// Review of stop 48, finding 2: bob keeps `envs.json` garbled on the host
-/// his jobs run on. His excess there is kept (said) for two cycles, then
-/// the host is judged blind and the cap takes it.
-#[test]
-fn a_host_kept_garbled_is_judged_blind_on_the_third_cycle() {
-    let honest = HonestHost {
+/// A host of 2 GPUs where only bob works: one environment attached to
+/// `gpus`, a job on each.
+fn bobs(gpus: &[u32]) -> HonestHost {
+    HonestHost {
         gpus: 2,
         alice: Vec::new(),
         orphans: Vec::new(),
         plain: Vec::new(),
         bob: vec![BobEnv {
-            devices: [0, 1].into_iter().collect(),
-            jobs: vec![(vec![0], None), (vec![1], None)],
+            devices: gpus.iter().copied().collect(),
+            jobs: gpus.iter().map(|&g| (vec![g], None)).collect(),
         }],
         elsewhere: Vec::new(),
-    };
-    let setup = Setup {
+    }
+}
+
+/// A per-user cap of 1 device, nothing waiting.
+fn capped(sharded: bool) -> Setup {
+    Setup {
         policy: Policy {
             max_devices_per_user: Some(1),
             ..Policy::default()
         },
         grace: Grace::default(),
-        sharded: false,
-    };
+        sharded,
+    }
+}
+
+/// Review of stop 48, finding 2: bob keeps `envs.json` garbled on the host
+/// his jobs run on. His excess there is kept (said) for two cycles, then
+/// the host is judged blind and the cap takes it.
+#[test]
+fn a_host_kept_garbled_is_judged_blind_on_the_third_cycle() {
+    let honest = bobs(&[0, 1]);
+    let setup = capped(false);
     let worlds = vec![World::honest(0, &honest)];
     let garbled: BTreeSet<usize> = [0].into_iter().collect();
     let mut enforcer = Enforcer::new(vec![0], &setup.grace, 1);
@@ -625,29 +636,8 @@ fn a_host_kept_garbled_is_judged_blind_on_the_third_cycle() {
 /// take and nothing is taken. Bob, 1 over his cap, keeps h0 garbled.
 #[test]
 fn shards_agree_on_a_blind_host() {
-    let bobs = |gpus: Vec<u32>| HonestHost {
-        gpus: 2,
-        alice: Vec::new(),
-        orphans: Vec::new(),
-        plain: Vec::new(),
-        bob: vec![BobEnv {
-            devices: gpus.iter().copied().collect(),
-            jobs: gpus.into_iter().map(|g| (vec![g], None)).collect(),
-        }],
-        elsewhere: Vec::new(),
-    };
-    let setup = Setup {
-        policy: Policy {
-            max_devices_per_user: Some(1),
-            ..Policy::default()
-        },
-        grace: Grace::default(),
-        sharded: true,
-    };
-    let worlds = vec![
-        World::honest(0, &bobs(vec![0])),
-        World::honest(1, &bobs(vec![0])),
-    ];
+    let setup = capped(true);
+    let worlds = vec![World::honest(0, &bobs(&[0])), World::honest(1, &bobs(&[0]))];
     let garbled: BTreeSet<usize> = [0].into_iter().collect();
     let mut shards = [
         Enforcer::new(vec![0], &setup.grace, 2),

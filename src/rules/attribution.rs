@@ -487,7 +487,7 @@ fn contesting(
 mod tests {
     use super::super::test_support::*;
     use super::*;
-    use crate::model::{Env, HostTruth, Process};
+    use crate::model::{Env, Process};
 
     /// A live host where uid 1001 is alice and 1002 bob.
     fn host(envs: Vec<Env>, processes: Vec<Process>) -> HostSnapshot {
@@ -495,15 +495,7 @@ mod tests {
             processes,
             envs: envs.into(),
             devices: devices(2, &[]).into(),
-            truth: Some(HostTruth {
-                groups: Default::default(),
-                pid_uids: [(10, 1001), (20, 1002)].into_iter().collect(),
-                user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
-                    .into_iter()
-                    .map(|(k, v)| (k, v.into()))
-                    .collect(),
-                ..Default::default()
-            }),
+            truth: Some(alice_and_bob(&[(10, 1001), (20, 1002)])),
             ..Default::default()
         }
     }

@@ -109,14 +109,7 @@ mod tests {
             ],
             envs: vec![env("a", Some("alice"), None)].into(),
             devices: devices(3, &[(0, "a")]).into(),
-            truth: Some(crate::model::HostTruth {
-                pid_uids: [(10, 1001)].into_iter().collect(),
-                user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
-                    .into_iter()
-                    .map(|(k, v)| (k, v.into()))
-                    .collect(),
-                ..Default::default()
-            }),
+            truth: Some(alice_and_bob(&[(10, 1001)])),
             ..Default::default()
         };
         let a = Attribution::of(&snap, &Default::default());

@@ -243,7 +243,7 @@ pub fn evaluate(
 mod tests {
     use super::super::test_support::*;
     use super::*;
-    use crate::model::{Cluster, HostSnapshot, HostTruth, Mode, Process};
+    use crate::model::{Cluster, HostSnapshot, Mode, Process};
     use crate::model::{EnvId, Pid};
     use crate::rules::Action;
 
@@ -267,15 +267,7 @@ mod tests {
 
     fn live(mut s: HostSnapshot, processes: Vec<Process>) -> HostSnapshot {
         s.processes = processes;
-        s.truth = Some(HostTruth {
-            groups: Default::default(),
-            pid_uids: [(1, 1001)].into_iter().collect(),
-            user_names: [(1001, "alice".to_string()), (1002, "bob".to_string())]
-                .into_iter()
-                .map(|(k, v)| (k, v.into()))
-                .collect(),
-            ..Default::default()
-        });
+        s.truth = Some(alice_and_bob(&[(1, 1001)]));
         s
     }
 

@@ -992,6 +992,19 @@ pub(crate) mod test_support {
         }
     }
 
+    /// What the kernel says on a live host where uid 1001 is alice and
+    /// 1002 bob: `pid_uids`, the owners of pids that records list.
+    pub fn alice_and_bob(pid_uids: &[(i64, u32)]) -> HostTruth {
+        HostTruth {
+            pid_uids: pid_uids.iter().copied().collect(),
+            user_names: [(1001, "alice"), (1002, "bob")]
+                .into_iter()
+                .map(|(k, v)| (k, v.into()))
+                .collect(),
+            ..HostTruth::default()
+        }
+    }
+
     pub fn devices(n: u32, attachments: &[(u32, &str)]) -> Vec<Device> {
         (0..n)
             .map(|i| Device {

@@ -597,4 +597,67 @@ mod tests {
             matches!(&actions[..], [Action::Detach { eids, .. }] if eids[0].0.as_ref() == "forged")
         );
     }
+
+    /// An unseen device's share is borne, never counted as freed: nothing
+    /// is carried out there, whatever it holds.
+    #[test]
+    fn an_unseen_share_is_borne_not_freed() {
+        let h = HostId("g".into());
+        let d = HeldDevice {
+            eids: smallvec::smallvec![EnvId("e".into())],
+            jobs: smallvec::smallvec![Pid(3)],
+            working: true,
+            unseen: true,
+            ..HeldDevice::new(GpuIndex(0))
+        };
+        let mut taken = Taken::default();
+        let (actions, freed) = take(&[(&h, "bob", &d)], 1, &mut taken, false);
+        assert!(actions.is_empty());
+        assert_eq!(freed, 0, "borne");
+        assert!(!taken.holds(&h, &d), "no longer counted by the caps after");
+        assert!(taken.holds_really(&h, &d));
+        assert!(taken.terminated.is_empty() && taken.detached.is_empty());
+        let job_only = HeldDevice {
+            eids: smallvec::SmallVec::new(),
+            ..d.clone()
+        };
+        assert!(taken.holds_really(&h, &job_only));
+        let attached_only = HeldDevice {
+            jobs: smallvec::SmallVec::new(),
+            ..d
+        };
+        assert!(taken.holds_really(&h, &attached_only));
+    }
+
+    /// A device a job that is never terminated holds bears its share under
+    /// a group cap (and when unseen), and is passed over otherwise.
+    #[test]
+    fn a_kept_device_bears_its_share_only_where_it_stands() {
+        let h = HostId("h".into());
+        let kept = |unseen| HeldDevice {
+            working: true,
+            stray: true,
+            kept: true,
+            unseen,
+            ..HeldDevice::new(GpuIndex(0))
+        };
+        let working = HeldDevice {
+            jobs: smallvec::smallvec![Pid(9)],
+            working: true,
+            ..HeldDevice::new(GpuIndex(1))
+        };
+        let run = |d: &HeldDevice, share: bool, over: usize| {
+            let mut taken = Taken::default();
+            let c = [(&h, "alice", d), (&h, "alice", &working)];
+            let (actions, freed) = take(&c, over, &mut taken, share);
+            (actions.len(), freed)
+        };
+        // Per user: passed over, the next device taken.
+        assert_eq!(run(&kept(false), false, 1), (1, 1));
+        // Under a group cap, or unseen: it bears the share; nothing taken.
+        assert_eq!(run(&kept(false), true, 1), (0, 0));
+        assert_eq!(run(&kept(true), false, 1), (0, 0));
+        // Its share is one: the next device still bears the rest.
+        assert_eq!(run(&kept(false), true, 2), (1, 1));
+    }
 }

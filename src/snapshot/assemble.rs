@@ -98,12 +98,22 @@ pub enum Environ<'a> {
 /// unchanged files (the usual case) are compared, not parsed again, and
 /// when the pids they list are as alive as last time, their cleaned-up
 /// records are shared with last cycle's snapshot, not copied.
+/// The bytes are not kept: a file is known again by its length and a hash
+/// keyed at random for each host ([`Seen`]), so a host's kept state costs
+/// what its records do, not its file's size as well.
 #[derive(Debug, Default)]
 pub struct ParsedState {
-    envs: Option<(Vec<u8>, Vec<Env>)>,
-    devices: Option<(Vec<u8>, Vec<Device>)>,
+    key: std::hash::RandomState,
+    envs: Option<(Seen, Vec<Env>)>,
+    devices: Option<(Seen, Vec<Device>)>,
     cleaned: Option<Cleaned>,
 }
+
+/// A file as last read: its length and its SipHash under the host's
+/// random key (which no user knows, so none can write another file that
+/// passes for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen(usize, u64);
 
 /// A host's environments and devices, cleaned up and normalized, shared;
 /// how many records and attachments held an overlong string.
@@ -120,17 +130,21 @@ struct Cleaned {
 }
 
 /// `bytes` parsed by `parse` (once found to be UTF-8), or what `cache`
-/// holds for the same bytes; and whether it held them.
+/// holds for the same bytes (as `key` hashes them); and whether it held
+/// them.
 fn cached<'c, T>(
-    cache: &'c mut Option<(Vec<u8>, Vec<T>)>,
+    cache: &'c mut Option<(Seen, Vec<T>)>,
+    key: &std::hash::RandomState,
     bytes: &[u8],
     parse: impl FnOnce(&str) -> Result<Vec<T>, ParseError>,
 ) -> Result<(&'c Vec<T>, bool), ParseError> {
-    let held = cache.as_ref().is_some_and(|(seen, _)| seen == bytes);
+    use std::hash::BuildHasher;
+    let seen = Seen(bytes.len(), key.hash_one(bytes));
+    let held = cache.as_ref().is_some_and(|(s, _)| *s == seen);
     if !held {
         let text = std::str::from_utf8(bytes)
             .map_err(|e| ParseError::new("", format!("byte {}", e.valid_up_to()), "not UTF-8"))?;
-        *cache = Some((bytes.to_vec(), parse(text)?));
+        *cache = Some((seen, parse(text)?));
     }
     let (_, parsed) = cache.as_ref().expect("cached above");
     Ok((parsed, held))
@@ -263,16 +277,20 @@ fn genv_state(
     let say = |what: &str, e: ParseError| e.from(what).to_string();
     let (no_envs, listed);
     let (envs, envs_held) = match &raw.envs {
-        Some(text) => cached(&mut parsed.envs, text, |t| genv::parse_envs(t, ""))
-            .map_err(|e| say("envs.json", e))?,
+        Some(text) => cached(&mut parsed.envs, &parsed.key, text, |t| {
+            genv::parse_envs(t, "")
+        })
+        .map_err(|e| say("envs.json", e))?,
         None => {
             no_envs = Vec::new();
             (&no_envs, false)
         }
     };
     let (devices, devices_held) = match &raw.devices {
-        Some(text) => cached(&mut parsed.devices, text, |t| genv::parse_devices(t, ""))
-            .map_err(|e| say("devices.json", e))?,
+        Some(text) => cached(&mut parsed.devices, &parsed.key, text, |t| {
+            genv::parse_devices(t, "")
+        })
+        .map_err(|e| say("devices.json", e))?,
         None => {
             listed = nvidia_smi::devices(gpus);
             (&listed, false)

@@ -287,24 +287,55 @@ pub const MAX_NAME: usize = 256;
 
 /// `envs` and `devices` without what holds a string over [`MAX_NAME`]:
 /// a record or attachment with such an id is dropped, such a user name is
-/// taken as none (the record stays: its jobs stay its members). The
-/// number of records and attachments so garbled.
+/// taken as none (the record stays: its jobs stay its members), such a
+/// kernel id is dropped, and such a text that only describes (a record's
+/// creation time, name or memory text, an attachment's time or memory
+/// text, a device's total memory) is cut to [`MAX_NAME`] bytes. The
+/// number of records, attachments and devices so garbled.
 pub fn bound(envs: &mut Vec<Env>, devices: &mut [Device]) -> usize {
     let before = envs.len();
     envs.retain(|e| e.eid.0.len() <= MAX_NAME);
     let mut garbled = before - envs.len();
     for e in envs.iter_mut() {
+        let mut cut = false;
         if e.username.as_ref().is_some_and(|u| u.len() > MAX_NAME) {
             e.username = None;
-            garbled += 1;
+            cut = true;
         }
+        let kernels = e.kernel_ids.len();
+        e.kernel_ids.retain(|k| k.len() <= MAX_NAME);
+        cut |= e.kernel_ids.len() < kernels;
+        cut |= shorten(&mut e.creation);
+        cut |= e.name.as_mut().is_some_and(shorten);
+        cut |= e.gpu_memory.as_mut().is_some_and(|m| shorten(&mut m.text));
+        garbled += usize::from(cut);
     }
     for d in devices {
         let before = d.attachments.len();
         d.attachments.retain(|a| a.eid.0.len() <= MAX_NAME);
         garbled += before - d.attachments.len();
+        for a in &mut d.attachments {
+            let cut = shorten(&mut a.time) | a.gpu_memory.as_mut().is_some_and(shorten);
+            garbled += usize::from(cut);
+        }
+        garbled += usize::from(shorten(&mut d.total_memory));
     }
     garbled
+}
+
+/// `text` cut to at most [`MAX_NAME`] bytes (at a character's start);
+/// whether it was longer.
+fn shorten(text: &mut String) -> bool {
+    if text.len() <= MAX_NAME {
+        return false;
+    }
+    let mut end = MAX_NAME;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.shrink_to_fit();
+    true
 }
 
 /// Whether two of `items` have the same `key`: a scan for a few, a set
@@ -658,6 +689,25 @@ mod tests {
         assert_eq!(envs[0].username, None, "the record stays, nameless");
         assert_eq!(envs[1].username.as_deref(), Some(fits.as_str()));
         assert_eq!(devices[0].attachments.len(), 2);
+        // Every other string a user writes is bounded too: cut, said.
+        let mut e = crate::rules::test_support::env("c", Some("alice"), None);
+        e.creation = format!("{}é", "x".repeat(MAX_NAME - 1));
+        e.name = Some(long.clone());
+        e.kernel_ids = vec![long.clone(), "k".into()];
+        let mut envs = vec![e];
+        let mut devices = crate::rules::test_support::devices(1, &[(0, "c")]);
+        devices[0].attachments[0].time = long.clone();
+        devices[0].total_memory = long.clone();
+        assert_eq!(
+            bound(&mut envs, &mut devices),
+            3,
+            "a record, an attachment, a device"
+        );
+        assert_eq!(envs[0].creation.len(), MAX_NAME - 1, "cut at a character");
+        assert_eq!(envs[0].name.as_ref().map(String::len), Some(MAX_NAME));
+        assert_eq!(envs[0].kernel_ids, ["k"]);
+        assert_eq!(devices[0].attachments[0].time.len(), MAX_NAME);
+        assert_eq!(devices[0].total_memory.len(), MAX_NAME);
     }
 
     #[test]
