@@ -13,10 +13,38 @@
 //! `time` is a huge string (cut to 256 bytes once parsed). Prints the peak resident
 //! size (VmHWM) and what stays (VmRSS) after each.
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use genv_enforce::snapshot::assemble::{assemble, ParsedState};
 use genv_enforce::snapshot::{frames, genv};
+
+/// The heap in use and its peak, counted at each allocation (what the
+/// process holds, whatever the allocator keeps from the system).
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(live, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
 
 fn frame(out: &mut Vec<u8>, kind: &str, arg: Option<&str>, body: &[u8]) {
     match arg {
@@ -143,11 +171,15 @@ fn main() {
             .iter()
             .map(|(_, s)| genv::device_records(&s.devices))
             .sum();
-        let (peak, rss) = memory();
+        let (hwm, rss) = memory();
+        let mib = |a: &AtomicUsize| a.load(Ordering::Relaxed) >> 20;
         println!(
-            "{}: {hosts} hosts x {size} MiB devices.json ({} records each), {threads} workers: peak {peak} MiB, kept {rss} MiB",
+            "{}: {hosts} hosts x {size} MiB devices.json ({} records each after clean-up), {threads} workers: heap peak {} MiB (answers {} MiB), heap kept {} MiB; resident peak {hwm} MiB, now {rss} MiB",
             if strings { "strings" } else { "records" },
             attachments / hosts.max(1),
+            mib(&PEAK),
+            (hosts * size),
+            mib(&LIVE),
         );
     }
 }

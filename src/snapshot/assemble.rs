@@ -104,8 +104,8 @@ pub enum Environ<'a> {
 #[derive(Debug, Default)]
 pub struct ParsedState {
     key: std::hash::RandomState,
-    envs: Option<(Seen, Vec<Env>)>,
-    devices: Option<(Seen, Vec<Device>)>,
+    envs: Option<(Seen, Vec<Env>, usize)>,
+    devices: Option<(Seen, Vec<Device>, usize)>,
     cleaned: Option<Cleaned>,
 }
 
@@ -129,25 +129,29 @@ struct Cleaned {
     garbled: usize,
 }
 
-/// `bytes` parsed by `parse` (once found to be UTF-8), or what `cache`
-/// holds for the same bytes (as `key` hashes them); and whether it held
-/// them.
+/// `bytes` parsed by `parse` (once found to be UTF-8) and bounded by
+/// `bound` (every string cut to its limit, so that none is kept whole: its
+/// count of records garbled kept beside), or what `cache` holds for the
+/// same bytes (as `key` hashes them); and whether it held them.
 fn cached<'c, T>(
-    cache: &'c mut Option<(Seen, Vec<T>)>,
+    cache: &'c mut Option<(Seen, Vec<T>, usize)>,
     key: &std::hash::RandomState,
     bytes: &[u8],
     parse: impl FnOnce(&str) -> Result<Vec<T>, ParseError>,
-) -> Result<(&'c Vec<T>, bool), ParseError> {
+    bound: impl FnOnce(&mut Vec<T>) -> usize,
+) -> Result<(&'c Vec<T>, usize, bool), ParseError> {
     use std::hash::BuildHasher;
     let seen = Seen(bytes.len(), key.hash_one(bytes));
-    let held = cache.as_ref().is_some_and(|(s, _)| *s == seen);
+    let held = cache.as_ref().is_some_and(|(s, ..)| *s == seen);
     if !held {
         let text = std::str::from_utf8(bytes)
             .map_err(|e| ParseError::new("", format!("byte {}", e.valid_up_to()), "not UTF-8"))?;
-        *cache = Some((seen, parse(text)?));
+        let mut parsed = parse(text)?;
+        let garbled = bound(&mut parsed);
+        *cache = Some((seen, parsed, garbled));
     }
-    let (_, parsed) = cache.as_ref().expect("cached above");
-    Ok((parsed, held))
+    let (_, parsed, garbled) = cache.as_ref().expect("cached above");
+    Ok((parsed, *garbled, held))
 }
 
 /// Builds a host snapshot as `genv usage snapshot` would (with genv's
@@ -276,24 +280,32 @@ fn genv_state(
     }
     let say = |what: &str, e: ParseError| e.from(what).to_string();
     let (no_envs, listed);
-    let (envs, envs_held) = match &raw.envs {
-        Some(text) => cached(&mut parsed.envs, &parsed.key, text, |t| {
-            genv::parse_envs(t, "")
-        })
+    let (envs, envs_garbled, envs_held) = match &raw.envs {
+        Some(text) => cached(
+            &mut parsed.envs,
+            &parsed.key,
+            text,
+            |t| genv::parse_envs(t, ""),
+            genv::bound_envs,
+        )
         .map_err(|e| say("envs.json", e))?,
         None => {
             no_envs = Vec::new();
-            (&no_envs, false)
+            (&no_envs, 0, false)
         }
     };
-    let (devices, devices_held) = match &raw.devices {
-        Some(text) => cached(&mut parsed.devices, &parsed.key, text, |t| {
-            genv::parse_devices(t, "")
-        })
+    let (devices, devices_garbled, devices_held) = match &raw.devices {
+        Some(text) => cached(
+            &mut parsed.devices,
+            &parsed.key,
+            text,
+            |t| genv::parse_devices(t, ""),
+            |d| genv::bound_devices(d),
+        )
         .map_err(|e| say("devices.json", e))?,
         None => {
             listed = nvidia_smi::devices(gpus);
-            (&listed, false)
+            (&listed, 0, false)
         }
     };
     // A file over the limit is not kept for the next cycle either: a user
@@ -332,7 +344,7 @@ fn genv_state(
         }
     }
     let (mut envs, mut devices) = (envs.clone(), devices.clone());
-    let garbled = genv::bound(&mut envs, &mut devices);
+    let garbled = envs_garbled + devices_garbled;
     // Kernels are taken as gone, as genv 1.4.3 finds them when run as root
     // (it looks in root's own Jupyter runtime directory): a record kept
     // alive by kernel ids alone is dropped, and processes carrying its id

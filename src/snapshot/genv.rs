@@ -293,6 +293,11 @@ pub const MAX_NAME: usize = 256;
 /// text, a device's total memory) is cut to [`MAX_NAME`] bytes. The
 /// number of records, attachments and devices so garbled.
 pub fn bound(envs: &mut Vec<Env>, devices: &mut [Device]) -> usize {
+    bound_envs(envs) + bound_devices(devices)
+}
+
+/// [`bound`] for `envs.json`'s records.
+pub fn bound_envs(envs: &mut Vec<Env>) -> usize {
     let before = envs.len();
     envs.retain(|e| e.eid.0.len() <= MAX_NAME);
     let mut garbled = before - envs.len();
@@ -310,6 +315,12 @@ pub fn bound(envs: &mut Vec<Env>, devices: &mut [Device]) -> usize {
         cut |= e.gpu_memory.as_mut().is_some_and(|m| shorten(&mut m.text));
         garbled += usize::from(cut);
     }
+    garbled
+}
+
+/// [`bound`] for `devices.json`'s devices and attachments.
+pub fn bound_devices(devices: &mut [Device]) -> usize {
+    let mut garbled = 0;
     for d in devices {
         let before = d.attachments.len();
         d.attachments.retain(|a| a.eid.0.len() <= MAX_NAME);
