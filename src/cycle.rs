@@ -67,6 +67,16 @@ pub struct Memory {
     pub unusable: HashMap<HostId, u32>,
 }
 
+impl Memory {
+    /// The hosts unusable [`BLIND_AFTER`] cycles in a row or more.
+    fn blind(&self) -> Vec<HostId> {
+        (self.unusable.iter())
+            .filter(|(_, n)| **n >= BLIND_AFTER)
+            .map(|(h, _)| h.clone())
+            .collect()
+    }
+}
+
 /// One cycle over `fleet`: every host's snapshot, the assessment, the plan
 /// carried out (unless a dry run, or `-e` and a host failed). What a
 /// host's own snapshot decides is carried out on it right after that
@@ -307,10 +317,7 @@ async fn assessed_off_workers(
     let idle = memory.idle.clone();
     let sharded = !fleet.positions.is_empty();
     let (positions, others) = (fleet.positions.clone(), memory.others.clone());
-    let blind: Vec<HostId> = (memory.unusable.iter())
-        .filter(|(_, n)| **n >= BLIND_AFTER)
-        .map(|(h, _)| h.clone())
-        .collect();
+    let blind = memory.blind();
     // What waits frees no room under the caps that count what others free.
     let ladder = (policy.has_any_cap() && memory.ladder.waits()).then(|| memory.ladder.clone());
     let assessing = crate::host::off_workers("assessing the cycle", move || {
@@ -363,6 +370,15 @@ pub(crate) fn laddered(
     now: u64,
     abort: bool,
 ) -> (Vec<crate::ladder::Event>, Vec<crate::ladder::Event>) {
+    // A host whose genv state cannot be used this cycle is as good as
+    // unanswered for the waits that need it: none of them moves.
+    let unanswered: Vec<HostId> = a
+        .hosts
+        .iter()
+        .filter(|h| h.error.is_some() || h.degraded.is_some())
+        .map(|h| h.host.clone())
+        .collect();
+    ladder.hold_caps(if abort { &[] } else { &unanswered });
     let whole = std::mem::take(&mut a.plan);
     let extended: std::collections::HashSet<&HostId> = a.extended.iter().collect();
     for (host, p) in &whole.hosts {
@@ -378,14 +394,6 @@ pub(crate) fn laddered(
     if abort {
         return (Vec::new(), Vec::new());
     }
-    // A host whose genv state cannot be used this cycle is as good as
-    // unanswered for the waits that need it: none of them moves.
-    let unanswered: Vec<HostId> = a
-        .hosts
-        .iter()
-        .filter(|h| h.error.is_some() || h.degraded.is_some())
-        .map(|h| h.host.clone())
-        .collect();
     let judged: crate::ladder::Judged = (a.cluster.hosts.iter())
         .filter(|(h, _)| !unanswered.contains(h))
         .flat_map(|(h, s)| {

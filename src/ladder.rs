@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{EnvId, GpuIndex, HostId, Pid};
 use crate::plan::{Detach, HostPlan, Plan, Termination};
+use crate::rules::taking::BLIND_AFTER;
 use crate::rules::Rule;
 
 /// How long actions wait, and which are only warned about.
@@ -103,6 +104,11 @@ impl Grace {
         }
     }
 }
+
+/// The device caps, whose picks are carried out together
+/// ([`Ladder::hold_caps`]).
+const CAPS: crate::rules::Rules =
+    enumset::enum_set!(Rule::MaxDevicesPerUser | Rule::MaxDevicesPerGroup);
 
 /// What identifies an action from one cycle to the next.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -197,6 +203,14 @@ struct Track {
     /// the same owner, rules and GPUs in its place), it goes on from there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     absent: Option<u64>,
+    /// Cycles in a row its host has gone unseen (unanswered, or its genv
+    /// state unusable) since it was last seen.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    unseen: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// What a restarted job has in common with the one before it: its host,
@@ -292,6 +306,8 @@ pub struct Ladder {
     /// The waits kept while away, by lineage (terminations whose owner
     /// the kernel names).
     away: HashMap<Lineage, Key>,
+    /// This cycle, what only the caps ask for waits ([`Ladder::hold_caps`]).
+    caps_held: bool,
 }
 
 /// One action's progress as kept across restarts (`--state-db`): opaque
@@ -333,6 +349,7 @@ impl Ladder {
             grace,
             tracks: HashMap::new(),
             away: HashMap::new(),
+            caps_held: false,
         }
     }
 
@@ -348,6 +365,34 @@ impl Ladder {
             let from = a.max(t.deadline.unwrap_or(0));
             now.saturating_sub(from) > self.window()
         })
+    }
+
+    /// Holds back this cycle every action that only the device caps ask
+    /// for, while one of theirs waits on a host of `unseen` (unanswered, or
+    /// its genv state unusable), unseen fewer than [`BLIND_AFTER`] cycles
+    /// in a row (then the caps go on without it: a host down or kept
+    /// garbled holds nothing back for long): a cap's picks are worked out
+    /// together and carried out together. Carried out in part, the cap
+    /// worked out again when the unseen host is back may pick another job
+    /// of the same user in place of the one carried out elsewhere, and a
+    /// garble anyone can write would choose which. What is held counts the
+    /// cycle as seen, and comes due with the rest once that host is seen.
+    pub fn hold_caps(&mut self, unseen: &[HostId]) {
+        self.caps_held = self.tracks.iter().any(|(k, t)| {
+            let (Key::Terminate(host, ..) | Key::Detach(host, ..)) = k;
+            unseen.contains(host)
+                && t.unseen + 1 < BLIND_AFTER
+                && !t.acted
+                && t.absent.is_none()
+                && t.what.rules().iter().any(|r| CAPS.contains(*r))
+        });
+    }
+
+    /// Whether the action `t` tracks is carried out at `now`: due, and not
+    /// one only the caps ask for while they are held.
+    fn due_now(&self, t: &Track, now: u64) -> bool {
+        let caps_only = t.what.rules().iter().all(|r| CAPS.contains(*r));
+        self.due(t, now) && !(self.caps_held && caps_only)
     }
 
     /// The lineage index of the waits kept while away.
@@ -481,6 +526,7 @@ impl Ladder {
             exempted: false,
             last: now,
             absent: None,
+            unseen: 0,
         };
         let stale = |t: &Track| {
             self.grace
@@ -505,6 +551,7 @@ impl Ladder {
                 seen: t.seen.saturating_add(1),
                 last: now,
                 absent: None,
+                unseen: 0,
                 warned: t.warned && !other,
                 ..t.clone()
             },
@@ -543,7 +590,7 @@ impl Ladder {
         for (key, what) in keyed(host, plan) {
             let track = self.standing(&key, &what, now, &present);
             let exempt = self.exempt(host, &what, now);
-            if exempt.is_none() && self.due(&track, now) {
+            if exempt.is_none() && self.due_now(&track, now) {
                 match what {
                     What::Terminate(t) => due.terminate.push(t),
                     What::Detach(d) => due.detach.push(d),
@@ -670,7 +717,7 @@ impl Ladder {
                     since_ms: track.since,
                     deadline_ms: track.deadline,
                 };
-                if self.due(&track, now) {
+                if self.due_now(&track, now) {
                     if !track.acted {
                         events.push(event(Stage::Acted));
                         track.acted = true;
@@ -696,6 +743,7 @@ impl Ladder {
                 old.last = now;
                 if old.absent.is_none() {
                     old.seen = old.seen.saturating_add(1);
+                    old.unseen = old.unseen.saturating_add(1);
                 }
                 tracks.insert(key, old);
                 continue;
@@ -757,6 +805,7 @@ impl Ladder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::Rules;
 
     fn cycles(n: u32) -> Grace {
         Grace {
@@ -1372,6 +1421,67 @@ mod tests {
         // Back: no second warning, the same deadline.
         assert!(l.advance(&p, 9_000, &[]).is_empty());
         assert_eq!(acted_at(&l, &p, 10_000).0, vec![1]);
+    }
+
+    #[test]
+    fn a_caps_picks_wait_for_the_one_an_unseen_host_hides() {
+        let mut l = Ladder::new(cycles(2));
+        let (h1, h2) = (HostId("h1".into()), HostId("h2".into()));
+        // On h1 and h2, a pick of the per-user cap each; on h2, also one of
+        // env-devices, and one both ask for.
+        let on = |h: &HostId, pids: &[(u32, Rules)]| {
+            let mut p = plan(&pids.iter().map(|&(p, _)| (p, 1)).collect::<Vec<_>>(), &[]);
+            p.hosts[0].0 = h.clone();
+            for (t, (_, r)) in p.hosts[0].1.terminate.iter_mut().zip(pids) {
+                t.rules = *r;
+            }
+            p.hosts.remove(0)
+        };
+        let cap: Rules = Rule::MaxDevicesPerUser.into();
+        let both = cap | Rule::EnvDevices;
+        let whole = Plan {
+            hosts: vec![
+                on(&h1, &[(1, cap)]),
+                on(&h2, &[(2, cap), (3, Rule::EnvDevices.into()), (4, both)]),
+            ],
+        };
+        let h2_only = Plan {
+            hosts: vec![whole.hosts[1].clone()],
+        };
+        let due = |l: &Ladder, p: &Plan| -> Vec<u32> {
+            let (done, _) = l.split(p, 0);
+            (done.hosts.iter())
+                .flat_map(|(_, h)| h.terminate.iter().map(|t| t.pid.0))
+                .collect()
+        };
+        l.hold_caps(&[]);
+        l.advance(&whole, 0, &[]);
+        // h1 unseen: what only the caps ask for waits on h2 too.
+        l.hold_caps(std::slice::from_ref(&h1));
+        assert_eq!(due(&l, &h2_only), vec![3, 4]);
+        let acted: Vec<u32> = (l.advance(&h2_only, 0, std::slice::from_ref(&h1)).iter())
+            .filter_map(|e| match &e.what {
+                What::Terminate(t) if e.stage == Stage::Acted => Some(t.pid.0),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(acted, vec![3, 4]);
+        // h1 seen again: every pick due together.
+        l.hold_caps(&[]);
+        assert_eq!(due(&l, &whole), vec![1, 2, 3, 4]);
+        // Unseen longer, the caps go on without it.
+        let mut l = Ladder::new(cycles(2));
+        l.advance(&whole, 0, &[]);
+        for held in [true, true, false] {
+            l.hold_caps(std::slice::from_ref(&h1));
+            assert_eq!(due(&l, &h2_only).contains(&2), !held);
+            l.advance(&h2_only, 0, std::slice::from_ref(&h1));
+        }
+        // A host unseen holds nothing where no cap's pick waits on it.
+        let mut l = Ladder::new(cycles(2));
+        l.advance(&h2_only, 0, &[]);
+        l.hold_caps(std::slice::from_ref(&h1));
+        assert_eq!(due(&l, &h2_only), vec![2, 3, 4]);
     }
 
     #[test]
