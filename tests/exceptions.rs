@@ -2,7 +2,9 @@
 //! user cannot reset, and nothing a user writes stops enforcement or falls
 //! on someone else. One test per row of the issue's table, with real
 //! processes of real users, through real sshd where the rule needs the
-//! inventory; each failed on `f81a4a4`.
+//! inventory; each failed on `f81a4a4`. Rows 7 and 8 (notifications) are
+//! in `tests/notify.rs`, beside the webhook receiver; row 9 (shards) in
+//! `tests/ha.rs`, beside etcd; row 10 (pmon's table) in `tests/evasion.rs`.
 
 mod util;
 
@@ -430,4 +432,58 @@ fn row2_a_group_caps_excess_falls_on_who_came_last() {
         "{err}"
     );
     assert_eq!(h.attached(0), ["a"]);
+}
+
+// Row 10: a process name with a newline and a short tail no longer fails
+// pmon's table for its host: bob's idle job, sharing its GPU with a tiny
+// process of his so named, is reclaimed after its window all the same.
+#[test]
+fn row10_a_process_name_cannot_turn_idle_reclaim_off() {
+    if !util::prerequisite(
+        rustix::process::geteuid().is_root(),
+        "jobs of other users, and their signals, need root",
+    ) {
+        return;
+    }
+    let mut h = util::Host::new(4);
+    let private = util::private_dir();
+    let db = private.path().join("state.db");
+    let idle = h.spawn_as("exbob", Some("b"));
+    let tiny = h.spawn_as("exbob", Some("b"));
+    h.write_envs(&[env("b", Some("exbob"), None, idle)]);
+    h.write_devices(4, &[(3, "b")]);
+    h.set_apps(&[(idle, 3, "20480"), (tiny, 3, "10")]);
+    let mut gpus = String::from("index, uuid, memory.total, utilization.gpu\n");
+    for i in 0..4u32 {
+        gpus.push_str(&format!("{i}, {}, 81559, 0\n", util::uuid(i)));
+    }
+    std::fs::write(h.gpu_dir().join("gpus.csv"), gpus).unwrap();
+    // pmon's last column is each process's name, which its user picks.
+    let pmon = format!(
+        "# gpu         pid   type     sm    mem    enc    dec    jpg    ofa    command \n\
+         # Idx           #    C/G      %      %      %      %      %      %    name \n\
+         \x20   3 {idle:>10}     C      -      -      -      -      -      -    python3        \n\
+         \x20   3 {tiny:>10}     C      -      -      -      -      -      -    x\ny 1\n"
+    );
+    std::fs::write(h.gpu_dir().join("pmon.txt"), pmon).unwrap();
+    let run = |h: &util::Host| {
+        let out = h.ours(&[
+            "enforce",
+            "--interval",
+            "0",
+            "--idle-after",
+            "2s",
+            "--state-db",
+            db.to_str().unwrap(),
+            "--output",
+            "json",
+        ]);
+        report(&out)
+    };
+    let first = run(&h);
+    assert!(!first.to_string().contains("idle-gpu"), "{first:#}");
+    std::thread::sleep(Duration::from_millis(2500));
+    let reclaimed = run(&h);
+    assert!(reclaimed.to_string().contains("idle-gpu"), "{reclaimed:#}");
+    assert_eq!(h.wait_signal(idle, WAIT), Some(SIGTERM), "{reclaimed:#}");
 }

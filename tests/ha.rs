@@ -926,3 +926,80 @@ fn a_follower_warns_nobody_only_the_leader_tells_and_once() {
         "warnings audited: {warned:?}"
     );
 }
+
+/// Issue 42, row 9: under `--shard`, bob writes a record with a 2 MiB
+/// username on a host of shard one. The name is over the bound, so the
+/// record is garbled at parse time: shard one's part stays small and is
+/// published, and shard two still counts shard one's hosts, so the one
+/// global excess of alice's is taken once, as without bob's record.
+#[test]
+fn row9_a_huge_username_never_withdraws_a_shards_part() {
+    let Some(etcd) = etcd(1) else { return };
+    let Some(mut f) = Fleet::up(4) else { return };
+    let mut jobs = Vec::new();
+    let huge = "b".repeat(2 << 20);
+    for h in 0..4 {
+        let eid = format!("a{h}");
+        let p = f.host(h).spawn_as("gealice", Some(&eid));
+        let mut envs = vec![util::env(&eid, Some("gealice"), None, p)];
+        let mut attached: Vec<(u32, &str)> = vec![(0, eid.as_str())];
+        if h == 3 {
+            attached.push((1, "a3"));
+        }
+        if h == 0 {
+            let shell = f.host(h).spawn_as("gebob", None);
+            // Built here: a lookup of such a name overflows the stack.
+            envs.push(serde_json::json!({
+                "eid": "big", "uid": 0, "creation": "22/11/2026 15:04:05",
+                "username": huge, "config": {"name": null, "gpu_memory": null, "gpus": null},
+                "pids": [shell], "kernel_ids": []
+            }));
+            attached.push((2, "big"));
+        }
+        f.host(h).write_envs(&envs);
+        f.host(h).write_devices(4, &attached);
+        f.host(h).set_apps(&[(p, 0, "100")]);
+        jobs.push(p);
+    }
+    let cap = ["--max-devices-per-user", "2"];
+    let one = Enforcer::start(
+        &f,
+        "shard-one",
+        &[&etcd[0]],
+        &[&cap[..], &["--shard", "1/2"]].concat(),
+    );
+    let two = Enforcer::start(
+        &f,
+        "shard-two",
+        &[&etcd[0]],
+        &[&cap[..], &["--shard", "2/2"]].concat(),
+    );
+    // As without bob's record: h1:0 (shard one), h4:1 and h2:0 (shard two).
+    assert_eq!(
+        f.host(0).wait_signal(jobs[0], WAIT),
+        Some(SIGTERM),
+        "{}",
+        one.stderr()
+    );
+    assert_eq!(
+        f.host(1).wait_signal(jobs[1], WAIT),
+        Some(SIGTERM),
+        "{}",
+        two.stderr()
+    );
+    assert!(
+        wait(WAIT, || f.host(3).attached(1).is_empty()),
+        "{}",
+        two.stderr()
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(f.host(2).attached(0), ["a2"], "{}", two.stderr());
+    assert_eq!(f.host(3).attached(0), ["a3"]);
+    assert!(f.host(2).running(jobs[2]) && f.host(3).running(jobs[3]));
+    let stderr = one.stderr();
+    assert!(!stderr.contains("too large"), "{stderr}");
+    assert!(
+        stderr.contains("over 256 bytes"),
+        "the record is said garbled: {stderr}"
+    );
+}
