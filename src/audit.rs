@@ -24,7 +24,7 @@ use crate::outcome::Outcome;
 use crate::plan::{HostPlan, Termination};
 use crate::private::{own_file, Refusal};
 use crate::report;
-use crate::rules::{Notice, Rule};
+use crate::rules::{Notice, Rule, Rules};
 
 /// An audit log that cannot be used: why it is refused, or the error that
 /// kept it from being opened.
@@ -48,6 +48,37 @@ pub struct AuditLog {
     /// Why the last write failed, while writes fail: the log is degraded
     /// (actions go on unrecorded, said loudly).
     degraded: Mutex<Option<String>>,
+    /// Each host's decisions of the last cycle it acted in, and of this
+    /// one: a decision as the cycle before is not written again.
+    decisions: Mutex<HashMap<HostId, Decisions>>,
+}
+
+/// `decided` lines one user may have on a host in a cycle; the rest are
+/// counted in one line per action ([`AuditLog::bounded`]).
+pub const PER_USER: usize = 32;
+
+/// What makes two `decided` lines the same decision.
+type Decision = (
+    Action,
+    Option<Pid>,
+    Option<u64>,
+    Option<GpuIndex>,
+    Option<EnvId>,
+    Rules,
+);
+
+fn decision(e: &Entry) -> Decision {
+    let eid = e.eid.cloned();
+    let rules = e.rules.iter().copied().collect();
+    (e.action, e.pid, e.start_time, e.device, eid, rules)
+}
+
+/// A host's decisions: in `cycle`, and in the cycle before it.
+#[derive(Debug, Default)]
+struct Decisions {
+    cycle: u64,
+    now: HashSet<Decision>,
+    before: HashSet<Decision>,
 }
 
 /// One line of the log.
@@ -80,6 +111,10 @@ pub struct Entry<'a> {
     /// When the action is due (`warned` lines with a grace), RFC 3339.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deadline: Option<String>,
+    /// How many actions the line stands for, where it stands for several
+    /// not written one by one ([`AuditLog::bounded`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
 }
 
 /// What a line records.
@@ -155,6 +190,7 @@ impl AuditLog {
             noticed: Mutex::default(),
             failing: Mutex::default(),
             degraded: Mutex::default(),
+            decisions: Mutex::default(),
         })
     }
 
@@ -307,6 +343,34 @@ impl AuditLog {
 }
 
 impl AuditLog {
+    /// The `decided` lines of one host's actions in `cycle` to write,
+    /// bounded so that nothing a user writes grows the log without bound:
+    /// a decision the same as one of the host's in the cycle before (a
+    /// record written again, a process that outlived its signal) is not
+    /// written again, and each user has at most [`PER_USER`] lines a host
+    /// and cycle. What is left out is counted in one line per action
+    /// (`count`, and whose in `message`), and carried out all the same.
+    pub fn bounded<'a>(
+        &self,
+        cycle: u64,
+        host: &HostId,
+        entries: Vec<Entry<'a>>,
+    ) -> Vec<Entry<'a>> {
+        let mut all = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
+        let d = all.entry(host.clone()).or_default();
+        if d.cycle != cycle {
+            let last = std::mem::take(&mut d.now);
+            d.before = if d.cycle + 1 == cycle {
+                last
+            } else {
+                HashSet::new()
+            };
+            d.cycle = cycle;
+        }
+        d.now.extend(entries.iter().map(decision));
+        bound(entries, &d.before)
+    }
+
     /// Records `events`' warnings and clearings, one line each (acting is
     /// recorded by its `decided` and `done` lines).
     ///
@@ -389,6 +453,7 @@ impl<'a> Entry<'a> {
             outcome: None,
             failure: None,
             deadline: None,
+            count: None,
         }
     }
 }
@@ -501,8 +566,101 @@ pub fn kills<'a>(
         .collect()
 }
 
+/// `entries` (one host's `decided` lines, in order) without the decisions
+/// in `before` and each user's lines past [`PER_USER`]; a line per action
+/// counting what is left out, after the rest.
+fn bound<'a>(entries: Vec<Entry<'a>>, before: &HashSet<Decision>) -> Vec<Entry<'a>> {
+    /// What one action's lines left out: as the cycle before, and by user.
+    struct Left<'a> {
+        base: Entry<'a>,
+        rules: Vec<Rule>,
+        repeated: u64,
+        users: HashMap<&'a str, u64>,
+    }
+    let mut per_user: HashMap<Option<&str>, usize> = HashMap::new();
+    let mut left: Vec<Left> = Vec::new();
+    let mut kept = Vec::new();
+    for e in entries {
+        let repeated = before.contains(&decision(&e));
+        let n = per_user.entry(e.user).or_default();
+        if !repeated && *n < PER_USER {
+            *n += 1;
+            kept.push(e);
+            continue;
+        }
+        let i = match left.iter().position(|l| l.base.action == e.action) {
+            Some(i) => i,
+            None => {
+                left.push(Left {
+                    base: Entry {
+                        action: e.action,
+                        ..Entry::about(e.time.clone(), e.cycle, e.host, e.phase, String::new())
+                    },
+                    rules: Vec::new(),
+                    repeated: 0,
+                    users: HashMap::new(),
+                });
+                left.len() - 1
+            }
+        };
+        let l = &mut left[i];
+        for r in &e.rules {
+            if !l.rules.contains(r) {
+                l.rules.push(*r);
+            }
+        }
+        if repeated {
+            l.repeated += 1;
+        } else {
+            *l.users.entry(e.user.unwrap_or("")).or_default() += 1;
+        }
+    }
+    for l in left {
+        let over: u64 = l.users.values().sum();
+        let mut users: Vec<(&str, u64)> = l.users.into_iter().collect();
+        users.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        let mut whose: Vec<String> = (users.iter().take(3))
+            .map(|(u, n)| format!("{} {n}", if u.is_empty() { "owners unknown" } else { u }))
+            .collect();
+        if users.len() > 3 {
+            whose.push(format!("{} users more", users.len() - 3));
+        }
+        let mut why = Vec::new();
+        if l.repeated > 0 {
+            why.push(format!("{} as decided the cycle before", l.repeated));
+        }
+        if over > 0 {
+            why.push(format!(
+                "{over} past {PER_USER} lines a user ({})",
+                whose.join(", ")
+            ));
+        }
+        let mut rules = l.rules;
+        rules.sort();
+        kept.push(Entry {
+            count: Some(l.repeated + over),
+            rules,
+            message: format!(
+                "{} more {} on this host, not written one by one: {}; carried out all the same",
+                l.repeated + over,
+                match l.base.action {
+                    Action::Terminate => "terminations",
+                    Action::Kill => "kills",
+                    Action::Detach => "detaches",
+                    Action::None => "lines",
+                },
+                why.join("; ")
+            ),
+            ..l.base
+        });
+    }
+    kept
+}
+
 /// The `done` lines at `time`: each decided line with its outcome (matched
-/// by action and pid, or by device and eid).
+/// by action and pid, or by device and eid); a line standing for several
+/// with the results of the outcomes of its action no other line has, by
+/// result.
 pub fn done<'a>(time: SystemTime, decided: &[Entry<'a>], outcomes: &[Outcome]) -> Vec<Entry<'a>> {
     /// What an outcome answers.
     #[derive(PartialEq, Eq, Hash)]
@@ -510,33 +668,51 @@ pub fn done<'a>(time: SystemTime, decided: &[Entry<'a>], outcomes: &[Outcome]) -
         Signal(Action, Pid),
         Detach(GpuIndex, &'k EnvId),
     }
+    fn key_of(o: &Outcome) -> (Action, Key<'_>) {
+        match o {
+            Outcome::Terminate { pid, .. } => {
+                (Action::Terminate, Key::Signal(Action::Terminate, *pid))
+            }
+            Outcome::Kill { pid, .. } => (Action::Kill, Key::Signal(Action::Kill, *pid)),
+            Outcome::Detach { device, eid, .. } => (Action::Detach, Key::Detach(*device, eid)),
+        }
+    }
+    let value = |o: &Outcome| match o {
+        Outcome::Terminate { outcome, .. } | Outcome::Kill { outcome, .. } => {
+            serde_json::to_value(outcome).ok()
+        }
+        Outcome::Detach { outcome, .. } => serde_json::to_value(outcome).ok(),
+    };
+    let key = |d: &Entry<'a>| match (d.action, d.pid, d.device, d.eid) {
+        (Action::Terminate | Action::Kill, Some(pid), _, _) => Some(Key::Signal(d.action, pid)),
+        (_, _, Some(device), Some(eid)) => Some(Key::Detach(device, eid)),
+        _ => None,
+    };
     // The first outcome of each action, looked up in one pass.
     let mut by_key: HashMap<Key, &crate::outcome::Outcome> = HashMap::new();
     for o in outcomes {
-        let key = match o {
-            Outcome::Terminate { pid, .. } => Key::Signal(Action::Terminate, *pid),
-            Outcome::Kill { pid, .. } => Key::Signal(Action::Kill, *pid),
-            Outcome::Detach { device, eid, .. } => Key::Detach(*device, eid),
-        };
-        by_key.entry(key).or_insert(o);
+        by_key.entry(key_of(o).1).or_insert(o);
+    }
+    // The results of the outcomes no line of their own answers, by action.
+    let answered: HashSet<Key> = decided.iter().filter_map(key).collect();
+    let mut counted: HashMap<Action, std::collections::BTreeMap<String, u64>> = HashMap::new();
+    for o in outcomes {
+        let (action, k) = key_of(o);
+        if !answered.contains(&k) {
+            let result = value(o).and_then(|v| v["result"].as_str().map(String::from));
+            *(counted.entry(action).or_default())
+                .entry(result.unwrap_or_default())
+                .or_default() += 1;
+        }
     }
     let time = at(time);
     decided
         .iter()
         .map(|d| {
-            let key = match (d.action, d.pid, d.device, d.eid) {
-                (Action::Terminate | Action::Kill, Some(pid), _, _) => {
-                    Some(Key::Signal(d.action, pid))
-                }
-                (_, _, Some(device), Some(eid)) => Some(Key::Detach(device, eid)),
-                _ => None,
+            let outcome = match d.count {
+                Some(_) => serde_json::to_value(counted.get(&d.action)).ok(),
+                None => key(d).and_then(|k| by_key.get(&k)).and_then(|o| value(o)),
             };
-            let outcome = key.and_then(|k| by_key.get(&k)).and_then(|o| match o {
-                Outcome::Terminate { outcome, .. } | Outcome::Kill { outcome, .. } => {
-                    serde_json::to_value(outcome).ok()
-                }
-                Outcome::Detach { outcome, .. } => serde_json::to_value(outcome).ok(),
-            });
             Entry {
                 time: time.clone(),
                 phase: Phase::Done,
@@ -695,6 +871,100 @@ mod tests {
         let decided = decided(SystemTime::now(), 7, &host, &plan);
         assert_eq!(decided[0].user, Some("alice"));
         assert_eq!(decided[0].rules, [Rule::NonEnvProcesses, Rule::EnvMemory]);
+    }
+
+    #[test]
+    fn a_hosts_lines_are_bounded_per_user_and_a_decision_as_the_cycle_before_is_counted() {
+        use crate::outcome::{DetachResult, TerminateResult};
+        use crate::plan::Detach;
+        let host = HostId("h".into());
+        let detach = |k: usize, user: &str| Detach {
+            rules: Default::default(),
+            groups: Default::default(),
+            device: GpuIndex(1),
+            eid: EnvId(format!("{user}{k}").into()),
+            username: Some(user.into()),
+            charged: None,
+            owner: None,
+            working: false,
+        };
+        // bob: 40 records detached; alice: 2; bob's job, signalled again.
+        let mut plan = HostPlan {
+            terminate: vec![Termination::of(Pid(9), Some(90))],
+            detach: (0..40).map(|k| detach(k, "bob")).collect(),
+        };
+        plan.detach.extend((0..2).map(|k| detach(k, "alice")));
+        let dir = tempfile::tempdir().unwrap();
+        let log = AuditLog::open(&dir.path().join("audit.log")).unwrap();
+        let first = log.bounded(3, &host, decided(SystemTime::now(), 3, &host, &plan));
+        let counts = |v: &[Entry]| -> Vec<(Action, Option<u64>)> {
+            v.iter()
+                .filter(|e| e.count.is_some())
+                .map(|e| (e.action, e.count))
+                .collect()
+        };
+        assert_eq!(first.len(), 1 + PER_USER + 2 + 1);
+        assert_eq!(counts(&first), [(Action::Detach, Some(8))]);
+        let last = first.last().unwrap();
+        assert!(
+            last.message.starts_with("8 more detaches on this host"),
+            "{}",
+            last.message
+        );
+        assert!(
+            last.message.contains("8 past 32 lines a user (bob 8)"),
+            "{}",
+            last.message
+        );
+        assert_eq!((last.pid, last.eid, last.user), (None, None, None));
+        // The next cycle, the same decisions: counted, not written again;
+        // alice's new one is written.
+        plan.detach.push(detach(2, "alice"));
+        let again = log.bounded(4, &host, decided(SystemTime::now(), 4, &host, &plan));
+        assert_eq!(
+            again.len(),
+            3,
+            "{:?}",
+            again.iter().map(|e| &e.message).collect::<Vec<_>>()
+        );
+        assert_eq!(again[0].eid, Some(&EnvId("alice2".into())));
+        assert_eq!(
+            counts(&again),
+            [(Action::Terminate, Some(1)), (Action::Detach, Some(42))]
+        );
+        assert!(
+            again[2].message.contains("42 as decided the cycle before"),
+            "{}",
+            again[2].message
+        );
+        // The done line of a count: the results no line of its own has.
+        let outcomes: Vec<Outcome> = (plan.detach.iter())
+            .map(|d| Outcome::Detach {
+                host: host.clone(),
+                device: d.device,
+                eid: d.eid.clone(),
+                outcome: if d.eid.0.as_ref() == "bob0" {
+                    DetachResult::NotAttached
+                } else {
+                    DetachResult::Detached
+                },
+            })
+            .chain([Outcome::Terminate {
+                host: host.clone(),
+                pid: Pid(9),
+                outcome: TerminateResult::Signalled,
+            }])
+            .collect();
+        let done = done(SystemTime::now(), &again, &outcomes);
+        assert_eq!(done[0].outcome.as_ref().unwrap()["result"], "detached");
+        assert_eq!(done[1].outcome, Some(serde_json::json!({"signalled": 1})));
+        assert_eq!(
+            done[2].outcome,
+            Some(serde_json::json!({"detached": 41, "not_attached": 1}))
+        );
+        // A cycle later than the next, nothing is the cycle before's.
+        let later = log.bounded(6, &host, decided(SystemTime::now(), 6, &host, &plan));
+        assert_eq!(counts(&later), [(Action::Detach, Some(8))]);
     }
 
     #[test]

@@ -108,7 +108,7 @@ impl Fleet {
     /// Carries out `plan` on `h` (see [`Fleet::audited`]).
     async fn execute(&self, cycle: u64, h: &Host, plan: &HostPlan) -> Vec<Outcome> {
         self.audited(
-            h,
+            (cycle, h),
             || audit::decided(SystemTime::now(), cycle, h.id(), plan),
             h.execute(plan),
         )
@@ -122,14 +122,14 @@ impl Fleet {
     /// the actions are carried out all the same.
     async fn audited<'a>(
         &self,
-        h: &Host,
+        (cycle, h): (u64, &Host),
         decided: impl FnOnce() -> Vec<audit::Entry<'a>>,
         act: impl std::future::Future<Output = Vec<Outcome>>,
     ) -> Vec<Outcome> {
         let Some(log) = &self.audit else {
             return act.await;
         };
-        let decided = decided();
+        let decided = log.bounded(cycle, h.id(), decided());
         if let Err(e) = log.write(&decided) {
             tracing::error!(host = %h.id(), error = %e, "actions not recorded in the audit log: carried out all the same");
         }
@@ -237,7 +237,7 @@ impl Fleet {
             .collect();
         fan_out(work, self.concurrency, |(h, ts)| {
             Box::pin(self.audited(
-                h,
+                (cycle, h),
                 move || audit::kills(SystemTime::now(), cycle, h.id(), ts),
                 h.escalate(ts),
             ))
