@@ -207,7 +207,15 @@ struct Track {
     /// state unusable) since it was last seen.
     #[serde(default, skip_serializing_if = "is_zero")]
     unseen: u32,
+    /// Cycles it was held back when due ([`Ladder::hold_caps`]): never
+    /// more than [`MAX_HELD`], whatever a user garbles.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    held: u32,
 }
+
+/// Cycles a due action is held back for the caps' picks that an unseen
+/// host hides, at most, over its whole wait.
+const MAX_HELD: u32 = BLIND_AFTER - 1;
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
@@ -384,15 +392,24 @@ impl Ladder {
                 && t.unseen + 1 < BLIND_AFTER
                 && !t.acted
                 && t.absent.is_none()
+                && !t.exempted
+                && t.deadline.is_some()
                 && t.what.rules().iter().any(|r| CAPS.contains(*r))
         });
     }
 
     /// Whether the action `t` tracks is carried out at `now`: due, and not
-    /// one only the caps ask for while they are held.
+    /// one only the caps ask for while they are held (each at most
+    /// [`MAX_HELD`] cycles: garbles taking turns on two hosts delay no
+    /// action longer).
     fn due_now(&self, t: &Track, now: u64) -> bool {
+        self.due(t, now) && !self.held_back(t)
+    }
+
+    /// Whether `t`'s action, due, is held back this cycle.
+    fn held_back(&self, t: &Track) -> bool {
         let caps_only = t.what.rules().iter().all(|r| CAPS.contains(*r));
-        self.due(t, now) && !(self.caps_held && caps_only)
+        self.caps_held && caps_only && t.held < MAX_HELD
     }
 
     /// The lineage index of the waits kept while away.
@@ -527,6 +544,7 @@ impl Ladder {
             last: now,
             absent: None,
             unseen: 0,
+            held: 0,
         };
         let stale = |t: &Track| {
             self.grace
@@ -717,7 +735,9 @@ impl Ladder {
                     since_ms: track.since,
                     deadline_ms: track.deadline,
                 };
-                if self.due_now(&track, now) {
+                if self.due(&track, now) && self.held_back(&track) {
+                    track.held = track.held.saturating_add(1);
+                } else if self.due(&track, now) {
                     if !track.acted {
                         events.push(event(Stage::Acted));
                         track.acted = true;
@@ -790,6 +810,8 @@ impl Ladder {
         }
         self.tracks = tracks;
         self.index_away();
+        // Held for this cycle's split and advance only.
+        self.caps_held = false;
         events.sort_by_cached_key(|e| {
             // Terminations before detaches, as in a plan.
             let (kind, pid, device, eid) = match &e.what {
@@ -1480,6 +1502,48 @@ mod tests {
         // A host unseen holds nothing where no cap's pick waits on it.
         let mut l = Ladder::new(cycles(2));
         l.advance(&h2_only, 0, &[]);
+        l.hold_caps(std::slice::from_ref(&h1));
+        assert_eq!(due(&l, &h2_only), vec![2, 3, 4]);
+        // Garbles taking turns on h1 and h2 hold h3's pick 2 cycles, no
+        // more (each host back seen anew).
+        let h3 = HostId("h3".into());
+        let all = Plan {
+            hosts: vec![
+                whole.hosts[0].clone(),
+                on(&h2, &[(2, cap)]),
+                on(&h3, &[(5, cap)]),
+            ],
+        };
+        let mut l = Ladder::new(cycles(2));
+        l.advance(&all, 0, &[]);
+        let mut acted_at = None;
+        for cycle in 1..6 {
+            let unseen = if cycle % 2 == 1 { &h1 } else { &h2 };
+            let seen = Plan {
+                hosts: (all.hosts.iter())
+                    .filter(|(h, _)| h != unseen)
+                    .cloned()
+                    .collect(),
+            };
+            l.hold_caps(std::slice::from_ref(unseen));
+            let acted = l.advance(&seen, 0, std::slice::from_ref(unseen));
+            if acted
+                .iter()
+                .any(|e| matches!(&e.what, What::Terminate(t) if t.pid.0 == 5))
+            {
+                acted_at.get_or_insert(cycle);
+            }
+        }
+        assert_eq!(acted_at, Some(3));
+        // An exempt pick holds nothing.
+        let mut l = Ladder::new(Grace {
+            exempt: vec![Exemption {
+                host: Some(h1.clone()),
+                ..Exemption::default()
+            }],
+            ..cycles(2)
+        });
+        l.advance(&whole, 0, &[]);
         l.hold_caps(std::slice::from_ref(&h1));
         assert_eq!(due(&l, &h2_only), vec![2, 3, 4]);
     }
