@@ -73,12 +73,14 @@ fn decision(e: &Entry) -> Decision {
     (e.action, e.pid, e.start_time, e.device, eid, rules)
 }
 
-/// A host's decisions: in `cycle`, and in the cycle before it.
+/// A host's decisions: in `cycle`, and in the cycle before it; the lines
+/// written in `cycle`, by whose they are.
 #[derive(Debug, Default)]
 struct Decisions {
     cycle: u64,
     now: HashSet<Decision>,
     before: HashSet<Decision>,
+    lines: HashMap<Option<String>, usize>,
 }
 
 /// One line of the log.
@@ -115,6 +117,12 @@ pub struct Entry<'a> {
     /// not written one by one ([`AuditLog::bounded`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
+    /// Whose the action is as the kernel says (a process's user; for a
+    /// detach, a live process of the charged user carrying the
+    /// environment), which the bound on lines goes by: a name a record
+    /// makes up is nobody's.
+    #[serde(skip)]
+    pub whose: Option<&'a str>,
 }
 
 /// What a line records.
@@ -347,8 +355,9 @@ impl AuditLog {
     /// bounded so that nothing a user writes grows the log without bound:
     /// a decision the same as one of the host's in the cycle before (a
     /// record written again, a process that outlived its signal) is not
-    /// written again, and each user has at most [`PER_USER`] lines a host
-    /// and cycle. What is left out is counted in one line per action
+    /// written again, and each user (as the kernel says, see
+    /// [`Entry::whose`]; the actions of nobody's together) has at most
+    /// [`PER_USER`] lines a host and cycle. What is left out is counted in one line per action
     /// (`count`, and whose in `message`), and carried out all the same.
     pub fn bounded<'a>(
         &self,
@@ -366,9 +375,10 @@ impl AuditLog {
                 HashSet::new()
             };
             d.cycle = cycle;
+            d.lines.clear();
         }
         d.now.extend(entries.iter().map(decision));
-        bound(entries, &d.before)
+        bound(entries, &d.before, &mut d.lines)
     }
 
     /// Records `events`' warnings and clearings, one line each (acting is
@@ -378,20 +388,58 @@ impl AuditLog {
     /// The write or the flush failed.
     pub fn events(&self, cycle: u64, events: &[Event]) -> std::io::Result<()> {
         let time = now();
-        let entries: Vec<Entry> = events
-            .iter()
-            .filter_map(|e| {
-                let phase = match e.stage {
-                    Stage::Warned => Phase::Warned,
-                    Stage::Cleared => Phase::Cleared,
-                    Stage::Acted => return None,
+        let mut per_user: HashMap<Option<&str>, usize> = HashMap::new();
+        // What each stage left out, by whose (the kernel's owner).
+        let mut left: Vec<(Phase, HashMap<&str, u64>)> = Vec::new();
+        let mut entries: Vec<Entry> = Vec::new();
+        for e in events {
+            let phase = match e.stage {
+                Stage::Warned => Phase::Warned,
+                Stage::Cleared => Phase::Cleared,
+                Stage::Acted => continue,
+            };
+            let n = per_user.entry(e.what.owner()).or_default();
+            if *n >= PER_USER {
+                let i = match left.iter().position(|(p, _)| *p == phase) {
+                    Some(i) => i,
+                    None => {
+                        left.push((phase, HashMap::new()));
+                        left.len() - 1
+                    }
                 };
-                let message = report::event_line(crate::model::Mode::Local, e)
-                    .map(|l| l.split_once("] ").map_or(l.clone(), |(_, m)| m.to_string()))
-                    .unwrap_or_default();
-                Some(event_entry(time.clone(), cycle, e, phase, message))
-            })
-            .collect();
+                *left[i].1.entry(e.what.owner().unwrap_or("")).or_default() += 1;
+                continue;
+            }
+            *n += 1;
+            let message = report::event_line(crate::model::Mode::Local, e)
+                .map(|l| l.split_once("] ").map_or(l.clone(), |(_, m)| m.to_string()))
+                .unwrap_or_default();
+            entries.push(event_entry(time.clone(), cycle, e, phase, message));
+        }
+        let none = HostId::default();
+        for (phase, users) in left {
+            let count: u64 = users.values().sum();
+            let mut whose: Vec<(&str, u64)> = users.into_iter().collect();
+            whose.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+            let named: Vec<String> = (whose.iter().take(3))
+                .map(|(u, n)| format!("{} {n}", if u.is_empty() { "owners unknown" } else { u }))
+                .collect();
+            entries.push(Entry {
+                count: Some(count),
+                ..Entry::about(
+                    time.clone(),
+                    cycle,
+                    &none,
+                    phase,
+                    format!(
+                        "{count} more {} this cycle, not written one by one (past {PER_USER} lines a user: {}{})",
+                        if phase == Phase::Warned { "warnings" } else { "clearings" },
+                        named.join(", "),
+                        if whose.len() > 3 { format!(", {} users more", whose.len() - 3) } else { String::new() }
+                    ),
+                )
+            });
+        }
         self.write(&entries)
     }
 
@@ -454,6 +502,7 @@ impl<'a> Entry<'a> {
             failure: None,
             deadline: None,
             count: None,
+            whose: None,
         }
     }
 }
@@ -508,6 +557,7 @@ fn termination<'a>(
         start_time: t.start_time,
         eid: t.eid.as_ref(),
         user: t.user.as_deref(),
+        whose: t.uid.and(t.user.as_deref()),
         rules: t.rules.iter().collect(),
         ..Entry::about(time.to_string(), cycle, host, Phase::Decided, message)
     }
@@ -537,6 +587,7 @@ pub fn decided<'a>(
         device: Some(d.device),
         eid: Some(&d.eid),
         user: d.charged.as_deref().or(d.username.as_deref()),
+        whose: d.owner.as_deref(),
         rules: vec![Rule::MaxDevicesPerUser],
         ..Entry::about(
             time.clone(),
@@ -569,7 +620,11 @@ pub fn kills<'a>(
 /// `entries` (one host's `decided` lines, in order) without the decisions
 /// in `before` and each user's lines past [`PER_USER`]; a line per action
 /// counting what is left out, after the rest.
-fn bound<'a>(entries: Vec<Entry<'a>>, before: &HashSet<Decision>) -> Vec<Entry<'a>> {
+fn bound<'a>(
+    entries: Vec<Entry<'a>>,
+    before: &HashSet<Decision>,
+    per_user: &mut HashMap<Option<String>, usize>,
+) -> Vec<Entry<'a>> {
     /// What one action's lines left out: as the cycle before, and by user.
     struct Left<'a> {
         base: Entry<'a>,
@@ -577,12 +632,11 @@ fn bound<'a>(entries: Vec<Entry<'a>>, before: &HashSet<Decision>) -> Vec<Entry<'
         repeated: u64,
         users: HashMap<&'a str, u64>,
     }
-    let mut per_user: HashMap<Option<&str>, usize> = HashMap::new();
     let mut left: Vec<Left> = Vec::new();
     let mut kept = Vec::new();
     for e in entries {
         let repeated = before.contains(&decision(&e));
-        let n = per_user.entry(e.user).or_default();
+        let n = per_user.entry(e.whose.map(String::from)).or_default();
         if !repeated && *n < PER_USER {
             *n += 1;
             kept.push(e);
@@ -612,7 +666,7 @@ fn bound<'a>(entries: Vec<Entry<'a>>, before: &HashSet<Decision>) -> Vec<Entry<'
         if repeated {
             l.repeated += 1;
         } else {
-            *l.users.entry(e.user.unwrap_or("")).or_default() += 1;
+            *l.users.entry(e.whose.unwrap_or("")).or_default() += 1;
         }
     }
     for l in left {
@@ -885,7 +939,7 @@ mod tests {
             eid: EnvId(format!("{user}{k}").into()),
             username: Some(user.into()),
             charged: None,
-            owner: None,
+            owner: Some(user.into()),
             working: false,
         };
         // bob: 40 records detached; alice: 2; bob's job, signalled again.
@@ -965,6 +1019,58 @@ mod tests {
         // A cycle later than the next, nothing is the cycle before's.
         let later = log.bounded(6, &host, decided(SystemTime::now(), 6, &host, &plan));
         assert_eq!(counts(&later), [(Action::Detach, Some(8))]);
+        // Names a record makes up are nobody's: one bound for them all,
+        // across the host's steps in a cycle.
+        let made_up = HostPlan {
+            terminate: Vec::new(),
+            detach: (0..20)
+                .map(|k| Detach {
+                    owner: None,
+                    ..detach(k, &format!("u{k}"))
+                })
+                .collect(),
+        };
+        let first = log.bounded(7, &host, decided(SystemTime::now(), 7, &host, &made_up));
+        assert_eq!((first.len(), counts(&first)), (20, vec![]));
+        let second = log.bounded(7, &host, decided(SystemTime::now(), 7, &host, &made_up));
+        assert_eq!(
+            (second.len(), counts(&second)),
+            (13, vec![(Action::Detach, Some(8))])
+        );
+        assert!(
+            second[12].message.contains("(owners unknown 8)"),
+            "{}",
+            second[12].message
+        );
+    }
+
+    #[test]
+    fn warnings_and_clearings_are_bounded_per_user_a_cycle() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let log = AuditLog::open(&path).unwrap();
+        let events: Vec<Event> = (0..40u32)
+            .map(|k| Event {
+                stage: if k % 2 == 0 {
+                    Stage::Warned
+                } else {
+                    Stage::Cleared
+                },
+                host: HostId("h".into()),
+                what: What::Terminate(Termination::of(Pid(k + 1), Some(1))),
+                since_ms: 0,
+                deadline_ms: Some(9),
+            })
+            .collect();
+        log.events(3, &events).unwrap();
+        let lines: Vec<serde_json::Value> = (std::fs::read_to_string(&path).unwrap().lines())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), PER_USER + 2);
+        let counted: Vec<(&str, u64)> = (lines.iter())
+            .filter_map(|l| Some((l["phase"].as_str()?, l["count"].as_u64()?)))
+            .collect();
+        assert_eq!(counted, [("warned", 4), ("cleared", 4)]);
     }
 
     #[test]

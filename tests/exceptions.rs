@@ -4,7 +4,7 @@
 //! processes of real users, through real sshd where the rule needs the
 //! inventory; each failed on `f81a4a4`. Rows 7 and 8 (notifications) are
 //! in `tests/notify.rs`, beside the webhook receiver; row 9 (shards) in
-//! `tests/ha.rs`, beside etcd; row 10 (pmon's table) in `tests/evasion.rs`.
+//! `tests/ha.rs`, beside etcd.
 
 mod util;
 
