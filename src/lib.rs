@@ -82,6 +82,7 @@ mod noninterference;
 pub mod notify;
 pub mod outcome;
 pub mod output;
+pub mod peer;
 pub mod plan;
 pub mod private;
 #[cfg(test)]

@@ -435,31 +435,76 @@ fn detach_result(d: &DetachResult) -> &'static str {
 /// At most this many connections are served at once; more are closed as
 /// soon as accepted. Enough for a crowd of stalled clients and a scraper.
 pub const MAX_CONNECTIONS: usize = 2048;
+/// At most this many of them one peer holds (a local user, their sub-uids
+/// included, or a remote address): more are closed as soon as accepted.
+pub const PER_PEER: usize = 64;
 /// A request's head may take this long to arrive, and this many bytes.
 pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 pub const MAX_HEADER_BYTES: usize = 16 << 10;
 /// No connection lives longer than this.
 const CONNECTION_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// The connections each peer holds now.
+type Shares = Arc<std::sync::Mutex<std::collections::HashMap<crate::peer::Peer, usize>>>;
+
+/// One connection's part of its peer's share, given back when dropped.
+struct Share(Shares, crate::peer::Peer);
+
+impl Share {
+    /// A part of `peer`'s share, unless it holds [`PER_PEER`] already.
+    fn take(shares: &Shares, peer: crate::peer::Peer) -> Option<Share> {
+        let mut held = shares.lock().unwrap_or_else(|e| e.into_inner());
+        let n = held.entry(peer.clone()).or_default();
+        if *n >= PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(Share(Arc::clone(shares), peer))
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.1) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                held.remove(&self.1);
+            }
+        }
+    }
+}
+
 /// Serves `metrics` on `listener` until the runtime ends: `GET /metrics`
 /// answers the text format, another path 404, another method 405. Any
 /// local user can connect, so each connection is bounded: at most
-/// [`MAX_CONNECTIONS`] at once, a head of at most [`MAX_HEADER_BYTES`]
-/// within [`HEADER_TIMEOUT`], and 30 s in all.
+/// [`MAX_CONNECTIONS`] at once and [`PER_PEER`] of one peer (a local user
+/// as the kernel names the owner of their socket, or a remote address), a
+/// head of at most [`MAX_HEADER_BYTES`] within [`HEADER_TIMEOUT`], and
+/// 30 s in all.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     web: Option<Arc<crate::web_config::WebConfig>>,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let shares = Shares::default();
     loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
+        let (stream, from) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!(error = %e, "metrics: accept failed");
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
             }
+        };
+        let Ok(local) = stream.local_addr() else {
+            continue;
+        };
+        let peer = crate::peer::of(from, local, std::path::Path::new("/etc/subuid"));
+        let Some(share) = Share::take(&shares, peer) else {
+            // Its peer's share is full: closed at once.
+            continue;
         };
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
             // Full: closed at once rather than left in the backlog.
@@ -511,7 +556,7 @@ pub async fn serve(
                 }
             };
             let _ = tokio::time::timeout(CONNECTION_LIMIT, served).await;
-            drop(slot);
+            drop((slot, share));
         });
     }
 }

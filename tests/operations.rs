@@ -462,6 +462,31 @@ print("ready", flush=True)
 sys.stdin.read()
 "#;
 
+/// A local user's flood of stalled heads: N connections, each sending a
+/// head that never ends; then "ready" and how many the endpoint still
+/// holds open (those it closed read as ended).
+const STALL: &str = r#"
+import resource, select, socket, sys, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+port, n = int(sys.argv[1]), int(sys.argv[2])
+socks = []
+for _ in range(n):
+    s = socket.create_connection(("127.0.0.1", port), timeout=2)
+    s.send(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Flood: aaaa")
+    socks.append(s)
+time.sleep(0.5)
+ended = 0
+for s in socks:
+    if select.select([s], [], [], 0)[0]:
+        try:
+            ended += s.recv(1) == b""
+        except OSError:
+            ended += 1
+print("ready", n - ended, flush=True)
+sys.stdin.read()
+"#;
+
 #[test]
 fn the_metrics_endpoint_holds_under_a_local_users_flood() {
     let h = Host::new(1);
@@ -533,6 +558,62 @@ fn the_metrics_endpoint_holds_under_a_local_users_flood() {
     let grown = during.saturating_sub(before);
     eprintln!("RSS {before} KiB before the flood, {during} KiB during (+{grown} KiB)");
     assert!(grown < 64 << 10, "RSS grew by {grown} KiB under the flood");
+}
+
+/// Issue 42, point 6: one local user opening many connections holds only
+/// their own share of the endpoint's (64 of its 2,048, the rest closed at
+/// once), so the scraper is served however many they open.
+#[test]
+fn one_local_user_cannot_crowd_the_scraper_out() {
+    let h = Host::new(1);
+    h.write_devices(1, &[]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = h
+        .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+        .args([
+            "enforce",
+            "--interval",
+            "1m",
+            "--output",
+            "json",
+            "--metrics-listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reports = BufReader::new(child.stdout.take().unwrap()).lines();
+    reports.next().unwrap().unwrap();
+    let (uid, gid) = util::ensure_user("mallory");
+    let mut flood = std::process::Command::new("/usr/bin/python3");
+    flood.args(["-c", STALL, &port.to_string(), "400"]);
+    std::os::unix::process::CommandExt::uid(&mut flood, uid);
+    std::os::unix::process::CommandExt::gid(&mut flood, gid);
+    let mut flood = flood
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    BufReader::new(flood.stdout.take().unwrap())
+        .read_line(&mut said)
+        .unwrap();
+    let held: usize = (said.trim().strip_prefix("ready "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the flood did not start: {said}"));
+    // Her stalled heads held meanwhile (5 s each): scrape among them.
+    let (status, metrics) = http_get(port, "/metrics");
+    drop(flood.stdin.take());
+    let _ = flood.kill();
+    let _ = flood.wait();
+    let _ = stop(&mut child);
+    assert_eq!(held, genv_enforce::metrics::PER_PEER, "of her 400");
+    assert!(status.contains("200"), "{status}");
+    assert!(metrics.contains("genv_enforce_cycles_total 1"), "{metrics}");
 }
 
 #[test]
