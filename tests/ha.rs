@@ -685,6 +685,42 @@ fn doctor_checks_etcd_the_election_and_each_hosts_fence() {
     assert!(text.contains("is not a directory of uid 0 only"), "{text}");
 }
 
+/// Shards one and two of 2 over `f`, on `etcd`, under a cap of 2 devices
+/// a user.
+fn two_shards(f: &Fleet, etcd: &Etcd) -> (Enforcer, Enforcer) {
+    let cap = ["--max-devices-per-user", "2"];
+    let shard = |name, k| Enforcer::start(f, name, &[etcd], &[&cap[..], &["--shard", k]].concat());
+    (shard("shard-one", "1/2"), shard("shard-two", "2/2"))
+}
+
+/// alice's one excess over the fleet of
+/// [`two_shards_detach_one_global_excess_once_and_a_dead_shards_hosts_drop_out`]
+/// taken once: each shard its part, h1:0 (shard one), h4:1 and h2:0 (shard
+/// two), her jobs there terminated; h3:0 and h4:0 kept.
+fn excess_taken_once(f: &mut Fleet, jobs: &[u32], one: &Enforcer, two: &Enforcer) {
+    assert_eq!(
+        f.host(0).wait_signal(jobs[0], WAIT),
+        Some(SIGTERM),
+        "{}",
+        one.stderr()
+    );
+    assert_eq!(
+        f.host(1).wait_signal(jobs[1], WAIT),
+        Some(SIGTERM),
+        "{}",
+        two.stderr()
+    );
+    assert!(
+        wait(WAIT, || f.host(3).attached(1).is_empty()),
+        "{}",
+        two.stderr()
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(f.host(2).attached(0), ["a2"], "{}", two.stderr());
+    assert_eq!(f.host(3).attached(0), ["a3"]);
+    assert!(f.host(2).running(jobs[2]) && f.host(3).running(jobs[3]));
+}
+
 #[test]
 fn two_shards_detach_one_global_excess_once_and_a_dead_shards_hosts_drop_out() {
     let Some(etcd) = etcd(1) else { return };
@@ -708,44 +744,10 @@ fn two_shards_detach_one_global_excess_once_and_a_dead_shards_hosts_drop_out() {
         f.host(h).set_apps(&[(p, 0, "100")]);
         jobs.push(p);
     }
-    let cap = ["--max-devices-per-user", "2"];
-    let one = Enforcer::start(
-        &f,
-        "shard-one",
-        &[&etcd[0]],
-        &[&cap[..], &["--shard", "1/2"]].concat(),
-    );
-    let mut two = Enforcer::start(
-        &f,
-        "shard-two",
-        &[&etcd[0]],
-        &[&cap[..], &["--shard", "2/2"]].concat(),
-    );
-    // Each shard detaches its part of the one excess: h1:0 (shard one),
-    // h4:1 and h2:0 (shard two); their jobs there are terminated.
-    assert_eq!(
-        f.host(0).wait_signal(jobs[0], WAIT),
-        Some(SIGTERM),
-        "{}",
-        one.stderr()
-    );
-    assert_eq!(
-        f.host(1).wait_signal(jobs[1], WAIT),
-        Some(SIGTERM),
-        "{}",
-        two.stderr()
-    );
-    assert!(
-        wait(WAIT, || f.host(3).attached(1).is_empty()),
-        "{}",
-        two.stderr()
-    );
-    std::thread::sleep(Duration::from_secs(3));
+    let (one, mut two) = two_shards(&f, &etcd[0]);
+    excess_taken_once(&mut f, &jobs, &one, &two);
     assert_eq!(f.host(0).attached(0), Vec::<String>::new());
     assert_eq!(f.host(1).attached(0), Vec::<String>::new());
-    assert_eq!(f.host(2).attached(0), ["a2"]);
-    assert_eq!(f.host(3).attached(0), ["a3"]);
-    assert!(f.host(2).running(jobs[2]) && f.host(3).running(jobs[3]));
     let detached = |e: &Enforcer| -> Vec<(String, u64)> {
         let text = std::fs::read_to_string(&e.audit).unwrap_or_default();
         let mut v: Vec<_> = text
@@ -961,41 +963,9 @@ fn row9_a_huge_username_never_withdraws_a_shards_part() {
         f.host(h).set_apps(&[(p, 0, "100")]);
         jobs.push(p);
     }
-    let cap = ["--max-devices-per-user", "2"];
-    let one = Enforcer::start(
-        &f,
-        "shard-one",
-        &[&etcd[0]],
-        &[&cap[..], &["--shard", "1/2"]].concat(),
-    );
-    let two = Enforcer::start(
-        &f,
-        "shard-two",
-        &[&etcd[0]],
-        &[&cap[..], &["--shard", "2/2"]].concat(),
-    );
-    // As without bob's record: h1:0 (shard one), h4:1 and h2:0 (shard two).
-    assert_eq!(
-        f.host(0).wait_signal(jobs[0], WAIT),
-        Some(SIGTERM),
-        "{}",
-        one.stderr()
-    );
-    assert_eq!(
-        f.host(1).wait_signal(jobs[1], WAIT),
-        Some(SIGTERM),
-        "{}",
-        two.stderr()
-    );
-    assert!(
-        wait(WAIT, || f.host(3).attached(1).is_empty()),
-        "{}",
-        two.stderr()
-    );
-    std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(f.host(2).attached(0), ["a2"], "{}", two.stderr());
-    assert_eq!(f.host(3).attached(0), ["a3"]);
-    assert!(f.host(2).running(jobs[2]) && f.host(3).running(jobs[3]));
+    // As without bob's record.
+    let (one, two) = two_shards(&f, &etcd[0]);
+    excess_taken_once(&mut f, &jobs, &one, &two);
     let stderr = one.stderr();
     assert!(!stderr.contains("too large"), "{stderr}");
     assert!(

@@ -942,6 +942,19 @@ fn on_the_fleet_a_job_lives_through_its_grace_and_dies_at_the_deadline_unless_fi
     assert_eq!(stages, want);
 }
 
+/// A host of 4 GPUs where alice works: her environment `alices` (her
+/// shell listed) attached to GPU 0, her job in it there. The host and the
+/// job.
+fn alice_at_work() -> (Host, u32) {
+    let mut h = Host::new(4);
+    let shell = h.spawn_as("alice", None);
+    let job = h.spawn_as("alice", Some("alices"));
+    h.write_envs(&[env("alices", Some("alice"), None, shell)]);
+    h.write_devices(4, &[(0, "alices")]);
+    h.set_apps(&[(job, 0, "100")]);
+    (h, job)
+}
+
 /// Issue 26, row 8: bob attaches alice's live environment to spare
 /// devices again and again under a device cap; each is detached and told
 /// to her, but that spends only a few messages about that environment and
@@ -952,12 +965,7 @@ fn flapping_another_users_attachments_never_spends_her_notifications() {
     let Some(hook) = Sink::start("http") else {
         return;
     };
-    let mut h = Host::new(4);
-    let shell = h.spawn_as("alice", None);
-    let job = h.spawn_as("alice", Some("alices"));
-    h.write_envs(&[env("alices", Some("alice"), None, shell)]);
-    h.write_devices(4, &[(0, "alices")]);
-    h.set_apps(&[(job, 0, "100")]);
+    let (mut h, job) = alice_at_work();
     let url = format!("http://127.0.0.1:{}/hook", hook.port);
     let mut run = Run::start(
         &h,
@@ -1097,12 +1105,7 @@ fn row8_a_flapping_violation_is_told_a_few_times_an_hour() {
     let Some(hook) = Sink::start("http") else {
         return;
     };
-    let mut h = Host::new(4);
-    let shell = h.spawn_as("alice", None);
-    let job = h.spawn_as("alice", Some("alices"));
-    h.write_envs(&[env("alices", Some("alice"), None, shell)]);
-    h.write_devices(4, &[(0, "alices")]);
-    h.set_apps(&[(job, 0, "100")]);
+    let (mut h, job) = alice_at_work();
     let url = format!("http://127.0.0.1:{}/hook", hook.port);
     let mut run = Run::start(&h, &["--env-devices", "--grace", "1h", "--webhook", &url]);
     run.next();

@@ -487,9 +487,9 @@ print("ready", n - ended, flush=True)
 sys.stdin.read()
 "#;
 
-#[test]
-fn the_metrics_endpoint_holds_under_a_local_users_flood() {
-    let h = Host::new(1);
+/// A run of ours on `h` (one GPU, no environment) serving metrics on a
+/// free port of 127.0.0.1, past its first cycle: the run and the port.
+fn serving_metrics(h: &Host) -> (std::process::Child, u16) {
     h.write_devices(1, &[]);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -512,14 +512,16 @@ fn the_metrics_endpoint_holds_under_a_local_users_flood() {
         .unwrap();
     let mut reports = BufReader::new(child.stdout.take().unwrap()).lines();
     reports.next().unwrap().unwrap();
-    let (status, _) = http_get(port, "/metrics");
-    assert!(status.contains("200"), "{status}");
-    let before = rss_kib(child.id());
-    // As a user of the machine, not root.
+    (child, port)
+}
+
+/// Python `script` with `args`, run as mallory (a user of the machine, not
+/// root, with the system's Python as any user has it), once it says its
+/// first line: the process (stdin open) and the line.
+fn as_mallory(script: &str, args: &[&str]) -> (std::process::Child, String) {
     let (uid, gid) = util::ensure_user("mallory");
-    // The system's Python, as any user of the machine has it.
     let mut flood = std::process::Command::new("/usr/bin/python3");
-    flood.args(["-c", FLOOD, &port.to_string(), "1500"]);
+    flood.args(["-c", script]).args(args);
     std::os::unix::process::CommandExt::uid(&mut flood, uid);
     std::os::unix::process::CommandExt::gid(&mut flood, gid);
     let mut flood = flood
@@ -531,6 +533,17 @@ fn the_metrics_endpoint_holds_under_a_local_users_flood() {
     BufReader::new(flood.stdout.take().unwrap())
         .read_line(&mut said)
         .unwrap();
+    (flood, said)
+}
+
+#[test]
+fn the_metrics_endpoint_holds_under_a_local_users_flood() {
+    let h = Host::new(1);
+    let (mut child, port) = serving_metrics(&h);
+    let (status, _) = http_get(port, "/metrics");
+    assert!(status.contains("200"), "{status}");
+    let before = rss_kib(child.id());
+    let (mut flood, said) = as_mallory(FLOOD, &[&port.to_string(), "1500"]);
     assert_eq!(said.trim(), "ready", "the flood did not start");
     std::thread::sleep(Duration::from_millis(500));
     let during = rss_kib(child.id());
@@ -566,42 +579,8 @@ fn the_metrics_endpoint_holds_under_a_local_users_flood() {
 #[test]
 fn one_local_user_cannot_crowd_the_scraper_out() {
     let h = Host::new(1);
-    h.write_devices(1, &[]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = h
-        .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
-        .args([
-            "enforce",
-            "--interval",
-            "1m",
-            "--output",
-            "json",
-            "--metrics-listen",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reports = BufReader::new(child.stdout.take().unwrap()).lines();
-    reports.next().unwrap().unwrap();
-    let (uid, gid) = util::ensure_user("mallory");
-    let mut flood = std::process::Command::new("/usr/bin/python3");
-    flood.args(["-c", STALL, &port.to_string(), "400"]);
-    std::os::unix::process::CommandExt::uid(&mut flood, uid);
-    std::os::unix::process::CommandExt::gid(&mut flood, gid);
-    let mut flood = flood
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut said = String::new();
-    BufReader::new(flood.stdout.take().unwrap())
-        .read_line(&mut said)
-        .unwrap();
+    let (mut child, port) = serving_metrics(&h);
+    let (mut flood, said) = as_mallory(STALL, &[&port.to_string(), "400"]);
     let held: usize = (said.trim().strip_prefix("ready "))
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("the flood did not start: {said}"));
