@@ -193,6 +193,11 @@ struct Track {
     /// without its exemption.
     #[serde(default)]
     exempted: bool,
+    /// A rule that acts has asked for it: its wait has begun. Warned of
+    /// only until then (every rule asking only warns), it begins when the
+    /// first rule that acts joins, and never again while it is tracked.
+    #[serde(default)]
+    acts: bool,
     /// When last seen (ms), or when a cycle last passed while it was
     /// away (`absent`).
     #[serde(default)]
@@ -205,21 +210,17 @@ struct Track {
     absent: Option<u64>,
     /// Cycles in a row its host has gone unseen (unanswered, or its genv
     /// state unusable) since it was last seen.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::model::is_zero")]
     unseen: u32,
     /// Cycles it was held back when due ([`Ladder::hold_caps`]): never
     /// more than [`MAX_HELD`], whatever a user garbles.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::model::is_zero")]
     held: u32,
 }
 
 /// Cycles a due action is held back for the caps' picks that an unseen
 /// host hides, at most, over its whole wait.
 const MAX_HELD: u32 = BLIND_AFTER - 1;
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
 
 /// What a restarted job has in common with the one before it: its host,
 /// its owner's uid, the rules asking and its GPUs (none of which the owner
@@ -541,6 +542,7 @@ impl Ladder {
             warned: false,
             acted: false,
             exempted: false,
+            acts: false,
             last: now,
             absent: None,
             unseen: 0,
@@ -551,6 +553,8 @@ impl Ladder {
                 .gap
                 .is_some_and(|g| now.saturating_sub(t.last) > ms(g))
         };
+        let grace = self.grace.of(what.rules());
+        let acting = grace.is_some();
         let found = self.track_of(key, what, present);
         // Taken up by another process: it is warned of anew.
         let other = found.is_some_and(|(k, _)| k != key);
@@ -559,6 +563,9 @@ impl Ladder {
             Some(t) if self.expired(t, now) => fresh,
             // Seen before a stop: it starts over.
             Some(t) if stale(t) => fresh,
+            // Warned of only until now: a rule that acts joins, and its
+            // wait begins, warned of anew.
+            Some(t) if !t.acts && t.deadline.is_none() && acting => fresh,
             // Exempt until now: its grace starts now.
             Some(t) if t.exempted => Track {
                 seen: t.seen.saturating_add(1),
@@ -576,10 +583,8 @@ impl Ladder {
             None => fresh,
         };
         // The deadline follows the rules the action is asked for by now.
-        track.deadline = self
-            .grace
-            .of(what.rules())
-            .map(|g| track.since.saturating_add(ms(g)));
+        track.deadline = grace.map(|g| track.since.saturating_add(ms(g)));
+        track.acts |= acting;
         track
     }
 
@@ -1417,13 +1422,22 @@ mod tests {
         // Warn-only first: no deadline.
         let memory = with(&[Rule::EnvMemory]);
         assert_eq!(l.advance(&memory, 0, &[])[0].deadline_ms, None);
-        // Then also env-devices: due 10 s after it was first seen.
+        l.advance(&memory, 20_000, &[]);
+        // Then also env-devices: its wait begins then, warned of anew, and
+        // it is due 10 s later (not at once for having been warned of).
         let both = with(&[Rule::EnvMemory, Rule::EnvDevices]);
-        assert_eq!(acted_at(&l, &both, 9_999).0, Vec::<u32>::new());
-        assert_eq!(acted_at(&l, &both, 10_000).0, vec![1]);
+        assert_eq!(acted_at(&l, &both, 30_000).0, Vec::<u32>::new());
+        let warned = l.advance(&both, 30_000, &[]);
+        assert_eq!(warned.len(), 1);
+        assert_eq!(warned[0].stage, Stage::Warned);
+        assert_eq!(warned[0].deadline_ms, Some(40_000));
+        assert_eq!(acted_at(&l, &both, 39_999).0, Vec::<u32>::new());
+        assert_eq!(acted_at(&l, &both, 40_000).0, vec![1]);
         // Back to warn-only: never acted on, whatever time it is.
-        l.advance(&both, 5_000, &[]);
         assert_eq!(acted_at(&l, &memory, 1_000_000).0, Vec::<u32>::new());
+        l.advance(&memory, 35_000, &[]);
+        // A rule that acts again: its wait goes on, never begins anew.
+        assert_eq!(acted_at(&l, &both, 40_000).0, vec![1]);
     }
 
     #[test]
