@@ -419,11 +419,6 @@ impl AuditLog {
         let none = HostId::default();
         for (phase, users) in left {
             let count: u64 = users.values().sum();
-            let mut whose: Vec<(&str, u64)> = users.into_iter().collect();
-            whose.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-            let named: Vec<String> = (whose.iter().take(3))
-                .map(|(u, n)| format!("{} {n}", if u.is_empty() { "owners unknown" } else { u }))
-                .collect();
             entries.push(Entry {
                 count: Some(count),
                 ..Entry::about(
@@ -432,10 +427,9 @@ impl AuditLog {
                     &none,
                     phase,
                     format!(
-                        "{count} more {} this cycle, not written one by one (past {PER_USER} lines a user: {}{})",
+                        "{count} more {} this cycle, not written one by one (past {PER_USER} lines a user: {})",
                         if phase == Phase::Warned { "warnings" } else { "clearings" },
-                        named.join(", "),
-                        if whose.len() > 3 { format!(", {} users more", whose.len() - 3) } else { String::new() }
+                        whose(users),
                     ),
                 )
             });
@@ -617,6 +611,20 @@ pub fn kills<'a>(
         .collect()
 }
 
+/// Whose lines were left out, most first: `alice 40, owners unknown 8,
+/// bob 3, 2 users more` (three named at most).
+fn whose<'u>(users: impl IntoIterator<Item = (&'u str, u64)>) -> String {
+    let mut users: Vec<(&str, u64)> = users.into_iter().collect();
+    users.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let mut named: Vec<String> = (users.iter().take(3))
+        .map(|(u, n)| format!("{} {n}", if u.is_empty() { "owners unknown" } else { u }))
+        .collect();
+    if users.len() > 3 {
+        named.push(format!("{} users more", users.len() - 3));
+    }
+    named.join(", ")
+}
+
 /// `entries` (one host's `decided` lines, in order) without the decisions
 /// in `before` and each user's lines past [`PER_USER`]; a line per action
 /// counting what is left out, after the rest.
@@ -671,14 +679,6 @@ fn bound<'a>(
     }
     for l in left {
         let over: u64 = l.users.values().sum();
-        let mut users: Vec<(&str, u64)> = l.users.into_iter().collect();
-        users.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-        let mut whose: Vec<String> = (users.iter().take(3))
-            .map(|(u, n)| format!("{} {n}", if u.is_empty() { "owners unknown" } else { u }))
-            .collect();
-        if users.len() > 3 {
-            whose.push(format!("{} users more", users.len() - 3));
-        }
         let mut why = Vec::new();
         if l.repeated > 0 {
             why.push(format!("{} as decided the cycle before", l.repeated));
@@ -686,7 +686,7 @@ fn bound<'a>(
         if over > 0 {
             why.push(format!(
                 "{over} past {PER_USER} lines a user ({})",
-                whose.join(", ")
+                whose(l.users)
             ));
         }
         let mut rules = l.rules;

@@ -693,8 +693,8 @@ impl Cluster {
 }
 
 /// Whether `n` is 0 (a field left out of JSON then).
-fn is_zero(n: &usize) -> bool {
-    *n == 0
+pub fn is_zero<N: Default + PartialEq>(n: &N) -> bool {
+    *n == N::default()
 }
 
 #[cfg(test)]

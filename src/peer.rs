@@ -6,8 +6,9 @@
 //! scraper however many connections they open.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
 
 use rustix::net::{netlink, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
 
@@ -136,9 +137,29 @@ fn answer(reply: &[u8], peer: SocketAddr, local: SocketAddr) -> Option<u32> {
 /// The owner of the subordinate range `uid` falls in, as `subuid` (the
 /// format of `/etc/subuid`: `owner:first:count` lines) names it.
 fn range_owner(uid: u32, subuid: &Path) -> Option<String> {
-    // Small and root's: read as it is now (a range added later counts).
-    let text = std::fs::read_to_string(subuid).ok()?;
-    owner_in(&text, uid)
+    owner_in(&ranges(subuid)?, uid)
+}
+
+/// The file of sub-uid ranges as last read, with its modification time
+/// and size.
+type Ranges = (PathBuf, (SystemTime, u64), Arc<str>);
+static RANGES: Mutex<Option<Ranges>> = Mutex::new(None);
+
+/// The text of `subuid` as it is now (a range added later counts), read
+/// again only when its modification time or size changed: a flood of
+/// connections costs a stat each, not a read.
+fn ranges(subuid: &Path) -> Option<Arc<str>> {
+    let meta = std::fs::metadata(subuid).ok()?;
+    let stamp = (meta.modified().ok()?, meta.len());
+    let mut last = RANGES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((path, at, text)) = last.as_ref() {
+        if path == subuid && *at == stamp {
+            return Some(text.clone());
+        }
+    }
+    let text: Arc<str> = std::fs::read_to_string(subuid).ok()?.into();
+    *last = Some((subuid.to_path_buf(), stamp, text.clone()));
+    Some(text)
 }
 
 fn owner_in(text: &str, uid: u32) -> Option<String> {
@@ -172,6 +193,9 @@ mod tests {
         let subuid = dir.path().join("subuid");
         std::fs::write(&subuid, format!("bob:{}:1\n", me)).unwrap();
         assert_eq!(of(from, local, &subuid), Peer::Owner("bob".into()));
+        // Read again once it changed.
+        std::fs::write(&subuid, format!("carol:{}:1\n", me)).unwrap();
+        assert_eq!(of(from, local, &subuid), Peer::Owner("carol".into()));
     }
 
     #[test]
