@@ -109,7 +109,12 @@ pub async fn cycle(
     let found = (std::mem::take(&mut g.results), std::mem::take(&mut g.own));
     let mut a = assessed_off_workers(fleet, options, n, abort, found, policy, memory, now).await;
     let kept = options.follows.then(|| memory.ladder.clone());
-    let mut events = laddered(&mut a, &mut memory.ladder, &mut g.early, now, abort);
+    let elsewhere = memory.others.iter().any(|p| p.held);
+    let ladder = &mut memory.ladder;
+    let (mut events, held) = laddered(&mut a, ladder, &mut g.early, (now, elsewhere), abort);
+    for p in &mut memory.published {
+        p.held = held;
+    }
     if let Some(ladder) = kept {
         memory.ladder = ladder;
         events = Default::default();
@@ -294,6 +299,7 @@ fn published(
                 position: *fleet.positions.get(host)?,
                 usage: findings.usage.clone(),
                 blind: unusable.get(host).is_some_and(|n| *n >= BLIND_AFTER),
+                held: false,
             })
         })
         .collect()
@@ -362,14 +368,16 @@ async fn assessed_off_workers(
 /// beside its snapshot (`early`); the ladder advanced over the whole plan:
 /// the events to tell, and (without a ladder) what was acted on at once.
 /// A host that did not answer keeps its actions' progress as it was;
-/// `-e`'s abort decides nothing, so nothing moves.
+/// `-e`'s abort decides nothing, so nothing moves. What only the caps ask
+/// for is held while a pick of theirs waits on an unseen host, ours or
+/// (`elsewhere`) another shard's: returns whether one waits on ours.
 pub(crate) fn laddered(
     a: &mut assess::Assessment,
     ladder: &mut Ladder,
     early: &mut Early,
-    now: u64,
+    (now, elsewhere): (u64, bool),
     abort: bool,
-) -> (Vec<crate::ladder::Event>, Vec<crate::ladder::Event>) {
+) -> (Events, bool) {
     // A host whose genv state cannot be used this cycle is as good as
     // unanswered for the waits that need it: none of them moves.
     let unanswered: Vec<HostId> = a
@@ -378,7 +386,7 @@ pub(crate) fn laddered(
         .filter(|h| h.error.is_some() || h.degraded.is_some())
         .map(|h| h.host.clone())
         .collect();
-    ladder.hold_caps(if abort { &[] } else { &unanswered });
+    let held = ladder.hold_caps(if abort { &[] } else { &unanswered }, elsewhere && !abort);
     let whole = std::mem::take(&mut a.plan);
     let extended: std::collections::HashSet<&HostId> = a.extended.iter().collect();
     for (host, p) in &whole.hosts {
@@ -392,7 +400,7 @@ pub(crate) fn laddered(
         a.waiting.extend(waiting);
     }
     if abort {
-        return (Vec::new(), Vec::new());
+        return (Events::default(), false);
     }
     let judged: crate::ladder::Judged = (a.cluster.hosts.iter())
         .filter(|(h, _)| !unanswered.contains(h))
@@ -402,11 +410,16 @@ pub(crate) fn laddered(
             })
         })
         .collect();
-    (
+    let events = (
         ladder.advance_seen(&whole, now, &unanswered, &judged),
         ladder.acted_at_once(&a.plan, now),
-    )
+    );
+    (events, held)
 }
+
+/// A cycle's ladder events, and (without a ladder) what was acted on at
+/// once.
+type Events = (Vec<crate::ladder::Event>, Vec<crate::ladder::Event>);
 
 /// The cycle's strays, failed hosts and ladder events in the audit log,
 /// if there is one (a failed write is logged; enforcement goes on).

@@ -386,8 +386,11 @@ impl Ladder {
     /// of the same user in place of the one carried out elsewhere, and a
     /// garble anyone can write would choose which. What is held counts the
     /// cycle as seen, and comes due with the rest once that host is seen.
-    pub fn hold_caps(&mut self, unseen: &[HostId]) {
-        self.caps_held = self.tracks.iter().any(|(k, t)| {
+    /// Sharded, another shard that held its picks last cycle (`elsewhere`)
+    /// holds ours too. Returns whether a pick waits on a host of `unseen`
+    /// (for our part, so that the other shards hold theirs).
+    pub fn hold_caps(&mut self, unseen: &[HostId], elsewhere: bool) -> bool {
+        let own = self.tracks.iter().any(|(k, t)| {
             let (Key::Terminate(host, ..) | Key::Detach(host, ..)) = k;
             unseen.contains(host)
                 && t.unseen + 1 < BLIND_AFTER
@@ -397,6 +400,8 @@ impl Ladder {
                 && t.deadline.is_some()
                 && t.what.rules().iter().any(|r| CAPS.contains(*r))
         });
+        self.caps_held = own || elsewhere;
+        own
     }
 
     /// Whether the action `t` tracks is carried out at `now`: due, and not
@@ -1490,10 +1495,10 @@ mod tests {
                 .flat_map(|(_, h)| h.terminate.iter().map(|t| t.pid.0))
                 .collect()
         };
-        l.hold_caps(&[]);
+        l.hold_caps(&[], false);
         l.advance(&whole, 0, &[]);
         // h1 unseen: what only the caps ask for waits on h2 too.
-        l.hold_caps(std::slice::from_ref(&h1));
+        l.hold_caps(std::slice::from_ref(&h1), false);
         assert_eq!(due(&l, &h2_only), vec![3, 4]);
         let acted: Vec<u32> = (l.advance(&h2_only, 0, std::slice::from_ref(&h1)).iter())
             .filter_map(|e| match &e.what {
@@ -1503,20 +1508,20 @@ mod tests {
             .collect();
         assert_eq!(acted, vec![3, 4]);
         // h1 seen again: every pick due together.
-        l.hold_caps(&[]);
+        l.hold_caps(&[], false);
         assert_eq!(due(&l, &whole), vec![1, 2, 3, 4]);
         // Unseen longer, the caps go on without it.
         let mut l = Ladder::new(cycles(2));
         l.advance(&whole, 0, &[]);
         for held in [true, true, false] {
-            l.hold_caps(std::slice::from_ref(&h1));
+            l.hold_caps(std::slice::from_ref(&h1), false);
             assert_eq!(due(&l, &h2_only).contains(&2), !held);
             l.advance(&h2_only, 0, std::slice::from_ref(&h1));
         }
         // A host unseen holds nothing where no cap's pick waits on it.
         let mut l = Ladder::new(cycles(2));
         l.advance(&h2_only, 0, &[]);
-        l.hold_caps(std::slice::from_ref(&h1));
+        l.hold_caps(std::slice::from_ref(&h1), false);
         assert_eq!(due(&l, &h2_only), vec![2, 3, 4]);
         // Garbles taking turns on h1 and h2 hold h3's pick 2 cycles, no
         // more (each host back seen anew).
@@ -1539,7 +1544,7 @@ mod tests {
                     .cloned()
                     .collect(),
             };
-            l.hold_caps(std::slice::from_ref(unseen));
+            l.hold_caps(std::slice::from_ref(unseen), false);
             let acted = l.advance(&seen, 0, std::slice::from_ref(unseen));
             if acted
                 .iter()
@@ -1558,8 +1563,21 @@ mod tests {
             ..cycles(2)
         });
         l.advance(&whole, 0, &[]);
-        l.hold_caps(std::slice::from_ref(&h1));
+        l.hold_caps(std::slice::from_ref(&h1), false);
         assert_eq!(due(&l, &h2_only), vec![2, 3, 4]);
+        // Another shard held its picks: ours are held too, and none of
+        // ours waits on an unseen host of ours (nothing to pass on).
+        let mut l = Ladder::new(cycles(2));
+        l.advance(&h2_only, 0, &[]);
+        assert!(!l.hold_caps(&[], true));
+        assert_eq!(due(&l, &h2_only), vec![3, 4]);
+        l.advance(&h2_only, 0, &[]);
+        assert!(!l.hold_caps(&[], false));
+        assert_eq!(due(&l, &h2_only), vec![2, 3, 4]);
+        // Ours waits on an unseen host of ours: said, for the others.
+        let mut l = Ladder::new(cycles(2));
+        l.advance(&whole, 0, &[]);
+        assert!(l.hold_caps(std::slice::from_ref(&h1), false));
     }
 
     #[test]

@@ -522,47 +522,56 @@ impl Run {
     }
 }
 
-/// The (device, environment) pairs `outcomes` detached, by host: one pass.
-fn detached_by_host(
+/// What `outcomes` freed, by host, in one pass: the (device, environment)
+/// pairs detached and the processes signalled (or already gone).
+fn freed_by_host(
     outcomes: &[crate::outcome::Outcome],
-) -> std::collections::HashMap<
-    &crate::model::HostId,
-    std::collections::HashSet<(crate::model::GpuIndex, crate::model::EnvId)>,
-> {
-    use crate::outcome::{DetachResult, Outcome};
-    let mut by_host: std::collections::HashMap<_, std::collections::HashSet<_>> =
-        std::collections::HashMap::new();
+) -> std::collections::HashMap<&crate::model::HostId, Freed> {
+    use crate::outcome::{DetachResult, Outcome, TerminateResult};
+    let mut by_host: std::collections::HashMap<_, Freed> = std::collections::HashMap::new();
     for o in outcomes {
-        if let Outcome::Detach {
-            host,
-            device,
-            eid,
-            outcome: DetachResult::Detached,
-        } = o
-        {
-            by_host
-                .entry(host)
-                .or_default()
-                .insert((*device, eid.clone()));
+        match o {
+            Outcome::Detach {
+                host,
+                device,
+                eid,
+                outcome: DetachResult::Detached,
+            } => {
+                (by_host.entry(host).or_default().0).insert((*device, eid.clone()));
+            }
+            Outcome::Terminate {
+                host,
+                pid,
+                outcome: TerminateResult::Signalled | TerminateResult::AlreadyGone,
+            } => {
+                (by_host.entry(host).or_default().1).insert(*pid);
+            }
+            _ => {}
         }
     }
     by_host
 }
 
+/// A host's detached (device, environment) pairs and ended processes.
+type Freed = (
+    std::collections::HashSet<(crate::model::GpuIndex, crate::model::EnvId)>,
+    std::collections::HashSet<crate::model::Pid>,
+);
+
 /// Sharded: our hosts' part, for the other shards' next cycle, without
-/// what this cycle detached (said when it cannot be published).
+/// what this cycle detached and terminated (said when it cannot be published).
 async fn publish(
     elector: &crate::ha::Elector,
     parts: Vec<crate::rules::shards::Published>,
     report: &CycleReport,
 ) {
-    let detached = detached_by_host(&report.outcomes);
-    let none = std::collections::HashSet::new();
+    let freed = freed_by_host(&report.outcomes);
+    let none = Freed::default();
     let part = parts
         .into_iter()
         .map(|p| {
-            let gone = detached.get(&p.host).unwrap_or(&none);
-            p.without(gone)
+            let (detached, ended) = freed.get(&p.host).unwrap_or(&none);
+            p.without(detached, ended)
         })
         .collect();
     if let Err(e) = elector.publish(part).await {

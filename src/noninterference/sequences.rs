@@ -19,8 +19,12 @@
 //! It holds both ways:
 //!
 //! 1. nothing bob does makes any more of alice's processes terminated, or
-//!    any more of her working attachments detached, than the same
-//!    sequence without him (her own violations are hers either way);
+//!    any more of her attachments detached where a job of hers works, than
+//!    the same sequence without him (her own violations are hers either
+//!    way). Which, not when: a working attachment of hers detached with
+//!    him must be one detached without him too (maybe a cycle later, once
+//!    idle, when a hold carried a cap's picks out together); every job of
+//!    hers a detach stops is terminated with it, and is compared as such;
 //! 2. in every cycle, every GPU each live job of bob's runs on is in his
 //!    count (jobs outside genv where `--count-non-env-devices`), on a
 //!    healthy host or a garbled one.
@@ -92,6 +96,8 @@ struct Done {
     /// (host, device, eid) of her attachments detached where a job of
     /// that environment of hers ran.
     detached_working: BTreeSet<(usize, u32, EnvId)>,
+    /// (host, device, eid) of her attachments detached, working or not.
+    detached: BTreeSet<(usize, u32, EnvId)>,
 }
 
 fn id(h: usize) -> HostId {
@@ -253,6 +259,7 @@ impl Enforcer {
                 position: h,
                 usage: f.usage.clone(),
                 blind: self.unusable[h] >= BLIND_AFTER,
+                held: false,
             });
             own.push(assess::own_plan(&id(h), &snap, &f));
             seen.push((h, snap.clone(), bob));
@@ -299,23 +306,33 @@ impl Enforcer {
             }
         }
         let mut early = crate::cycle::Early::default();
-        crate::cycle::laddered(&mut a, &mut self.ladder, &mut early, now, false);
+        let elsewhere = others.is_some_and(|o| o.iter().any(|p| p.held));
+        let (_, held) = crate::cycle::laddered(
+            &mut a,
+            &mut self.ladder,
+            &mut early,
+            (now, elsewhere),
+            false,
+        );
+        for p in &mut self.published {
+            p.held = held;
+        }
         (a.plan, seen)
     }
 
     /// Its part for the other shard: what it published, without what its
-    /// plan detached, compact.
+    /// plan detached and terminated, compact.
     fn part(&self, due: &Plan) -> Vec<Published> {
-        let none = HashSet::new();
         (self.published.iter())
             .map(|p| {
-                let gone: HashSet<(GpuIndex, EnvId)> = (due.hosts.iter())
-                    .filter(|(h, _)| *h == p.host)
+                let here = || due.hosts.iter().filter(|(h, _)| *h == p.host);
+                let gone: HashSet<(GpuIndex, EnvId)> = here()
                     .flat_map(|(_, hp)| hp.detach.iter().map(|d| (d.device, d.eid.clone())))
                     .collect();
-                p.clone()
-                    .without(if gone.is_empty() { &none } else { &gone })
-                    .compact()
+                let ended: HashSet<Pid> = here()
+                    .flat_map(|(_, hp)| hp.terminate.iter().map(|t| t.pid))
+                    .collect();
+                p.clone().without(&gone, &ended).compact()
             })
             .collect()
     }
@@ -414,8 +431,11 @@ fn run(honest: &[HonestHost], moves: &[Vec<Move>], setup: &Setup) -> (Done, Opti
                             && p.owner.eid() == Some(&d.eid)
                             && p.usage_on(d.device).is_some()
                     });
-                    if w.is_alices(&d.eid) && working {
-                        done.detached_working.insert((h, d.device.0, d.eid.clone()));
+                    if w.is_alices(&d.eid) {
+                        done.detached.insert((h, d.device.0, d.eid.clone()));
+                        if working {
+                            done.detached_working.insert((h, d.device.0, d.eid.clone()));
+                        }
                     }
                 }
             }
@@ -565,9 +585,9 @@ proptest! {
             with_bob.terminated.difference(&alone.terminated).collect::<Vec<_>>()
         );
         prop_assert!(
-            with_bob.detached_working.is_subset(&alone.detached_working),
+            with_bob.detached_working.is_subset(&alone.detached),
             "alice's working attachments detached only because of bob: {:?}",
-            with_bob.detached_working.difference(&alone.detached_working).collect::<Vec<_>>()
+            with_bob.detached_working.difference(&alone.detached).collect::<Vec<_>>()
         );
         prop_assert_eq!(uncounted, None);
     }

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::max_devices::HostUsage;
 use super::{Action, Violation};
-use crate::model::{EnvId, GpuIndex, HostId};
+use crate::model::{EnvId, GpuIndex, HostId, Pid};
 
 /// One host's part of the caps, as its shard publishes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,17 +29,37 @@ pub struct Published {
     /// jobs alike.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub blind: bool,
+    /// Its shard held back this cycle what only the device caps ask for,
+    /// a pick of theirs waiting on one of its hosts gone unseen
+    /// ([`crate::ladder::Ladder::hold_caps`]): the other shards hold
+    /// theirs too, their next cycle, so that no shard carries out its
+    /// share of a cap's picks ahead of the rest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 impl Published {
     /// What it holds once the `detached` (device, environment) pairs of
-    /// its host are gone: a device none of a user's environments holds
-    /// any more (and no stray of theirs runs on) no longer counts.
+    /// its host are gone and its `terminated` processes have ended: a
+    /// device none of a user's environments holds any more and no job of
+    /// theirs runs on no longer counts (the other shards' next cycle must
+    /// not take a second time what this one freed).
     #[must_use]
-    pub fn without(mut self, detached: &HashSet<(GpuIndex, EnvId)>) -> Published {
+    pub fn without(
+        mut self,
+        detached: &HashSet<(GpuIndex, EnvId)>,
+        terminated: &HashSet<Pid>,
+    ) -> Published {
         for held in self.usage.users.values_mut() {
             for d in &mut held.devices {
                 d.eids.retain(|e| !detached.contains(&(d.index, e.clone())));
+                let jobs = d.pids.len() + d.jobs.len();
+                d.pids.retain(|p| !terminated.contains(p));
+                d.jobs.retain(|p| !terminated.contains(p));
+                if d.pids.len() + d.jobs.len() < jobs {
+                    d.stray = d.kept || !d.jobs.is_empty();
+                    d.working = d.stray || !d.pids.is_empty();
+                }
             }
             held.devices.retain(|d| !d.eids.is_empty() || d.stray);
         }
@@ -201,6 +221,7 @@ mod tests {
                 position: *p,
                 usage: u.clone(),
                 blind: false,
+                held: false,
             })
             .collect();
         let shards = Shards {
@@ -261,6 +282,7 @@ mod tests {
             position: 0,
             usage: usage("alice", &[(0, true), (1, true), (2, true)]),
             blind: false,
+            held: false,
         }];
         let shards = Shards {
             positions: &positions,
@@ -275,12 +297,14 @@ mod tests {
                 position: 5,
                 usage: usage("alice", &[(0, true)]),
                 blind: false,
+                held: false,
             },
             Published {
                 host: h("h9"),
                 position: 1,
                 usage: usage("alice", &[(1, true)]),
                 blind: false,
+                held: false,
             },
         ];
         let shards = Shards {
@@ -302,6 +326,7 @@ mod tests {
             position: 0,
             usage: u,
             blind: false,
+            held: false,
         };
         let gone: HashSet<(GpuIndex, EnvId)> = [
             (GpuIndex(1), EnvId("alice-1".into())),
@@ -309,7 +334,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let left = p.clone().without(&gone);
+        let left = p.clone().without(&gone, &HashSet::new());
         let devices = &left.usage.users["alice"].devices;
         assert_eq!(devices.len(), 1);
         assert_eq!(devices[0].index, GpuIndex(0));
@@ -326,10 +351,53 @@ mod tests {
         // with no environment left publishes none.
         let mut stray = p;
         stray.usage.users.get_mut("alice").unwrap().devices[1].stray = true;
-        let kept = stray.without(&gone).compact();
+        let kept = stray.without(&gone, &HashSet::new()).compact();
         let devices = &kept.usage.users["alice"].devices;
         assert_eq!(devices.len(), 2);
         assert!(devices[1].eids.is_empty() && devices[1].stray);
+    }
+
+    #[test]
+    fn what_is_terminated_is_not_published_but_a_job_left_running_is() {
+        // alice: on 0, her environment and a job of it; on 1 only strays
+        // of hers (7, 8); on 2 a stray (9) and a job never terminated.
+        let mut u = usage("alice", &[(0, true), (1, true), (2, true)]);
+        let d = &mut u.users.get_mut("alice").unwrap().devices;
+        d[0].pids = smallvec::smallvec![Pid(5)];
+        (d[1].eids, d[1].jobs, d[1].stray) = (
+            smallvec::smallvec![],
+            smallvec::smallvec![Pid(7), Pid(8)],
+            true,
+        );
+        (d[2].eids, d[2].jobs, d[2].stray, d[2].kept) = (
+            smallvec::smallvec![],
+            smallvec::smallvec![Pid(9)],
+            true,
+            true,
+        );
+        let p = Published {
+            host: h("h1"),
+            position: 0,
+            usage: u,
+            blind: false,
+            held: false,
+        };
+        let none = HashSet::new();
+        let ended = |pids: &[u32]| -> HashSet<Pid> { pids.iter().map(|&p| Pid(p)).collect() };
+        let indices = |p: &Published| -> Vec<u32> {
+            p.usage.users.get("alice").map_or(Vec::new(), |h| {
+                h.devices.iter().map(|d| d.index.0).collect()
+            })
+        };
+        // One of the two strays on 1 ended: 1 still counts.
+        assert_eq!(indices(&p.clone().without(&none, &ended(&[7]))), [0, 1, 2]);
+        // Both: 1 no longer counts; 0 keeps its attachment, and 2 its job
+        // that is never terminated.
+        let left = p.clone().without(&none, &ended(&[5, 7, 8, 9]));
+        assert_eq!(indices(&left), [0, 2]);
+        let devices = &left.usage.users["alice"].devices;
+        assert!(!devices[0].working && devices[0].pids.is_empty());
+        assert!(devices[1].stray && devices[1].kept);
     }
 
     #[test]
@@ -358,6 +426,7 @@ mod tests {
             position: 0,
             usage: theirs,
             blind: false,
+            held: false,
         }
         .compact()];
         let (id, mine) = (h("h1"), usage("alice", &[(3, false)]));
@@ -404,6 +473,7 @@ mod tests {
             position: 0,
             usage: u,
             blind: false,
+            held: false,
         };
         let whole = p.clone().compact();
         assert_eq!(whole.usage.users.len(), 101, "carol holds nothing");
@@ -424,6 +494,7 @@ mod tests {
             position: 6,
             usage: usage("bob", &[(3, false)]),
             blind: false,
+            held: false,
         };
         let json = serde_json::to_string(&p).unwrap();
         assert_eq!(serde_json::from_str::<Published>(&json).unwrap(), p);
