@@ -71,6 +71,7 @@ pub mod error;
 mod evasion;
 pub mod fleet;
 pub mod ha;
+pub mod history;
 pub mod host;
 pub mod inventory;
 pub mod jobs;

@@ -229,12 +229,10 @@ pub fn dry_run(plan: &Plan) -> Vec<Outcome> {
         .collect()
 }
 
-/// Each outcome with the user and the rules of its action in `plan`
-/// (for the state database's record of actions).
-pub fn attributed(
-    plan: &crate::plan::Plan,
-    outcomes: &[Outcome],
-) -> Vec<(Outcome, Option<String>, Vec<crate::rules::Rule>)> {
+/// Each outcome with what `plan` says of its action: the user charged,
+/// the rules asking and whose it is as the kernel says (for the state
+/// database's record of actions).
+pub fn attributed(plan: &crate::plan::Plan, outcomes: &[Outcome]) -> Vec<crate::history::Acted> {
     let mut signals = std::collections::HashMap::new();
     let mut detaches = std::collections::HashMap::new();
     for (host, p) in &plan.hosts {
@@ -248,25 +246,34 @@ pub fn attributed(
     outcomes
         .iter()
         .map(|o| {
-            let (user, rules) = match o {
-                Outcome::Terminate { host, pid, .. } | Outcome::Kill { host, pid, .. } => {
-                    signals.get(&(host, *pid)).map_or((None, Vec::new()), |t| {
-                        (
-                            t.user.as_deref().map(String::from),
-                            t.rules.iter().collect(),
-                        )
-                    })
-                }
+            let (user, rules, owner) = match o {
+                Outcome::Terminate { host, pid, .. } | Outcome::Kill { host, pid, .. } => signals
+                    .get(&(host, *pid))
+                    .map_or((None, Vec::new(), None), |t| {
+                        let user = t.user.as_deref().map(String::from);
+                        let owner = t.uid.and(user.clone());
+                        (user, t.rules.iter().collect(), owner)
+                    }),
                 Outcome::Detach {
                     host, device, eid, ..
-                } => (
-                    detaches
-                        .get(&(host, *device, eid))
-                        .and_then(|d| d.charged.clone()),
-                    vec![crate::rules::Rule::MaxDevicesPerUser],
+                } => detaches.get(&(host, *device, eid)).map_or(
+                    (None, vec![crate::rules::Rule::MaxDevicesPerUser], None),
+                    |d| {
+                        let rules = if d.rules.is_empty() {
+                            vec![crate::rules::Rule::MaxDevicesPerUser]
+                        } else {
+                            d.rules.iter().collect()
+                        };
+                        (d.charged.clone(), rules, d.owner.clone())
+                    },
                 ),
             };
-            (o.clone(), user, rules)
+            crate::history::Acted {
+                outcome: o.clone(),
+                user,
+                rules,
+                owner,
+            }
         })
         .collect()
 }

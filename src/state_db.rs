@@ -6,7 +6,7 @@
 //! directory of ours, neither ever followed through a symlink; anything
 //! else is refused. Rows older than `--retain` are dropped.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -14,11 +14,11 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use rustix::fs::{Mode, OFlags};
 use thiserror::Error;
 
-use crate::ladder::{Event, Saved, Stage, What};
+use crate::history::Acted;
+use crate::ladder::{Event, Saved};
 use crate::model::HostId;
-use crate::outcome::Outcome;
 use crate::private::{ancestors, own_dir, own_file, Refusal};
-use crate::rules::{IdleHistory, Orphans, Rule};
+use crate::rules::{IdleHistory, Orphans};
 use crate::usage::{ActionRow, EventRow, Recorded, Sample, UsageRow};
 
 /// Why the database cannot be used.
@@ -90,6 +90,10 @@ const MIGRATIONS: &[&str] = &[
     // 2: whose each action was, and why.
     "ALTER TABLE actions ADD COLUMN user TEXT;
      ALTER TABLE actions ADD COLUMN rules TEXT NOT NULL DEFAULT '';",
+    // 3: how many events or actions a row stands for (those left out of a
+    // cycle's rows one by one, [`crate::history`]).
+    "ALTER TABLE events ADD COLUMN count INTEGER NOT NULL DEFAULT 1;
+     ALTER TABLE actions ADD COLUMN count INTEGER NOT NULL DEFAULT 1;",
 ];
 
 /// The longest gap between two samples that counts as usage when the
@@ -102,6 +106,9 @@ pub const MAX_SAMPLE_GAP: std::time::Duration = std::time::Duration::from_secs(3
 pub struct StateDb {
     path: PathBuf,
     conn: Mutex<Connection>,
+    /// The actions the last cycle recorded carried out: one carried out
+    /// again as then is counted, not written again.
+    before: Mutex<HashSet<crate::history::Done>>,
     /// A writer holds the file locked (flock) for as long as it runs: two
     /// runs never both write it (a dry run beside the service included).
     _lock: Option<std::os::fd::OwnedFd>,
@@ -220,6 +227,7 @@ impl StateDb {
         Ok(StateDb {
             path: path.to_path_buf(),
             conn: Mutex::new(conn),
+            before: Mutex::new(HashSet::new()),
             _lock: lock,
         })
     }
@@ -284,8 +292,10 @@ impl StateDb {
     }
 
     /// Records one cycle at `now` (ms): what is kept (each action's
-    /// progress, the orphans, the unusable streaks, the idle windows), its events, the actions' outcomes and the
-    /// usage samples; drops rows older than `retain_ms`. One transaction.
+    /// progress, the orphans, the unusable streaks, the idle windows), its
+    /// events and the actions' outcomes (a bounded number of rows a user,
+    /// [`crate::history`]) and the usage samples; drops rows older than
+    /// `retain_ms`. One transaction.
     ///
     /// # Errors
     /// The database cannot be written (nothing of the cycle is).
@@ -298,11 +308,14 @@ impl StateDb {
         unusable: &HashMap<HostId, u32>,
         idle: &IdleHistory,
         events: &[Event],
-        outcomes: &[(Outcome, Option<String>, Vec<Rule>)],
+        acted: &[Acted],
         usage: &[Sample],
         retain_ms: u64,
         max_gap_ms: u64,
     ) -> Result<(), StateDbError> {
+        let mut before = self.before.lock().unwrap_or_else(|e| e.into_inner());
+        let events = crate::history::events(events);
+        let (actions, done) = crate::history::actions(acted, &before);
         let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         let tx = conn.transaction().map_err(|e| self.sql(e))?;
         let run = || -> rusqlite::Result<()> {
@@ -332,73 +345,42 @@ impl StateDb {
             keep.execute(params!["idle", json(&idle)])?;
             keep.execute(params!["last_sample_ms", now.to_string()])?;
             let mut event = tx.prepare_cached(
-                "INSERT INTO events VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                "INSERT INTO events VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
             )?;
-            for e in events {
-                let stage = match e.stage {
-                    Stage::Warned => "warned",
-                    Stage::Acted => "acted",
-                    Stage::Cleared => "cleared",
-                };
-                let (action, pid, start_time, device, eid) = match &e.what {
-                    What::Terminate(t) => (
-                        "terminate",
-                        Some(t.pid.0),
-                        t.start_time.map(|s| s as i64),
-                        None,
-                        t.eid.as_ref().map(|e| &*e.0),
-                    ),
-                    What::Detach(d) => ("detach", None, None, Some(d.device.0), Some(&*d.eid.0)),
-                };
-                let rules: Vec<&str> = e.what.rules().iter().map(|r| r.name()).collect();
+            for e in &events {
+                let big = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
                 event.execute(params![
                     now as i64,
-                    e.host.0,
-                    stage,
-                    action,
-                    pid,
-                    start_time,
-                    device,
-                    eid,
-                    e.what.user(),
-                    rules.join(","),
-                    e.since_ms as i64,
-                    e.deadline_ms.map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
+                    e.host,
+                    e.stage,
+                    e.action,
+                    e.pid,
+                    e.start_time.map(big),
+                    e.device,
+                    e.eid,
+                    e.user,
+                    e.rules,
+                    big(e.since_ms),
+                    e.deadline_ms.map(big),
+                    big(e.count),
                 ])?;
             }
             let mut action = tx.prepare_cached(
-                "INSERT INTO actions (time_ms, host, action, pid, device, eid, result, user, rules)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                "INSERT INTO actions (time_ms, host, action, pid, device, eid, result, user, rules, count)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             )?;
-            for (o, user, rules) in outcomes {
-                let result = match o {
-                    Outcome::Terminate { outcome, .. } | Outcome::Kill { outcome, .. } => {
-                        serde_json::to_value(outcome).ok()
-                    }
-                    Outcome::Detach { outcome, .. } => serde_json::to_value(outcome).ok(),
-                }
-                .and_then(|v| v.get("result").and_then(|r| r.as_str()).map(String::from))
-                .unwrap_or_default();
-                let (kind, host, pid, device, eid) = match o {
-                    Outcome::Terminate { host, pid, .. } => {
-                        ("terminate", host, Some(pid.0), None, None)
-                    }
-                    Outcome::Kill { host, pid, .. } => ("kill", host, Some(pid.0), None, None),
-                    Outcome::Detach {
-                        host, device, eid, ..
-                    } => ("detach", host, None, Some(device.0), Some(&*eid.0)),
-                };
-                let rules: Vec<&str> = rules.iter().map(|r| r.name()).collect();
+            for a in &actions {
                 action.execute(params![
                     now as i64,
-                    host.0,
-                    kind,
-                    pid,
-                    device,
-                    eid,
-                    result,
-                    user,
-                    rules.join(",")
+                    a.host,
+                    a.action,
+                    a.pid,
+                    a.device,
+                    a.eid,
+                    a.result,
+                    a.user,
+                    a.rules,
+                    i64::try_from(a.count).unwrap_or(i64::MAX),
                 ])?;
             }
             let mut sample =
@@ -421,7 +403,9 @@ impl StateDb {
             Ok(())
         };
         run().map_err(|e| self.sql(e))?;
-        tx.commit().map_err(|e| self.sql(e))
+        tx.commit().map_err(|e| self.sql(e))?;
+        *before = done;
+        Ok(())
     }
 }
 
@@ -451,7 +435,7 @@ impl StateDb {
                 })?
                 .collect::<rusqlite::Result<_>>()?;
             let mut events = conn.prepare(
-                "SELECT host, user, stage, rules, pid, device, eid FROM events
+                "SELECT host, user, stage, rules, pid, device, eid, count FROM events
                  WHERE time_ms >= ?1 ORDER BY time_ms",
             )?;
             let events = events
@@ -462,11 +446,12 @@ impl StateDb {
                         stage: r.get(2)?,
                         rules: r.get(3)?,
                         target: target(r.get(4)?, r.get(5)?, r.get(6)?),
+                        count: r.get::<_, i64>(7)?.max(0) as u64,
                     })
                 })?
                 .collect::<rusqlite::Result<_>>()?;
             let mut actions = conn.prepare(
-                "SELECT host, user, action, result, rules, pid, device, eid FROM actions
+                "SELECT host, user, action, result, rules, pid, device, eid, count FROM actions
                  WHERE time_ms >= ?1 ORDER BY time_ms",
             )?;
             let actions = actions
@@ -478,6 +463,7 @@ impl StateDb {
                         result: r.get(3)?,
                         rules: r.get(4)?,
                         target: target(r.get(5)?, r.get(6)?, r.get(7)?),
+                        count: r.get::<_, i64>(8)?.max(0) as u64,
                     })
                 })?
                 .collect::<rusqlite::Result<_>>()?;
@@ -492,10 +478,12 @@ impl StateDb {
 }
 
 /// What an action is done to: a pid, or an environment on a device.
+/// None: a row that counts those left out.
 fn target(pid: Option<i64>, device: Option<i64>, eid: Option<String>) -> String {
-    match pid {
-        Some(p) => format!("pid {p}"),
-        None => format!("{} on {}", eid.unwrap_or_default(), device.unwrap_or(-1)),
+    match (pid, device, eid) {
+        (Some(p), ..) => format!("pid {p}"),
+        (None, None, None) => String::new(),
+        (None, device, eid) => format!("{} on {}", eid.unwrap_or_default(), device.unwrap_or(-1)),
     }
 }
 
@@ -569,6 +557,23 @@ mod tests {
         assert_eq!(v, MIGRATIONS.len());
         c.pragma_update(None, "user_version", 99).unwrap();
         drop(c);
+        // One written by the release before (schema 2), with a row: brought
+        // up to date, its row counting once.
+        let old = dir.path().join("old.db");
+        let c = Connection::open(&old).unwrap();
+        for step in &MIGRATIONS[..2] {
+            c.execute_batch(step).unwrap();
+        }
+        c.pragma_update(None, "user_version", 2).unwrap();
+        c.execute(
+            "INSERT INTO actions VALUES (5, 'h', 'detach', NULL, 0, 'e', 'detached', 'alice', '')",
+            [],
+        )
+        .unwrap();
+        drop(c);
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let recorded = StateDb::open(&old).unwrap().since(0).unwrap();
+        assert_eq!(recorded.actions[0].count, 1);
         match StateDb::open(&path) {
             Err(e @ StateDbError::Newer { .. }) => {
                 assert!(e.to_string().contains("newer"), "{e}");
@@ -702,6 +707,83 @@ mod tests {
             })
             .unwrap();
         assert_eq!(last, 0.0);
+    }
+
+    #[test]
+    fn a_users_rows_are_bounded_a_cycle_and_the_report_still_counts_them() {
+        use crate::model::{EnvId, GpuIndex};
+        use crate::outcome::{DetachResult, Outcome};
+        let dir = private_dir();
+        let db = StateDb::open(&dir.path().join("state.db")).unwrap();
+        let host = HostId("h".into());
+        let mut ladder = Ladder::new(Grace {
+            after: Duration::from_secs(60),
+            ..Grace::default()
+        });
+        // 40 of bob's jobs warned of; 40 records with made-up names
+        // detached, in two cycles alike.
+        let terminate = (0..40)
+            .map(|p| {
+                let mut t = Termination::of(Pid(100 + p), Some(7));
+                (t.uid, t.user) = (Some(1001), Some("bob".into()));
+                t
+            })
+            .collect();
+        let plan = Plan {
+            hosts: vec![(
+                host.clone(),
+                HostPlan {
+                    terminate,
+                    detach: vec![],
+                },
+            )],
+        };
+        let warned = ladder.advance(&plan, 1_000, &[]);
+        assert_eq!(warned.len(), 40);
+        let acted: Vec<Acted> = (0..40)
+            .map(|i| Acted {
+                outcome: Outcome::Detach {
+                    host: host.clone(),
+                    device: GpuIndex(0),
+                    eid: EnvId(format!("forged-{i}").into()),
+                    outcome: DetachResult::Detached,
+                },
+                user: Some(format!("made-up-{i}")),
+                rules: vec![crate::rules::Rule::MaxDevicesPerUser],
+                owner: None,
+            })
+            .collect();
+        let (orphans, unusable) = (HashMap::new(), HashMap::new());
+        let idle = IdleHistory::default();
+        let record = |now: u64, events: &[Event]| {
+            db.record(
+                now,
+                &[],
+                &orphans,
+                &unusable,
+                &idle,
+                events,
+                &acted,
+                &[],
+                1 << 40,
+                60_000,
+            )
+            .unwrap();
+        };
+        record(1_000, &warned);
+        record(2_000, &[]);
+        let count = |table: &str| -> i64 {
+            let c = db.conn.lock().unwrap();
+            c.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+                .unwrap()
+        };
+        // 32 one by one and one row for the rest; the second cycle's
+        // detaches, as the first's, in one row.
+        assert_eq!((count("events"), count("actions")), (33, 34));
+        let lines = crate::usage::summarize(&db.since(0).unwrap(), false);
+        let total = |f: fn(&crate::usage::Line) -> u64| lines.iter().map(f).sum::<u64>();
+        assert_eq!(total(|l| l.warnings), 40);
+        assert_eq!(total(|l| l.detaches), 80);
     }
 
     #[test]

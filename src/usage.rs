@@ -27,8 +27,11 @@ pub struct EventRow {
     pub stage: String,
     /// Comma-separated rule names.
     pub rules: String,
-    /// What it is about (a pid, or an environment on a device).
+    /// What it is about (a pid, or an environment on a device; none for
+    /// a row that counts those left out).
     pub target: String,
+    /// Events it stands for.
+    pub count: u64,
 }
 
 /// An action's outcome as recorded.
@@ -42,6 +45,8 @@ pub struct ActionRow {
     pub result: String,
     pub rules: String,
     pub target: String,
+    /// Outcomes it stands for.
+    pub count: u64,
 }
 
 /// What a database holds for a period.
@@ -107,7 +112,7 @@ pub fn summarize(r: &Recorded, by_host: bool) -> Vec<Line> {
         };
         let a = acc.entry(key.clone()).or_default();
         if e.stage == "warned" {
-            a.line.warnings += 1;
+            a.line.warnings += e.count;
         }
         violation(a, &e.host, &e.rules, &e.target);
     }
@@ -119,8 +124,8 @@ pub fn summarize(r: &Recorded, by_host: bool) -> Vec<Line> {
         };
         let a = acc.entry(key.clone()).or_default();
         match (x.action.as_str(), x.result.as_str()) {
-            ("terminate", "signalled") => a.line.terminations += 1,
-            ("detach", "detached") => a.line.detaches += 1,
+            ("terminate", "signalled") => a.line.terminations += x.count,
+            ("detach", "detached") => a.line.detaches += x.count,
             _ => {}
         }
         violation(a, &x.host, &x.rules, &x.target);
@@ -308,6 +313,7 @@ mod tests {
                 stage: "warned".into(),
                 rules: "env-devices".into(),
                 target: "pid 7".into(),
+                count: 1,
             }],
             actions: vec![
                 ActionRow {
@@ -317,6 +323,7 @@ mod tests {
                     result: "signalled".into(),
                     rules: "env-devices".into(),
                     target: "pid 7".into(),
+                    count: 1,
                 },
                 ActionRow {
                     host: "h1".into(),
@@ -325,6 +332,7 @@ mod tests {
                     result: "detached".into(),
                     rules: "max-devices-per-user".into(),
                     target: "a on 1".into(),
+                    count: 3,
                 },
             ],
         };
@@ -337,7 +345,7 @@ mod tests {
         assert_eq!(alice.mean_gpu_memory_bytes, 7 << 29);
         assert_eq!(
             (alice.detaches, alice.terminations, alice.warnings),
-            (1, 0, 0)
+            (3, 0, 0)
         );
         let bob = &by_user[1];
         assert_eq!((bob.gpu_hours, bob.warnings, bob.terminations), (0.5, 1, 1));
