@@ -285,6 +285,10 @@ mod tests {
             3
         );
         assert_eq!(of(Some("bob"), 1), 32);
+        assert!(rows
+            .iter()
+            .filter(|r| r.count == 1)
+            .all(|r| r.rules == "env-devices"));
         let bob: Vec<&EventRow> = rows.iter().filter(|r| r.count > 1).collect();
         assert_eq!(bob.len(), 3, "{bob:?}");
         assert_eq!(bob[0].user.as_deref(), Some("bob"));

@@ -284,6 +284,62 @@ mod tests {
     use crate::plan::{Detach as PlannedDetach, HostPlan, Termination as Planned};
 
     #[test]
+    fn each_outcome_is_told_whose_it_is_and_why() {
+        let h = HostId("h".into());
+        let mut t = Planned::of(Pid(7), Some(70));
+        (t.uid, t.user) = (Some(1001), Some("bob".into()));
+        t.rules = crate::rules::Rule::EnvDevices.into();
+        // A termination whose uid the kernel did not say is nobody's.
+        let mut unowned = Planned::of(Pid(8), Some(80));
+        unowned.user = Some("named".into());
+        let mut d = PlannedDetach::of(GpuIndex(1), EnvId("e".into()));
+        (d.charged, d.owner) = (Some("made-up".into()), None);
+        d.rules = crate::rules::Rule::MaxDevicesPerGroup.into();
+        let plan = Plan {
+            hosts: vec![(
+                h.clone(),
+                HostPlan {
+                    terminate: vec![t, unowned],
+                    detach: vec![d],
+                },
+            )],
+        };
+        let outcomes = [
+            Outcome::Terminate {
+                host: h.clone(),
+                pid: Pid(7),
+                outcome: TerminateResult::Signalled,
+            },
+            Outcome::Terminate {
+                host: h.clone(),
+                pid: Pid(8),
+                outcome: TerminateResult::AlreadyGone,
+            },
+            Outcome::Detach {
+                host: h.clone(),
+                device: GpuIndex(1),
+                eid: EnvId("e".into()),
+                outcome: DetachResult::Detached,
+            },
+        ];
+        let acted = attributed(&plan, &outcomes);
+        let told: Vec<(Option<&str>, Vec<&str>, Option<&str>)> = (acted.iter())
+            .map(|a| {
+                let rules = a.rules.iter().map(|r| r.name()).collect();
+                (a.user.as_deref(), rules, a.owner.as_deref())
+            })
+            .collect();
+        assert_eq!(
+            told,
+            [
+                (Some("bob"), vec!["env-devices"], Some("bob")),
+                (Some("named"), vec![], None),
+                (Some("made-up"), vec!["max-devices-per-group"], None),
+            ]
+        );
+    }
+
+    #[test]
     fn failures_are_errors_and_nothing_else_is() {
         let h = HostId("h".into());
         let term = |outcome| Outcome::Terminate {

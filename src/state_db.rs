@@ -780,7 +780,14 @@ mod tests {
         // 32 one by one and one row for the rest; the second cycle's
         // detaches, as the first's, in one row.
         assert_eq!((count("events"), count("actions")), (33, 34));
-        let lines = crate::usage::summarize(&db.since(0).unwrap(), false);
+        let recorded = db.since(0).unwrap();
+        let targets: Vec<&str> = recorded.actions.iter().map(|a| a.target.as_str()).collect();
+        assert_eq!(
+            (targets[0], targets[32], targets[33]),
+            ("forged-0 on 0", "", "")
+        );
+        assert_eq!(recorded.events[0].target, "pid 100");
+        let lines = crate::usage::summarize(&recorded, false);
         let total = |f: fn(&crate::usage::Line) -> u64| lines.iter().map(f).sum::<u64>();
         assert_eq!(total(|l| l.warnings), 40);
         assert_eq!(total(|l| l.detaches), 80);

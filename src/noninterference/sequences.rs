@@ -683,3 +683,70 @@ fn shards_agree_on_a_blind_host() {
     }
     assert!(taken > 0, "bob's excess is taken once h0 is blind");
 }
+
+/// A shard whose cap's pick waits on a host of its own gone unseen holds
+/// it and says so in its part (for the other shards' next cycle); seen
+/// again, it says nothing.
+#[test]
+fn a_shard_holding_a_caps_pick_says_so_in_its_part() {
+    let setup = Setup {
+        grace: Grace {
+            cycles: 2,
+            ..Grace::default()
+        },
+        ..capped(true)
+    };
+    let worlds = vec![
+        World::honest(0, &bobs(&[0, 1])),
+        World::honest(1, &bobs(&[0])),
+    ];
+    let mut shard = Enforcer::new(vec![0], &setup.grace, 2);
+    let garbled: BTreeSet<usize> = [0].into_iter().collect();
+    let healthy = BTreeSet::new();
+    let held = |shard: &Enforcer| shard.published.iter().all(|p| p.held);
+    let (due, _) = shard.cycle(&worlds, &healthy, &setup, Some(&[]), (1, 0));
+    assert!(due.hosts.is_empty() && !held(&shard), "picked, waiting");
+    shard.cycle(&worlds, &garbled, &setup, Some(&[]), (2, INTERVAL));
+    assert!(held(&shard), "its pick waits on h0, unseen");
+    let (due, _) = shard.cycle(&worlds, &healthy, &setup, Some(&[]), (3, 2 * INTERVAL));
+    assert!(!held(&shard));
+    assert!(!due.hosts.is_empty(), "due once h0 is seen");
+    // Told another shard held: ours wait a cycle more.
+    let mut shard = Enforcer::new(vec![0], &setup.grace, 2);
+    let theirs = |held: bool| {
+        let mut p = shard_part(&worlds[1], 1);
+        p.held = held;
+        vec![p]
+    };
+    shard.cycle(&worlds, &healthy, &setup, Some(&theirs(false)), (1, 0));
+    let (due, _) = shard.cycle(
+        &worlds,
+        &healthy,
+        &setup,
+        Some(&theirs(true)),
+        (2, INTERVAL),
+    );
+    assert!(due.hosts.is_empty(), "held for the other shard");
+    let (due, _) = shard.cycle(
+        &worlds,
+        &healthy,
+        &setup,
+        Some(&theirs(false)),
+        (3, 2 * INTERVAL),
+    );
+    assert!(!due.hosts.is_empty());
+}
+
+/// The part a shard publishes of host `h` of `world`, as it counts.
+fn shard_part(world: &World, h: usize) -> Published {
+    let snap = world.snapshot();
+    let usage = HostUsage::of(&Attribution::of(&snap, &Orphans::default()), false);
+    Published {
+        host: id(h),
+        position: h,
+        usage,
+        blind: false,
+        held: false,
+    }
+    .compact()
+}

@@ -53,10 +53,10 @@ impl Published {
         for held in self.usage.users.values_mut() {
             for d in &mut held.devices {
                 d.eids.retain(|e| !detached.contains(&(d.index, e.clone())));
-                let jobs = d.pids.len() + d.jobs.len();
+                let before = (d.pids.len(), d.jobs.len());
                 d.pids.retain(|p| !terminated.contains(p));
                 d.jobs.retain(|p| !terminated.contains(p));
-                if d.pids.len() + d.jobs.len() < jobs {
+                if (d.pids.len(), d.jobs.len()) != before {
                     d.stray = d.kept || !d.jobs.is_empty();
                     d.working = d.stray || !d.pids.is_empty();
                 }
@@ -363,7 +363,7 @@ mod tests {
         // of hers (7, 8); on 2 a stray (9) and a job never terminated.
         let mut u = usage("alice", &[(0, true), (1, true), (2, true)]);
         let d = &mut u.users.get_mut("alice").unwrap().devices;
-        d[0].pids = smallvec::smallvec![Pid(5)];
+        d[0].pids = smallvec::smallvec![Pid(5), Pid(6)];
         (d[1].eids, d[1].jobs, d[1].stray) = (
             smallvec::smallvec![],
             smallvec::smallvec![Pid(7), Pid(8)],
@@ -389,11 +389,14 @@ mod tests {
                 h.devices.iter().map(|d| d.index.0).collect()
             })
         };
-        // One of the two strays on 1 ended: 1 still counts.
-        assert_eq!(indices(&p.clone().without(&none, &ended(&[7]))), [0, 1, 2]);
+        // One of the two strays on 1 ended, and one of the two jobs on 0:
+        // both still count, and work.
+        let one = p.clone().without(&none, &ended(&[5, 7]));
+        assert_eq!(indices(&one), [0, 1, 2]);
+        assert!(one.usage.users["alice"].devices.iter().all(|d| d.working));
         // Both: 1 no longer counts; 0 keeps its attachment, and 2 its job
         // that is never terminated.
-        let left = p.clone().without(&none, &ended(&[5, 7, 8, 9]));
+        let left = p.clone().without(&none, &ended(&[5, 6, 7, 8, 9]));
         assert_eq!(indices(&left), [0, 2]);
         let devices = &left.usage.users["alice"].devices;
         assert!(!devices[0].working && devices[0].pids.is_empty());
