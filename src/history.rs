@@ -12,7 +12,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
 use crate::ladder::{Event, Stage, What};
-use crate::outcome::Outcome;
+use crate::outcome::{Acted, Outcome};
 use crate::rules::Rule;
 
 /// Rows of each kind a user has a cycle, at most.
@@ -50,16 +50,6 @@ pub struct ActionRow {
     pub rules: String,
     /// Outcomes this row stands for.
     pub count: u64,
-}
-
-/// An outcome with what the plan says of its action: the user it is
-/// charged to, the rules asking, and whose it is as the kernel says.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Acted {
-    pub outcome: Outcome,
-    pub user: Option<String>,
-    pub rules: Vec<Rule>,
-    pub owner: Option<String>,
 }
 
 /// An action as carried out, to tell one repeated from the cycle before:

@@ -129,6 +129,37 @@ impl<'o> CarriedOut<'o> {
     }
 }
 
+/// A host's detached (device, environment) pairs and ended processes.
+pub type Freed = (HashSet<(GpuIndex, EnvId)>, HashSet<Pid>);
+
+/// What `outcomes` freed, by host, in one pass: the (device, environment)
+/// pairs detached and the processes signalled (or already gone), for a
+/// shard's part.
+pub fn freed_by_host(outcomes: &[Outcome]) -> std::collections::HashMap<&HostId, Freed> {
+    let mut by_host: std::collections::HashMap<_, Freed> = std::collections::HashMap::new();
+    for o in outcomes {
+        match o {
+            Outcome::Detach {
+                host,
+                device,
+                eid,
+                outcome: DetachResult::Detached,
+            } => {
+                (by_host.entry(host).or_default().0).insert((*device, eid.clone()));
+            }
+            Outcome::Terminate {
+                host,
+                pid,
+                outcome: TerminateResult::Signalled | TerminateResult::AlreadyGone,
+            } => {
+                (by_host.entry(host).or_default().1).insert(*pid);
+            }
+            _ => {}
+        }
+    }
+    by_host
+}
+
 /// `outcomes` in the order of the actions of `plan` (hosts in order, each
 /// host's terminations then detaches), whatever order they were carried
 /// out in; actions without an outcome are left out.
@@ -229,10 +260,20 @@ pub fn dry_run(plan: &Plan) -> Vec<Outcome> {
         .collect()
 }
 
+/// An outcome with what the plan says of its action: the user it is
+/// charged to, the rules asking, and whose it is as the kernel says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Acted {
+    pub outcome: Outcome,
+    pub user: Option<String>,
+    pub rules: Vec<crate::rules::Rule>,
+    pub owner: Option<String>,
+}
+
 /// Each outcome with what `plan` says of its action: the user charged,
 /// the rules asking and whose it is as the kernel says (for the state
 /// database's record of actions).
-pub fn attributed(plan: &crate::plan::Plan, outcomes: &[Outcome]) -> Vec<crate::history::Acted> {
+pub fn attributed(plan: &crate::plan::Plan, outcomes: &[Outcome]) -> Vec<Acted> {
     let mut signals = std::collections::HashMap::new();
     let mut detaches = std::collections::HashMap::new();
     for (host, p) in &plan.hosts {
@@ -268,7 +309,7 @@ pub fn attributed(plan: &crate::plan::Plan, outcomes: &[Outcome]) -> Vec<crate::
                     },
                 ),
             };
-            crate::history::Acted {
+            Acted {
                 outcome: o.clone(),
                 user,
                 rules,
@@ -337,6 +378,49 @@ mod tests {
                 (Some("made-up"), vec!["max-devices-per-group"], None),
             ]
         );
+    }
+
+    #[test]
+    fn only_what_was_carried_out_is_freed() {
+        let (h1, h2) = (HostId("h1".into()), HostId("h2".into()));
+        let term = |host: &HostId, pid: u32, outcome| Outcome::Terminate {
+            host: host.clone(),
+            pid: Pid(pid),
+            outcome,
+        };
+        let detach = |eid: &str, outcome| Outcome::Detach {
+            host: h1.clone(),
+            device: GpuIndex(0),
+            eid: EnvId(eid.into()),
+            outcome,
+        };
+        let outcomes = [
+            term(&h1, 1, TerminateResult::Signalled),
+            term(&h1, 2, TerminateResult::AlreadyGone),
+            term(&h1, 3, TerminateResult::DryRun),
+            term(
+                &h1,
+                4,
+                TerminateResult::PidReused {
+                    expected: 1,
+                    found: 2,
+                },
+            ),
+            term(&h2, 5, TerminateResult::PermissionDenied),
+            detach("a", DetachResult::Detached),
+            detach("b", DetachResult::DryRun),
+            detach("c", DetachResult::NotAttached),
+        ];
+        let freed = freed_by_host(&outcomes);
+        let (detached, ended) = &freed[&h1];
+        assert_eq!(
+            detached.iter().map(|(_, e)| &*e.0).collect::<Vec<_>>(),
+            ["a"]
+        );
+        let mut ended: Vec<u32> = ended.iter().map(|p| p.0).collect();
+        ended.sort_unstable();
+        assert_eq!(ended, [1, 2]);
+        assert!(!freed.contains_key(&h2));
     }
 
     #[test]

@@ -522,42 +522,6 @@ impl Run {
     }
 }
 
-/// What `outcomes` freed, by host, in one pass: the (device, environment)
-/// pairs detached and the processes signalled (or already gone).
-fn freed_by_host(
-    outcomes: &[crate::outcome::Outcome],
-) -> std::collections::HashMap<&crate::model::HostId, Freed> {
-    use crate::outcome::{DetachResult, Outcome, TerminateResult};
-    let mut by_host: std::collections::HashMap<_, Freed> = std::collections::HashMap::new();
-    for o in outcomes {
-        match o {
-            Outcome::Detach {
-                host,
-                device,
-                eid,
-                outcome: DetachResult::Detached,
-            } => {
-                (by_host.entry(host).or_default().0).insert((*device, eid.clone()));
-            }
-            Outcome::Terminate {
-                host,
-                pid,
-                outcome: TerminateResult::Signalled | TerminateResult::AlreadyGone,
-            } => {
-                (by_host.entry(host).or_default().1).insert(*pid);
-            }
-            _ => {}
-        }
-    }
-    by_host
-}
-
-/// A host's detached (device, environment) pairs and ended processes.
-type Freed = (
-    std::collections::HashSet<(crate::model::GpuIndex, crate::model::EnvId)>,
-    std::collections::HashSet<crate::model::Pid>,
-);
-
 /// Sharded: our hosts' part, for the other shards' next cycle, without
 /// what this cycle detached and terminated (said when it cannot be published).
 async fn publish(
@@ -565,8 +529,8 @@ async fn publish(
     parts: Vec<crate::rules::shards::Published>,
     report: &CycleReport,
 ) {
-    let freed = freed_by_host(&report.outcomes);
-    let none = Freed::default();
+    let freed = crate::outcome::freed_by_host(&report.outcomes);
+    let none = crate::outcome::Freed::default();
     let part = parts
         .into_iter()
         .map(|p| {

@@ -14,9 +14,9 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use rustix::fs::{Mode, OFlags};
 use thiserror::Error;
 
-use crate::history::Acted;
 use crate::ladder::{Event, Saved};
 use crate::model::HostId;
+use crate::outcome::Acted;
 use crate::private::{ancestors, own_dir, own_file, Refusal};
 use crate::rules::{IdleHistory, Orphans};
 use crate::usage::{ActionRow, EventRow, Recorded, Sample, UsageRow};
