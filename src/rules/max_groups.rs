@@ -165,6 +165,7 @@ mod tests {
             unseen: false,
             vouched,
             since: working.then_some(1000),
+            picked: false,
         }
     }
 

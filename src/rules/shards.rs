@@ -186,6 +186,7 @@ mod tests {
                     unseen: false,
                     vouched: working,
                     since: None,
+                    picked: false,
                 })
                 .collect(),
         };
@@ -422,6 +423,7 @@ mod tests {
                 unseen: false,
                 vouched: false,
                 since: None,
+                picked: false,
             });
         }
         let others = [Published {
