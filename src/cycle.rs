@@ -104,11 +104,6 @@ pub async fn cycle(
         let gap = Some(options.idle_gap);
         memory.idle = assess::track_idle(&memory.idle, &policy, &g.results, now, gap);
     }
-    let answered = g
-        .results
-        .iter_mut()
-        .filter_map(|(h, r)| Some((&*h, &mut r.as_mut().ok()?.1.usage)));
-    memory.ladder.mark_picked(answered);
     memory.published = published(fleet, &g.results, &memory.unusable);
     let assessed = Instant::now();
     let found = (std::mem::take(&mut g.results), std::mem::take(&mut g.own));

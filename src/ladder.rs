@@ -216,11 +216,6 @@ struct Track {
     /// more than [`MAX_HELD`], whatever a user garbles.
     #[serde(default, skip_serializing_if = "crate::model::is_zero")]
     held: u32,
-    /// A cap asked for it when last seen in a cycle that saw every host:
-    /// a cap's pick kept to ([`Ladder::mark_picked`]). A pick made while a
-    /// host went unseen is not (a garble anyone can write would choose it).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    clear_pick: bool,
 }
 
 /// Cycles a due action is held back for the caps' picks that an unseen
@@ -414,20 +409,13 @@ impl Ladder {
     /// [`MAX_HELD`] cycles: garbles taking turns on two hosts delay no
     /// action longer).
     fn due_now(&self, t: &Track, now: u64) -> bool {
-        self.due(t, now) && !self.held_back(t, now)
+        self.due(t, now) && !self.held_back(t)
     }
 
-    /// Whether `t`'s action, due, is held back this cycle: while the caps
-    /// are held, unless the other rules asking for it make it due by
-    /// themselves (an orphan's grace over, say). A cap joining a rule whose
-    /// wait has not run out brings that wait forward only with its picks.
-    fn held_back(&self, t: &Track, now: u64) -> bool {
-        let others: Vec<Rule> = (t.what.rules().into_iter())
-            .filter(|r| !CAPS.contains(*r))
-            .collect();
-        let due_anyway = !others.is_empty()
-            && (self.grace.of(others)).is_some_and(|g| now >= t.since.saturating_add(ms(g)));
-        self.caps_held && !due_anyway && t.held < MAX_HELD
+    /// Whether `t`'s action, due, is held back this cycle.
+    fn held_back(&self, t: &Track) -> bool {
+        let caps_only = t.what.rules().iter().all(|r| CAPS.contains(*r));
+        self.caps_held && caps_only && t.held < MAX_HELD
     }
 
     /// The lineage index of the waits kept while away.
@@ -536,46 +524,6 @@ impl Ladder {
         held
     }
 
-    /// Marks in each host's usage the devices a cap picked in an earlier
-    /// cycle whose wait still runs ([`HeldDevice::picked`]): a detach of
-    /// the user's environment there that a cap asked for (the device is
-    /// what it picked, whatever else runs there now: a rule may not have
-    /// judged some of its jobs for a cycle), or the termination of every
-    /// other job of theirs there (a job on several devices, terminated to
-    /// free one, picks no other where something else of theirs runs).
-    ///
-    /// [`HeldDevice::picked`]: crate::rules::taking::HeldDevice::picked
-    pub fn mark_picked<'a>(
-        &self,
-        usages: impl IntoIterator<Item = (&'a HostId, &'a mut crate::rules::max_devices::HostUsage)>,
-    ) {
-        let picks: HashSet<&Key> = (self.tracks.iter())
-            .filter(|(_, t)| {
-                t.clear_pick
-                    && !t.acted
-                    && !t.exempted
-                    && t.absent.is_none()
-                    && t.deadline.is_some()
-            })
-            .map(|(k, _)| k)
-            .collect();
-        if picks.is_empty() {
-            return;
-        }
-        for (host, usage) in usages {
-            for d in usage.users.values_mut().flat_map(|u| u.devices.iter_mut()) {
-                let detached =
-                    |e: &EnvId| picks.contains(&Key::Detach(host.clone(), d.index, e.clone()));
-                let ended = |p: &Pid| {
-                    (picks.iter())
-                        .any(|k| matches!(k, Key::Terminate(h, q, _) if h == host && q == p))
-                };
-                d.picked =
-                    d.eids.iter().any(detached) || (!d.jobs.is_empty() && d.jobs.iter().all(ended));
-            }
-        }
-    }
-
     /// Whether anything may wait (a grace, confirmation or exemption).
     pub fn waits(&self) -> bool {
         !self.immediate()
@@ -604,7 +552,6 @@ impl Ladder {
             absent: None,
             unseen: 0,
             held: 0,
-            clear_pick: false,
         };
         let stale = |t: &Track| {
             self.grace
@@ -791,10 +738,6 @@ impl Ladder {
                     continue;
                 }
                 let mut track = self.standing(&key, &what, now, &present);
-                let caps = what.rules().iter().any(|r| CAPS.contains(*r));
-                if unanswered.is_empty() || !caps {
-                    track.clear_pick = caps;
-                }
                 let event = |stage| Event {
                     stage,
                     host: host.clone(),
@@ -802,7 +745,7 @@ impl Ladder {
                     since_ms: track.since,
                     deadline_ms: track.deadline,
                 };
-                if self.due(&track, now) && self.held_back(&track, now) {
+                if self.due(&track, now) && self.held_back(&track) {
                     track.held = track.held.saturating_add(1);
                 } else if self.due(&track, now) {
                     if !track.acted {
@@ -1519,108 +1462,6 @@ mod tests {
         // Back: no second warning, the same deadline.
         assert!(l.advance(&p, 9_000, &[]).is_empty());
         assert_eq!(acted_at(&l, &p, 10_000).0, vec![1]);
-    }
-
-    /// A cap joining a rule whose own wait has not run out (an orphan's
-    /// grace) is held with the caps' picks; once that wait is over, the
-    /// rule acts by itself, held or not.
-    #[test]
-    fn a_rule_a_cap_joins_is_held_with_the_picks_until_its_own_wait_is_over() {
-        let mut l = Ladder::new(Grace {
-            cycles: 1,
-            rules: [(
-                Rule::OrphanedEnvProcesses,
-                RuleGrace {
-                    warn_only: false,
-                    after: Some(Duration::from_secs(60)),
-                },
-            )]
-            .into_iter()
-            .collect(),
-            ..Grace::default()
-        });
-        let mut p = plan(&[(5, 5), (6, 6)], &[]);
-        let cap: Rules = Rule::MaxDevicesPerGroup.into();
-        p.hosts[0].1.terminate[0].rules = cap | Rule::OrphanedEnvProcesses;
-        p.hosts[0].1.terminate[1].rules = cap;
-        let due = |l: &Ladder, now| -> Vec<u32> {
-            let (done, _) = l.split(&p, now);
-            (done.hosts.iter())
-                .flat_map(|(_, h)| h.terminate.iter().map(|t| t.pid.0))
-                .collect()
-        };
-        l.hold_caps(&[], false);
-        assert_eq!(due(&l, 0), vec![5, 6], "not held: due at once");
-        l.hold_caps(&[], true);
-        assert_eq!(due(&l, 0), Vec::<u32>::new(), "held, the orphan's grace on");
-        l.advance(&p, 0, &[]);
-        l.hold_caps(&[], true);
-        assert_eq!(due(&l, 60_000), vec![5], "the orphan's grace over");
-    }
-
-    /// The devices a cap picked in a cycle that saw every host, whose wait
-    /// runs, are marked for the caps ([`Ladder::mark_picked`]); one picked
-    /// while a host went unseen, or carried out, is not.
-    #[test]
-    fn a_caps_clear_picks_are_marked_and_no_other() {
-        use crate::rules::max_devices::{Held, HostUsage};
-        use crate::rules::taking::HeldDevice;
-        let h = HostId("h".into());
-        let device = |i: u32, eid: &str, job: u32| HeldDevice {
-            index: GpuIndex(i),
-            eids: smallvec::smallvec![EnvId(eid.into())],
-            pids: smallvec::smallvec![],
-            jobs: smallvec::smallvec![Pid(job)],
-            working: true,
-            stray: true,
-            kept: false,
-            unseen: false,
-            vouched: true,
-            since: None,
-            picked: false,
-        };
-        let usage = || HostUsage {
-            users: [(
-                "alice".to_string(),
-                Held {
-                    envs: true,
-                    devices: vec![device(0, "a", 10), device(1, "b", 11), device(2, "c", 12)],
-                },
-            )]
-            .into_iter()
-            .collect(),
-        };
-        let marked = |l: &Ladder| -> Vec<u32> {
-            let mut u = usage();
-            l.mark_picked([(&h, &mut u)]);
-            u.users["alice"]
-                .devices
-                .iter()
-                .filter(|d| d.picked)
-                .map(|d| d.index.0)
-                .collect()
-        };
-        let mut l = Ladder::new(Grace {
-            after: Duration::from_secs(60),
-            ..Grace::default()
-        });
-        // A cap's detach on 0 and its termination of the job on 1 wait;
-        // env-devices' termination of the job on 2 is no cap's.
-        let mut p = plan(&[(11, 11), (12, 12)], &[(0, "a")]);
-        p.hosts[0].1.terminate[0].rules = Rule::MaxDevicesPerUser.into();
-        p.hosts[0].1.terminate[1].rules = Rule::EnvDevices.into();
-        l.advance(&p, 0, &[]);
-        assert_eq!(marked(&l), vec![0, 1]);
-        // First picked while another host went unseen: not kept to.
-        let mut l = Ladder::new(l.grace.clone());
-        let other = HostId("other".into());
-        l.advance(&p, 0, std::slice::from_ref(&other));
-        assert_eq!(marked(&l), Vec::<u32>::new());
-        // Seen so again: kept to; carried out: no longer.
-        l.advance(&p, 1_000, &[]);
-        assert_eq!(marked(&l), vec![0, 1]);
-        l.advance(&p, 60_000, &[]);
-        assert_eq!(marked(&l), Vec::<u32>::new());
     }
 
     #[test]

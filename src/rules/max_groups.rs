@@ -165,7 +165,6 @@ mod tests {
             unseen: false,
             vouched,
             since: working.then_some(1000),
-            picked: false,
         }
     }
 

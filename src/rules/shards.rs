@@ -186,7 +186,6 @@ mod tests {
                     unseen: false,
                     vouched: working,
                     since: None,
-                    picked: false,
                 })
                 .collect(),
         };
@@ -423,7 +422,6 @@ mod tests {
                 unseen: false,
                 vouched: false,
                 since: None,
-                picked: false,
             });
         }
         let others = [Published {

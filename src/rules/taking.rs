@@ -56,13 +56,6 @@ pub struct HeldDevice {
     /// epoch, comparable across hosts), if any did and it is known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<u64>,
-    /// A cap picked it in an earlier cycle and its wait still runs
-    /// ([`crate::ladder::Ladder::mark_picked`]): taken before the other
-    /// working devices ([`PICKED`]), so that a cap worked out again (once a
-    /// held pick's host is seen, or after another rule's action changed
-    /// the order) takes what it picked, not another job of the user's.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub picked: bool,
 }
 
 impl HeldDevice {
@@ -78,7 +71,6 @@ impl HeldDevice {
             unseen: false,
             vouched: false,
             since: None,
-            picked: false,
         }
     }
 
@@ -120,14 +112,12 @@ pub const BLIND_AFTER: u32 = 3;
 
 /// A device's turn under a cap ([`Taken::turn`]): the idle ones first
 /// (unvouched, then vouched), then one the actions that wait take at their
-/// deadline, then one a cap picked before, then the working ones, then
-/// those only a blind host's unseen jobs hold, last the ones that are
-/// never taken.
+/// deadline, then the working ones, then those only a blind host's unseen
+/// jobs hold, last the ones that are never taken.
 pub const SOON: u8 = 3;
-pub const PICKED: u8 = 4;
-pub const WORKING: u8 = 5;
-pub const BLIND: u8 = 6;
-pub const KEPT: u8 = 7;
+pub const WORKING: u8 = 4;
+pub const BLIND: u8 = 5;
+pub const KEPT: u8 = 6;
 
 impl Taken {
     /// What `violations` take this cycle, less what `withheld` keeps
@@ -251,8 +241,7 @@ impl Taken {
     /// Its turn among a cap's devices: first the idle ones (no job of the
     /// user runs there), unvouched (1) before vouched (2); then ([`SOON`])
     /// the working ones that the actions waiting for their deadline free
-    /// anyway; then ([`PICKED`]) those a cap picked before, whose wait
-    /// runs; then the other working ones ([`WORKING`]), a kept one a job
+    /// anyway; then the other working ones ([`WORKING`]), a kept one a job
     /// that cannot be judged holds among them (it bears its share there);
     /// then ([`BLIND`]) those a blind host's unseen jobs hold; last
     /// ([`KEPT`]) those a job that cannot be terminated holds (its identity
@@ -272,8 +261,6 @@ impl Taken {
             }
         } else if self.freed_soon(host, d) {
             SOON
-        } else if d.picked && !d.unseen {
-            PICKED
         } else if d.unseen {
             BLIND
         } else {
