@@ -85,23 +85,28 @@ pub struct RuleGrace {
 impl Grace {
     /// The grace of an action asked for by `rules`: the shortest of theirs
     /// (one rule that acts at once is enough to act at once); `None` when
-    /// every one of them only warns.
+    /// every one of them only warns. A device cap joining another rule that
+    /// acts never brings that rule's wait forward: which devices a cap
+    /// picks turns on what others run and write (a group's other members;
+    /// a garble that hides a host for a cycle), and none of that may
+    /// hasten a user's action. A cap takes what such a wait frees first
+    /// ([`crate::rules::taking::SOON`]), so its excess comes down when the
+    /// wait ends.
     fn of(&self, rules: impl IntoIterator<Item = Rule>) -> Option<Duration> {
-        let mut named = false;
-        let shortest = rules
-            .into_iter()
-            .inspect(|_| named = true)
-            .filter_map(|r| match self.rules.get(&r) {
-                Some(g) if g.warn_only => None,
-                Some(g) => Some(g.after.unwrap_or(self.after)),
-                None => Some(self.after),
-            })
-            .min();
-        if named {
-            shortest
-        } else {
-            Some(self.after)
+        let after = |r: &Rule| match self.rules.get(r) {
+            Some(g) if g.warn_only => None,
+            Some(g) => Some(g.after.unwrap_or(self.after)),
+            None => Some(self.after),
+        };
+        let rules: Vec<Rule> = rules.into_iter().collect();
+        if rules.is_empty() {
+            return Some(self.after);
         }
+        let others = (rules.iter())
+            .filter(|r| !CAPS.contains(**r))
+            .filter_map(after)
+            .min();
+        others.or_else(|| rules.iter().filter_map(after).min())
     }
 }
 
