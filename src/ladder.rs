@@ -1469,6 +1469,49 @@ mod tests {
         assert_eq!(acted_at(&l, &p, 10_000).0, vec![1]);
     }
 
+    /// A device cap joining another rule that acts never brings its wait
+    /// forward; alone, or beside rules that only warn, its grace is the
+    /// action's.
+    #[test]
+    fn a_device_cap_joining_a_rules_wait_never_hastens_it() {
+        let g = Grace {
+            rules: [
+                (
+                    Rule::OrphanedEnvProcesses,
+                    RuleGrace {
+                        warn_only: false,
+                        after: Some(Duration::from_secs(120)),
+                    },
+                ),
+                (
+                    Rule::NonEnvProcesses,
+                    RuleGrace {
+                        warn_only: true,
+                        after: None,
+                    },
+                ),
+            ]
+            .into_iter()
+            .collect(),
+            after: Duration::from_secs(10),
+            ..Grace::default()
+        };
+        let min2 = Some(Duration::from_secs(120));
+        let ten = Some(Duration::from_secs(10));
+        use Rule::*;
+        assert_eq!(g.of([OrphanedEnvProcesses, MaxDevicesPerUser]), min2);
+        assert_eq!(g.of([MaxDevicesPerGroup, OrphanedEnvProcesses]), min2);
+        assert_eq!(g.of([MaxDevicesPerGroup]), ten);
+        assert_eq!(g.of([NonEnvProcesses, MaxDevicesPerGroup]), ten);
+        assert_eq!(g.of([NonEnvProcesses]), None);
+        assert_eq!(
+            g.of([EnvDevices, OrphanedEnvProcesses]),
+            ten,
+            "the shortest"
+        );
+        assert_eq!(g.of(Vec::<Rule>::new()), ten);
+    }
+
     #[test]
     fn a_caps_picks_wait_for_the_one_an_unseen_host_hides() {
         let mut l = Ladder::new(cycles(2));

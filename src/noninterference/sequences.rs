@@ -944,3 +944,64 @@ fn a_cap_worked_out_again_after_a_hold_takes_what_it_picked() {
         assert_eq!(sooner(&with_bob.terminated, &alone.terminated), vec![]);
     }
 }
+
+/// Found by seed 23 of the when-and-which property (stop 52): bob, exempt,
+/// runs a job on alice's GPU and puts their group over. Alice's orphan
+/// there waits out its grace, so the group takes her device first (it is
+/// freed anyway); but the cap's own grace (none) used to win and brought
+/// her orphan's termination forward. A device cap joining another rule's
+/// wait no longer hastens it.
+#[test]
+fn a_group_put_over_by_another_member_does_not_hasten_a_users_wait() {
+    let host = HonestHost {
+        gpus: 1,
+        orphans: vec![0],
+        bob: Vec::new(),
+        ..bobs(&[])
+    };
+    let setup = Setup {
+        policy: Policy {
+            non_env_processes: true,
+            max_devices_per_group: [("lab".to_string(), 1)].into_iter().collect(),
+            orphans_as_non_env: true,
+            count_non_env_devices: true,
+            ..Policy::default()
+        },
+        grace: Grace {
+            cycles: 1,
+            rules: [(
+                Rule::OrphanedEnvProcesses,
+                RuleGrace {
+                    warn_only: false,
+                    after: Some(Duration::from_millis(2 * INTERVAL)),
+                },
+            )]
+            .into_iter()
+            .collect(),
+            exempt: vec![Exemption {
+                user: Some("bob".into()),
+                reason: "a deadline".into(),
+                ..Exemption::default()
+            }],
+            gap: Some(Duration::from_secs(180)),
+            ..Grace::default()
+        },
+        sharded: false,
+    };
+    let mut moves = vec![Vec::new(); 7];
+    moves[0].push(Move::Edit(Edit::Job {
+        host: 0,
+        eid: Eid::Alice(0),
+        gpus: vec![1, 2],
+        mib: None,
+    }));
+    let honest = vec![host];
+    let (alone, _) = run(&honest, &vec![Vec::new(); 7], &setup);
+    let (with_bob, _) = run(&honest, &moves, &setup);
+    assert_eq!(
+        alone.terminated.values().collect::<Vec<_>>(),
+        [&2],
+        "her orphan, at its deadline"
+    );
+    assert_eq!(sooner(&with_bob.terminated, &alone.terminated), vec![]);
+}
