@@ -85,13 +85,11 @@ pub struct RuleGrace {
 impl Grace {
     /// The grace of an action asked for by `rules`: the shortest of theirs
     /// (one rule that acts at once is enough to act at once); `None` when
-    /// every one of them only warns. A device cap joining another rule that
-    /// acts never brings that rule's wait forward: which devices a cap
-    /// picks turns on what others run and write (a group's other members;
-    /// a garble that hides a host for a cycle), and none of that may
-    /// hasten a user's action. A cap takes what such a wait frees first
-    /// ([`crate::rules::taking::SOON`]), so its excess comes down when the
-    /// wait ends.
+    /// every one of them only warns. A group cap joining another rule that
+    /// acts never brings that rule's wait forward: the group's excess may
+    /// be another member's, who must not hasten this one's action. It
+    /// takes what such a wait frees first ([`crate::rules::taking::SOON`]),
+    /// so its excess comes down when the wait ends.
     fn of(&self, rules: impl IntoIterator<Item = Rule>) -> Option<Duration> {
         let after = |r: &Rule| match self.rules.get(r) {
             Some(g) if g.warn_only => None,
@@ -103,7 +101,7 @@ impl Grace {
             return Some(self.after);
         }
         let others = (rules.iter())
-            .filter(|r| !CAPS.contains(**r))
+            .filter(|r| **r != Rule::MaxDevicesPerGroup)
             .filter_map(after)
             .min();
         others.or_else(|| rules.iter().filter_map(after).min())
@@ -1469,11 +1467,11 @@ mod tests {
         assert_eq!(acted_at(&l, &p, 10_000).0, vec![1]);
     }
 
-    /// A device cap joining another rule that acts never brings its wait
-    /// forward; alone, or beside rules that only warn, its grace is the
-    /// action's.
+    /// A group cap joining another rule that acts never brings its wait
+    /// forward (a per-user cap's shorter grace still wins); alone, or
+    /// beside rules that only warn, its grace is the action's.
     #[test]
-    fn a_device_cap_joining_a_rules_wait_never_hastens_it() {
+    fn a_group_cap_joining_a_rules_wait_never_hastens_it() {
         let g = Grace {
             rules: [
                 (
@@ -1499,7 +1497,7 @@ mod tests {
         let min2 = Some(Duration::from_secs(120));
         let ten = Some(Duration::from_secs(10));
         use Rule::*;
-        assert_eq!(g.of([OrphanedEnvProcesses, MaxDevicesPerUser]), min2);
+        assert_eq!(g.of([OrphanedEnvProcesses, MaxDevicesPerUser]), ten);
         assert_eq!(g.of([MaxDevicesPerGroup, OrphanedEnvProcesses]), min2);
         assert_eq!(g.of([MaxDevicesPerGroup]), ten);
         assert_eq!(g.of([NonEnvProcesses, MaxDevicesPerGroup]), ten);

@@ -247,7 +247,8 @@ impl Taken {
     /// ([`KEPT`]) those a job that cannot be terminated holds (its identity
     /// not pinned), whose count stays. Idle devices go before the waiting
     /// actions' so that a record bob forges in alice's name is taken before
-    /// a cap joins (and so hastens) the wait of a job of hers.
+    /// a cap joins (and, a per-user cap, may hasten) the wait of a job of
+    /// hers.
     pub fn turn(&self, host: &HostId, d: &HeldDevice) -> u8 {
         if self.kept(host, d) && d.unseen {
             WORKING
