@@ -842,6 +842,22 @@ mod tests {
     use super::*;
     use crate::rules::Rules;
 
+    /// A rule's grace that only warns.
+    fn warns() -> RuleGrace {
+        RuleGrace {
+            warn_only: true,
+            after: None,
+        }
+    }
+
+    /// A rule's grace that acts `after`.
+    fn acts_after(after: Duration) -> RuleGrace {
+        RuleGrace {
+            warn_only: false,
+            after: Some(after),
+        }
+    }
+
     fn cycles(n: u32) -> Grace {
         Grace {
             cycles: n,
@@ -1260,20 +1276,8 @@ mod tests {
         let grace = Grace {
             after: Duration::from_secs(60),
             rules: [
-                (
-                    Rule::EnvMemory,
-                    RuleGrace {
-                        warn_only: false,
-                        after: Some(Duration::ZERO),
-                    },
-                ),
-                (
-                    Rule::NonEnvProcesses,
-                    RuleGrace {
-                        warn_only: true,
-                        after: None,
-                    },
-                ),
+                (Rule::EnvMemory, acts_after(Duration::ZERO)),
+                (Rule::NonEnvProcesses, warns()),
             ]
             .into_iter()
             .collect(),
@@ -1476,18 +1480,9 @@ mod tests {
             rules: [
                 (
                     Rule::OrphanedEnvProcesses,
-                    RuleGrace {
-                        warn_only: false,
-                        after: Some(Duration::from_secs(120)),
-                    },
+                    acts_after(Duration::from_secs(120)),
                 ),
-                (
-                    Rule::NonEnvProcesses,
-                    RuleGrace {
-                        warn_only: true,
-                        after: None,
-                    },
-                ),
+                (Rule::NonEnvProcesses, warns()),
             ]
             .into_iter()
             .collect(),

@@ -841,6 +841,18 @@ fn a_garble_timed_to_a_caps_wait_on_either_shard_takes_nothing_else_or_sooner() 
     }
 }
 
+/// A group `lab` capped at 1 device, alice's orphans and jobs outside
+/// genv judged and counted.
+fn lab_of_one() -> Policy {
+    Policy {
+        non_env_processes: true,
+        max_devices_per_group: [("lab".to_string(), 1)].into_iter().collect(),
+        orphans_as_non_env: true,
+        count_non_env_devices: true,
+        ..Policy::default()
+    }
+}
+
 /// Open (found at stop 52, once the property compared cycles): a group
 /// cap's pick on h2 is held while bob garbles h2; meanwhile the orphan
 /// rule terminates alice's orphan on h1, which changes the group's order
@@ -900,13 +912,7 @@ fn a_cap_worked_out_again_after_a_hold_takes_what_it_picked() {
         ),
     ];
     let setup = Setup {
-        policy: Policy {
-            non_env_processes: true,
-            max_devices_per_group: [("lab".to_string(), 1)].into_iter().collect(),
-            orphans_as_non_env: true,
-            count_non_env_devices: true,
-            ..Policy::default()
-        },
+        policy: lab_of_one(),
         grace: Grace {
             cycles: 3,
             rules: rules.into_iter().collect(),
@@ -958,13 +964,7 @@ fn a_group_put_over_by_another_member_does_not_hasten_a_users_wait() {
         ..bobs(&[])
     };
     let setup = Setup {
-        policy: Policy {
-            non_env_processes: true,
-            max_devices_per_group: [("lab".to_string(), 1)].into_iter().collect(),
-            orphans_as_non_env: true,
-            count_non_env_devices: true,
-            ..Policy::default()
-        },
+        policy: lab_of_one(),
         grace: Grace {
             cycles: 1,
             rules: [(
