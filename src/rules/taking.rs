@@ -269,6 +269,34 @@ impl Taken {
         }
     }
 
+    /// Its turn under the user's own cap: as [`Taken::turn`], but a
+    /// working device where nothing of the user's works once the actions
+    /// waiting for their deadline are carried out takes the [`SOON`] turn
+    /// even if an attachment of theirs is left there, idle. Such an
+    /// attachment is anyone's to write in the user's name: it must not
+    /// move the cap's pick off a device whose jobs end anyway, onto one
+    /// where it would join, and hasten, the wait of another job of theirs.
+    /// Not under a group cap: there it would put a member's device before
+    /// the one of who came last.
+    pub fn own_turn(&self, host: &HostId, d: &HeldDevice) -> u8 {
+        match self.turn(host, d) {
+            WORKING if !d.unseen && self.left_idle(host, d) => SOON,
+            t => t,
+        }
+    }
+
+    /// Whether every job of `d`'s user running there ends at a waiting
+    /// action's deadline, and so does each member process there unless
+    /// every environment still attached is detached then.
+    fn left_idle(&self, host: &HostId, d: &HeldDevice) -> bool {
+        let soon = |e: &EnvId| (self.soon_detached).contains(&(host.clone(), d.index, e.clone()));
+        let ends = |p: &Pid| self.soon_terminated.contains(&(host.clone(), *p));
+        let mut running = self.running(host, d).peekable();
+        running.peek().is_some()
+            && running.all(|p| ends(&p))
+            && (self.attached(host, d).all(soon) || d.pids.iter().all(ends))
+    }
+
     /// Whether the actions that wait free `d` of its user at their
     /// deadline: each environment of theirs still attached there is
     /// detached then, and each job of theirs still running there ends.
@@ -597,6 +625,52 @@ mod tests {
         assert!(
             matches!(&actions[..], [Action::Detach { eids, .. }] if eids[0].0.as_ref() == "forged")
         );
+    }
+
+    /// Seed 19 of the when-and-which property (stop 53): bob attaches
+    /// alice's environment where her orphan, waiting out its grace, runs.
+    /// Under her own cap the device keeps its turn among those the waits
+    /// free (her attachment there left idle), so that the cap does not
+    /// move to another device and join, and hasten, another job's wait;
+    /// under a group cap it stands among the working ones.
+    #[test]
+    fn an_attachment_left_idle_keeps_a_device_in_its_turn_under_its_users_cap() {
+        let h = HostId("h".into());
+        let mut taken = Taken::default();
+        taken.soon_terminated.insert((h.clone(), Pid(7)));
+        taken.soon_terminated.insert((h.clone(), Pid(9)));
+        let device = |pids: &[u32], jobs: &[u32]| HeldDevice {
+            eids: smallvec::smallvec![EnvId("a".into())],
+            pids: pids.iter().map(|p| Pid(*p)).collect(),
+            jobs: jobs.iter().map(|p| Pid(*p)).collect(),
+            working: true,
+            stray: !jobs.is_empty(),
+            ..HeldDevice::new(GpuIndex(0))
+        };
+        let forged = device(&[], &[7]);
+        assert_eq!(
+            (taken.turn(&h, &forged), taken.own_turn(&h, &forged)),
+            (WORKING, SOON)
+        );
+        // Its member processes end at their deadline too: idle then.
+        let members_end = device(&[9], &[7]);
+        assert_eq!(taken.own_turn(&h, &members_end), SOON);
+        // A member that works on, or a job that does, keeps it working.
+        for d in [device(&[8], &[7]), device(&[], &[7, 8])] {
+            assert_eq!(taken.own_turn(&h, &d), WORKING);
+        }
+        // The attachment detached at its deadline as well: freed anyway.
+        taken
+            .soon_detached
+            .insert((h.clone(), GpuIndex(0), EnvId("a".into())));
+        assert_eq!(taken.turn(&h, &device(&[8], &[7])), SOON);
+        // Nothing running: idle, as before.
+        assert_eq!(taken.own_turn(&h, &device(&[], &[])), 1);
+        let unseen = HeldDevice {
+            unseen: true,
+            ..forged
+        };
+        assert_eq!(taken.own_turn(&h, &unseen), WORKING);
     }
 
     /// An unseen device's share is borne, never counted as freed: nothing
