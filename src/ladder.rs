@@ -412,13 +412,28 @@ impl Ladder {
     /// [`MAX_HELD`] cycles: garbles taking turns on two hosts delay no
     /// action longer).
     fn due_now(&self, t: &Track, now: u64) -> bool {
-        self.due(t, now) && !self.held_back(t)
+        self.due(t, now) && !self.held_back(t, now)
     }
 
-    /// Whether `t`'s action, due, is held back this cycle.
-    fn held_back(&self, t: &Track) -> bool {
-        let caps_only = t.what.rules().iter().all(|r| CAPS.contains(*r));
-        self.caps_held && caps_only && t.held < MAX_HELD
+    /// Whether `t`'s action, due at `now`, is held back this cycle: one
+    /// only the caps ask for, or one a user's own cap joins that the other
+    /// rules asking do not make due by now (a cap that a garble moves onto
+    /// a job whose own wait runs must not bring that wait forward while
+    /// its picks are held; a group cap never does, [`Grace::of`]).
+    fn held_back(&self, t: &Track, now: u64) -> bool {
+        if !self.caps_held || t.held >= MAX_HELD {
+            return false;
+        }
+        let rules = t.what.rules();
+        let others: Vec<Rule> = (rules.iter().copied())
+            .filter(|r| !CAPS.contains(*r))
+            .collect();
+        if others.is_empty() {
+            return true;
+        }
+        let due_anyway =
+            (self.grace.of(others)).is_some_and(|g| now >= t.since.saturating_add(ms(g)));
+        rules.contains(&Rule::MaxDevicesPerUser) && !due_anyway
     }
 
     /// The lineage index of the waits kept while away.
@@ -748,7 +763,7 @@ impl Ladder {
                     since_ms: track.since,
                     deadline_ms: track.deadline,
                 };
-                if self.due(&track, now) && self.held_back(&track) {
+                if self.due(&track, now) && self.held_back(&track, now) {
                     track.held = track.held.saturating_add(1);
                 } else if self.due(&track, now) {
                     if !track.acted {
@@ -1505,20 +1520,80 @@ mod tests {
         assert_eq!(g.of(Vec::<Rule>::new()), ten);
     }
 
+    /// A host's plan terminating each pid (started at 1) for its rules.
+    fn asked(h: &HostId, pids: &[(u32, Rules)]) -> (HostId, HostPlan) {
+        let mut p = plan(&pids.iter().map(|&(p, _)| (p, 1)).collect::<Vec<_>>(), &[]);
+        p.hosts[0].0 = h.clone();
+        for (t, (_, r)) in p.hosts[0].1.terminate.iter_mut().zip(pids) {
+            t.rules = *r;
+        }
+        p.hosts.remove(0)
+    }
+
+    /// The pids `plan` terminates at `now` (ms).
+    fn due_at(l: &Ladder, plan: &Plan, now: u64) -> Vec<u32> {
+        let (done, _) = l.split(plan, now);
+        (done.hosts.iter())
+            .flat_map(|(_, h)| h.terminate.iter().map(|t| t.pid.0))
+            .collect()
+    }
+
+    /// Seeds 5 and 19 of the when-and-which property (stop 53): a garble
+    /// moves a user's cap onto a job of theirs whose own wait runs. While
+    /// the caps' picks are held, the cap joining that wait never brings
+    /// it forward; a group cap joining a rule that only warns is not held
+    /// (it never hastens an acting rule's wait anyway).
+    #[test]
+    fn a_users_cap_joining_a_wait_while_the_caps_are_held_never_hastens_it() {
+        let grace = Grace {
+            rules: [
+                (
+                    Rule::OrphanedEnvProcesses,
+                    acts_after(Duration::from_secs(120)),
+                ),
+                (Rule::NonEnvProcesses, warns()),
+            ]
+            .into(),
+            ..cycles(2)
+        };
+        let (h1, h2) = (HostId("h1".into()), HostId("h2".into()));
+        let cap: Rules = Rule::MaxDevicesPerUser.into();
+        let joined = cap | Rule::OrphanedEnvProcesses;
+        let group = Rule::MaxDevicesPerGroup | Rule::NonEnvProcesses;
+        let whole = Plan {
+            hosts: vec![
+                asked(&h1, &[(1, cap)]),
+                asked(&h2, &[(6, joined), (7, group)]),
+            ],
+        };
+        let h2_only = Plan {
+            hosts: vec![whole.hosts[1].clone()],
+        };
+        let run = |held: bool| {
+            let mut l = Ladder::new(grace.clone());
+            l.advance(&whole, 0, &[]);
+            let unseen = if held { vec![h1.clone()] } else { vec![] };
+            let mut due = Vec::new();
+            for now in [60_000, 120_000] {
+                l.hold_caps(&unseen, false);
+                due.push(due_at(&l, &h2_only, now));
+                l.advance(&h2_only, now, &unseen);
+            }
+            due
+        };
+        // Held: the orphan waits out its own grace.
+        assert_eq!(run(true), [vec![7], vec![6, 7]]);
+        // Not held: the user's own cap (no grace) brings it forward.
+        assert_eq!(run(false), [vec![6, 7], vec![6, 7]]);
+    }
+
     #[test]
     fn a_caps_picks_wait_for_the_one_an_unseen_host_hides() {
         let mut l = Ladder::new(cycles(2));
         let (h1, h2) = (HostId("h1".into()), HostId("h2".into()));
         // On h1 and h2, a pick of the per-user cap each; on h2, also one of
         // env-devices, and one both ask for.
-        let on = |h: &HostId, pids: &[(u32, Rules)]| {
-            let mut p = plan(&pids.iter().map(|&(p, _)| (p, 1)).collect::<Vec<_>>(), &[]);
-            p.hosts[0].0 = h.clone();
-            for (t, (_, r)) in p.hosts[0].1.terminate.iter_mut().zip(pids) {
-                t.rules = *r;
-            }
-            p.hosts.remove(0)
-        };
+        let on = asked;
         let cap: Rules = Rule::MaxDevicesPerUser.into();
         let both = cap | Rule::EnvDevices;
         let whole = Plan {
@@ -1530,12 +1605,7 @@ mod tests {
         let h2_only = Plan {
             hosts: vec![whole.hosts[1].clone()],
         };
-        let due = |l: &Ladder, p: &Plan| -> Vec<u32> {
-            let (done, _) = l.split(p, 0);
-            (done.hosts.iter())
-                .flat_map(|(_, h)| h.terminate.iter().map(|t| t.pid.0))
-                .collect()
-        };
+        let due = |l: &Ladder, p: &Plan| due_at(l, p, 0);
         l.hold_caps(&[], false);
         l.advance(&whole, 0, &[]);
         // h1 unseen: what only the caps ask for waits on h2 too.
