@@ -416,10 +416,11 @@ impl Ladder {
     }
 
     /// Whether `t`'s action, due at `now`, is held back this cycle: one
-    /// only the caps ask for, or one a user's own cap joins that the other
-    /// rules asking do not make due by now (a cap that a garble moves onto
-    /// a job whose own wait runs must not bring that wait forward while
-    /// its picks are held; a group cap never does, [`Grace::of`]).
+    /// only the caps ask for, or one a user's own cap joins before the
+    /// deadline of the other rules that act on it (a cap that a garble
+    /// moves onto a job whose own wait runs must not bring that wait
+    /// forward while its picks are held; a group cap never does,
+    /// [`Grace::of`]).
     fn held_back(&self, t: &Track, now: u64) -> bool {
         if !self.caps_held || t.held >= MAX_HELD {
             return false;
@@ -431,9 +432,11 @@ impl Ladder {
         if others.is_empty() {
             return true;
         }
-        let due_anyway =
-            (self.grace.of(others)).is_some_and(|g| now >= t.since.saturating_add(ms(g)));
-        rules.contains(&Rule::MaxDevicesPerUser) && !due_anyway
+        // Held only where it waits on another rule's deadline: one that
+        // other rules only warn of is the cap's alone (not held, as
+        // before: holding it let the cap, worked out again, move).
+        let waits_on = (self.grace.of(others)).map(|g| t.since.saturating_add(ms(g)));
+        rules.contains(&Rule::MaxDevicesPerUser) && waits_on.is_some_and(|d| now < d)
     }
 
     /// The lineage index of the waits kept while away.
