@@ -876,6 +876,18 @@ mod tests {
         }
     }
 
+    /// The orphan rule acting after 2 minutes, the non-env rule warning.
+    fn orphans_wait_non_env_warns() -> BTreeMap<Rule, RuleGrace> {
+        [
+            (
+                Rule::OrphanedEnvProcesses,
+                acts_after(Duration::from_secs(120)),
+            ),
+            (Rule::NonEnvProcesses, warns()),
+        ]
+        .into()
+    }
+
     fn cycles(n: u32) -> Grace {
         Grace {
             cycles: n,
@@ -1495,15 +1507,7 @@ mod tests {
     #[test]
     fn a_group_cap_joining_a_rules_wait_never_hastens_it() {
         let g = Grace {
-            rules: [
-                (
-                    Rule::OrphanedEnvProcesses,
-                    acts_after(Duration::from_secs(120)),
-                ),
-                (Rule::NonEnvProcesses, warns()),
-            ]
-            .into_iter()
-            .collect(),
+            rules: orphans_wait_non_env_warns(),
             after: Duration::from_secs(10),
             ..Grace::default()
         };
@@ -1549,14 +1553,7 @@ mod tests {
     #[test]
     fn a_users_cap_joining_a_wait_while_the_caps_are_held_never_hastens_it() {
         let grace = Grace {
-            rules: [
-                (
-                    Rule::OrphanedEnvProcesses,
-                    acts_after(Duration::from_secs(120)),
-                ),
-                (Rule::NonEnvProcesses, warns()),
-            ]
-            .into(),
+            rules: orphans_wait_non_env_warns(),
             ..cycles(2)
         };
         let (h1, h2) = (HostId("h1".into()), HostId("h2".into()));
