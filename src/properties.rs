@@ -166,11 +166,14 @@ proptest! {
         for (h, snap) in &c.hosts {
             let f = rules::assess_host(h, snap, &policy, &Default::default());
             for (user, u) in f.usage.users {
+                let left: Vec<_> = (u.devices.iter()).filter(|d| taken.holds(h, &user, d)).collect();
                 let e = held.entry(user).or_default();
-                let left = u.devices.iter().filter(|d| taken.holds(h, d));
                 for d in left {
-                    e.0 += 1;
-                    e.1 += usize::from(!taken.kept(h, d));
+                    // One held only by contested environments bears its
+                    // share where it stands, left counted.
+                    let takeable = taken.takeable(h, d);
+                    e.0 += usize::from(takeable || d.kept || d.contested.is_empty());
+                    e.1 += usize::from(takeable);
                 }
             }
         }

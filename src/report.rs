@@ -365,11 +365,11 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
             }
         ),
         Notice::ExcessKept { user, left } => format!(
-            "[WARNING] User {} stays {left} over the device cap: the rest is held by jobs of theirs that cannot be terminated (their start time or environ unknown)",
+            "[WARNING] User {} stays {left} over the device cap: the rest is held by jobs of theirs that cannot be terminated (their start time or environ unknown), or by environments whose id several users' jobs carry, which are never detached for a cap",
             clean(user)
         ),
         Notice::GroupExcessKept { group, left } => format!(
-            "[WARNING] Group {} stays {left} over its device cap: the rest is held by jobs of its members that cannot be terminated (their start time or environ unknown)",
+            "[WARNING] Group {} stays {left} over its device cap: the rest is held by jobs of its members that cannot be terminated (their start time or environ unknown), or by environments whose id several users' jobs carry, which are never detached for a cap",
             clean(group)
         ),
         Notice::MemoryExcessKept { user, left } => format!(

@@ -267,6 +267,13 @@ impl Enforcer {
                 None => 0,
             };
             let mut f = rules::assess_host(&id(h), &snap, policy, &self.orphans[h]);
+            if std::env::var_os("SEQUENCE_HELD").is_some() {
+                if let Some(a) = f.usage.users.get("alice") {
+                    for d in &a.devices {
+                        eprintln!("  held h{h} alice {:?} eids {:?} contested {:?} pids {:?} jobs {:?} w{} s{} k{} u{} v{}", d.index.0, d.eids, d.contested, d.pids, d.jobs, d.working, d.stray, d.kept, d.unseen, d.vouched);
+                    }
+                }
+            }
             self.orphans[h] = std::mem::take(&mut f.orphans);
             self.published.push(Published {
                 host: id(h),

@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 use crate::model::{Few, HashMap};
 use serde::{Deserialize, Serialize};
 
-use super::attribution::{Attribution, Standing};
+use super::attribution::{Attribution, Standing, Unconfirmed};
 pub use super::taking::HeldDevice;
 use super::taking::{self, Candidate, Taken};
 use super::{Finding, Notice, Policy, Rule, Violation};
@@ -89,6 +89,22 @@ impl HostUsage {
                 // must not shield a device bob attached her record to.
                 held.working |= !held.pids.is_empty();
                 held.vouched |= vouched;
+            }
+        }
+        // A contested environment counts toward each user whose jobs carry
+        // its id, as it would toward the one whose it is (bob carrying
+        // alice's id takes none of its devices out of her count), and is
+        // never detached under a cap.
+        for (i, e) in snap.envs.iter().enumerate() {
+            let Some(Unconfirmed::Contested { users: carriers }) = a.uncharged(i) else {
+                continue;
+            };
+            for u in carriers {
+                let (_, devices) = users.get_or_insert_with(Cow::Borrowed(u), Default::default);
+                for &d in a.attached(i) {
+                    let held = devices.get_or_insert_with(d, || HeldDevice::new(d));
+                    held.contested.push(e.eid.clone());
+                }
             }
         }
         for (pi, p) in snap.processes.iter().enumerate() {
@@ -205,7 +221,7 @@ pub fn evaluate(
         // Still held, in genv's order.
         let mut candidates: Vec<Candidate> = (held.iter())
             .flat_map(|(host, h)| h.devices.iter().map(move |d| (*host, user, d)))
-            .filter(|(host, _, d)| taken.holds(host, d))
+            .filter(|(host, user, d)| taken.holds(host, user, d))
             .collect();
         let count = candidates.len();
         let over = count.saturating_sub(cap as usize);
@@ -735,10 +751,11 @@ mod tests {
     }
 
     #[test]
-    fn a_contested_env_counts_for_nobody_and_its_jobs_for_their_users() {
+    fn a_contested_env_counts_toward_each_carrier_and_is_never_detached() {
         // bob runs a job with alice's id on her device 0 and attaches her env
-        // to 1..3: the env is nobody's, nothing of it is detached; each job
-        // counts toward its own user's cap, and is taken under it alone.
+        // to 1..3: the env counts toward each of them, as toward the one
+        // whose it is, and nothing of it is detached; each takes their own
+        // job there, the rest of each one's excess borne where it stands.
         let s = live(
             host(
                 vec![env("a", Some("alice"), None)],
@@ -750,18 +767,59 @@ mod tests {
         for (user, pid) in [("alice", "10"), ("bob", "11")] {
             let v = v
                 .iter()
-                .find(|v| matches!(&v.finding, Finding::MaxDevices { user: u, devices: 1, .. } if u == user))
+                .find(|v| matches!(&v.finding, Finding::MaxDevices { user: u, devices: 4, .. } if u == user))
                 .unwrap_or_else(|| panic!("{user}: {v:?}"));
             assert_eq!(asked(v), [format!("terminate {pid}")]);
+            let kept = Notice::ExcessKept {
+                user: user.into(),
+                left: 4,
+            };
+            assert!(n.contains(&kept), "{n:?}");
         }
+        // Within her cap but for bob's attachments, his contest costs her
+        // nothing: the idle devices bear her excess; his job is his.
+        let (v, _) = crate::rules::assess_cluster(&local(s), &policy(Some(1), &[("bob", 0)]));
+        let acts: Vec<Vec<String>> = v.iter().map(asked).collect();
+        assert_eq!(acts, [vec![], vec!["terminate 11".to_string()]], "{v:?}");
+    }
+
+    #[test]
+    fn a_contested_env_counts_toward_none_of_a_groups_members() {
+        // alice's id, carried by her job on 0 and by bob's on 1, attached to
+        // 0..3: the lab counts each one's job, not the id once per carrier.
+        let mut s = live(
+            host(
+                vec![env("a", Some("alice"), None)],
+                &[(0, "a"), (1, "a"), (2, "a"), (3, "a")],
+            ),
+            vec![job(10, Some("a"), 1001, 0), job(11, Some("a"), 1002, 1)],
+        );
+        let truth = s.truth.as_mut().expect("live");
+        truth.groups = [(1001, vec!["lab".into()]), (1002, vec!["lab".into()])].into();
+        let lab = Policy {
+            max_devices_per_group: [("lab".to_string(), 1)].into(),
+            ..Policy::default()
+        };
+        let (v, n) = crate::rules::assess_cluster(&local(s), &lab);
+        assert_eq!(v.len(), 1, "{v:?}");
         assert!(
-            !n.iter().any(|n| matches!(n, Notice::ExcessKept { .. })),
+            matches!(
+                v[0].finding,
+                Finding::MaxGroupDevices {
+                    devices: 2,
+                    over: 1,
+                    ..
+                }
+            ),
+            "{v:?}"
+        );
+        // One job goes (its own device freed), and that brings it down.
+        assert_eq!(asked(&v[0]).len(), 1, "{v:?}");
+        assert!(
+            n.iter()
+                .all(|n| !matches!(n, Notice::GroupExcessKept { .. })),
             "{n:?}"
         );
-        // Within her cap, bob's contest costs her nothing; his job is his.
-        let (v, _) = crate::rules::assess_cluster(&local(s), &policy(Some(1), &[("bob", 0)]));
-        assert_eq!(v.len(), 1);
-        assert_eq!(asked(&v[0]), ["terminate 11"]);
     }
 
     #[test]

@@ -96,7 +96,7 @@ pub fn evaluate(
                 }
                 held.extend(
                     (devices.devices.iter())
-                        .filter(|d| taken.holds(host, d))
+                        .filter(|d| taken.holds_in_group(host, d))
                         .map(|d| (k, (*host, user.as_str(), d))),
                 );
             }
@@ -159,6 +159,7 @@ mod tests {
                 smallvec::smallvec![]
             },
             jobs: smallvec::smallvec![],
+            contested: smallvec::smallvec![],
             working,
             stray: false,
             kept: false,

@@ -30,6 +30,14 @@ pub struct HeldDevice {
     /// cannot be judged, counted jobs outside genv): terminated to free it.
     #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
     pub jobs: SmallVec<[Pid; 2]>,
+    /// Environments attached here whose id jobs of several users carry,
+    /// this user's among them ([`super::attribution`]: *contested*): each
+    /// counts toward every one of those users, as it would toward the one
+    /// whose it is, and is never detached under a cap (nothing tells whose
+    /// it is). Taken, the device is freed of the user's jobs and bears its
+    /// share of the excess where it stands, left counted.
+    #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
+    pub contested: SmallVec<[EnvId; 1]>,
     /// A job of one of those environments runs here (or another job of
     /// the user's).
     pub working: bool,
@@ -65,6 +73,7 @@ impl HeldDevice {
             eids: SmallVec::new(),
             pids: SmallVec::new(),
             jobs: SmallVec::new(),
+            contested: SmallVec::new(),
             working: false,
             stray: false,
             kept: false,
@@ -104,6 +113,10 @@ pub struct Taken {
     /// after the per-user caps), so they take no more elsewhere.
     pub unseen_terminated: HashSet<(HostId, Pid)>,
     pub unseen_detached: HashSet<(HostId, GpuIndex, EnvId)>,
+    /// The contested environments of the devices taken, by user: each
+    /// user's share borne there (never detached), counted no more for
+    /// that user's caps after.
+    pub contested_borne: HashSet<(HostId, GpuIndex, EnvId, String)>,
 }
 
 /// Cycles in a row a host's genv state is unusable before its unseen jobs
@@ -219,10 +232,26 @@ impl Taken {
         self.attached_if(host, d, false)
     }
 
-    /// Whether `d` still counts toward its user after what is carried out
-    /// (what the unseen devices' shares stand for still counts).
-    fn holds_really(&self, host: &HostId, d: &HeldDevice) -> bool {
+    /// The contested environments of `user`'s device `d` that none of
+    /// their caps has borne a share for.
+    fn contested<'d>(
+        &'d self,
+        host: &'d HostId,
+        user: &'d str,
+        d: &'d HeldDevice,
+    ) -> impl Iterator<Item = &'d EnvId> + 'd {
+        (d.contested.iter()).filter(move |e| {
+            let key = (host.clone(), d.index, (*e).clone(), user.to_string());
+            !self.contested_borne.contains(&key)
+        })
+    }
+
+    /// Whether `d` still counts toward its user (toward their `group`)
+    /// after what is carried out (what the shares borne stand for still
+    /// counts).
+    fn holds_really(&self, host: &HostId, d: &HeldDevice, group: bool) -> bool {
         d.kept
+            || (!group && !d.contested.is_empty())
             || self.attached_if(host, d, true).next().is_some()
             || self.running_if(host, d, true).next().is_some()
     }
@@ -233,8 +262,24 @@ impl Taken {
         d.kept || (d.unseen && !self.blind.contains(host))
     }
 
-    /// Whether `d` still counts toward its user after what is taken.
-    pub fn holds(&self, host: &HostId, d: &HeldDevice) -> bool {
+    /// Whether anything the caps take is left on `d` after what is taken:
+    /// an environment of its user's to detach, or a job to terminate.
+    pub fn takeable(&self, host: &HostId, d: &HeldDevice) -> bool {
+        !self.kept(host, d)
+            && (self.attached(host, d).next().is_some() || self.running(host, d).next().is_some())
+    }
+
+    /// Whether `user`'s device `d` still counts toward them after what is
+    /// taken.
+    pub fn holds(&self, host: &HostId, user: &str, d: &HeldDevice) -> bool {
+        self.holds_in_group(host, d) || self.contested(host, user, d).next().is_some()
+    }
+
+    /// Whether `d` still counts toward its user's groups after what is
+    /// taken: as [`Taken::holds`], but a contested environment counts
+    /// toward none of the members whose jobs carry its id (counted for
+    /// each, one id would weigh on the group as often as members carry it).
+    pub fn holds_in_group(&self, host: &HostId, d: &HeldDevice) -> bool {
         d.kept || self.attached(host, d).next().is_some() || self.running(host, d).next().is_some()
     }
 
@@ -355,7 +400,7 @@ pub fn take(
         // hold, so that its share is what a healthy cycle would take
         // there; nothing is carried out.
         let unseen = taken.kept(host, d);
-        let (eids, jobs, touched) = apply(taken, &by_job, k, (host, d), unseen);
+        let (eids, jobs, touched) = apply(taken, &by_job, k, (host, user, d), unseen);
         if !unseen {
             if !eids.is_empty() {
                 actions.push(Action::Detach {
@@ -373,9 +418,14 @@ pub fn take(
         }
         for j in touched {
             let (h, _, dj) = candidates[j];
-            if !free[j] && !taken.holds(h, dj) {
+            let holds = if share {
+                taken.holds_in_group(h, dj)
+            } else {
+                taken.holds(h, candidates[j].1, dj)
+            };
+            if !free[j] && !holds {
                 free[j] = true;
-                if taken.holds_really(h, dj) {
+                if taken.holds_really(h, dj, share) {
                     borne += 1;
                 } else {
                     freed += 1;
@@ -388,18 +438,25 @@ pub fn take(
 
 /// Takes `d` (candidate `k`, on `host`) in `taken`, or only as its share
 /// (`unseen`): its user's environments still attached there detached with
-/// their processes, their jobs still running there terminated. Returns
+/// their processes, their jobs still running there terminated, its
+/// contested environments left attached, as a share borne. Returns
 /// those environments, those jobs and the candidates touched (whose count
 /// may have dropped).
 fn apply(
     taken: &mut Taken,
     by_job: &HashMap<(&HostId, Pid), Vec<usize>>,
     k: usize,
-    (host, d): (&HostId, &HeldDevice),
+    (host, user, d): (&HostId, &str, &HeldDevice),
     unseen: bool,
 ) -> (Vec<EnvId>, Vec<Pid>, Vec<usize>) {
     let eids: Vec<EnvId> = taken.attached(host, d).cloned().collect();
     let jobs: Vec<Pid> = taken.running(host, d).collect();
+    let contested: Vec<EnvId> = taken.contested(host, user, d).cloned().collect();
+    (taken.contested_borne).extend(
+        contested
+            .into_iter()
+            .map(|e| (host.clone(), d.index, e, user.to_string())),
+    );
     let (terminated, detached) = if unseen {
         (&mut taken.unseen_terminated, &mut taken.unseen_detached)
     } else {
@@ -689,19 +746,22 @@ mod tests {
         let (actions, freed) = take(&[(&h, "bob", &d)], 1, &mut taken, false);
         assert!(actions.is_empty());
         assert_eq!(freed, 0, "borne");
-        assert!(!taken.holds(&h, &d), "no longer counted by the caps after");
-        assert!(taken.holds_really(&h, &d));
+        assert!(
+            !taken.holds(&h, "u", &d),
+            "no longer counted by the caps after"
+        );
+        assert!(taken.holds_really(&h, &d, false));
         assert!(taken.terminated.is_empty() && taken.detached.is_empty());
         let job_only = HeldDevice {
             eids: smallvec::SmallVec::new(),
             ..d.clone()
         };
-        assert!(taken.holds_really(&h, &job_only));
+        assert!(taken.holds_really(&h, &job_only, false));
         let attached_only = HeldDevice {
             jobs: smallvec::SmallVec::new(),
             ..d
         };
-        assert!(taken.holds_really(&h, &attached_only));
+        assert!(taken.holds_really(&h, &attached_only, false));
     }
 
     /// A device a job that is never terminated holds bears its share under
