@@ -61,7 +61,8 @@ impl Published {
                     d.working = d.stray || !d.pids.is_empty();
                 }
             }
-            held.devices.retain(|d| !d.eids.is_empty() || d.stray);
+            held.devices
+                .retain(|d| !d.eids.is_empty() || !d.contested.is_empty() || d.stray);
         }
         self
     }
@@ -80,6 +81,9 @@ impl Published {
             for d in &mut held.devices {
                 if !d.eids.is_empty() {
                     d.eids = smallvec::smallvec![EnvId("".into())];
+                }
+                if !d.contested.is_empty() {
+                    d.contested = smallvec::smallvec![EnvId("".into())];
                 }
                 // Never a real pid (they stay below 2^22): only counted,
                 // never taken here.
@@ -402,6 +406,34 @@ mod tests {
         let devices = &left.usage.users["alice"].devices;
         assert!(!devices[0].working && devices[0].pids.is_empty());
         assert!(devices[1].stray && devices[1].kept);
+    }
+
+    #[test]
+    fn a_contested_environments_device_stays_in_the_part_and_compacts_to_one() {
+        // alice's stray on 0 carries an id bob's jobs carry too, attached
+        // there under two records: her job ended, the device still counts
+        // (never detached for a cap), published as one placeholder.
+        let mut u = usage("alice", &[]);
+        u.users.get_mut("alice").unwrap().devices.push(HeldDevice {
+            contested: smallvec::smallvec![EnvId("x".into()), EnvId("y".into())],
+            jobs: smallvec::smallvec![crate::model::Pid(50)],
+            working: true,
+            stray: true,
+            ..HeldDevice::new(GpuIndex(0))
+        });
+        let p = Published {
+            host: h("h9"),
+            position: 0,
+            usage: u,
+            blind: false,
+            held: false,
+        };
+        let ended: HashSet<crate::model::Pid> = [crate::model::Pid(50)].into();
+        let left = p.without(&HashSet::new(), &ended).compact();
+        let d = &left.usage.users["alice"].devices;
+        assert_eq!(d.len(), 1, "{left:?}");
+        assert_eq!(d[0].contested.len(), 1);
+        assert!(!d[0].working && d[0].jobs.is_empty());
     }
 
     #[test]
