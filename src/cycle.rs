@@ -19,7 +19,7 @@ use crate::plan::{HostPlan, Plan, Termination};
 use crate::report::{CycleReport, Timing};
 use crate::rules::shards::{Published, Shards};
 use crate::rules::taking::BLIND_AFTER;
-use crate::rules::{IdleHistory, Moment, Orphans, Policy};
+use crate::rules::{HeldOrder, IdleHistory, Moment, Orphans, Policy};
 
 /// What one cycle is told of the run (built by `config`).
 #[derive(Debug, Clone)]
@@ -56,6 +56,9 @@ pub struct Memory {
     pub orphans: HashMap<HostId, Orphans>,
     /// Each process's idle window (the idle rule).
     pub idle: IdleHistory,
+    /// The group caps' order while their picks are held (and for the
+    /// cycle that works them out again).
+    pub held_order: Option<HeldOrder>,
     /// `--shard`: the other shards' parts of the device caps, read before
     /// the cycle.
     pub others: Vec<Published>,
@@ -99,6 +102,15 @@ pub async fn cycle(
         ..Timing::default()
     };
     let mut g = gather(rounds, &orphans, &mut timing, memory);
+    if let Some(order) = &memory.held_order {
+        for (host, r) in &mut g.results {
+            if let Ok((_, findings)) = r {
+                order.restore(host, &mut findings.usage);
+            }
+        }
+    }
+    let order =
+        HeldOrder::of((g.results.iter()).filter_map(|(h, r)| Some((h, &r.as_ref().ok()?.1.usage))));
     let abort = options.exit_on_error && g.results.iter().any(|(_, r)| r.is_err());
     if !abort {
         let gap = Some(options.idle_gap);
@@ -115,6 +127,8 @@ pub async fn cycle(
     for p in &mut memory.published {
         p.held = held;
     }
+    // Kept from the cycle the hold began to the one after it ends.
+    memory.held_order = (held || elsewhere).then(|| memory.held_order.take().unwrap_or(order));
     if let Some(ladder) = kept {
         memory.ladder = ladder;
         events = Default::default();

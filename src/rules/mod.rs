@@ -29,6 +29,7 @@ pub use attribution::Orphans;
 use attribution::{Attribution, Standing, Stray, Unconfirmed};
 pub use idle::IdleHistory;
 use max_devices::HostUsage;
+pub use max_groups::HeldOrder;
 use max_groups::HostGroups;
 use max_memory::HostMemory;
 
