@@ -544,6 +544,9 @@ fn setup() -> impl Strategy<Value = Setup> {
                 (group, orphans, non_env, sharded),
                 (cycles, after, warn, exempt, orphan_grace),
             )| {
+                // Sharded only as a run may be: `--shard` refuses the group
+                // and memory caps (they would count one shard's hosts alone).
+                let sharded = sharded && group.is_none() && !policy.has_memory_caps();
                 let mut rules = std::collections::BTreeMap::new();
                 if orphans {
                     // As `--orphans-as-non-env GRACE` sets it.
