@@ -128,7 +128,7 @@ pub async fn cycle(
         p.held = held;
     }
     // Kept from the cycle the hold began to the one after it ends.
-    memory.held_order = (held || elsewhere).then(|| memory.held_order.take().unwrap_or(order));
+    memory.held_order = HeldOrder::kept(memory.held_order.take(), order, (held, elsewhere));
     if let Some(ladder) = kept {
         memory.ladder = ladder;
         events = Default::default();

@@ -349,7 +349,7 @@ impl Enforcer {
         for p in &mut self.published {
             p.held = held;
         }
-        self.held_order = (held || elsewhere).then(|| self.held_order.take().unwrap_or(order));
+        self.held_order = HeldOrder::kept(self.held_order.take(), order, (held, elsewhere));
         (a.plan, seen)
     }
 

@@ -55,6 +55,15 @@ impl HeldOrder {
         HeldOrder(order)
     }
 
+    /// What to keep after a cycle whose order was `now`: the order kept
+    /// (`before`, or `now` if the hold began this cycle) while the caps'
+    /// picks are held, by this shard (`held`) or another (`elsewhere`);
+    /// nothing once no hold is left.
+    #[must_use]
+    pub fn kept(before: Option<Self>, now: Self, (held, elsewhere): (bool, bool)) -> Option<Self> {
+        (held || elsewhere).then(|| before.unwrap_or(now))
+    }
+
     /// Puts each of `host`'s devices back where it stood in the order: its
     /// `since` no later than it was then.
     pub fn restore(&self, host: &HostId, usage: &mut HostUsage) {
@@ -255,6 +264,25 @@ mod tests {
                 other => panic!("{other:?}"),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_held_order_is_kept_from_the_cycle_a_hold_begins_until_none_is_left() {
+        let (h, u) = (
+            HostId("h".into()),
+            usage(&[("alice", vec![device(0, "a", true, true)])]),
+        );
+        let then = HeldOrder::of([(&h, &u)]);
+        let now = HeldOrder::default();
+        for held in [(true, false), (false, true), (true, true)] {
+            assert_eq!(
+                HeldOrder::kept(None, then.clone(), held),
+                Some(then.clone())
+            );
+            let kept = HeldOrder::kept(Some(then.clone()), now.clone(), held);
+            assert_eq!(kept, Some(then.clone()), "{held:?}");
+        }
+        assert_eq!(HeldOrder::kept(Some(then), now, (false, false)), None);
     }
 
     #[test]

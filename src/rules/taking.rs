@@ -795,4 +795,32 @@ mod tests {
         // Its share is one: the next device still bears the rest.
         assert_eq!(run(&kept(false), true, 2), (1, 1));
     }
+
+    #[test]
+    fn what_is_left_to_take_is_an_attachment_or_a_job_never_a_contested_id() {
+        let (h, e) = (HostId("h".into()), EnvId("e".into()));
+        let d = HeldDevice {
+            eids: smallvec::smallvec![e.clone()],
+            jobs: smallvec::smallvec![Pid(7)],
+            ..HeldDevice::new(GpuIndex(0))
+        };
+        let mut taken = Taken::default();
+        assert!(taken.takeable(&h, &d));
+        taken.detached.insert((h.clone(), GpuIndex(0), e.clone()));
+        assert!(taken.takeable(&h, &d), "its job still runs");
+        taken.terminated.insert((h.clone(), Pid(7)));
+        assert!(!taken.takeable(&h, &d));
+        let contested = HeldDevice {
+            contested: smallvec::smallvec![e],
+            ..HeldDevice::new(GpuIndex(1))
+        };
+        assert!(!taken.takeable(&h, &contested));
+        assert!(taken.holds(&h, "u", &contested), "still counted");
+        let kept = HeldDevice {
+            kept: true,
+            jobs: smallvec::smallvec![Pid(8)],
+            ..HeldDevice::new(GpuIndex(2))
+        };
+        assert!(!taken.takeable(&h, &kept));
+    }
 }
