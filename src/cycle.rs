@@ -109,8 +109,13 @@ pub async fn cycle(
             }
         }
     }
-    let order =
-        HeldOrder::of((g.results.iter()).filter_map(|(h, r)| Some((h, &r.as_ref().ok()?.1.usage))));
+    // Only a group cap orders by it: none, nothing to keep.
+    let grouped = !options.policy.max_devices_per_group.is_empty();
+    let order = if grouped {
+        HeldOrder::of((g.results.iter()).filter_map(|(h, r)| Some((h, &r.as_ref().ok()?.1.usage))))
+    } else {
+        HeldOrder::default()
+    };
     let abort = options.exit_on_error && g.results.iter().any(|(_, r)| r.is_err());
     if !abort {
         let gap = Some(options.idle_gap);

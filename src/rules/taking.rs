@@ -365,7 +365,9 @@ pub type Candidate<'a> = (&'a HostId, &'a str, &'a HeldDevice);
 /// left cannot be freed). A device that is never freed (`kept`) is
 /// passed over; with `share` (or when it is `unseen`), it still bears its
 /// share of the excess where it stands (a group's excess stays with the
-/// member who came last, never passes to another), left unfreed.
+/// member who came last, never passes to another), left unfreed. `share`
+/// is a group cap's take: there a contested environment counts toward
+/// none of the members ([`Taken::holds_in_group`]).
 pub fn take(
     candidates: &[Candidate],
     over: usize,
