@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use crate::ladder::{Ladder, Waiting};
-use crate::model::{Cluster, HostFailure, HostId, HostSnapshot, Mode};
+use crate::model::{Cluster, HostFailure, HostId, HostSnapshot, Mode, Pid};
 use crate::plan::{self, HostPlan, Plan};
 use crate::rules::{self, HostFindings, IdleHistory, Moment, Notice, Policy, Violation};
 
@@ -171,11 +171,23 @@ pub fn assess_planned(
     // merge puts the hosts' own violations first.
     let owned: usize = hosts.iter().map(|(_, f)| f.violations.len()).sum();
     let cluster = &a.cluster;
+    // The jobs no rule judges this cycle, their host's genv state unusable.
+    let unseen: std::collections::HashSet<(HostId, Pid, u64)> = (cluster.hosts.iter())
+        .filter(|(_, s)| s.state_problem().is_some())
+        .flat_map(|(h, s)| {
+            (s.processes.iter())
+                .filter(|p| p.owner.eid().is_some())
+                .filter_map(move |p| Some((h.clone(), p.pid, p.start_time?)))
+        })
+        .collect();
     let mut held = |v: &[Violation]| match ladder {
-        Some(l) if l.waits() => l.held(
-            &plan::whole(cluster, own.clone(), &v[owned..]).0,
-            moment.now_ms,
-        ),
+        Some(l) if l.waits() => rules::Withheld {
+            unseen_waiting: l.unseen_waits(&unseen, moment.now_ms),
+            ..l.held(
+                &plan::whole(cluster, own.clone(), &v[owned..]).0,
+                moment.now_ms,
+            )
+        },
         _ => rules::Withheld::default(),
     };
     let (violations, notices) = rules::merge_held(hosts, &snapshots, policy, moment, &mut held);

@@ -19,7 +19,7 @@ use crate::plan::{HostPlan, Plan, Termination};
 use crate::report::{CycleReport, Timing};
 use crate::rules::shards::{Published, Shards};
 use crate::rules::taking::BLIND_AFTER;
-use crate::rules::{HeldOrder, IdleHistory, Moment, Orphans, Policy};
+use crate::rules::{IdleHistory, Moment, Orphans, Policy};
 
 /// What one cycle is told of the run (built by `config`).
 #[derive(Debug, Clone)]
@@ -56,9 +56,6 @@ pub struct Memory {
     pub orphans: HashMap<HostId, Orphans>,
     /// Each process's idle window (the idle rule).
     pub idle: IdleHistory,
-    /// The group caps' order while their picks are held (and for the
-    /// cycle that works them out again).
-    pub held_order: Option<HeldOrder>,
     /// `--shard`: the other shards' parts of the device caps, read before
     /// the cycle.
     pub others: Vec<Published>,
@@ -102,20 +99,6 @@ pub async fn cycle(
         ..Timing::default()
     };
     let mut g = gather(rounds, &orphans, &mut timing, memory);
-    if let Some(order) = &memory.held_order {
-        for (host, r) in &mut g.results {
-            if let Ok((_, findings)) = r {
-                order.restore(host, &mut findings.usage);
-            }
-        }
-    }
-    // Only a group cap orders by it: none, nothing to keep.
-    let grouped = !options.policy.max_devices_per_group.is_empty();
-    let order = if grouped {
-        HeldOrder::of((g.results.iter()).filter_map(|(h, r)| Some((h, &r.as_ref().ok()?.1.usage))))
-    } else {
-        HeldOrder::default()
-    };
     let abort = options.exit_on_error && g.results.iter().any(|(_, r)| r.is_err());
     if !abort {
         let gap = Some(options.idle_gap);
@@ -132,8 +115,6 @@ pub async fn cycle(
     for p in &mut memory.published {
         p.held = held;
     }
-    // Kept from the cycle the hold began to the one after it ends.
-    memory.held_order = HeldOrder::kept(memory.held_order.take(), order, (held, elsewhere));
     if let Some(ladder) = kept {
         memory.ladder = ladder;
         events = Default::default();

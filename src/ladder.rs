@@ -545,6 +545,46 @@ impl Ladder {
         held
     }
 
+    /// The waits kept for `unseen` processes (host, pid, start time: ones
+    /// that carry an environment id on a host whose genv state is unusable
+    /// this cycle, so that no rule judges them), asked for by a rule that
+    /// acts and is not a device cap, not exempt: carried out once the host
+    /// is seen again (so the caps count what they free as a healthy cycle
+    /// would: soon). A host unusable [`BLIND_AFTER`] cycles in a row keeps
+    /// none (its unseen jobs are then taken under the caps).
+    pub fn unseen_waits(
+        &self,
+        unseen: &HashSet<(HostId, Pid, u64)>,
+        now: u64,
+    ) -> HashSet<(HostId, Pid)> {
+        if self.immediate() || unseen.is_empty() {
+            return HashSet::new();
+        }
+        (self.tracks.iter())
+            .filter_map(|(k, t)| match k {
+                Key::Terminate(host, pid, Some(start))
+                    if unseen.contains(&(host.clone(), *pid, *start)) =>
+                {
+                    Some((host, *pid, t))
+                }
+                _ => None,
+            })
+            .filter(|(host, _, t)| {
+                let others: Vec<Rule> = (t.what.rules().into_iter())
+                    .filter(|r| !CAPS.contains(*r))
+                    .collect();
+                !others.is_empty()
+                    && self.grace.of(others).is_some()
+                    && !t.acted
+                    && t.absent.is_none()
+                    && !t.exempted
+                    && t.unseen + 1 < BLIND_AFTER
+                    && self.exempt(host, &t.what, now).is_none()
+            })
+            .map(|(host, pid, _)| (host.clone(), pid))
+            .collect()
+    }
+
     /// Whether anything may wait (a grace, confirmation or exemption).
     pub fn waits(&self) -> bool {
         !self.immediate()

@@ -82,7 +82,7 @@ impl HostUsage {
                 held.eids.push(e.eid.clone());
                 for p in a.members_on(i, d) {
                     held.pids.push(p.pid);
-                    held.started(snap.started(p));
+                    held.started(p.pid, snap.started(p));
                 }
                 // Only a job of one of its environments makes it working:
                 // one of hers outside them (no id, or another environment's)
@@ -147,7 +147,7 @@ impl HostUsage {
                     }
                     (Some(_), ..) => held.jobs.push(p.pid),
                 }
-                held.started(snap.started(p));
+                held.started(p.pid, snap.started(p));
             }
         }
         // Devices in genv's order: as devices.json lists them (then any
@@ -230,7 +230,7 @@ pub fn evaluate(
         }
         // Turn by turn, each in genv's order (the working ones a subset of
         // what genv would take).
-        candidates.sort_by_key(|(host, _, d)| taken.own_turn(host, d));
+        candidates.sort_by_key(|(host, _, d)| taken.turn(host, d));
         let (actions, freed) = taking::take(&candidates, over, taken, false);
         if freed < over {
             notices.push(Notice::ExcessKept {

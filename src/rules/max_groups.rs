@@ -9,12 +9,12 @@
 //! last: first the devices where none of a member's jobs runs (records
 //! that list no live pid of theirs before the others), then the working
 //! ones, the most recent first (by when the first of the member's jobs
-//! there started, which only the kernel says): a member who starts jobs
-//! that put the group over loses them, never another member's older
-//! work. While the caps' picks are held (and in the cycle that works them
-//! out again), that order is the one they had when the hold began
-//! ([`HeldOrder`]): another rule ending the first of a member's jobs on a
-//! device meanwhile must not move it up. Ties (and idle devices) go in
+//! there that run on after what is carried out this cycle started, which
+//! only the kernel says, [`Taken::since`]): a member who starts jobs that
+//! put the group over loses them, never another member's older work.
+//! Another rule ending the first of a member's jobs on a device moves it
+//! up in the cycle that job ends, whether the cap's picks are carried out
+//! then or held a cycle for an unseen host. Ties (and idle devices) go in
 //! one order: hosts as given, devices
 //! by index, users by name. A device that can never be freed (a job there
 //! is never terminated: its identity or environment unknown, its host's
@@ -28,55 +28,7 @@ use std::collections::BTreeMap;
 use super::max_devices::HostUsage;
 use super::taking::{self, Candidate, Taken};
 use super::{Finding, Notice, Policy, Rule, Violation};
-use crate::model::{GpuIndex, HostId, HostSnapshot};
-
-/// The group caps' order as it stood when the caps' picks were first held
-/// ([`crate::ladder::Ladder::hold_caps`]): since when the first of each
-/// member's jobs on each device started (ms since the Unix epoch). Kept
-/// while the picks are held, and put back in the cycle that works them
-/// out again, so that they are worked out in the order they were held in.
-/// Its size is bounded by the hosts' jobs: only a job's start time enters.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HeldOrder(BTreeMap<(HostId, String, GpuIndex), u64>);
-
-impl HeldOrder {
-    /// The order of `hosts` as counted this cycle.
-    pub fn of<'a>(hosts: impl IntoIterator<Item = (&'a HostId, &'a HostUsage)>) -> Self {
-        let mut order = BTreeMap::new();
-        for (host, usage) in hosts {
-            for (user, held) in &usage.users {
-                for d in &held.devices {
-                    if let Some(since) = d.since {
-                        order.insert((host.clone(), user.clone(), d.index), since);
-                    }
-                }
-            }
-        }
-        HeldOrder(order)
-    }
-
-    /// What to keep after a cycle whose order was `now`: the order kept
-    /// (`before`, or `now` if the hold began this cycle) while the caps'
-    /// picks are held, by this shard (`held`) or another (`elsewhere`);
-    /// nothing once no hold is left.
-    #[must_use]
-    pub fn kept(before: Option<Self>, now: Self, (held, elsewhere): (bool, bool)) -> Option<Self> {
-        (held || elsewhere).then(|| before.unwrap_or(now))
-    }
-
-    /// Puts each of `host`'s devices back where it stood in the order: its
-    /// `since` no later than it was then.
-    pub fn restore(&self, host: &HostId, usage: &mut HostUsage) {
-        for (user, held) in &mut usage.users {
-            for d in &mut held.devices {
-                let key = (host.clone(), user.clone(), d.index);
-                if let (Some(now), Some(&then)) = (d.since, self.0.get(&key)) {
-                    d.since = Some(now.min(then));
-                }
-            }
-        }
-    }
-}
+use crate::model::{HostId, HostSnapshot};
 
 /// One host's word on its users' groups: the capped groups each user
 /// counted there is a member of.
@@ -164,7 +116,7 @@ pub fn evaluate(
             let turn = taken.turn(host, d).min(taking::WORKING);
             // Working: the most recent first (unknown: as the oldest).
             let recent = std::cmp::Reverse(if turn == taking::WORKING {
-                d.since.unwrap_or(0)
+                taken.since(host, d).unwrap_or(0)
             } else {
                 0
             });
@@ -218,6 +170,7 @@ mod tests {
             unseen: false,
             vouched,
             since: working.then_some(1000),
+            starts: smallvec::smallvec![],
         }
     }
 
@@ -264,52 +217,6 @@ mod tests {
                 other => panic!("{other:?}"),
             })
             .collect()
-    }
-
-    #[test]
-    fn a_held_order_is_kept_from_the_cycle_a_hold_begins_until_none_is_left() {
-        let (h, u) = (
-            HostId("h".into()),
-            usage(&[("alice", vec![device(0, "a", true, true)])]),
-        );
-        let then = HeldOrder::of([(&h, &u)]);
-        let now = HeldOrder::default();
-        for held in [(true, false), (false, true), (true, true)] {
-            assert_eq!(
-                HeldOrder::kept(None, then.clone(), held),
-                Some(then.clone())
-            );
-            let kept = HeldOrder::kept(Some(then.clone()), now.clone(), held);
-            assert_eq!(kept, Some(then.clone()), "{held:?}");
-        }
-        assert_eq!(HeldOrder::kept(Some(then), now, (false, false)), None);
-    }
-
-    #[test]
-    fn a_held_order_puts_each_members_device_back_where_it_stood() {
-        let at = |index: u32, since: Option<u64>| HeldDevice {
-            since,
-            ..device(index, "a", true, true)
-        };
-        let (h1, h2) = (HostId("h1".into()), HostId("h2".into()));
-        let then = usage(&[("alice", vec![at(0, Some(1000)), at(1, Some(2000))])]);
-        let order = HeldOrder::of([(&h1, &then)]);
-        // Her first job on 0 ended meanwhile (the next started at 3000), 1
-        // is idle now, and bob's device was not in the order.
-        let mut now = usage(&[
-            ("alice", vec![at(0, Some(3000)), at(1, None)]),
-            ("bob", vec![at(0, Some(2500))]),
-        ]);
-        order.restore(&h1, &mut now);
-        let since = |u: &HostUsage, user: &str| -> Vec<Option<u64>> {
-            u.users[user].devices.iter().map(|d| d.since).collect()
-        };
-        assert_eq!(since(&now, "alice"), [Some(1000), None]);
-        assert_eq!(since(&now, "bob"), [Some(2500)]);
-        // Another host's devices are its own.
-        let mut other = usage(&[("alice", vec![at(0, Some(3000))])]);
-        order.restore(&h2, &mut other);
-        assert_eq!(since(&other, "alice"), [Some(3000)]);
     }
 
     #[test]

@@ -29,7 +29,6 @@ pub use attribution::Orphans;
 use attribution::{Attribution, Standing, Stray, Unconfirmed};
 pub use idle::IdleHistory;
 use max_devices::HostUsage;
-pub use max_groups::HeldOrder;
 use max_groups::HostGroups;
 use max_memory::HostMemory;
 
@@ -592,6 +591,13 @@ pub struct Withheld {
     pub waiting_terminations: HashSet<(HostId, Pid)>,
     /// Of the detaches, those that only wait.
     pub waiting_detaches: HashSet<(HostId, GpuIndex, EnvId)>,
+    /// Processes of hosts whose genv state is unusable this cycle whose
+    /// wait (asked for by a rule that acts, not a cap) the ladder keeps
+    /// through the absence ([`crate::ladder::Ladder::unseen_waits`]):
+    /// carried out once their host is seen again, so the caps count them
+    /// as waiting actions free a device (`SOON`), as a healthy cycle
+    /// would, never as freed.
+    pub unseen_waiting: HashSet<(HostId, Pid)>,
 }
 
 impl Withheld {
@@ -603,6 +609,7 @@ impl Withheld {
                 .waiting_terminations
                 .is_subset(&other.waiting_terminations)
             && self.waiting_detaches.is_subset(&other.waiting_detaches)
+            && self.unseen_waiting.is_subset(&other.unseen_waiting)
     }
 
     fn extend(&mut self, other: Withheld) {
@@ -610,6 +617,7 @@ impl Withheld {
         self.detaches.extend(other.detaches);
         self.waiting_terminations.extend(other.waiting_terminations);
         self.waiting_detaches.extend(other.waiting_detaches);
+        self.unseen_waiting.extend(other.unseen_waiting);
     }
 
     /// What is never carried out while it stands (warn-only, exempt): a

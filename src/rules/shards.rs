@@ -191,6 +191,7 @@ mod tests {
                     unseen: false,
                     vouched: working,
                     since: None,
+                    starts: smallvec::smallvec![],
                 })
                 .collect(),
         };
@@ -456,6 +457,7 @@ mod tests {
                 unseen: false,
                 vouched: false,
                 since: None,
+                starts: smallvec::smallvec![],
             });
         }
         let others = [Published {

@@ -64,6 +64,12 @@ pub struct HeldDevice {
     /// epoch, comparable across hosts), if any did and it is known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<u64>,
+    /// When each of those jobs started, where known: the group caps' order
+    /// is by the first of them that runs on after what is taken this
+    /// cycle ([`Taken::since`]). Never published (`--shard` refuses the
+    /// group caps).
+    #[serde(skip)]
+    pub starts: SmallVec<[(Pid, u64); 2]>,
 }
 
 impl HeldDevice {
@@ -80,13 +86,15 @@ impl HeldDevice {
             unseen: false,
             vouched: false,
             since: None,
+            starts: SmallVec::new(),
         }
     }
 
-    /// A job started at `started` runs here.
-    pub(super) fn started(&mut self, started: Option<u64>) {
+    /// Its job `pid`, started at `started`, runs here.
+    pub(super) fn started(&mut self, pid: Pid, started: Option<u64>) {
         if let Some(t) = started {
             self.since = Some(self.since.map_or(t, |s| s.min(t)));
+            self.starts.push((pid, t));
         }
     }
 }
@@ -137,7 +145,10 @@ impl Taken {
     /// waiting (a detach any of whose environments waits terminates none
     /// of its processes).
     pub fn of(violations: &[Violation], withheld: &Withheld) -> Self {
-        let mut taken = Taken::default();
+        let mut taken = Taken {
+            soon_terminated: withheld.unseen_waiting.clone(),
+            ..Taken::default()
+        };
         taken.add(violations, withheld);
         taken
     }
@@ -262,6 +273,21 @@ impl Taken {
         d.kept || (d.unseen && !self.blind.contains(host))
     }
 
+    /// When the first of the user's jobs on `d` that run on after what is
+    /// carried out this cycle started (`d.since` where its jobs' start
+    /// times are not known). Another rule ending the first of them moves
+    /// the device up in the same cycle it is carried out, so that a cap
+    /// worked out with it done, or a cycle later, orders alike.
+    pub fn since(&self, host: &HostId, d: &HeldDevice) -> Option<u64> {
+        if d.starts.is_empty() {
+            return d.since;
+        }
+        (d.starts.iter())
+            .filter(|(p, _)| !self.terminated.contains(&(host.clone(), *p)))
+            .map(|(_, t)| *t)
+            .min()
+    }
+
     /// Whether anything the caps take is left on `d` after what is taken:
     /// an environment of its user's to detach, or a job to terminate.
     pub fn takeable(&self, host: &HostId, d: &HeldDevice) -> bool {
@@ -284,22 +310,32 @@ impl Taken {
     }
 
     /// Its turn among a cap's devices: first the idle ones (no job of the
-    /// user runs there), unvouched (1) before vouched (2); then ([`SOON`])
-    /// the working ones that the actions waiting for their deadline free
-    /// anyway; then the other working ones ([`WORKING`]), a kept one a job
-    /// that cannot be judged holds among them (it bears its share there);
-    /// then ([`BLIND`]) those a blind host's unseen jobs hold; last
-    /// ([`KEPT`]) those a job that cannot be terminated holds (its identity
-    /// not pinned), whose count stays. Idle devices go before the waiting
-    /// actions' so that a record bob forges in alice's name is taken before
-    /// a cap joins (and, a per-user cap, may hasten) the wait of a job of
-    /// hers.
+    /// user runs there after what is carried out this cycle), unvouched (1)
+    /// before vouched (2); then ([`SOON`]) the working ones that the
+    /// actions waiting for their deadline free anyway, or leave holding
+    /// only an idle attachment (anyone can write one in the user's name:
+    /// it must not move a cap's pick off a device whose jobs end anyway,
+    /// onto one where it would join, and hasten, another job's wait); then
+    /// the other working ones ([`WORKING`]), a kept one a job that cannot
+    /// be judged holds among them (it bears its share there, or stands
+    /// soon where the waits kept for its jobs free it); then ([`BLIND`])
+    /// those a blind host's unseen jobs hold; last ([`KEPT`]) those a job
+    /// that cannot be terminated holds (its identity not pinned), whose
+    /// count stays. Idle devices go before the waiting actions' so that a
+    /// record bob forges in alice's name is taken before a cap joins (and,
+    /// a per-user cap, may hasten) the wait of a job of hers.
     pub fn turn(&self, host: &HostId, d: &HeldDevice) -> u8 {
         if self.kept(host, d) && d.unseen {
-            WORKING
+            // Where it would stand seen: the waits kept for its jobs
+            // ([`super::Withheld::unseen_waiting`]) free it soon, or not.
+            if !d.kept && self.freed_soon(host, d) {
+                SOON
+            } else {
+                WORKING
+            }
         } else if d.kept {
             KEPT
-        } else if d.pids.is_empty() && self.running(host, d).next().is_none() {
+        } else if self.idle(host, d) {
             if d.vouched {
                 2
             } else {
@@ -309,25 +345,19 @@ impl Taken {
             SOON
         } else if d.unseen {
             BLIND
+        } else if self.left_idle(host, d) {
+            SOON
         } else {
             WORKING
         }
     }
 
-    /// Its turn under the user's own cap: as [`Taken::turn`], but a
-    /// working device where nothing of the user's works once the actions
-    /// waiting for their deadline are carried out takes the [`SOON`] turn
-    /// even if an attachment of theirs is left there, idle. Such an
-    /// attachment is anyone's to write in the user's name: it must not
-    /// move the cap's pick off a device whose jobs end anyway, onto one
-    /// where it would join, and hasten, the wait of another job of theirs.
-    /// Not under a group cap: there it would put a member's device before
-    /// the one of who came last.
-    pub fn own_turn(&self, host: &HostId, d: &HeldDevice) -> u8 {
-        match self.turn(host, d) {
-            WORKING if !d.unseen && self.left_idle(host, d) => SOON,
-            t => t,
-        }
+    /// Whether no job of `d`'s user runs there after what is carried out
+    /// this cycle: neither a member process of their environments there
+    /// nor another job of theirs.
+    fn idle(&self, host: &HostId, d: &HeldDevice) -> bool {
+        let ended = |p: &&Pid| self.terminated.contains(&(host.clone(), **p));
+        d.pids.iter().all(|p| ended(&p)) && self.running(host, d).next().is_none()
     }
 
     /// Whether every job of `d`'s user running there ends at a waiting
@@ -707,16 +737,13 @@ mod tests {
             ..HeldDevice::new(GpuIndex(0))
         };
         let forged = device(&[], &[7]);
-        assert_eq!(
-            (taken.turn(&h, &forged), taken.own_turn(&h, &forged)),
-            (WORKING, SOON)
-        );
+        assert_eq!(taken.turn(&h, &forged), SOON);
         // Its member processes end at their deadline too: idle then.
         let members_end = device(&[9], &[7]);
-        assert_eq!(taken.own_turn(&h, &members_end), SOON);
+        assert_eq!(taken.turn(&h, &members_end), SOON);
         // A member that works on, or a job that does, keeps it working.
         for d in [device(&[8], &[7]), device(&[], &[7, 8])] {
-            assert_eq!(taken.own_turn(&h, &d), WORKING);
+            assert_eq!(taken.turn(&h, &d), WORKING);
         }
         // The attachment detached at its deadline as well: freed anyway.
         taken
@@ -724,12 +751,25 @@ mod tests {
             .insert((h.clone(), GpuIndex(0), EnvId("a".into())));
         assert_eq!(taken.turn(&h, &device(&[8], &[7])), SOON);
         // Nothing running: idle, as before.
-        assert_eq!(taken.own_turn(&h, &device(&[], &[])), 1);
+        assert_eq!(taken.turn(&h, &device(&[], &[])), 1);
+        // Unseen, it stands where the waits kept for its jobs put it: its
+        // job and attachment end soon here, so soon; not its own turn.
         let unseen = HeldDevice {
             unseen: true,
             ..forged
         };
-        assert_eq!(taken.own_turn(&h, &unseen), WORKING);
+        assert_eq!(taken.turn(&h, &unseen), SOON);
+        let unseen = HeldDevice {
+            jobs: smallvec::smallvec![Pid(8)],
+            ..unseen
+        };
+        assert_eq!(taken.turn(&h, &unseen), WORKING);
+        let kept = HeldDevice {
+            kept: true,
+            jobs: smallvec::smallvec![Pid(7)],
+            ..unseen
+        };
+        assert_eq!(taken.turn(&h, &kept), WORKING, "never terminated");
     }
 
     /// An unseen device's share is borne, never counted as freed: nothing
