@@ -19,7 +19,7 @@ use crate::plan::{HostPlan, Plan, Termination};
 use crate::report::{CycleReport, Timing};
 use crate::rules::shards::{Published, Shards};
 use crate::rules::taking::BLIND_AFTER;
-use crate::rules::{IdleHistory, Moment, Orphans, Policy};
+use crate::rules::{HeldOrder, IdleHistory, Moment, Orphans, Policy, Starts};
 
 /// What one cycle is told of the run (built by `config`).
 #[derive(Debug, Clone)]
@@ -56,6 +56,9 @@ pub struct Memory {
     pub orphans: HashMap<HostId, Orphans>,
     /// Each process's idle window (the idle rule).
     pub idle: IdleHistory,
+    /// The group caps' order while their picks are held (and for the
+    /// cycle that works them out again).
+    pub held_order: Option<HeldOrder>,
     /// `--shard`: the other shards' parts of the device caps, read before
     /// the cycle.
     pub others: Vec<Published>,
@@ -99,6 +102,20 @@ pub async fn cycle(
         ..Timing::default()
     };
     let mut g = gather(rounds, &orphans, &mut timing, memory);
+    if let Some(order) = &memory.held_order {
+        for (host, r) in &mut g.results {
+            if let Ok((_, findings)) = r {
+                order.restore(host, &mut findings.usage);
+            }
+        }
+    }
+    // Only a group cap orders by it: none, nothing to keep.
+    let grouped = !options.policy.max_devices_per_group.is_empty();
+    let starts = if grouped {
+        Starts::of((g.results.iter()).filter_map(|(h, r)| Some((h, &r.as_ref().ok()?.1.usage))))
+    } else {
+        Starts::default()
+    };
     let abort = options.exit_on_error && g.results.iter().any(|(_, r)| r.is_err());
     if !abort {
         let gap = Some(options.idle_gap);
@@ -111,10 +128,14 @@ pub async fn cycle(
     let kept = options.follows.then(|| memory.ladder.clone());
     let elsewhere = memory.others.iter().any(|p| p.held);
     let ladder = &mut memory.ladder;
-    let (mut events, held) = laddered(&mut a, ladder, &mut g.early, (now, elsewhere), abort);
+    let (mut events, hold) = laddered(&mut a, ladder, &mut g.early, (now, elsewhere), abort);
     for p in &mut memory.published {
-        p.held = held;
+        p.held = hold.own;
     }
+    // Kept from the cycle a hold first keeps back a due pick (as the order
+    // stood after what that cycle carried out) to the one after.
+    let order = starts.after(&a.plan);
+    memory.held_order = HeldOrder::kept(memory.held_order.take(), order, hold.back);
     if let Some(ladder) = kept {
         memory.ladder = ladder;
         events = Default::default();
@@ -370,14 +391,14 @@ async fn assessed_off_workers(
 /// A host that did not answer keeps its actions' progress as it was;
 /// `-e`'s abort decides nothing, so nothing moves. What only the caps ask
 /// for is held while a pick of theirs waits on an unseen host, ours or
-/// (`elsewhere`) another shard's: returns whether one waits on ours.
+/// (`elsewhere`) another shard's: returns how.
 pub(crate) fn laddered(
     a: &mut assess::Assessment,
     ladder: &mut Ladder,
     early: &mut Early,
     (now, elsewhere): (u64, bool),
     abort: bool,
-) -> (Events, bool) {
+) -> (Events, Hold) {
     // A host whose genv state cannot be used this cycle is as good as
     // unanswered for the waits that need it: none of them moves.
     let unanswered: Vec<HostId> = a
@@ -386,8 +407,12 @@ pub(crate) fn laddered(
         .filter(|h| h.error.is_some() || h.degraded.is_some())
         .map(|h| h.host.clone())
         .collect();
-    let held = ladder.hold_caps(if abort { &[] } else { &unanswered }, elsewhere && !abort);
     let whole = std::mem::take(&mut a.plan);
+    let unseen: &[HostId] = if abort { &[] } else { &unanswered };
+    let hold = Hold {
+        own: ladder.hold_caps(unseen, elsewhere && !abort),
+        back: ladder.holds_back(&whole, unseen, now),
+    };
     let extended: std::collections::HashSet<&HostId> = a.extended.iter().collect();
     for (host, p) in &whole.hosts {
         let (due, waiting) = match early.remove(host) {
@@ -400,7 +425,7 @@ pub(crate) fn laddered(
         a.waiting.extend(waiting);
     }
     if abort {
-        return (Events::default(), false);
+        return (Events::default(), hold);
     }
     let judged: crate::ladder::Judged = (a.cluster.hosts.iter())
         .filter(|(h, _)| !unanswered.contains(h))
@@ -414,7 +439,17 @@ pub(crate) fn laddered(
         ladder.advance_seen(&whole, now, &unanswered, &judged),
         ladder.acted_at_once(&a.plan, now),
     );
-    (events, held)
+    (events, hold)
+}
+
+/// How the caps' picks are held this cycle ([`Ladder::hold_caps`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Hold {
+    /// One of ours waits on an unseen host of ours (the other shards hold
+    /// theirs next cycle).
+    pub own: bool,
+    /// A pick due now is kept back: carried out a cycle late.
+    pub back: bool,
 }
 
 /// A cycle's ladder events, and (without a ladder) what was acted on at

@@ -393,18 +393,26 @@ impl Ladder {
     /// holds ours too. Returns whether a pick waits on a host of `unseen`
     /// (for our part, so that the other shards hold theirs).
     pub fn hold_caps(&mut self, unseen: &[HostId], elsewhere: bool) -> bool {
-        let own = self.tracks.iter().any(|(k, t)| {
-            let (Key::Terminate(host, ..) | Key::Detach(host, ..)) = k;
-            unseen.contains(host)
-                && t.unseen + 1 < BLIND_AFTER
-                && !t.acted
-                && t.absent.is_none()
-                && !t.exempted
-                && t.deadline.is_some()
-                && t.what.rules().iter().any(|r| CAPS.contains(*r))
-        });
+        let own = self.unseen_picks(unseen).next().is_some();
         self.caps_held = own || elsewhere;
         own
+    }
+
+    /// The caps' picks that wait on a host of `unseen`, unseen fewer than
+    /// [`BLIND_AFTER`] cycles in a row.
+    fn unseen_picks<'a>(&'a self, unseen: &'a [HostId]) -> impl Iterator<Item = &'a Track> + 'a {
+        (self.tracks.iter())
+            .filter(move |(k, t)| {
+                let (Key::Terminate(host, ..) | Key::Detach(host, ..)) = k;
+                unseen.contains(host)
+                    && t.unseen + 1 < BLIND_AFTER
+                    && !t.acted
+                    && t.absent.is_none()
+                    && !t.exempted
+                    && t.deadline.is_some()
+                    && t.what.rules().iter().any(|r| CAPS.contains(*r))
+            })
+            .map(|(_, t)| t)
     }
 
     /// Whether the action `t` tracks is carried out at `now`: due, and not
@@ -437,6 +445,27 @@ impl Ladder {
         // before: holding it let the cap, worked out again, move).
         let waits_on = (self.grace.of(others)).map(|g| t.since.saturating_add(ms(g)));
         rules.contains(&Rule::MaxDevicesPerUser) && waits_on.is_some_and(|d| now < d)
+    }
+
+    /// Whether a pick of the caps that is due at `now` is carried out a
+    /// cycle late: one waits on a host of `unseen` (this cycle counted as
+    /// a sighting), or the caps' hold keeps back one of `plan`
+    /// ([`Ladder::hold_caps`] first).
+    pub fn holds_back(&self, plan: &Plan, unseen: &[HostId], now: u64) -> bool {
+        let cycles = self.grace.cycles;
+        let unseen_due = (self.unseen_picks(unseen))
+            .any(|t| t.seen + 1 >= cycles && t.deadline.is_some_and(|d| now >= d));
+        unseen_due
+            || self.caps_held
+                && (plan.hosts.iter()).any(|(host, p)| {
+                    let present: HashSet<Key> = keyed(host, p).map(|(k, _)| k).collect();
+                    keyed(host, p).any(|(key, what)| {
+                        let t = self.standing(&key, &what, now, &present);
+                        self.exempt(host, &what, now).is_none()
+                            && self.due(&t, now)
+                            && self.held_back(&t, now)
+                    })
+                })
     }
 
     /// The lineage index of the waits kept while away.

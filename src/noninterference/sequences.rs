@@ -45,7 +45,7 @@ use crate::ladder::{Exemption, Grace, Ladder, RuleGrace};
 use crate::plan::Plan;
 use crate::rules::shards::{Published, Shards};
 use crate::rules::taking::BLIND_AFTER;
-use crate::rules::{IdleHistory, Moment, Rule};
+use crate::rules::{HeldOrder, IdleHistory, Moment, Rule, Starts};
 
 /// A cycle's interval (ms).
 const INTERVAL: u64 = 60_000;
@@ -84,6 +84,8 @@ struct Enforcer {
     hosts: Vec<usize>,
     ladder: Ladder,
     orphans: Vec<Orphans>,
+    /// The group caps' order while their picks are held.
+    held_order: Option<HeldOrder>,
     /// Its hosts' parts, as last published.
     published: Vec<Published>,
     /// Each host's cycles in a row with its genv state unusable.
@@ -226,6 +228,7 @@ impl Enforcer {
             hosts,
             ladder: Ladder::new(grace.clone()),
             orphans: vec![Orphans::default(); n],
+            held_order: None,
             published: Vec::new(),
             unusable: vec![0; n],
         }
@@ -267,6 +270,9 @@ impl Enforcer {
                 None => 0,
             };
             let mut f = rules::assess_host(&id(h), &snap, policy, &self.orphans[h]);
+            if let Some(order) = &self.held_order {
+                order.restore(&id(h), &mut f.usage);
+            }
             if std::env::var_os("SEQUENCE_HELD").is_some() {
                 if let Some(a) = f.usage.users.get("alice") {
                     for d in &a.devices {
@@ -286,6 +292,11 @@ impl Enforcer {
             seen.push((h, snap.clone(), bob));
             results.push((id(h), Ok((snap, f))));
         }
+        let starts = Starts::of(
+            results
+                .iter()
+                .filter_map(|(h, r)| Some((h, &r.as_ref().ok()?.1.usage))),
+        );
         let positions: HashMap<HostId, usize> = self.hosts.iter().map(|&h| (id(h), h)).collect();
         let idle = IdleHistory::default();
         let blind: Vec<HostId> = (self.hosts.iter())
@@ -328,7 +339,7 @@ impl Enforcer {
         }
         let mut early = crate::cycle::Early::default();
         let elsewhere = others.is_some_and(|o| o.iter().any(|p| p.held));
-        let (_, held) = crate::cycle::laddered(
+        let (_, hold) = crate::cycle::laddered(
             &mut a,
             &mut self.ladder,
             &mut early,
@@ -336,8 +347,10 @@ impl Enforcer {
             false,
         );
         for p in &mut self.published {
-            p.held = held;
+            p.held = hold.own;
         }
+        let order = starts.after(&a.plan);
+        self.held_order = HeldOrder::kept(self.held_order.take(), order, hold.back);
         (a.plan, seen)
     }
 
@@ -1262,5 +1275,130 @@ fn a_record_relabelled_where_an_orphan_waits_moves_no_group_pick() {
         env: 0,
         name: Name::Alice,
     }));
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}
+
+/// The setup of seed 5 (stop 55): lab capped at 2, bob exempt, orphans
+/// given 3 intervals and the group 2.
+fn lab_of_two_bob_exempt() -> Setup {
+    Setup {
+        policy: Policy {
+            max_devices_per_group: [("lab".to_string(), 2)].into_iter().collect(),
+            ..lab_of_one()
+        },
+        grace: Grace {
+            exempt: vec![Exemption {
+                user: Some("bob".into()),
+                reason: "a deadline".into(),
+                ..Exemption::default()
+            }],
+            ..graced(1, 2, &orphans_wait_non_env_warns(3))
+        },
+        sharded: false,
+    }
+}
+
+/// Seed 5 at stop 55: bob garbles h1, where his idle record is, in the
+/// cycle the group's pick of alice's job on h2 comes due. The hold kept
+/// it a cycle, in which her orphan on h0 ended; the order after that end
+/// put her plain job on h0 first, and the cap took it in place of the
+/// pick. A pick due and carried out late is worked out in the order of
+/// the cycle it was due in ([`HeldOrder`]).
+#[test]
+fn a_pick_held_a_cycle_is_worked_out_in_the_order_it_was_due_in() {
+    let honest = [
+        HonestHost {
+            orphans: vec![0],
+            plain: vec![0],
+            ..bare(3)
+        },
+        HonestHost {
+            plain: vec![0],
+            bob: vec![BobEnv {
+                devices: [0].into_iter().collect(),
+                jobs: Vec::new(),
+            }],
+            ..bare(1)
+        },
+        HonestHost {
+            alice: vec![alices(&[0], &[&[0]])],
+            ..bare(1)
+        },
+    ];
+    let mut moves = vec![Vec::new(); 7];
+    moves[1].push(Move::Garble { host: 1 });
+    bob_takes_nothing_of_alices(&honest, &lab_of_two_bob_exempt(), &moves);
+}
+
+/// Seed 5's next case: bob garbles the host of the group's pick itself in
+/// the cycle it comes due; unseen, it is not in the plan, so no hold kept
+/// it back, and the order after her orphan's end moved the pick onto her
+/// plain job. A cap's pick due on an unseen host is carried out late too.
+#[test]
+fn a_pick_due_on_an_unseen_host_is_worked_out_in_the_order_it_was_due_in() {
+    let honest = [
+        HonestHost {
+            orphans: vec![1],
+            plain: vec![1],
+            ..bare(3)
+        },
+        HonestHost {
+            alice: vec![alices(&[0], &[])],
+            elsewhere: vec![(0, 0)],
+            ..bare(1)
+        },
+        HonestHost {
+            plain: vec![0],
+            ..bare(1)
+        },
+    ];
+    let mut moves = vec![Vec::new(); 7];
+    moves[1].push(Move::Garble { host: 1 });
+    bob_takes_nothing_of_alices(&honest, &lab_of_two_bob_exempt(), &moves);
+}
+
+/// Seed 71 at stop 55: bob garbles h0 a cycle before the group's picks
+/// come due; the hold began then, with nothing due to keep back, and the
+/// order it began with kept his device where his job that env-devices
+/// ended gave it, so the group took alice's job on h0 in place of his.
+/// The order is kept only from a cycle that carries a due pick out late.
+#[test]
+fn a_hold_that_keeps_nothing_back_keeps_no_order() {
+    let honest = [
+        HonestHost {
+            alice: vec![alices(&[0], &[&[0], &[0]]), alices(&[0], &[&[0]])],
+            orphans: vec![1],
+            ..bare(2)
+        },
+        HonestHost {
+            alice: vec![alices(&[1], &[])],
+            plain: vec![0],
+            bob: vec![
+                BobEnv {
+                    devices: [0].into_iter().collect(),
+                    jobs: vec![(vec![1, 0], None)],
+                },
+                BobEnv {
+                    devices: [0].into_iter().collect(),
+                    jobs: vec![(vec![0], None)],
+                },
+            ],
+            elsewhere: vec![(0, 0)],
+            ..bare(2)
+        },
+    ];
+    let setup = Setup {
+        policy: Policy {
+            non_env_processes: false,
+            env_devices: true,
+            orphans_as_non_env: false,
+            max_devices_per_group: [("lab".to_string(), 3)].into_iter().collect(),
+            ..lab_of_one()
+        },
+        grace: graced(3, 0, &[]),
+        sharded: false,
+    };
+    let mut moves = vec![Vec::new(); 7];
+    moves[0].push(Move::Garble { host: 0 });
     bob_takes_nothing_of_alices(&honest, &setup, &moves);
 }

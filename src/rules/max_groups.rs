@@ -23,12 +23,84 @@
 //! another member; an exempt member's, likewise. What the per-user caps (or an earlier group,
 //! groups by name) take this cycle counts as taken already.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use super::max_devices::HostUsage;
 use super::taking::{self, Candidate, Taken};
 use super::{Finding, Notice, Policy, Rule, Violation};
-use crate::model::{HostId, HostSnapshot};
+use crate::model::{GpuIndex, HostId, HostSnapshot, Pid};
+use crate::plan::Plan;
+
+/// The group caps' order as it stood in the cycle the caps' hold first
+/// kept back a pick that was due ([`crate::ladder::Ladder::holds_back`]),
+/// after what that cycle carried out: when the first of each member's jobs on each device
+/// that ran on started (ms since the Unix epoch). Kept while the picks are
+/// held, and put back in the cycle that works them out again, so that a
+/// pick held a cycle is worked out in the order it would have been
+/// carried out in: another rule ending the first of a member's jobs on a
+/// device meanwhile does not move it up. Its size is bounded by the hosts'
+/// jobs: only a job's start time enters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldOrder(BTreeMap<(HostId, String, GpuIndex), u64>);
+
+/// Each member device's jobs with their start times, as counted this
+/// cycle: the makings of its [`HeldOrder`] once the cycle's plan is known.
+#[derive(Debug, Clone, Default)]
+pub struct Starts(BTreeMap<(HostId, String, GpuIndex), Vec<(Pid, u64)>>);
+
+impl Starts {
+    /// The jobs of `hosts` as counted this cycle.
+    pub fn of<'a>(hosts: impl IntoIterator<Item = (&'a HostId, &'a HostUsage)>) -> Self {
+        let mut starts = BTreeMap::new();
+        for (host, usage) in hosts {
+            for (user, held) in &usage.users {
+                for d in held.devices.iter().filter(|d| !d.starts.is_empty()) {
+                    let key = (host.clone(), user.clone(), d.index);
+                    starts.insert(key, d.starts.to_vec());
+                }
+            }
+        }
+        Starts(starts)
+    }
+
+    /// The order after `done`, the plan carried out this cycle.
+    pub fn after(self, done: &Plan) -> HeldOrder {
+        let ended: HashSet<(&HostId, Pid)> = (done.hosts.iter())
+            .flat_map(|(h, p)| p.terminate.iter().map(move |t| (h, t.pid)))
+            .collect();
+        let order = (self.0.into_iter())
+            .filter_map(|(key, jobs)| {
+                let first = (jobs.iter())
+                    .filter(|(p, _)| !ended.contains(&(&key.0, *p)))
+                    .map(|(_, t)| *t)
+                    .min()?;
+                Some((key, first))
+            })
+            .collect();
+        HeldOrder(order)
+    }
+}
+
+impl HeldOrder {
+    /// What to keep after a cycle whose order was `now`: the order kept
+    /// (`before`, or `now` if the hold began this cycle) while the caps'
+    /// hold keeps back a pick that is due (`back`); nothing once none is.
+    #[must_use]
+    pub fn kept(before: Option<Self>, now: Self, back: bool) -> Option<Self> {
+        back.then(|| before.unwrap_or(now))
+    }
+
+    /// Puts each of `host`'s devices back where it stood in the order
+    /// ([`HeldDevice::held_since`](super::taking::HeldDevice::held_since)).
+    pub fn restore(&self, host: &HostId, usage: &mut HostUsage) {
+        for (user, held) in &mut usage.users {
+            for d in &mut held.devices {
+                let key = (host.clone(), user.clone(), d.index);
+                d.held_since = self.0.get(&key).copied();
+            }
+        }
+    }
+}
 
 /// One host's word on its users' groups: the capped groups each user
 /// counted there is a member of.
@@ -171,6 +243,7 @@ mod tests {
             vouched,
             since: working.then_some(1000),
             starts: smallvec::smallvec![],
+            held_since: None,
         }
     }
 

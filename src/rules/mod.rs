@@ -30,6 +30,7 @@ use attribution::{Attribution, Standing, Stray, Unconfirmed};
 pub use idle::IdleHistory;
 use max_devices::HostUsage;
 use max_groups::HostGroups;
+pub use max_groups::{HeldOrder, Starts};
 use max_memory::HostMemory;
 
 /// Which rules run, and the device caps.

@@ -192,6 +192,7 @@ mod tests {
                     vouched: working,
                     since: None,
                     starts: smallvec::smallvec![],
+                    held_since: None,
                 })
                 .collect(),
         };
@@ -458,6 +459,7 @@ mod tests {
                 vouched: false,
                 since: None,
                 starts: smallvec::smallvec![],
+                held_since: None,
             });
         }
         let others = [Published {

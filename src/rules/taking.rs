@@ -70,6 +70,11 @@ pub struct HeldDevice {
     /// group caps).
     #[serde(skip)]
     pub starts: SmallVec<[(Pid, u64); 2]>,
+    /// Where it stood in the group caps' order when their picks were
+    /// first held ([`super::max_groups::HeldOrder`]): it stands no more
+    /// recent until the hold is over. Never published.
+    #[serde(skip)]
+    pub held_since: Option<u64>,
 }
 
 impl HeldDevice {
@@ -87,6 +92,7 @@ impl HeldDevice {
             vouched: false,
             since: None,
             starts: SmallVec::new(),
+            held_since: None,
         }
     }
 
@@ -277,15 +283,21 @@ impl Taken {
     /// carried out this cycle started (`d.since` where its jobs' start
     /// times are not known). Another rule ending the first of them moves
     /// the device up in the same cycle it is carried out, so that a cap
-    /// worked out with it done, or a cycle later, orders alike.
+    /// worked out with it done, or a cycle later, orders alike; while the
+    /// caps' picks are held, no more recent than when the hold began.
     pub fn since(&self, host: &HostId, d: &HeldDevice) -> Option<u64> {
-        if d.starts.is_empty() {
-            return d.since;
+        let first = if d.starts.is_empty() {
+            d.since
+        } else {
+            (d.starts.iter())
+                .filter(|(p, _)| !self.terminated.contains(&(host.clone(), *p)))
+                .map(|(_, t)| *t)
+                .min()
+        };
+        match (first, d.held_since) {
+            (Some(now), Some(then)) => Some(now.min(then)),
+            (first, _) => first,
         }
-        (d.starts.iter())
-            .filter(|(p, _)| !self.terminated.contains(&(host.clone(), *p)))
-            .map(|(_, t)| *t)
-            .min()
     }
 
     /// Whether anything the caps take is left on `d` after what is taken:
