@@ -4,6 +4,8 @@
 //! snapshot ([`rules::assess_host`]); here only the device caps, which need
 //! every host, are added.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use crate::ladder::{Ladder, Waiting};
@@ -46,6 +48,9 @@ pub struct Assessment {
     /// The hosts whose own plan the cluster-wide rules (idle, caps) added
     /// to: their plan is not the one worked out beside their snapshot.
     pub extended: Vec<HostId>,
+    /// The jobs no rule judges this cycle (their host's genv state
+    /// unusable) whose wait the ladder keeps ([`rules::Withheld::unseen_waiting`]).
+    pub unseen_waiting: std::collections::HashSet<(HostId, Pid)>,
 }
 
 /// One host's result: its snapshot and what it shows on its own, or why
@@ -180,9 +185,13 @@ pub fn assess_planned(
                 .filter_map(move |p| Some((h.clone(), p.pid, p.start_time?)))
         })
         .collect();
+    let unseen_waiting = match ladder {
+        Some(l) => l.unseen_waits(&unseen, moment.now_ms),
+        None => Default::default(),
+    };
     let mut held = |v: &[Violation]| match ladder {
         Some(l) if l.waits() => rules::Withheld {
-            unseen_waiting: l.unseen_waits(&unseen, moment.now_ms),
+            unseen_waiting: unseen_waiting.clone(),
             ..l.held(
                 &plan::whole(cluster, own.clone(), &v[owned..]).0,
                 moment.now_ms,
@@ -194,6 +203,7 @@ pub fn assess_planned(
     (a.plan, a.extended) = plan::whole(&a.cluster, own, &violations[owned..]);
     a.violations = violations;
     a.notices = notices;
+    a.unseen_waiting = unseen_waiting;
     a
 }
 
@@ -239,7 +249,57 @@ pub fn statuses(
         plan: Plan::default(),
         waiting: Vec::new(),
         extended: Vec::new(),
+        unseen_waiting: Default::default(),
     }
+}
+
+/// What `a`'s waiting actions free at their deadline, by host (for the
+/// other shards, [`rules::shards::Published::mark_soon`]): those that only
+/// wait (not warned only, not exempt), the waits kept for unseen jobs,
+/// and what is carried out now (gone from the part as it is published).
+pub fn soon(a: &Assessment) -> HashMap<HostId, rules::shards::Soon> {
+    let mut soon: HashMap<HostId, rules::shards::Soon> = HashMap::new();
+    for w in &a.waiting {
+        match w {
+            Waiting::Terminate {
+                host,
+                pid,
+                warn_only: false,
+                exempt: None,
+                ..
+            } => {
+                soon.entry(host.clone())
+                    .or_default()
+                    .terminated
+                    .insert(*pid);
+            }
+            Waiting::Detach {
+                host,
+                device,
+                eid,
+                warn_only: false,
+                exempt: None,
+                ..
+            } => {
+                let s = soon.entry(host.clone()).or_default();
+                s.detached.insert((*device, eid.clone()));
+            }
+            _ => {}
+        }
+    }
+    for (host, pid) in &a.unseen_waiting {
+        soon.entry(host.clone())
+            .or_default()
+            .terminated
+            .insert(*pid);
+    }
+    for (host, p) in &a.plan.hosts {
+        let s = soon.entry(host.clone()).or_default();
+        s.terminated.extend(p.terminate.iter().map(|t| t.pid));
+        s.detached
+            .extend(p.detach.iter().map(|d| (d.device, d.eid.clone())));
+    }
+    soon
 }
 
 /// What one host's findings decide on their own (every rule but the

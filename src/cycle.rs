@@ -129,9 +129,20 @@ pub async fn cycle(
     let elsewhere = memory.others.iter().any(|p| p.held);
     let ladder = &mut memory.ladder;
     let (mut events, hold) = laddered(&mut a, ladder, &mut g.early, (now, elsewhere), abort);
-    for p in &mut memory.published {
-        p.held = hold.own;
-    }
+    let soon = assess::soon(&a);
+    memory.published = std::mem::take(&mut memory.published)
+        .into_iter()
+        .map(|p| {
+            let p = Published {
+                held: hold.own,
+                ..p
+            };
+            match soon.get(&p.host) {
+                Some(s) => p.mark_soon(s),
+                None => p,
+            }
+        })
+        .collect();
     // Kept from the cycle a hold first keeps back a due pick (as the order
     // stood after what that cycle carried out) to the one after.
     let order = starts.after(&a.plan);

@@ -346,9 +346,20 @@ impl Enforcer {
             (now, elsewhere),
             false,
         );
-        for p in &mut self.published {
-            p.held = hold.own;
-        }
+        let soon = assess::soon(&a);
+        self.published = std::mem::take(&mut self.published)
+            .into_iter()
+            .map(|p| {
+                let p = Published {
+                    held: hold.own,
+                    ..p
+                };
+                match soon.get(&p.host) {
+                    Some(s) => p.mark_soon(s),
+                    None => p,
+                }
+            })
+            .collect();
         let order = starts.after(&a.plan);
         self.held_order = HeldOrder::kept(self.held_order.take(), order, hold.back);
         (a.plan, seen)
@@ -1400,5 +1411,165 @@ fn a_hold_that_keeps_nothing_back_keeps_no_order() {
     };
     let mut moves = vec![Vec::new(); 7];
     moves[0].push(Move::Garble { host: 0 });
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}
+
+/// Seed 67 at stop 55: two shards, alice capped at 2 of 3. Her orphan on
+/// h1 waits out its grace, so h1's shard takes that device; h0's shard,
+/// which did not know the wait, took her job on h0 in genv's order, and
+/// dropped it only once the orphan's end was published, the cycle that
+/// pick came due. Bob's garble of h1 put the orphan's end a cycle later,
+/// and both were taken. A shard's part now says which devices its waits
+/// free ([`Published::mark_soon`]): both shards pick the same one.
+#[test]
+fn shards_agree_on_a_device_another_shards_wait_frees() {
+    let honest = [
+        HonestHost {
+            plain: vec![0],
+            ..bare(1)
+        },
+        HonestHost {
+            orphans: vec![1],
+            plain: vec![0],
+            ..bare(2)
+        },
+    ];
+    let setup = Setup {
+        policy: Policy {
+            max_devices_per_user: Some(2),
+            max_devices_per_group: BTreeMap::new(),
+            ..lab_of_one()
+        },
+        grace: graced(1, 1, &orphans_wait_non_env_warns(1)),
+        sharded: true,
+    };
+    let mut moves = vec![Vec::new(); 7];
+    moves[0].push(Move::Garble { host: 1 });
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}
+
+/// Seed 73 at stop 55: two shards, alice capped at 1 of 3; her job on h1
+/// runs on both of its devices. h1's shard takes its device 0 (the job
+/// with it), which leaves device 1 holding an idle attachment; h0's shard
+/// took her job on h0 as well, and dropped it only when h1's was carried
+/// out first. Bob garbling both hosts the cycle the picks came due put
+/// them in one cycle. A device whose member processes all end at a
+/// waiting deadline takes the soon turn too, so both shards take h1's.
+#[test]
+fn shards_agree_on_a_device_left_idle_by_another_shards_wait() {
+    let honest = [
+        HonestHost {
+            plain: vec![0],
+            ..bare(1)
+        },
+        HonestHost {
+            alice: vec![alices(&[0, 1], &[&[0, 1]])],
+            ..bare(2)
+        },
+    ];
+    let setup = Setup {
+        policy: Policy {
+            max_devices_per_user: Some(1),
+            count_non_env_devices: true,
+            ..Policy::default()
+        },
+        grace: Grace {
+            exempt: vec![Exemption {
+                user: Some("bob".into()),
+                reason: "a deadline".into(),
+                ..Exemption::default()
+            }],
+            ..graced(1, 2, &[])
+        },
+        sharded: true,
+    };
+    let mut moves = vec![Vec::new(); 7];
+    moves[1].extend([Move::Garble { host: 1 }, Move::Garble { host: 0 }]);
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}
+
+/// Found at stop 55 by seed 11, on a version that counted a cap's own
+/// picks on an unseen host as freed soon: the group's pick on h2, garbled
+/// the cycle it came due, then stood first for alice's own cap, which so
+/// left her job on h1 alone; the group took her orphan on h2 later in its
+/// place. A cap's picks on an unseen host are worked out again once it is
+/// seen, as a healthy cycle works them out.
+#[test]
+fn a_groups_pick_on_an_unseen_host_moves_no_users_cap() {
+    let honest = [
+        bare(1),
+        HonestHost {
+            plain: vec![0],
+            ..bare(1)
+        },
+        HonestHost {
+            alice: vec![alices(&[0, 1], &[])],
+            orphans: vec![2],
+            plain: vec![1],
+            bob: vec![BobEnv {
+                devices: [0].into_iter().collect(),
+                jobs: vec![(vec![0], None), (vec![0], None)],
+            }],
+            elsewhere: vec![(0, 0)],
+            ..bare(3)
+        },
+    ];
+    let setup = Setup {
+        policy: Policy {
+            non_env_processes: false,
+            orphans_as_non_env: false,
+            max_devices_per_user: Some(3),
+            max_devices_per_group: [("lab".to_string(), 1)].into_iter().collect(),
+            ..lab_of_one()
+        },
+        grace: graced(1, 1, &[]),
+        sharded: false,
+    };
+    let mut moves = vec![Vec::new(); 7];
+    moves[0].push(Move::Garble { host: 2 });
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}
+
+/// Found at stop 55 by seed 7, on the same version: alice's job on h1
+/// runs on two devices; her own cap's pick of one, kept while h1 was
+/// garbled, made the other look freed soon as well, so her cap took both
+/// there and left her orphan on h0, and the group took her job on h2.
+#[test]
+fn a_users_pick_on_an_unseen_host_frees_no_other_device_of_its_job() {
+    let honest = [
+        HonestHost {
+            orphans: vec![0],
+            ..bare(1)
+        },
+        HonestHost {
+            alice: vec![alices(&[0, 2], &[&[0, 2], &[0]])],
+            ..bare(3)
+        },
+        HonestHost {
+            alice: vec![alices(&[0, 1], &[&[0], &[1]])],
+            ..bare(2)
+        },
+    ];
+    let setup = Setup {
+        policy: Policy {
+            non_env_processes: false,
+            orphans_as_non_env: false,
+            count_non_env_devices: false,
+            max_devices_per_user: Some(3),
+            max_devices_per_group: [("lab".to_string(), 1)].into_iter().collect(),
+            ..lab_of_one()
+        },
+        grace: Grace {
+            exempt: vec![Exemption {
+                user: Some("bob".into()),
+                reason: "a deadline".into(),
+                ..Exemption::default()
+            }],
+            ..graced(1, 1, &[])
+        },
+        sharded: false,
+    };
+    let mut moves = vec![Vec::new(); 7];
+    moves[0].push(Move::Garble { host: 1 });
     bob_takes_nothing_of_alices(&honest, &setup, &moves);
 }

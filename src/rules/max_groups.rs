@@ -244,6 +244,7 @@ mod tests {
             since: working.then_some(1000),
             starts: smallvec::smallvec![],
             held_since: None,
+            soon: Default::default(),
         }
     }
 

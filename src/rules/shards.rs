@@ -38,7 +38,39 @@ pub struct Published {
     pub held: bool,
 }
 
+/// What a shard's waiting actions on one of its hosts free at their
+/// deadline (and what it carries out now): its processes terminated, its
+/// (device, environment) pairs detached.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Soon {
+    pub terminated: HashSet<Pid>,
+    pub detached: HashSet<(GpuIndex, EnvId)>,
+}
+
 impl Published {
+    /// Marks each device whose jobs, member processes or environments
+    /// `soon` ends all of ([`super::taking::SoonHere`]): the other shards,
+    /// which do not know our waits, then give it the turn we give it
+    /// (a device whose jobs end at their deadline is taken first), and
+    /// so pick what we pick.
+    #[must_use]
+    pub fn mark_soon(mut self, soon: &Soon) -> Published {
+        for held in self.usage.users.values_mut() {
+            for d in &mut held.devices {
+                let all = |pids: &[Pid]| {
+                    !pids.is_empty() && pids.iter().all(|p| soon.terminated.contains(p))
+                };
+                d.soon = super::taking::SoonHere {
+                    jobs: all(&d.jobs),
+                    pids: all(&d.pids),
+                    eids: !d.eids.is_empty()
+                        && (d.eids.iter()).all(|e| soon.detached.contains(&(d.index, e.clone()))),
+                };
+            }
+        }
+        self
+    }
+
     /// What it holds once the `detached` (device, environment) pairs of
     /// its host are gone and its `terminated` processes have ended: a
     /// device none of a user's environments holds any more and no job of
@@ -193,6 +225,7 @@ mod tests {
                     since: None,
                     starts: smallvec::smallvec![],
                     held_since: None,
+                    soon: Default::default(),
                 })
                 .collect(),
         };
@@ -439,6 +472,65 @@ mod tests {
     }
 
     #[test]
+    fn another_shards_waits_give_its_devices_the_turn_they_have_there() {
+        // h9 (the other shard's): alice's stray on 0, whose termination
+        // waits there, and her job on 1, which nothing ends; h1 (ours,
+        // first in the inventory): her job on 0. Cap 2 of 3: without what
+        // h9's shard waits on, genv's order takes ours; with it, both
+        // shards take the device h9's wait frees anyway, so ours stays.
+        let mut theirs = usage("alice", &[]);
+        let held = theirs.users.get_mut("alice").unwrap();
+        for (i, pid) in [(0, 50), (1, 51)] {
+            held.devices.push(HeldDevice {
+                jobs: smallvec::smallvec![crate::model::Pid(pid)],
+                working: true,
+                stray: true,
+                ..HeldDevice::new(GpuIndex(i))
+            });
+        }
+        let part = Published {
+            host: h("h9"),
+            position: 1,
+            usage: theirs,
+            blind: false,
+            held: false,
+        };
+        let soon = Soon {
+            terminated: [crate::model::Pid(50)].into(),
+            detached: HashSet::new(),
+        };
+        let marked = part.clone().mark_soon(&soon).compact();
+        let flags: Vec<bool> = marked.usage.users["alice"]
+            .devices
+            .iter()
+            .map(|d| d.soon.jobs)
+            .collect();
+        assert_eq!(flags, [true, false], "compacted, each device keeps its own");
+        let mut mine = usage("alice", &[(0, true)]);
+        mine.users.get_mut("alice").unwrap().devices[0].pids =
+            smallvec::smallvec![crate::model::Pid(7)];
+        let id = h("h1");
+        let positions: HashMap<HostId, usize> = [(id.clone(), 0)].into_iter().collect();
+        let policy = Policy {
+            max_devices_per_user: Some(2),
+            ..Policy::default()
+        };
+        let ours = |part: Published| {
+            let others = [part];
+            let shards = Shards {
+                positions: &positions,
+                others: &others,
+            };
+            let all = shards.in_order(&[(&id, &mine)]);
+            let (mut v, _) = max_devices::evaluate(&all, &policy, &mut Default::default());
+            shards.ours_only(&mut v);
+            v.iter().map(|v| v.actions.len()).sum::<usize>()
+        };
+        assert_eq!(ours(part.compact()), 1, "ours: the detach");
+        assert_eq!(ours(marked), 0);
+    }
+
+    #[test]
     fn another_shards_working_and_stray_devices_stay_so_once_compacted() {
         // h9 (the other shard's): alice's job in her environment on 0,
         // strays of hers alone on 1 and 2; h1 (ours): her idle device 3.
@@ -460,6 +552,7 @@ mod tests {
                 since: None,
                 starts: smallvec::smallvec![],
                 held_since: None,
+                soon: Default::default(),
             });
         }
         let others = [Published {

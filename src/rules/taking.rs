@@ -75,6 +75,30 @@ pub struct HeldDevice {
     /// recent until the hold is over. Never published.
     #[serde(skip)]
     pub held_since: Option<u64>,
+    /// In another shard's part: what its waiting actions end here at
+    /// their deadline ([`super::shards::Published::mark_soon`]).
+    #[serde(default, skip_serializing_if = "SoonHere::is_none")]
+    pub soon: SoonHere,
+}
+
+/// Of a device in another shard's part, what that shard's waiting actions
+/// end at their deadline: every job of the user's there, every member
+/// process, every environment attached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SoonHere {
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub jobs: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pids: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub eids: bool,
+}
+
+impl SoonHere {
+    fn is_none(&self) -> bool {
+        *self == SoonHere::default()
+    }
 }
 
 impl HeldDevice {
@@ -93,6 +117,7 @@ impl HeldDevice {
             since: None,
             starts: SmallVec::new(),
             held_since: None,
+            soon: SoonHere::default(),
         }
     }
 
@@ -372,24 +397,28 @@ impl Taken {
         d.pids.iter().all(|p| ended(&p)) && self.running(host, d).next().is_none()
     }
 
-    /// Whether every job of `d`'s user running there ends at a waiting
-    /// action's deadline, and so does each member process there unless
-    /// every environment still attached is detached then.
+    /// Whether something of `d`'s user works there and every job of theirs
+    /// running there ends at a waiting action's deadline, and so does each
+    /// member process there unless every environment still attached is
+    /// detached then.
     fn left_idle(&self, host: &HostId, d: &HeldDevice) -> bool {
-        let soon = |e: &EnvId| (self.soon_detached).contains(&(host.clone(), d.index, e.clone()));
+        let soon = |e: &EnvId| {
+            d.soon.eids || (self.soon_detached).contains(&(host.clone(), d.index, e.clone()))
+        };
         let ends = |p: &Pid| self.soon_terminated.contains(&(host.clone(), *p));
-        let mut running = self.running(host, d).peekable();
-        running.peek().is_some()
-            && running.all(|p| ends(&p))
-            && (self.attached(host, d).all(soon) || d.pids.iter().all(ends))
+        !self.idle(host, d)
+            && self.running(host, d).all(|p| d.soon.jobs || ends(&p))
+            && (self.attached(host, d).all(soon) || d.soon.pids || d.pids.iter().all(ends))
     }
 
     /// Whether the actions that wait free `d` of its user at their
     /// deadline: each environment of theirs still attached there is
     /// detached then, and each job of theirs still running there ends.
     fn freed_soon(&self, host: &HostId, d: &HeldDevice) -> bool {
-        let soon = |e: &EnvId| (self.soon_detached).contains(&(host.clone(), d.index, e.clone()));
-        let ends = |p: Pid| self.soon_terminated.contains(&(host.clone(), p));
+        let soon = |e: &EnvId| {
+            d.soon.eids || (self.soon_detached).contains(&(host.clone(), d.index, e.clone()))
+        };
+        let ends = |p: Pid| d.soon.jobs || self.soon_terminated.contains(&(host.clone(), p));
         let mut attached = self.attached(host, d).peekable();
         let mut running = self.running(host, d).peekable();
         (attached.peek().is_some() || running.peek().is_some())
