@@ -145,7 +145,7 @@ pub async fn cycle(
         .collect();
     // Kept from the cycle a hold first keeps back a due pick (as the order
     // stood after what that cycle carried out) to the one after.
-    let order = starts.after(&a.plan);
+    let order = starts.after(a.plan.terminated());
     memory.held_order = HeldOrder::kept(memory.held_order.take(), order, hold.back);
     if let Some(ladder) = kept {
         memory.ladder = ladder;

@@ -138,6 +138,13 @@ pub struct Plan {
     pub hosts: Vec<(HostId, HostPlan)>,
 }
 
+impl Plan {
+    /// Each (host, pid) the plan terminates.
+    pub fn terminated(&self) -> impl Iterator<Item = (&HostId, Pid)> {
+        (self.hosts.iter()).flat_map(|(h, p)| p.terminate.iter().map(move |t| (h, t.pid)))
+    }
+}
+
 /// Serializes `(host, plan)` pairs as `{"host": .., "terminate": .., "detach": ..}`.
 fn host_objects<S: serde::Serializer>(
     hosts: &[(HostId, HostPlan)],

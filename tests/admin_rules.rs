@@ -59,12 +59,18 @@ fn the_recorded_admin_fleet_triggers_each_rule_once() {
     for want in [
         r#""pid":7002"#,
         r#""pid":7101"#,
-        r#""eid":"b2""#,
-        r#""rules":["max-devices-per-group"]"#,
+        r#""device":2,"eid":"b1","rules":["max-devices-per-group"]"#,
     ] {
         assert!(plan.contains(want), "{want} in {plan}");
     }
-    for not in [r#""pid":7001"#, r#""pid":8001"#, r#""pid":7999"#] {
+    // b1 on device 2 is idle once the idle rule ends 7101, and goes
+    // before b2 by host order; b2 stays.
+    for not in [
+        r#""pid":7001"#,
+        r#""pid":8001"#,
+        r#""pid":7999"#,
+        r#""eid":"b2""#,
+    ] {
         assert!(!plan.contains(not), "{not} in {plan}");
     }
     let notices = report["notices"].to_string();

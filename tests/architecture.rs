@@ -191,8 +191,12 @@ fn a_cycle(g: &Graph) -> Option<Vec<String>> {
         .find_map(|n| visit(g, n, &mut Vec::new(), &mut done))
 }
 
-/// Each module's layer: one above the highest it imports.
+/// Each module's layer: one above the highest it imports (a cycle has
+/// none: it is named instead).
 fn layers(g: &Graph) -> BTreeMap<String, usize> {
+    if let Some(c) = a_cycle(g) {
+        panic!("modules import each other, so they have no layers: {}", c.join(" -> "));
+    }
     fn layer(g: &Graph, n: &str, memo: &mut BTreeMap<String, usize>) -> usize {
         if let Some(l) = memo.get(n) {
             return *l;

@@ -360,7 +360,7 @@ impl Enforcer {
                 }
             })
             .collect();
-        let order = starts.after(&a.plan);
+        let order = starts.after(a.plan.terminated());
         self.held_order = HeldOrder::kept(self.held_order.take(), order, hold.back);
         (a.plan, seen)
     }

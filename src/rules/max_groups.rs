@@ -29,7 +29,6 @@ use super::max_devices::HostUsage;
 use super::taking::{self, Candidate, Taken};
 use super::{Finding, Notice, Policy, Rule, Violation};
 use crate::model::{GpuIndex, HostId, HostSnapshot, Pid};
-use crate::plan::Plan;
 
 /// The group caps' order as it stood in the cycle the caps' hold first
 /// kept back a pick that was due ([`crate::ladder::Ladder::holds_back`]),
@@ -63,11 +62,10 @@ impl Starts {
         Starts(starts)
     }
 
-    /// The order after `done`, the plan carried out this cycle.
-    pub fn after(self, done: &Plan) -> HeldOrder {
-        let ended: HashSet<(&HostId, Pid)> = (done.hosts.iter())
-            .flat_map(|(h, p)| p.terminate.iter().map(move |t| (h, t.pid)))
-            .collect();
+    /// The order after what this cycle carried out: `ended`, the jobs its
+    /// plan terminates.
+    pub fn after<'a>(self, ended: impl IntoIterator<Item = (&'a HostId, Pid)>) -> HeldOrder {
+        let ended: HashSet<(&HostId, Pid)> = ended.into_iter().collect();
         let order = (self.0.into_iter())
             .filter_map(|(key, jobs)| {
                 let first = (jobs.iter())
