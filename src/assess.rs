@@ -329,6 +329,7 @@ pub fn remaining(plan: &Plan, done: &Plan) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{EnvId, GpuIndex};
     use crate::snapshot::genv;
 
     fn gpu1() -> (HostId, HostSnapshot) {
@@ -337,6 +338,67 @@ mod tests {
             HostId("gpu1".into()),
             genv::parse_snapshot(text, "gpu1").unwrap(),
         )
+    }
+
+    /// What a shard marks soon for the others: what waits to be carried
+    /// out (not what is warned only or exempt), the waits kept for unseen
+    /// jobs, and what is carried out now.
+    #[test]
+    fn what_is_soon_is_what_waits_to_be_carried_out_or_is_now() {
+        let (host, snap) = gpu1();
+        let mut a = assess(
+            1,
+            Mode::Remote,
+            false,
+            &Policy::default(),
+            vec![(host.clone(), Ok(snap))],
+        );
+        let other = HostId("other".into());
+        let term = |pid: u32, warn_only: bool, exempt: Option<&str>| Waiting::Terminate {
+            host: host.clone(),
+            pid: Pid(pid),
+            seen: 1,
+            needed: 2,
+            deadline_ms: None,
+            warn_only,
+            exempt: exempt.map(String::from),
+        };
+        let detach = |d: u32, e: &str, warn_only: bool, exempt: Option<&str>| Waiting::Detach {
+            host: host.clone(),
+            device: GpuIndex(d),
+            eid: EnvId(e.into()),
+            seen: 1,
+            needed: 2,
+            deadline_ms: None,
+            warn_only,
+            exempt: exempt.map(String::from),
+        };
+        a.waiting = vec![
+            term(1, false, None),
+            term(2, true, None),
+            term(3, false, Some("x")),
+            detach(0, "a", false, None),
+            detach(1, "b", true, None),
+            detach(2, "c", false, Some("x")),
+        ];
+        a.unseen_waiting = [(other.clone(), Pid(4))].into();
+        let mut now = HostPlan::default();
+        now.terminate.push(plan::Termination::of(Pid(5), None));
+        now.detach
+            .push(plan::Detach::of(GpuIndex(3), EnvId("d".into())));
+        a.plan = Plan {
+            hosts: vec![(host.clone(), now)],
+        };
+        let soon = soon(&a);
+        assert_eq!(soon.len(), 2);
+        assert_eq!(soon[&host].terminated, [Pid(1), Pid(5)].into());
+        let detached = [
+            (GpuIndex(0), EnvId("a".into())),
+            (GpuIndex(3), EnvId("d".into())),
+        ];
+        assert_eq!(soon[&host].detached, detached.into());
+        assert_eq!(soon[&other].terminated, [Pid(4)].into());
+        assert!(soon[&other].detached.is_empty());
     }
 
     #[test]

@@ -1806,4 +1806,115 @@ mod tests {
         });
         assert_eq!(acted_at(&l, &p, 0), (vec![], vec![0, 1], 1));
     }
+
+    /// The waits kept for jobs that no rule judges this cycle (their host's
+    /// genv state unusable): those of a rule that acts after a grace, on
+    /// the job started when it was, while the host is not yet blind.
+    #[test]
+    fn the_waits_kept_for_unjudged_jobs_are_an_acting_rules_not_yet_due() {
+        let h = HostId("h".into());
+        let cap: Rules = Rule::MaxDevicesPerUser.into();
+        let orphan: Rules = Rule::OrphanedEnvProcesses.into();
+        let whole = Plan {
+            hosts: vec![asked(
+                &h,
+                &[
+                    (1, orphan),
+                    (2, Rule::NonEnvProcesses.into()),
+                    (3, cap),
+                    (4, orphan | Rule::MaxDevicesPerGroup),
+                    // The user's own cap, without a grace, acts at once.
+                    (6, orphan | cap),
+                ],
+            )],
+        };
+        let grace = Grace {
+            rules: orphans_wait_non_env_warns(),
+            ..cycles(1)
+        };
+        let mut l = Ladder::new(grace.clone());
+        l.advance(&whole, 0, &[]);
+        let on = |host: &HostId, pids: &[u32], start: u64| -> HashSet<(HostId, Pid, u64)> {
+            pids.iter()
+                .map(|p| (host.clone(), Pid(*p), start))
+                .collect()
+        };
+        let pids = |w: HashSet<(HostId, Pid)>| {
+            let mut p: Vec<u32> = w.into_iter().map(|(_, p)| p.0).collect();
+            p.sort_unstable();
+            p
+        };
+        assert_eq!(
+            pids(l.unseen_waits(&on(&h, &[1, 2, 3, 4, 5, 6], 1), 0)),
+            [1, 4]
+        );
+        assert!(
+            l.unseen_waits(&on(&h, &[1, 4], 2), 0).is_empty(),
+            "restarted"
+        );
+        let other = HostId("other".into());
+        assert!(l.unseen_waits(&on(&other, &[1, 4], 1), 0).is_empty());
+        assert!(l.unseen_waits(&HashSet::new(), 0).is_empty());
+        // Unseen one cycle more: still kept; then blind.
+        let mut away = l.clone();
+        away.advance(&Plan::default(), 1_000, std::slice::from_ref(&h));
+        assert_eq!(pids(away.unseen_waits(&on(&h, &[1, 4], 1), 1_000)), [1, 4]);
+        away.advance(&Plan::default(), 2_000, std::slice::from_ref(&h));
+        assert!(away.unseen_waits(&on(&h, &[1, 4], 1), 2_000).is_empty());
+        // Carried out: nothing waits.
+        l.advance(&whole, 120_000, &[]);
+        assert!(l.unseen_waits(&on(&h, &[1, 4], 1), 120_000).is_empty());
+        // Exempt: nothing waits.
+        let mut l = Ladder::new(Grace {
+            exempt: vec![Exemption {
+                host: Some(h.clone()),
+                ..Exemption::default()
+            }],
+            ..grace
+        });
+        l.advance(&whole, 0, &[]);
+        assert!(l.unseen_waits(&on(&h, &[1, 4], 1), 0).is_empty());
+        // Nothing ever waits: nothing is kept.
+        let mut l = Ladder::new(cycles(1));
+        l.advance(&whole, 0, &[]);
+        assert!(l.unseen_waits(&on(&h, &[1, 4], 1), 0).is_empty());
+    }
+
+    /// A pick of the caps that is due is carried out a cycle late where
+    /// it waits on an unseen host, or the caps' hold keeps one back.
+    #[test]
+    fn a_due_pick_is_held_back_where_its_host_is_unseen_or_the_caps_are_held() {
+        let (h1, h2) = (HostId("h1".into()), HostId("h2".into()));
+        let cap: Rules = Rule::MaxDevicesPerUser.into();
+        let whole = Plan {
+            hosts: vec![
+                asked(&h1, &[(1, cap)]),
+                asked(&h2, &[(2, cap), (3, Rule::EnvDevices.into())]),
+            ],
+        };
+        let h2_only = Plan {
+            hosts: vec![whole.hosts[1].clone()],
+        };
+        let env_only = Plan {
+            hosts: vec![asked(&h2, &[(3, Rule::EnvDevices.into())])],
+        };
+        let unseen = std::slice::from_ref(&h1);
+        let mut l = Ladder::new(cycles(2));
+        l.advance(&whole, 0, &[]);
+        // Seen once of the two cycles: not due yet, held back nowhere.
+        l.hold_caps(&[], false);
+        assert!(!l.holds_back(&whole, &[], 0));
+        // Due now (the second sighting): h1 unseen holds back its pick.
+        assert!(l.holds_back(&h2_only, unseen, 0));
+        l.hold_caps(unseen, false);
+        assert!(l.holds_back(&h2_only, &[], 0), "held: h2's pick waits");
+        assert!(!l.holds_back(&env_only, &[], 0), "no cap's pick");
+        l.hold_caps(&[], false);
+        assert!(!l.holds_back(&whole, &[], 0));
+        // A pick not yet due is held back by nothing.
+        let mut l = Ladder::new(cycles(3));
+        l.advance(&whole, 0, &[]);
+        l.hold_caps(unseen, false);
+        assert!(!l.holds_back(&h2_only, unseen, 0));
+    }
 }

@@ -195,7 +195,10 @@ fn a_cycle(g: &Graph) -> Option<Vec<String>> {
 /// none: it is named instead).
 fn layers(g: &Graph) -> BTreeMap<String, usize> {
     if let Some(c) = a_cycle(g) {
-        panic!("modules import each other, so they have no layers: {}", c.join(" -> "));
+        panic!(
+            "modules import each other, so they have no layers: {}",
+            c.join(" -> ")
+        );
     }
     fn layer(g: &Graph, n: &str, memo: &mut BTreeMap<String, usize>) -> usize {
         if let Some(l) = memo.get(n) {

@@ -528,4 +528,69 @@ mod tests {
             }
         }
     }
+
+    /// A device with its jobs' start times.
+    fn started(index: u32, jobs: &[(u32, u64)]) -> HeldDevice {
+        let mut d = device(index, &format!("e{index}"), true, true);
+        for (p, t) in jobs {
+            d.started(Pid(*p), Some(*t));
+        }
+        d
+    }
+
+    /// The order kept for a hold is each device's first job that runs on
+    /// after what the cycle carried out, and it is put back as each
+    /// device's `held_since`.
+    #[test]
+    fn the_held_order_is_the_first_job_that_runs_on_after_the_plan() {
+        let (a, b) = (HostId("a".into()), HostId("b".into()));
+        let on_a = usage(&[
+            (
+                "alice",
+                vec![started(0, &[(1, 10), (2, 20)]), started(1, &[(3, 30)])],
+            ),
+            (
+                "bob",
+                vec![started(0, &[(4, 40)]), device(2, "idle", false, false)],
+            ),
+        ]);
+        let on_b = usage(&[("alice", vec![started(0, &[(1, 50)])])]);
+        let starts = Starts::of([(&a, &on_a), (&b, &on_b)]);
+        // pid 1 ends on a (not on b), and so does bob's only job.
+        let ended = [(&a, Pid(1)), (&a, Pid(4))];
+        let order = starts.clone().after(ended);
+        let key = |h: &HostId, u: &str, i: u32| (h.clone(), u.to_string(), GpuIndex(i));
+        let want: BTreeMap<_, _> = [
+            (key(&a, "alice", 0), 20),
+            (key(&a, "alice", 1), 30),
+            (key(&b, "alice", 0), 50),
+        ]
+        .into();
+        assert_eq!(order, HeldOrder(want));
+        assert_eq!(starts.after([]).0[&key(&a, "alice", 0)], 10);
+
+        let mut restored = on_a.clone();
+        order.restore(&a, &mut restored);
+        let since = |r: &HostUsage, u: &str, k: usize| r.users[u].devices[k].held_since;
+        let alices = (since(&restored, "alice", 0), since(&restored, "alice", 1));
+        assert_eq!(alices, (Some(20), Some(30)));
+        let bobs = (since(&restored, "bob", 0), since(&restored, "bob", 1));
+        assert_eq!(bobs, (None, None));
+        // restore also clears what a former order set.
+        HeldOrder::default().restore(&a, &mut restored);
+        assert_eq!(since(&restored, "alice", 0), None);
+    }
+
+    #[test]
+    fn the_order_is_kept_from_the_cycle_a_hold_first_keeps_a_pick_back() {
+        let order =
+            |t: u64| HeldOrder([((HostId("a".into()), "u".to_string(), GpuIndex(0)), t)].into());
+        assert_eq!(HeldOrder::kept(None, order(1), false), None);
+        assert_eq!(HeldOrder::kept(Some(order(1)), order(2), false), None);
+        assert_eq!(HeldOrder::kept(None, order(2), true), Some(order(2)));
+        assert_eq!(
+            HeldOrder::kept(Some(order(1)), order(2), true),
+            Some(order(1))
+        );
+    }
 }

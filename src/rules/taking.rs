@@ -906,4 +906,105 @@ mod tests {
         };
         assert!(!taken.takeable(&h, &kept));
     }
+
+    /// The group caps' order: the first job that runs on after what is
+    /// carried out, no more recent than where a hold put the device.
+    #[test]
+    fn a_devices_place_is_its_first_job_that_runs_on() {
+        let h = HostId("h".into());
+        let mut d = HeldDevice::new(GpuIndex(0));
+        let taken = Taken::default();
+        assert_eq!(taken.since(&h, &d), None);
+        d.since = Some(5);
+        assert_eq!(taken.since(&h, &d), Some(5), "no start times: since");
+        d.started(Pid(1), Some(10));
+        d.started(Pid(2), Some(20));
+        d.started(Pid(3), None);
+        assert_eq!(d.since, Some(5));
+        assert_eq!(&d.starts[..], [(Pid(1), 10), (Pid(2), 20)]);
+        assert_eq!(taken.since(&h, &d), Some(10));
+        let mut taken = Taken::default();
+        taken.terminated.insert((h.clone(), Pid(1)));
+        assert_eq!(taken.since(&h, &d), Some(20), "its first job ends");
+        taken.terminated.insert((HostId("other".into()), Pid(2)));
+        assert_eq!(taken.since(&h, &d), Some(20), "another host's pid 2");
+        taken.terminated.insert((h.clone(), Pid(2)));
+        assert_eq!(taken.since(&h, &d), None, "all end");
+        d.held_since = Some(15);
+        assert_eq!(taken.since(&h, &d), None, "all end, held or not");
+        assert_eq!(Taken::default().since(&h, &d), Some(10), "older than held");
+        d.held_since = Some(7);
+        assert_eq!(
+            Taken::default().since(&h, &d),
+            Some(7),
+            "held: no more recent"
+        );
+    }
+
+    /// A device whose jobs and member processes all end this cycle is
+    /// idle; one where either works on is not.
+    #[test]
+    fn a_device_whose_work_ends_this_cycle_is_idle() {
+        let h = HostId("h".into());
+        let d = HeldDevice {
+            eids: smallvec::smallvec![EnvId("e".into())],
+            pids: smallvec::smallvec![Pid(1)],
+            jobs: smallvec::smallvec![Pid(2)],
+            working: true,
+            stray: true,
+            ..HeldDevice::new(GpuIndex(0))
+        };
+        let mut taken = Taken::default();
+        assert_eq!(taken.turn(&h, &d), WORKING);
+        taken.terminated.insert((h.clone(), Pid(1)));
+        assert_eq!(taken.turn(&h, &d), WORKING, "its job runs on");
+        taken.terminated.remove(&(h.clone(), Pid(1)));
+        taken.terminated.insert((h.clone(), Pid(2)));
+        assert_eq!(taken.turn(&h, &d), WORKING, "its member runs on");
+        taken.terminated.insert((h.clone(), Pid(1)));
+        assert_eq!(taken.turn(&h, &d), 1);
+        let vouched = HeldDevice { vouched: true, ..d };
+        assert_eq!(taken.turn(&h, &vouched), 2);
+    }
+
+    /// Another shard's part says what its waits end: each flag stands for
+    /// what this shard's own waits would say.
+    #[test]
+    fn another_shards_soon_flags_give_a_device_its_turn() {
+        let h = HostId("h".into());
+        let d = HeldDevice {
+            eids: smallvec::smallvec![EnvId("e".into())],
+            pids: smallvec::smallvec![Pid(1)],
+            jobs: smallvec::smallvec![Pid(2)],
+            working: true,
+            stray: true,
+            ..HeldDevice::new(GpuIndex(0))
+        };
+        let taken = Taken::default();
+        let with = |jobs, pids, eids| HeldDevice {
+            soon: SoonHere { jobs, pids, eids },
+            ..d.clone()
+        };
+        assert_eq!(taken.turn(&h, &with(false, false, false)), WORKING);
+        assert_eq!(taken.turn(&h, &with(true, false, true)), SOON, "freed");
+        assert_eq!(taken.turn(&h, &with(true, true, false)), SOON, "left idle");
+        assert_eq!(taken.turn(&h, &with(true, false, false)), WORKING);
+        assert_eq!(taken.turn(&h, &with(false, true, true)), WORKING);
+        // The same from this shard's own waits.
+        let mut own = Taken::default();
+        own.soon_terminated.insert((h.clone(), Pid(2)));
+        assert_eq!(own.turn(&h, &d), WORKING, "its member works on");
+        own.soon_terminated.insert((h.clone(), Pid(1)));
+        assert_eq!(own.turn(&h, &d), SOON, "left idle");
+        let mut own = Taken::default();
+        own.soon_terminated.insert((h.clone(), Pid(2)));
+        own.soon_detached
+            .insert((h.clone(), GpuIndex(0), EnvId("e".into())));
+        assert_eq!(own.turn(&h, &d), SOON, "freed");
+        // Nothing left: idle, whatever the flags say.
+        let mut done = Taken::default();
+        done.terminated
+            .extend([(h.clone(), Pid(1)), (h.clone(), Pid(2))]);
+        assert_eq!(done.turn(&h, &with(true, true, true)), 1);
+    }
 }
