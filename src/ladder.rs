@@ -227,7 +227,12 @@ const MAX_HELD: u32 = BLIND_AFTER - 1;
 
 /// What a restarted job has in common with the one before it: its host,
 /// its owner's uid, the rules asking and its GPUs (none of which the owner
-/// can change by restarting it).
+/// can change by restarting it). Of the rules, those that judge the job
+/// itself; the device caps only where no other rule asks: whether a cap
+/// joins them changes as the caps are worked out, and with what other
+/// users hold, so it must not decide whether a restart takes up a wait
+/// (worked out with the caps after, a restart seen as a fresh wait freed
+/// nothing for the caps before, who then took more: seed 131).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Lineage(HostId, u32, crate::rules::Rules, Vec<GpuIndex>);
 
@@ -238,7 +243,9 @@ impl Lineage {
             (Key::Terminate(host, ..), What::Terminate(t)) => {
                 let mut gpus = t.gpus.to_vec();
                 gpus.sort_unstable();
-                Some(Lineage(host.clone(), t.uid?, t.rules, gpus))
+                let own = t.rules - CAPS;
+                let rules = if own.is_empty() { t.rules } else { own };
+                Some(Lineage(host.clone(), t.uid?, rules, gpus))
             }
             _ => None,
         }

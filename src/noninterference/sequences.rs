@@ -1573,3 +1573,41 @@ fn a_users_pick_on_an_unseen_host_frees_no_other_device_of_its_job() {
     moves[0].push(Move::Garble { host: 1 });
     bob_takes_nothing_of_alices(&honest, &setup, &moves);
 }
+
+/// Seed 131 at stop 56: bob restarts his job (on GPUs his environment is
+/// not attached to, so env-devices waits on it) in the cycle its wait
+/// comes due. Worked out for the per-user caps, the restarted job's
+/// termination (env-devices alone so far) did not take up the wait of
+/// the one before (env-devices and the group cap), so it freed nothing;
+/// the group then took alice's idle attachment as well. Closed: a
+/// restart's lineage leaves the caps out where another rule asks.
+#[test]
+fn a_restart_of_bobs_moves_no_pick_of_alices() {
+    let honest = [
+        HonestHost {
+            bob: vec![BobEnv {
+                devices: [0].into_iter().collect(),
+                jobs: vec![(vec![1, 2], None)],
+            }],
+            ..bare(4)
+        },
+        HonestHost {
+            alice: vec![alices(&[1, 3], &[&[1, 3]])],
+            ..bare(4)
+        },
+    ];
+    let setup = Setup {
+        policy: Policy {
+            env_devices: true,
+            max_devices_per_user: Some(1),
+            max_devices_for_user: [("bob".to_string(), 2)].into_iter().collect(),
+            max_devices_per_group: [("lab".to_string(), 1)].into_iter().collect(),
+            ..Policy::default()
+        },
+        grace: graced(1, 2, &[]),
+        sharded: false,
+    };
+    let mut moves = vec![Vec::new(); 7];
+    moves[1].push(Move::Restart { host: 0, job: 0 });
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}
