@@ -1924,4 +1924,38 @@ mod tests {
         l.hold_caps(unseen, false);
         assert!(!l.holds_back(&h2_only, unseen, 0));
     }
+
+    /// A restart takes up its wait whether or not a device cap joins the
+    /// rule that asks, before or after (seed 131); where only caps ask,
+    /// only the same caps' wait.
+    #[test]
+    fn a_restart_takes_up_its_wait_whichever_caps_join() {
+        let graced = Grace {
+            after: Duration::from_secs(60),
+            ..Grace::default()
+        };
+        let with = |pid: u32, start: u64, rules: Rules| {
+            let mut p = bobs(pid, start);
+            p.hosts[0].1.terminate[0].rules = rules;
+            p
+        };
+        let env: Rules = Rule::EnvDevices.into();
+        let group = env | Rule::MaxDevicesPerGroup;
+        let user_too = env | Rule::MaxDevicesPerUser;
+        for (before, after) in [(group, env), (env, group), (user_too, group)] {
+            let mut l = Ladder::new(graced.clone());
+            l.advance(&with(1, 10, before), 0, &[]);
+            let due = acted_at(&l, &with(2, 20, after), 60_000).0;
+            assert_eq!(due, [2], "{before:?} then {after:?}");
+        }
+        let user: Rules = Rule::MaxDevicesPerUser.into();
+        let mut l = Ladder::new(graced);
+        l.advance(&with(1, 10, user), 0, &[]);
+        assert_eq!(acted_at(&l, &with(2, 20, user), 60_000).0, [2]);
+        let group_only: Rules = Rule::MaxDevicesPerGroup.into();
+        for other in [group_only, env] {
+            let due = acted_at(&l, &with(2, 20, other), 60_000).0;
+            assert_eq!(due, Vec::<u32>::new(), "{other:?}: a new wait");
+        }
+    }
 }
