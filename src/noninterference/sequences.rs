@@ -274,9 +274,9 @@ impl Enforcer {
                 order.restore(&id(h), &mut f.usage);
             }
             if std::env::var_os("SEQUENCE_HELD").is_some() {
-                if let Some(a) = f.usage.users.get("alice") {
+                for (u, a) in &f.usage.users {
                     for d in &a.devices {
-                        eprintln!("  held h{h} alice {:?} eids {:?} contested {:?} pids {:?} jobs {:?} w{} s{} k{} u{} v{}", d.index.0, d.eids, d.contested, d.pids, d.jobs, d.working, d.stray, d.kept, d.unseen, d.vouched);
+                        eprintln!("  held h{h} {u} {:?} eids {:?} contested {:?} pids {:?} jobs {:?} w{} s{} k{} u{} v{}", d.index.0, d.eids, d.contested, d.pids, d.jobs, d.working, d.stray, d.kept, d.unseen, d.vouched);
                     }
                 }
             }
@@ -335,6 +335,9 @@ impl Enforcer {
             }
             for n in &a.notices {
                 eprintln!("  notice {n:?}");
+            }
+            for v in &a.violations {
+                eprintln!("  finding {:?}", v.finding);
             }
         }
         let mut early = crate::cycle::Early::default();
@@ -1609,5 +1612,52 @@ fn a_restart_of_bobs_moves_no_pick_of_alices() {
     };
     let mut moves = vec![Vec::new(); 7];
     moves[1].push(Move::Restart { host: 0, job: 0 });
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}
+
+/// Seed 127 at stop 56: bob, over his own cap of 1 with three devices
+/// (his job on h1 runs on an attached device and one that is not), ends
+/// that job himself. Without him, his cap took his h0 device first and
+/// then h1's, whose job freed both there: one more than his excess, which
+/// left room in the group for alice; with him, his cap took only his
+/// idle h1 record and the group took alice's newest job. A pick a later
+/// one makes needless is given back ([`crate::rules::taking::take_sparing`]),
+/// so his cap takes his excess alone either way.
+#[test]
+fn a_users_cap_takes_no_more_than_the_excess_so_his_own_end_moves_no_group_pick() {
+    let honest = [
+        HonestHost {
+            bob: vec![BobEnv {
+                devices: [0].into_iter().collect(),
+                jobs: vec![(vec![0], None)],
+            }],
+            ..bare(1)
+        },
+        HonestHost {
+            orphans: vec![0],
+            plain: vec![1, 2],
+            bob: vec![BobEnv {
+                devices: [0].into_iter().collect(),
+                jobs: vec![(vec![1, 0], None)],
+            }],
+            ..bare(3)
+        },
+    ];
+    let setup = Setup {
+        policy: Policy {
+            non_env_processes: false,
+            env_devices: false,
+            env_memory: false,
+            max_devices_for_user: [("bob".to_string(), 1)].into_iter().collect(),
+            max_devices_per_group: [("lab".to_string(), 3)].into_iter().collect(),
+            orphans_as_non_env: false,
+            count_non_env_devices: true,
+            ..Policy::default()
+        },
+        grace: graced(2, 0, &[]),
+        sharded: false,
+    };
+    let mut moves = vec![Vec::new(); 7];
+    moves[0].push(Move::End { host: 1, job: 0 });
     bob_takes_nothing_of_alices(&honest, &setup, &moves);
 }

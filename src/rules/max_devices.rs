@@ -231,7 +231,7 @@ pub fn evaluate(
         // Turn by turn, each in genv's order (the working ones a subset of
         // what genv would take).
         candidates.sort_by_key(|(host, _, d)| taken.turn(host, d));
-        let (actions, freed) = taking::take(&candidates, over, taken, false);
+        let (actions, freed) = taking::take_sparing(&candidates, over, taken);
         if freed < over {
             notices.push(Notice::ExcessKept {
                 user: user.to_string(),

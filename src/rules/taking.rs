@@ -509,6 +509,48 @@ pub fn take(
     (actions, freed)
 }
 
+/// [`take`] for one user's own cap: then each pick that the later ones
+/// make needless (a job one of them ends frees that device as well) is
+/// given back, first to last, so that the user loses no more than their
+/// excess. Never for a group: there a pick given back would be one
+/// member's, kept in place of another's.
+pub fn take_sparing(
+    candidates: &[Candidate],
+    over: usize,
+    taken: &mut Taken,
+) -> (Vec<Action>, usize) {
+    let before = taken.clone();
+    let (mut actions, mut freed) = take(candidates, over, taken, false);
+    let mut left: Vec<Candidate> = candidates.to_vec();
+    let mut k = 0;
+    while freed > over && k < left.len() {
+        let picked = |(host, _, d): &Candidate, actions: &[Action]| {
+            actions.iter().any(|a| match a {
+                Action::Detach {
+                    host: h, device, ..
+                } => h == *host && *device == d.index,
+                Action::Terminate { host: h, pid } => {
+                    h == *host && (d.jobs.contains(pid) || d.pids.contains(pid))
+                }
+            })
+        };
+        if !picked(&left[k], &actions) {
+            k += 1;
+            continue;
+        }
+        let mut fewer = left.clone();
+        fewer.remove(k);
+        let mut t = before.clone();
+        let (a, f) = take(&fewer, over, &mut t, false);
+        if f >= over && a.len() < actions.len() && a.iter().all(|x| actions.contains(x)) {
+            (left, actions, freed, *taken) = (fewer, a, f, t);
+        } else {
+            k += 1;
+        }
+    }
+    (actions, freed)
+}
+
 /// Takes `d` (candidate `k`, on `host`) in `taken`, or only as its share
 /// (`unseen`): its user's environments still attached there detached with
 /// their processes, their jobs still running there terminated, its
@@ -1006,5 +1048,52 @@ mod tests {
         done.terminated
             .extend([(h.clone(), Pid(1)), (h.clone(), Pid(2))]);
         assert_eq!(done.turn(&h, &with(true, true, true)), 1);
+    }
+
+    /// Under a user's own cap, a device taken before one whose job frees
+    /// it as well is given back: the user loses no more than the excess.
+    #[test]
+    fn a_users_cap_gives_back_a_pick_a_later_one_makes_needless() {
+        let (h0, h1) = (HostId("h0".into()), HostId("h1".into()));
+        let attached = |i: u32, e: &str, pid: u32| HeldDevice {
+            eids: smallvec::smallvec![EnvId(e.into())],
+            pids: smallvec::smallvec![Pid(pid)],
+            working: true,
+            ..HeldDevice::new(GpuIndex(i))
+        };
+        let first = attached(0, "b0", 2);
+        let spanning = attached(0, "b1", 5);
+        let also = HeldDevice {
+            jobs: smallvec::smallvec![Pid(5)],
+            working: true,
+            stray: true,
+            ..HeldDevice::new(GpuIndex(1))
+        };
+        let c: Vec<Candidate> = vec![
+            (&h0, "bob", &first),
+            (&h1, "bob", &spanning),
+            (&h1, "bob", &also),
+        ];
+        let mut plain = Taken::default();
+        let (all, freed) = take(&c, 2, &mut plain, false);
+        assert_eq!((all.len(), freed), (2, 3), "{all:?}");
+        let mut taken = Taken::default();
+        let (spared, freed) = take_sparing(&c, 2, &mut taken);
+        assert_eq!(freed, 2);
+        assert_eq!(spared.len(), 1, "{spared:?}");
+        assert!(spared.iter().all(|a| matches!(a,
+            Action::Detach { host, .. } | Action::Terminate { host, .. } if *host == h1)));
+        assert!(taken.holds(&h0, "bob", &first), "given back");
+        assert!(!taken.terminated.contains(&(h0.clone(), Pid(2))));
+        assert!(taken.terminated.contains(&(h1.clone(), Pid(5))));
+        // Exactly the excess: nothing given back.
+        let mut taken = Taken::default();
+        let (exact, freed) = take_sparing(&c, 3, &mut taken);
+        assert_eq!((exact.len(), freed), (2, 3));
+        // Over by one: the first pick is enough, and kept.
+        let mut taken = Taken::default();
+        let (one, freed) = take_sparing(&c, 1, &mut taken);
+        assert_eq!((one.len(), freed), (1, 1));
+        assert!(!taken.holds(&h0, "bob", &first));
     }
 }
