@@ -71,7 +71,7 @@ impl Starts {
                 let first = (jobs.iter())
                     .filter(|(p, _)| !ended.contains(&(&key.0, *p)))
                     .map(|(_, t)| *t)
-                    .max()?;
+                    .min()?;
                 Some((key, first))
             })
             .collect();
@@ -538,11 +538,11 @@ mod tests {
         d
     }
 
-    /// The order kept for a hold is each device's newest job that runs on
+    /// The order kept for a hold is each device's first job that runs on
     /// after what the cycle carried out, and it is put back as each
     /// device's `held_since`.
     #[test]
-    fn the_held_order_is_the_newest_job_that_runs_on_after_the_plan() {
+    fn the_held_order_is_the_first_job_that_runs_on_after_the_plan() {
         let (a, b) = (HostId("a".into()), HostId("b".into()));
         let on_a = usage(&[
             (
@@ -556,24 +556,24 @@ mod tests {
         ]);
         let on_b = usage(&[("alice", vec![started(0, &[(1, 50)])])]);
         let starts = Starts::of([(&a, &on_a), (&b, &on_b)]);
-        // pid 2 ends on a (pid 1 does not on b), and so does bob's only job.
-        let ended = [(&a, Pid(2)), (&a, Pid(4)), (&b, Pid(9))];
+        // pid 1 ends on a (not on b), and so does bob's only job.
+        let ended = [(&a, Pid(1)), (&a, Pid(4))];
         let order = starts.clone().after(ended);
         let key = |h: &HostId, u: &str, i: u32| (h.clone(), u.to_string(), GpuIndex(i));
         let want: BTreeMap<_, _> = [
-            (key(&a, "alice", 0), 10),
+            (key(&a, "alice", 0), 20),
             (key(&a, "alice", 1), 30),
             (key(&b, "alice", 0), 50),
         ]
         .into();
         assert_eq!(order, HeldOrder(want));
-        assert_eq!(starts.after([]).0[&key(&a, "alice", 0)], 20);
+        assert_eq!(starts.after([]).0[&key(&a, "alice", 0)], 10);
 
         let mut restored = on_a.clone();
         order.restore(&a, &mut restored);
         let since = |r: &HostUsage, u: &str, k: usize| r.users[u].devices[k].held_since;
         let alices = (since(&restored, "alice", 0), since(&restored, "alice", 1));
-        assert_eq!(alices, (Some(10), Some(30)));
+        assert_eq!(alices, (Some(20), Some(30)));
         let bobs = (since(&restored, "bob", 0), since(&restored, "bob", 1));
         assert_eq!(bobs, (None, None));
         // restore also clears what a former order set.

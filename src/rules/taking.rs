@@ -304,15 +304,12 @@ impl Taken {
         d.kept || (d.unseen && !self.blind.contains(host))
     }
 
-    /// When the most recent of the user's jobs on `d` that run on after
-    /// what is carried out this cycle started (`d.since` where its jobs'
-    /// start times are not known): a member's new job on a device they
-    /// already held puts it first, so that new work never shelters behind
-    /// old work there (nor puts the group over at another member's cost).
-    /// Another rule ending one of them moves the device in the same cycle
-    /// it is carried out, so that a cap worked out with it done, or a
-    /// cycle later, orders alike; while the caps' picks are held, no more
-    /// recent than when the hold began.
+    /// When the first of the user's jobs on `d` that run on after what is
+    /// carried out this cycle started (`d.since` where its jobs' start
+    /// times are not known). Another rule ending the first of them moves
+    /// the device up in the same cycle it is carried out, so that a cap
+    /// worked out with it done, or a cycle later, orders alike; while the
+    /// caps' picks are held, no more recent than when the hold began.
     pub fn since(&self, host: &HostId, d: &HeldDevice) -> Option<u64> {
         let first = if d.starts.is_empty() {
             d.since
@@ -320,7 +317,7 @@ impl Taken {
             (d.starts.iter())
                 .filter(|(p, _)| !self.terminated.contains(&(host.clone(), *p)))
                 .map(|(_, t)| *t)
-                .max()
+                .min()
         };
         match (first, d.held_since) {
             (Some(now), Some(then)) => Some(now.min(then)),
@@ -952,10 +949,10 @@ mod tests {
         assert!(!taken.takeable(&h, &kept));
     }
 
-    /// The group caps' order: the most recent job that runs on after what
-    /// is carried out, no more recent than where a hold put the device.
+    /// The group caps' order: the first job that runs on after what is
+    /// carried out, no more recent than where a hold put the device.
     #[test]
-    fn a_devices_place_is_its_newest_job_that_runs_on() {
+    fn a_devices_place_is_its_first_job_that_runs_on() {
         let h = HostId("h".into());
         let mut d = HeldDevice::new(GpuIndex(0));
         let taken = Taken::default();
@@ -967,23 +964,23 @@ mod tests {
         d.started(Pid(3), None);
         assert_eq!(d.since, Some(5));
         assert_eq!(&d.starts[..], [(Pid(1), 10), (Pid(2), 20)]);
-        assert_eq!(taken.since(&h, &d), Some(20));
+        assert_eq!(taken.since(&h, &d), Some(10));
         let mut taken = Taken::default();
-        taken.terminated.insert((h.clone(), Pid(2)));
-        assert_eq!(taken.since(&h, &d), Some(10), "its newest job ends");
-        taken.terminated.insert((HostId("other".into()), Pid(1)));
-        assert_eq!(taken.since(&h, &d), Some(10), "another host's pid 1");
         taken.terminated.insert((h.clone(), Pid(1)));
+        assert_eq!(taken.since(&h, &d), Some(20), "its first job ends");
+        taken.terminated.insert((HostId("other".into()), Pid(2)));
+        assert_eq!(taken.since(&h, &d), Some(20), "another host's pid 2");
+        taken.terminated.insert((h.clone(), Pid(2)));
         assert_eq!(taken.since(&h, &d), None, "all end");
         d.held_since = Some(15);
         assert_eq!(taken.since(&h, &d), None, "all end, held or not");
+        assert_eq!(Taken::default().since(&h, &d), Some(10), "older than held");
+        d.held_since = Some(7);
         assert_eq!(
             Taken::default().since(&h, &d),
-            Some(15),
+            Some(7),
             "held: no more recent"
         );
-        d.held_since = Some(25);
-        assert_eq!(Taken::default().since(&h, &d), Some(20), "older than held");
     }
 
     /// A device whose jobs and member processes all end this cycle is
