@@ -129,24 +129,9 @@ pub async fn cycle(
     let elsewhere = memory.others.iter().any(|p| p.held);
     let ladder = &mut memory.ladder;
     let (mut events, hold) = laddered(&mut a, ladder, &mut g.early, (now, elsewhere), abort);
-    let soon = assess::soon(&a);
-    memory.published = std::mem::take(&mut memory.published)
-        .into_iter()
-        .map(|p| {
-            let p = Published {
-                held: hold.own,
-                ..p
-            };
-            match soon.get(&p.host) {
-                Some(s) => p.mark_soon(s),
-                None => p,
-            }
-        })
-        .collect();
-    // Kept from the cycle a hold first keeps back a due pick (as the order
-    // stood after what that cycle carried out) to the one after.
-    let order = starts.after(a.plan.terminated());
-    memory.held_order = HeldOrder::kept(memory.held_order.take(), order, hold.back);
+    let parts = std::mem::take(&mut memory.published);
+    (memory.published, memory.held_order) =
+        kept_for_next(&a, hold, parts, starts, memory.held_order.take());
     if let Some(ladder) = kept {
         memory.ladder = ladder;
         events = Default::default();
@@ -451,6 +436,35 @@ pub(crate) fn laddered(
         ladder.acted_at_once(&a.plan, now),
     );
     (events, hold)
+}
+
+/// What a cycle keeps for the next once its ladder has run: its parts
+/// (`published`), marked held as `hold` says and soon where the cycle's
+/// waits free devices; and the group caps' order while a hold keeps a
+/// due pick back (`before`, or this cycle's, taken from `starts` after
+/// what the cycle carried out).
+pub(crate) fn kept_for_next(
+    a: &assess::Assessment,
+    hold: Hold,
+    published: Vec<Published>,
+    starts: Starts,
+    before: Option<HeldOrder>,
+) -> (Vec<Published>, Option<HeldOrder>) {
+    let soon = assess::soon(a);
+    let published = (published.into_iter())
+        .map(|p| {
+            let p = Published {
+                held: hold.own,
+                ..p
+            };
+            match soon.get(&p.host) {
+                Some(s) => p.mark_soon(s),
+                None => p,
+            }
+        })
+        .collect();
+    let order = starts.after(a.plan.terminated());
+    (published, HeldOrder::kept(before, order, hold.back))
 }
 
 /// How the caps' picks are held this cycle ([`Ladder::hold_caps`]).

@@ -349,22 +349,9 @@ impl Enforcer {
             (now, elsewhere),
             false,
         );
-        let soon = assess::soon(&a);
-        self.published = std::mem::take(&mut self.published)
-            .into_iter()
-            .map(|p| {
-                let p = Published {
-                    held: hold.own,
-                    ..p
-                };
-                match soon.get(&p.host) {
-                    Some(s) => p.mark_soon(s),
-                    None => p,
-                }
-            })
-            .collect();
-        let order = starts.after(a.plan.terminated());
-        self.held_order = HeldOrder::kept(self.held_order.take(), order, hold.back);
+        let parts = std::mem::take(&mut self.published);
+        (self.published, self.held_order) =
+            crate::cycle::kept_for_next(&a, hold, parts, starts, self.held_order.take());
         (a.plan, seen)
     }
 
