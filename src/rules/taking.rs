@@ -509,6 +509,11 @@ pub fn take(
     (actions, freed)
 }
 
+/// Picks [`take_sparing`] tries to give back, at most: each try takes
+/// anew over the user's devices, so a cycle stays linear in the records
+/// a user writes (past it, the user may lose more than the excess).
+const GIVE_BACK_TRIES: usize = 16;
+
 /// [`take`] for one user's own cap: then each pick that the later ones
 /// make needless (a job one of them ends frees that device as well) is
 /// given back, first to last, so that the user loses no more than their
@@ -522,7 +527,7 @@ pub fn take_sparing(
     let before = taken.clone();
     let (mut actions, mut freed) = take(candidates, over, taken, false);
     let mut left: Vec<Candidate> = candidates.to_vec();
-    let mut k = 0;
+    let (mut k, mut tries) = (0, 0);
     while freed > over && k < left.len() {
         let picked = |(host, _, d): &Candidate, actions: &[Action]| {
             actions.iter().any(|a| match a {
@@ -538,6 +543,10 @@ pub fn take_sparing(
             k += 1;
             continue;
         }
+        if tries == GIVE_BACK_TRIES {
+            break;
+        }
+        tries += 1;
         let mut fewer = left.clone();
         fewer.remove(k);
         let mut t = before.clone();
