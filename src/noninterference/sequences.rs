@@ -1648,3 +1648,49 @@ fn a_users_cap_takes_no_more_than_the_excess_so_his_own_end_moves_no_group_pick(
     moves[0].push(Move::End { host: 1, job: 0 });
     bob_takes_nothing_of_alices(&honest, &setup, &moves);
 }
+
+/// Seed 127 of the sequence property: bob, over his own cap of 2 and in
+/// alice's group (cap 3), ends his newest job himself. Alone, his cap took
+/// his older h0 job in genv's order and the group his newest, which left
+/// room for alice; with him, his own end left him at his cap with the old
+/// h0 job, and the group took alice's job, newer than it. Under a group
+/// cap a member's own cap takes his working devices in the group's order
+/// (the most recent first), so both take his newest either way.
+#[test]
+fn under_a_group_cap_his_own_cap_takes_his_newest_so_his_own_end_moves_no_group_pick() {
+    let honest = [
+        HonestHost {
+            bob: vec![BobEnv {
+                devices: [0].into_iter().collect(),
+                jobs: vec![(vec![0], None)],
+            }],
+            ..bare(1)
+        },
+        HonestHost {
+            orphans: vec![0],
+            plain: vec![1, 2],
+            bob: vec![BobEnv {
+                devices: [1].into_iter().collect(),
+                jobs: vec![(vec![2, 0], None)],
+            }],
+            ..bare(3)
+        },
+    ];
+    let setup = Setup {
+        policy: Policy {
+            non_env_processes: false,
+            env_devices: false,
+            env_memory: false,
+            max_devices_for_user: [("bob".to_string(), 2)].into_iter().collect(),
+            max_devices_per_group: [("lab".to_string(), 3)].into_iter().collect(),
+            orphans_as_non_env: false,
+            count_non_env_devices: true,
+            ..Policy::default()
+        },
+        grace: graced(3, 0, &[]),
+        sharded: false,
+    };
+    let mut moves = vec![Vec::new(); 7];
+    moves[0].push(Move::End { host: 1, job: 0 });
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}

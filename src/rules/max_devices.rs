@@ -20,7 +20,9 @@
 //! ladder like any action). First the devices where no job of the user
 //! runs (those whose environments list no live process of the user, such
 //! as a record forged in their name, before the others), then those where
-//! one does; each group in genv's order (hosts as given, devices by index).
+//! one does; each group in genv's order (hosts as given, devices by index),
+//! except that where a group cap is set the working ones go the most
+//! recent first, as the group takes them ([`super::max_groups`]).
 //! genv takes devices in index order only, so that attaching someone's
 //! environment to spare devices would get their working device detached.
 //! What cannot be freed (a job whose identity is not pinned) is reported.
@@ -229,8 +231,15 @@ pub fn evaluate(
             continue;
         }
         // Turn by turn, each in genv's order (the working ones a subset of
-        // what genv would take).
-        candidates.sort_by_key(|(host, _, d)| taken.turn(host, d));
+        // what genv would take); under a group cap, the working ones in the
+        // group's order (the most recent first), so that a member's own cap
+        // and the group agree on which of his devices are his last.
+        let grouped = !policy.max_devices_per_group.is_empty();
+        candidates.sort_by_key(|(host, _, d)| {
+            let turn = taken.turn(host, d);
+            let recent = (grouped && turn == taking::WORKING).then(|| taken.since(host, d));
+            (turn, std::cmp::Reverse(recent.flatten().unwrap_or(0)))
+        });
         let (actions, freed) = taking::take_sparing(&candidates, over, taken);
         if freed < over {
             notices.push(Notice::ExcessKept {
@@ -649,6 +658,42 @@ mod tests {
             usage.users["alice"].devices[0].since,
             Some(boot.started_ms(500))
         );
+    }
+
+    #[test]
+    fn under_a_group_cap_the_working_devices_go_the_most_recent_first() {
+        // alice's environment on 0 and 1, a job of it on each: the one on
+        // device 0 started last.
+        let mut older = job(11, Some("a"), 1001, 1);
+        older.start_time = Some(300);
+        let mut newer = job(10, Some("a"), 1001, 0);
+        newer.start_time = Some(500);
+        let mut s = live(
+            host(vec![env("a", Some("alice"), None)], &[(0, "a"), (1, "a")]),
+            vec![newer, older],
+        );
+        s.truth.as_mut().unwrap().boot = Some(crate::model::Boot {
+            btime: 1_000,
+            hz: 100,
+        });
+        let c = local(s);
+        // genv's order alone: device 0 first.
+        let v = crate::rules::evaluate(&c, &policy(Some(1), &[]));
+        assert_eq!(asked(user_cap(&v)), ["detach a from 0"]);
+        // Beside a group cap (of a group she is not in): her newest, 0, as
+        // well; with the start times swapped, device 1.
+        let mut grouped = policy(Some(1), &[]);
+        grouped.max_devices_per_group = [("lab".to_string(), 9)].into_iter().collect();
+        let v = crate::rules::evaluate(&c, &grouped);
+        assert_eq!(asked(user_cap(&v)), ["detach a from 0"]);
+        let mut c = c;
+        for p in c.hosts[0].1.processes.iter_mut() {
+            p.start_time = Some(if p.pid.0 == 10 { 300 } else { 500 });
+        }
+        let v = crate::rules::evaluate(&c, &grouped);
+        assert_eq!(asked(user_cap(&v)), ["detach a from 1"]);
+        let v = crate::rules::evaluate(&c, &policy(Some(1), &[]));
+        assert_eq!(asked(user_cap(&v)), ["detach a from 0"]);
     }
 
     #[test]
