@@ -1105,4 +1105,51 @@ mod tests {
         assert_eq!((one.len(), freed), (1, 1));
         assert!(!taken.holds(&h0, "bob", &first));
     }
+
+    /// Giving a pick back never moves it: a retake that would take a
+    /// device not picked before (here h2's, in place of h0's two) is
+    /// refused, though it takes fewer actions.
+    #[test]
+    fn a_pick_given_back_never_moves_onto_a_device_not_picked_before() {
+        let (h0, h1, h2) = (
+            HostId("h0".into()),
+            HostId("h1".into()),
+            HostId("h2".into()),
+        );
+        let attached = |i: u32, e: &str, pids: &[u32], jobs: &[u32]| HeldDevice {
+            eids: smallvec::smallvec![EnvId(e.into())],
+            pids: pids.iter().map(|&p| Pid(p)).collect(),
+            jobs: jobs.iter().map(|&p| Pid(p)).collect(),
+            working: true,
+            ..HeldDevice::new(GpuIndex(i))
+        };
+        let stray = |i: u32, job: u32| HeldDevice {
+            jobs: smallvec::smallvec![Pid(job)],
+            working: true,
+            stray: true,
+            ..HeldDevice::new(GpuIndex(i))
+        };
+        // h0 device 0: a member 7 (also on h0 device 3) and a stray 8;
+        // h1 device 0: a member 5 (also on h1 device 1); h2 device 0 idle
+        // but for its attachment.
+        let a = attached(0, "b0", &[7], &[8]);
+        let b = attached(0, "b1", &[5], &[]);
+        let c = attached(0, "b2", &[], &[]);
+        let (z, y) = (stray(3, 7), stray(1, 5));
+        let cands: Vec<Candidate> = vec![
+            (&h0, "bob", &a),
+            (&h1, "bob", &b),
+            (&h2, "bob", &c),
+            (&h0, "bob", &z),
+            (&h1, "bob", &y),
+        ];
+        let mut plain = Taken::default();
+        let (all, freed) = take(&cands, 3, &mut plain, false);
+        assert_eq!((all.len(), freed), (3, 4), "{all:?}");
+        let mut taken = Taken::default();
+        let (spared, freed) = take_sparing(&cands, 3, &mut taken);
+        assert_eq!(spared, all, "nothing given back");
+        assert_eq!(freed, 4);
+        assert!(taken.holds(&h2, "bob", &c), "h2 not taken in h0's place");
+    }
 }
