@@ -51,6 +51,8 @@ pub struct Assessment {
     /// The jobs no rule judges this cycle (their host's genv state
     /// unusable) whose wait the ladder keeps ([`rules::Withheld::unseen_waiting`]).
     pub unseen_waiting: std::collections::HashSet<(HostId, Pid)>,
+    /// Of those, the ones due this cycle ([`rules::Withheld::unseen_due`]).
+    pub unseen_due: std::collections::HashSet<(HostId, Pid)>,
 }
 
 /// One host's result: its snapshot and what it shows on its own, or why
@@ -185,13 +187,17 @@ pub fn assess_planned(
                 .filter_map(move |p| Some((h.clone(), p.pid, p.start_time?)))
         })
         .collect();
-    let unseen_waiting = match ladder {
-        Some(l) => l.unseen_waits(&unseen, moment.now_ms),
+    let (unseen_waiting, unseen_due) = match ladder {
+        Some(l) => (
+            l.unseen_waits(&unseen, moment.now_ms),
+            l.unseen_due(&unseen, moment.now_ms),
+        ),
         None => Default::default(),
     };
     let mut held = |v: &[Violation]| match ladder {
         Some(l) if l.waits() => rules::Withheld {
             unseen_waiting: unseen_waiting.clone(),
+            unseen_due: unseen_due.clone(),
             ..l.held(
                 &plan::whole(cluster, own.clone(), &v[owned..]).0,
                 moment.now_ms,
@@ -204,6 +210,7 @@ pub fn assess_planned(
     a.violations = violations;
     a.notices = notices;
     a.unseen_waiting = unseen_waiting;
+    a.unseen_due = unseen_due;
     a
 }
 
@@ -250,6 +257,7 @@ pub fn statuses(
         waiting: Vec::new(),
         extended: Vec::new(),
         unseen_waiting: Default::default(),
+        unseen_due: Default::default(),
     }
 }
 

@@ -463,7 +463,10 @@ pub(crate) fn kept_for_next(
             }
         })
         .collect();
-    let order = starts.after(a.plan.terminated());
+    // A due wait kept for an unseen host ends for the order, as a healthy
+    // cycle would carry it out.
+    let due = a.unseen_due.iter().map(|(h, p)| (h, *p));
+    let order = starts.after(a.plan.terminated().chain(due));
     (published, HeldOrder::kept(before, order, hold.back))
 }
 

@@ -593,11 +593,37 @@ impl Ladder {
         unseen: &HashSet<(HostId, Pid, u64)>,
         now: u64,
     ) -> HashSet<(HostId, Pid)> {
-        if self.immediate() || unseen.is_empty() {
-            return HashSet::new();
-        }
+        (self.unseen_tracks(unseen, now))
+            .map(|(host, pid, _)| (host.clone(), pid))
+            .collect()
+    }
+
+    /// Of [`Ladder::unseen_waits`], those due this cycle (confirmed and
+    /// past their deadline): a healthy cycle would carry them out now, so
+    /// the group caps' order counts them as ended
+    /// ([`crate::rules::Withheld::unseen_due`]), and a garble that keeps
+    /// them a cycle moves no member's device back.
+    pub fn unseen_due(
+        &self,
+        unseen: &HashSet<(HostId, Pid, u64)>,
+        now: u64,
+    ) -> HashSet<(HostId, Pid)> {
+        let cycles = self.grace.cycles;
+        (self.unseen_tracks(unseen, now))
+            .filter(|(_, _, t)| t.seen + 1 >= cycles && t.deadline.is_some_and(|d| now >= d))
+            .map(|(host, pid, _)| (host.clone(), pid))
+            .collect()
+    }
+
+    fn unseen_tracks<'a>(
+        &'a self,
+        unseen: &'a HashSet<(HostId, Pid, u64)>,
+        now: u64,
+    ) -> impl Iterator<Item = (&'a HostId, Pid, &'a Track)> + 'a {
+        let none = self.immediate() || unseen.is_empty();
         (self.tracks.iter())
-            .filter_map(|(k, t)| match k {
+            .filter(move |_| !none)
+            .filter_map(move |(k, t)| match k {
                 Key::Terminate(host, pid, Some(start))
                     if unseen.contains(&(host.clone(), *pid, *start)) =>
                 {
@@ -605,7 +631,7 @@ impl Ladder {
                 }
                 _ => None,
             })
-            .filter(|(host, _, t)| {
+            .filter(move |(host, _, t)| {
                 let others: Vec<Rule> = (t.what.rules().into_iter())
                     .filter(|r| !CAPS.contains(*r))
                     .collect();
@@ -617,8 +643,6 @@ impl Ladder {
                     && t.unseen + 1 < BLIND_AFTER
                     && self.exempt(host, &t.what, now).is_none()
             })
-            .map(|(host, pid, _)| (host.clone(), pid))
-            .collect()
     }
 
     /// Whether anything may wait (a grace, confirmation or exemption).
@@ -1868,6 +1892,23 @@ mod tests {
         assert_eq!(pids(away.unseen_waits(&on(&h, &[1, 4], 1), 1_000)), [1, 4]);
         away.advance(&Plan::default(), 2_000, std::slice::from_ref(&h));
         assert!(away.unseen_waits(&on(&h, &[1, 4], 1), 2_000).is_empty());
+        // Of those, due once confirmed and past the deadline.
+        let all = on(&h, &[1, 2, 3, 4, 5, 6], 1);
+        assert!(l.unseen_due(&all, 119_999).is_empty(), "not yet");
+        assert_eq!(pids(l.unseen_due(&all, 120_000)), [1, 4]);
+        let mut unconfirmed = Ladder::new(Grace {
+            rules: orphans_wait_non_env_warns(),
+            ..cycles(3)
+        });
+        unconfirmed.advance(&whole, 0, &[]);
+        // (6 waits here too: its cap is confirmed like any rule.)
+        assert_eq!(pids(unconfirmed.unseen_waits(&all, 120_000)), [1, 4, 6]);
+        assert!(
+            unconfirmed.unseen_due(&all, 120_000).is_empty(),
+            "seen once of 3"
+        );
+        unconfirmed.advance(&whole, 60_000, &[]);
+        assert_eq!(pids(unconfirmed.unseen_due(&all, 120_000)), [1, 4, 6]);
         // Carried out: nothing waits.
         l.advance(&whole, 120_000, &[]);
         assert!(l.unseen_waits(&on(&h, &[1, 4], 1), 120_000).is_empty());

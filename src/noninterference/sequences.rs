@@ -1694,3 +1694,99 @@ fn under_a_group_cap_his_own_cap_takes_his_newest_so_his_own_end_moves_no_group_
     moves[0].push(Move::End { host: 1, job: 0 });
     bob_takes_nothing_of_alices(&honest, &setup, &moves);
 }
+
+/// Seed 101 of the sequence property: bob garbles h0 in the cycle her
+/// orphan there (her oldest job on h0's device 0) comes due, then h1 in
+/// the next. Alone, the orphan ended in that cycle, so her newer job on
+/// that device stood first in the group's order and was taken there;
+/// with him, the orphan's wait was kept through the garble, and the
+/// order the hold kept had the device held since the orphan started, so
+/// the group took her plain jobs on h1 in its place. A wait due on an
+/// unseen host ends for the order, as a healthy cycle would end it.
+#[test]
+fn a_garble_that_keeps_a_due_wait_a_cycle_moves_no_members_device_back() {
+    let honest = [
+        HonestHost {
+            alice: vec![AliceEnv {
+                devices: [1, 2].into_iter().collect(),
+                gpu_memory: Some(2367),
+                jobs: vec![],
+            }],
+            orphans: vec![0, 1],
+            plain: vec![2],
+            bob: vec![BobEnv {
+                devices: [0].into_iter().collect(),
+                jobs: vec![(vec![2, 2], None)],
+            }],
+            elsewhere: vec![(0, 0)],
+            ..bare(3)
+        },
+        HonestHost {
+            alice: vec![AliceEnv {
+                devices: [2].into_iter().collect(),
+                gpu_memory: Some(2862),
+                jobs: vec![],
+            }],
+            orphans: vec![1],
+            plain: vec![1, 1],
+            bob: vec![BobEnv {
+                devices: [1, 2].into_iter().collect(),
+                jobs: vec![],
+            }],
+            elsewhere: vec![(1, 2)],
+            ..bare(3)
+        },
+    ];
+    let setup = Setup {
+        policy: Policy {
+            non_env_processes: true,
+            env_devices: false,
+            env_memory: true,
+            max_devices_for_user: [("bob".to_string(), 0)].into_iter().collect(),
+            max_devices_per_group: [("lab".to_string(), 1)].into_iter().collect(),
+            orphans_as_non_env: true,
+            count_non_env_devices: true,
+            ..Policy::default()
+        },
+        grace: Grace {
+            exempt: vec![Exemption {
+                user: Some("bob".into()),
+                reason: "a deadline".into(),
+                ..Default::default()
+            }],
+            ..graced(
+                2,
+                2,
+                &[
+                    (
+                        Rule::NonEnvProcesses,
+                        RuleGrace {
+                            warn_only: true,
+                            after: None,
+                        },
+                    ),
+                    (
+                        Rule::OrphanedEnvProcesses,
+                        RuleGrace {
+                            warn_only: false,
+                            after: Some(Duration::ZERO),
+                        },
+                    ),
+                ],
+            )
+        },
+        sharded: false,
+    };
+    let v = std::env::var("VARIANT").unwrap_or_default();
+    let mut moves = vec![Vec::new(); 8];
+    if !v.contains('a') {
+        moves[0].push(Move::Garble { host: 2 });
+    }
+    if !v.contains('b') {
+        moves[0].push(Move::Restart { host: 0, job: 1 });
+    }
+    if !v.contains('c') {
+        moves[1].push(Move::Garble { host: 1 });
+    }
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}

@@ -599,6 +599,9 @@ pub struct Withheld {
     /// as waiting actions free a device (`SOON`), as a healthy cycle
     /// would, never as freed.
     pub unseen_waiting: HashSet<(HostId, Pid)>,
+    /// Of those, the ones due this cycle ([`crate::ladder::Ladder::unseen_due`]):
+    /// the group caps' order counts them as ended ([`Taken::since`]).
+    pub unseen_due: HashSet<(HostId, Pid)>,
 }
 
 impl Withheld {
@@ -611,6 +614,7 @@ impl Withheld {
                 .is_subset(&other.waiting_terminations)
             && self.waiting_detaches.is_subset(&other.waiting_detaches)
             && self.unseen_waiting.is_subset(&other.unseen_waiting)
+            && self.unseen_due.is_subset(&other.unseen_due)
     }
 
     fn extend(&mut self, other: Withheld) {
@@ -619,6 +623,7 @@ impl Withheld {
         self.waiting_terminations.extend(other.waiting_terminations);
         self.waiting_detaches.extend(other.waiting_detaches);
         self.unseen_waiting.extend(other.unseen_waiting);
+        self.unseen_due.extend(other.unseen_due);
     }
 
     /// What is never carried out while it stands (warn-only, exempt): a

@@ -156,6 +156,10 @@ pub struct Taken {
     /// user's share borne there (never detached), counted no more for
     /// that user's caps after.
     pub contested_borne: HashSet<(HostId, GpuIndex, EnvId, String)>,
+    /// The jobs of unseen hosts whose wait is due this cycle
+    /// ([`super::Withheld::unseen_due`]): not freed, but ended for the
+    /// order ([`Taken::since`]), as a healthy cycle would end them.
+    pub unseen_ending: HashSet<(HostId, Pid)>,
 }
 
 /// Cycles in a row a host's genv state is unusable before its unseen jobs
@@ -178,6 +182,7 @@ impl Taken {
     pub fn of(violations: &[Violation], withheld: &Withheld) -> Self {
         let mut taken = Taken {
             soon_terminated: withheld.unseen_waiting.clone(),
+            unseen_ending: withheld.unseen_due.clone(),
             ..Taken::default()
         };
         taken.add(violations, withheld);
@@ -308,14 +313,18 @@ impl Taken {
     /// carried out this cycle started (`d.since` where its jobs' start
     /// times are not known). Another rule ending the first of them moves
     /// the device up in the same cycle it is carried out, so that a cap
-    /// worked out with it done, or a cycle later, orders alike; while the
-    /// caps' picks are held, no more recent than when the hold began.
+    /// worked out with it done, or a cycle later, orders alike (a job due
+    /// on an unseen host, too: [`Taken::unseen_ending`]); while the caps'
+    /// picks are held, no more recent than when the hold began.
     pub fn since(&self, host: &HostId, d: &HeldDevice) -> Option<u64> {
         let first = if d.starts.is_empty() {
             d.since
         } else {
             (d.starts.iter())
-                .filter(|(p, _)| !self.terminated.contains(&(host.clone(), *p)))
+                .filter(|(p, _)| {
+                    let key = (host.clone(), *p);
+                    !self.terminated.contains(&key) && !self.unseen_ending.contains(&key)
+                })
                 .map(|(_, t)| *t)
                 .min()
         };
@@ -979,6 +988,13 @@ mod tests {
         assert_eq!(taken.since(&h, &d), Some(20), "its first job ends");
         taken.terminated.insert((HostId("other".into()), Pid(2)));
         assert_eq!(taken.since(&h, &d), Some(20), "another host's pid 2");
+        let mut due = Taken::default();
+        due.unseen_ending.insert((h.clone(), Pid(1)));
+        assert_eq!(
+            due.since(&h, &d),
+            Some(20),
+            "its first job's wait is due, unseen"
+        );
         taken.terminated.insert((h.clone(), Pid(2)));
         assert_eq!(taken.since(&h, &d), None, "all end");
         d.held_since = Some(15);
