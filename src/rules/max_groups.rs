@@ -13,8 +13,9 @@
 //! only the kernel says, [`Taken::since`]): a member who starts jobs that
 //! put the group over loses them, never another member's older work.
 //! Another rule ending the first of a member's jobs on a device moves it
-//! up in the cycle that job ends, whether the cap's picks are carried out
-//! then or held a cycle for an unseen host. Ties (and idle devices) go in
+//! up in the cycle that job ends (or would end, were its host seen: a
+//! wait due there while its genv state is unusable), whether the cap's
+//! picks are carried out then or held a cycle for an unseen host. Ties (and idle devices) go in
 //! one order: hosts as given, devices
 //! by index, users by name. A device that can never be freed (a job there
 //! is never terminated: its identity or environment unknown, its host's
