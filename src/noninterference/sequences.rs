@@ -1790,3 +1790,76 @@ fn a_garble_that_keeps_a_due_wait_a_cycle_moves_no_members_device_back() {
     }
     bob_takes_nothing_of_alices(&honest, &setup, &moves);
 }
+
+/// In the very cycle bob garbles h0, the group's order counts a wait due
+/// there as ended, as a healthy cycle would carry it out: alice's orphan
+/// on h0's device 0 (her oldest job) is due, so the device stands where
+/// her newer job there puts it, before her job on h1, and bears the
+/// group's excess as its share (nothing is carried out on an unseen
+/// host). Counted as still running, it sheltered the device, and her h1
+/// job was terminated in its place.
+#[test]
+fn a_wait_due_on_an_unseen_host_ends_for_the_groups_order_in_that_cycle() {
+    let honest = [
+        HonestHost {
+            alice: vec![AliceEnv {
+                devices: [0].into_iter().collect(),
+                gpu_memory: None,
+                jobs: vec![(vec![0], None)],
+            }],
+            orphans: vec![0],
+            ..bare(1)
+        },
+        HonestHost {
+            alice: vec![AliceEnv {
+                devices: [0].into_iter().collect(),
+                gpu_memory: None,
+                jobs: vec![(vec![0], None)],
+            }],
+            ..bare(1)
+        },
+    ];
+    let mut worlds: Vec<World> = (honest.iter().enumerate())
+        .map(|(h, x)| World::honest(h, x))
+        .collect();
+    // Her orphan on h0 first, then her job on h1, then her job on h0.
+    let (orphan, on_h0) = (worlds[0].alice_orphans.len(), worlds[0].alice_jobs[0]);
+    assert_eq!(orphan, 1);
+    for p in worlds[0].processes.iter_mut() {
+        p.start_time = Some(if i64::from(p.pid.0) == on_h0 {
+            105
+        } else {
+            103
+        });
+    }
+    for p in worlds[1].processes.iter_mut() {
+        p.start_time = Some(104);
+    }
+    let setup = |cap: u32| Setup {
+        policy: Policy {
+            non_env_processes: true,
+            env_devices: false,
+            env_memory: false,
+            max_devices_per_group: [("lab".to_string(), cap)].into_iter().collect(),
+            orphans_as_non_env: true,
+            count_non_env_devices: false,
+            ..Policy::default()
+        },
+        grace: graced(1, 0, &[(Rule::OrphanedEnvProcesses, acts_after(1))]),
+        sharded: false,
+    };
+    let mut enforcer = Enforcer::new(vec![0, 1], &setup(2).grace, 2);
+    // Seen, within the cap: the orphan's wait begins.
+    let (due, _) = enforcer.cycle(&worlds, &BTreeSet::new(), &setup(2), None, (1, 0));
+    assert!(
+        due.hosts.iter().all(|(_, p)| p.terminate.is_empty()),
+        "{due:?}"
+    );
+    // h0 garbled as the orphan comes due, and the cap lowered to 1.
+    let garbled: BTreeSet<usize> = [0].into_iter().collect();
+    let (due, _) = enforcer.cycle(&worlds, &garbled, &setup(1), None, (2, INTERVAL));
+    let ended: Vec<(String, u32)> = (due.hosts.iter())
+        .flat_map(|(h, p)| p.terminate.iter().map(move |t| (h.0.to_string(), t.pid.0)))
+        .collect();
+    assert_eq!(ended, [], "her h1 job is not taken for h0's share");
+}
