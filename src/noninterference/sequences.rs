@@ -1863,3 +1863,92 @@ fn a_wait_due_on_an_unseen_host_ends_for_the_groups_order_in_that_cycle() {
         .collect();
     assert_eq!(ended, [], "her h1 job is not taken for h0's share");
 }
+
+/// Review of this stop: under a group cap, a user's own cap orders her
+/// working devices the most recent first. Ordered as the group's is
+/// (what this cycle ends moves a device up; a hold's order is kept), a
+/// hold bob starts by garbling h1 as his own pick comes due froze her
+/// device 0 behind her orphan there, so when the orphan's termination
+/// came due the next cycle her cap's pick, due then too, stayed on
+/// device 1 and ended her job there; alone, the orphan's end moved the
+/// pick onto device 0 and a fresh wait. Her own cap orders by when her
+/// first job on each device started, which no other rule's end moves
+/// in the cycle it happens, held or not.
+#[test]
+fn a_hold_bob_starts_moves_no_pick_of_her_own_cap() {
+    let honest = [
+        HonestHost {
+            alice: vec![AliceEnv {
+                devices: [0, 1].into_iter().collect(),
+                gpu_memory: None,
+                jobs: vec![(vec![0], None), (vec![1], None)],
+            }],
+            orphans: vec![0],
+            ..bare(2)
+        },
+        bobs(&[0]),
+    ];
+    let policy = |alices: u32| Policy {
+        non_env_processes: true,
+        env_devices: false,
+        env_memory: false,
+        max_devices_for_user: [("alice".to_string(), alices), ("bob".to_string(), 0)]
+            .into_iter()
+            .collect(),
+        max_devices_per_group: [("lab".to_string(), 9)].into_iter().collect(),
+        orphans_as_non_env: true,
+        count_non_env_devices: false,
+        ..Policy::default()
+    };
+    let grace = graced(3, 0, &[(Rule::OrphanedEnvProcesses, acts_after(3))]);
+    let run = |garbled_at: Option<u64>| {
+        let mut worlds: Vec<World> = (honest.iter().enumerate())
+            .map(|(h, x)| World::honest(h, x))
+            .collect();
+        // Her orphan first on device 0, her job on device 1, then hers on 0.
+        let (a2, d) = (worlds[0].alice_jobs[0], worlds[0].alice_jobs[1]);
+        for p in worlds[0].processes.iter_mut() {
+            let pid = i64::from(p.pid.0);
+            p.start_time = Some(if pid == a2 {
+                160
+            } else if pid == d {
+                150
+            } else {
+                110
+            });
+        }
+        let mut enforcer = Enforcer::new(vec![0, 1], &grace, 2);
+        let mut ended = Vec::new();
+        for c in 0..5u64 {
+            let setup = Setup {
+                // Her cap lowered to 1 after the first cycle.
+                policy: policy(if c == 0 { 2 } else { 1 }),
+                grace: grace.clone(),
+                sharded: false,
+            };
+            let garbled: BTreeSet<usize> =
+                (garbled_at == Some(c)).then_some(1).into_iter().collect();
+            let (due, _) = enforcer.cycle(&worlds, &garbled, &setup, None, (c + 1, c * INTERVAL));
+            for (host, hp) in &due.hosts {
+                let h: usize = host.0[1..].parse().expect("h<index>");
+                for t in &hp.terminate {
+                    if worlds[h].alice_jobs.contains(&i64::from(t.pid.0)) {
+                        ended.push((c, h, t.pid.0));
+                    }
+                }
+                worlds[h].carry_out(hp);
+            }
+        }
+        ended
+    };
+    let alone = run(None);
+    let with_bob = run(Some(2));
+    let sooner: Vec<_> = (with_bob.iter())
+        .filter(|(c, h, p)| !alone.iter().any(|(a, ah, ap)| a <= c && ah == h && ap == p))
+        .collect();
+    assert_eq!(
+        sooner,
+        Vec::<&(u64, usize, u32)>::new(),
+        "alone {alone:?}, with bob {with_bob:?}"
+    );
+}
