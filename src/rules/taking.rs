@@ -533,6 +533,17 @@ pub fn take_sparing(
     over: usize,
     taken: &mut Taken,
 ) -> (Vec<Action>, usize) {
+    // Only a job on two of the devices frees more than the one picked:
+    // without one nothing is ever given back, and `taken` is not copied
+    // (its copy grows with every user taken from before: a user per
+    // record bob writes would make a cycle quadratic).
+    let mut seen = std::collections::HashSet::new();
+    let shared = (candidates.iter())
+        .flat_map(|(host, _, d)| d.jobs.iter().chain(&d.pids).map(move |p| (*host, *p)))
+        .any(|job| !seen.insert(job));
+    if !shared {
+        return take(candidates, over, taken, false);
+    }
     let before = taken.clone();
     let (mut actions, mut freed) = take(candidates, over, taken, false);
     let mut left: Vec<Candidate> = candidates.to_vec();
@@ -1167,5 +1178,27 @@ mod tests {
         assert_eq!(spared, all, "nothing given back");
         assert_eq!(freed, 4);
         assert!(taken.holds(&h2, "bob", &c), "h2 not taken in h0's place");
+    }
+
+    /// Where no job runs on two of the devices, giving back never applies:
+    /// the take is the plain one, whatever is taken already.
+    #[test]
+    fn without_a_shared_job_the_take_is_the_plain_one() {
+        let h = HostId("h".into());
+        let idle: Vec<HeldDevice> = (0..4)
+            .map(|i| HeldDevice {
+                eids: smallvec::smallvec![EnvId(format!("e{i}").into())],
+                ..HeldDevice::new(GpuIndex(i))
+            })
+            .collect();
+        let c: Vec<Candidate> = idle.iter().map(|d| (&h, "bob", d)).collect();
+        let mut before = Taken::default();
+        before.terminated.insert((HostId("other".into()), Pid(9)));
+        let (mut plain, mut spared) = (before.clone(), before);
+        let want = take(&c, 2, &mut plain, false);
+        assert_eq!(take_sparing(&c, 2, &mut spared), want);
+        assert_eq!(want.1, 2);
+        assert_eq!(spared.detached, plain.detached);
+        assert_eq!(spared.terminated, plain.terminated);
     }
 }
