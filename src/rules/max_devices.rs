@@ -22,8 +22,7 @@
 //! as a record forged in their name, before the others), then those where
 //! one does; each group in genv's order (hosts as given, devices by index),
 //! except that where a group cap is set the working ones go the most
-//! recent first (by when the user's first job there started), as the
-//! group takes them ([`super::max_groups`]).
+//! recent first, as the group takes them ([`super::max_groups`]).
 //! genv takes devices in index order only, so that attaching someone's
 //! environment to spare devices would get their working device detached.
 //! What cannot be freed (a job whose identity is not pinned) is reported.
@@ -232,16 +231,13 @@ pub fn evaluate(
             continue;
         }
         // Turn by turn, each in genv's order (the working ones a subset of
-        // what genv would take); under a group cap, the working ones the
-        // most recent first, so that a member's own cap and the group agree
-        // on which of his devices are his last. Recent by when the first
-        // of the user's jobs there started, as the snapshot shows it: what
-        // another rule ends this cycle, or a hold kept, moves none of them
-        // (else a hold bob starts by a garble moves her pick).
+        // what genv would take); under a group cap, the working ones in the
+        // group's order (the most recent first), so that a member's own cap
+        // and the group agree on which of his devices are his last.
         let grouped = !policy.max_devices_per_group.is_empty();
         candidates.sort_by_key(|(host, _, d)| {
             let turn = taken.turn(host, d);
-            let recent = (grouped && turn == taking::WORKING).then_some(d.since);
+            let recent = (grouped && turn == taking::WORKING).then(|| taken.since(host, d));
             (turn, std::cmp::Reverse(recent.flatten().unwrap_or(0)))
         });
         let (actions, freed) = taking::take_sparing(&candidates, over, taken);
