@@ -1612,38 +1612,7 @@ fn a_restart_of_bobs_moves_no_pick_of_alices() {
 /// so his cap takes his excess alone either way.
 #[test]
 fn a_users_cap_takes_no_more_than_the_excess_so_his_own_end_moves_no_group_pick() {
-    let honest = [
-        HonestHost {
-            bob: vec![BobEnv {
-                devices: [0].into_iter().collect(),
-                jobs: vec![(vec![0], None)],
-            }],
-            ..bare(1)
-        },
-        HonestHost {
-            orphans: vec![0],
-            plain: vec![1, 2],
-            bob: vec![BobEnv {
-                devices: [0].into_iter().collect(),
-                jobs: vec![(vec![1, 0], None)],
-            }],
-            ..bare(3)
-        },
-    ];
-    let setup = Setup {
-        policy: Policy {
-            non_env_processes: false,
-            env_devices: false,
-            env_memory: false,
-            max_devices_for_user: [("bob".to_string(), 1)].into_iter().collect(),
-            max_devices_per_group: [("lab".to_string(), 3)].into_iter().collect(),
-            orphans_as_non_env: false,
-            count_non_env_devices: true,
-            ..Policy::default()
-        },
-        grace: graced(2, 0, &[]),
-        sharded: false,
-    };
+    let (honest, setup) = bob_in_alices_group(&[0], &[1, 0], 1, 2);
     let mut moves = vec![Vec::new(); 7];
     moves[0].push(Move::End { host: 1, job: 0 });
     bob_takes_nothing_of_alices(&honest, &setup, &moves);
@@ -1658,6 +1627,22 @@ fn a_users_cap_takes_no_more_than_the_excess_so_his_own_end_moves_no_group_pick(
 /// (the most recent first), so both take his newest either way.
 #[test]
 fn under_a_group_cap_his_own_cap_takes_his_newest_so_his_own_end_moves_no_group_pick() {
+    let (honest, setup) = bob_in_alices_group(&[1], &[2, 0], 2, 3);
+    let mut moves = vec![Vec::new(); 7];
+    moves[0].push(Move::End { host: 1, job: 0 });
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}
+
+/// h0: bob's environment on its one GPU, a job there; h1 (3 GPUs): an
+/// orphan of alice's on 0, her plain jobs on 1 and 2, bob's environment
+/// on `devices` with one job on `job`. bob capped at `cap`, the group
+/// `lab` at 3, counting jobs outside genv; confirmed over `cycles`.
+fn bob_in_alices_group(
+    devices: &[u32],
+    job: &[u32],
+    cap: u32,
+    cycles: u32,
+) -> ([HonestHost; 2], Setup) {
     let honest = [
         HonestHost {
             bob: vec![BobEnv {
@@ -1670,8 +1655,8 @@ fn under_a_group_cap_his_own_cap_takes_his_newest_so_his_own_end_moves_no_group_
             orphans: vec![0],
             plain: vec![1, 2],
             bob: vec![BobEnv {
-                devices: [1].into_iter().collect(),
-                jobs: vec![(vec![2, 0], None)],
+                devices: devices.iter().copied().collect(),
+                jobs: vec![(job.to_vec(), None)],
             }],
             ..bare(3)
         },
@@ -1681,18 +1666,16 @@ fn under_a_group_cap_his_own_cap_takes_his_newest_so_his_own_end_moves_no_group_
             non_env_processes: false,
             env_devices: false,
             env_memory: false,
-            max_devices_for_user: [("bob".to_string(), 2)].into_iter().collect(),
+            max_devices_for_user: [("bob".to_string(), cap)].into_iter().collect(),
             max_devices_per_group: [("lab".to_string(), 3)].into_iter().collect(),
             orphans_as_non_env: false,
             count_non_env_devices: true,
             ..Policy::default()
         },
-        grace: graced(3, 0, &[]),
+        grace: graced(cycles, 0, &[]),
         sharded: false,
     };
-    let mut moves = vec![Vec::new(); 7];
-    moves[0].push(Move::End { host: 1, job: 0 });
-    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+    (honest, setup)
 }
 
 /// Seed 101 of the sequence property: bob garbles h0 in the cycle her

@@ -537,7 +537,7 @@ pub fn take_sparing(
     // without one nothing is ever given back, and `taken` is not copied
     // (its copy grows with every user taken from before: a user per
     // record bob writes would make a cycle quadratic).
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = HashSet::new();
     let shared = (candidates.iter())
         .flat_map(|(host, _, d)| d.jobs.iter().chain(&d.pids).map(move |p| (*host, *p)))
         .any(|job| !seen.insert(job));
