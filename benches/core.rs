@@ -1,6 +1,7 @@
 //! The pure core at fleet scale: parsing nvidia-smi output and a genv
 //! snapshot, assessing a synthetic 500-host cluster (rules + plan), one
-//! host whose user wrote 100,000 environments and attachments, and the
+//! host whose user wrote 100,000 environments and attachments (in his name,
+//! and in the names of users he made up), and the
 //! whole pure path of a remote cycle over 1,000 hosts (8,000 GPUs, 24,000
 //! processes): the agents' answers parsed, assembled and assessed, and
 //! each host's own plan made, host by host (on one worker, the calling
@@ -330,12 +331,14 @@ impl Drop for Pool {
 }
 
 /// One host whose user wrote `n` environments, each listing his shell and
-/// attached to a device, beside a few real jobs.
-fn huge_state(n: usize) -> (String, String) {
+/// attached to a device, beside a few real jobs; record `i` names user
+/// `username(i)`.
+fn huge_state(n: usize, username: impl Fn(usize) -> String) -> (String, String) {
     let envs: Vec<String> = (0..n)
         .map(|i| {
+            let user = username(i);
             format!(
-                r#"{{"eid": "x{i}", "uid": 1002, "creation": "", "username": "bob", "config": {{"name": null, "gpu_memory": "1gi", "gpus": 1}}, "pids": [10], "kernel_ids": []}}"#
+                r#"{{"eid": "x{i}", "uid": 1002, "creation": "", "username": "{user}", "config": {{"name": null, "gpu_memory": "1gi", "gpus": 1}}, "pids": [10], "kernel_ids": []}}"#
             )
         })
         .collect();
@@ -355,6 +358,50 @@ fn huge_state(n: usize) -> (String, String) {
         format!(r#"{{"envs": [{}]}}"#, envs.join(",")),
         format!(r#"{{"devices": [{}]}}"#, devices.join(",")),
     )
+}
+
+/// One 8-GPU host of `state` (genv's two files), 24 jobs of bob's, some
+/// in his environments, and his shell (pid 10), as the agent reads it.
+fn huge_raw(
+    (envs, devices): (String, String),
+) -> genv_enforce::snapshot::assemble::RawHost<'static> {
+    let mut apps = String::new();
+    let mut gpus = String::new();
+    for g in 0..8 {
+        gpus.push_str(&format!("GPU-{g}, {g}, 81559\n"));
+    }
+    let mut procs = std::collections::BTreeMap::new();
+    for p in 0..24u32 {
+        apps.push_str(&format!("GPU-{}, {}, 1000\n", p % 8, 100 + p));
+        procs.insert(
+            100 + p,
+            genv_enforce::snapshot::assemble::RawProc::Seen {
+                start_time: 1,
+                uid: Some(1002),
+                environ: genv_enforce::snapshot::assemble::Environ::Var(
+                    format!("x{p}").into_bytes().into(),
+                ),
+            },
+        );
+    }
+    procs.insert(
+        10,
+        genv_enforce::snapshot::assemble::RawProc::Seen {
+            start_time: 1,
+            uid: Some(1002),
+            environ: genv_enforce::snapshot::assemble::Environ::NotRead,
+        },
+    );
+    genv_enforce::snapshot::assemble::RawHost {
+        groups: Default::default(),
+        gpus: gpus.into(),
+        apps: apps.into(),
+        envs: Some(envs.into_bytes().into()),
+        devices: Some(devices.into_bytes().into()),
+        procs,
+        user_names: [(1002, "bob".into())].into_iter().collect(),
+        ..Default::default()
+    }
 }
 
 fn benches(c: &mut Criterion) {
@@ -391,44 +438,7 @@ fn benches(c: &mut Criterion) {
 
     // One host, 100,000 environments and attachments of bob's (over any
     // cap), and 24 jobs, some in his environments.
-    let (envs, devices) = huge_state(100_000);
-    let mut apps = String::new();
-    let mut gpus = String::new();
-    for g in 0..8 {
-        gpus.push_str(&format!("GPU-{g}, {g}, 81559\n"));
-    }
-    let mut procs = std::collections::BTreeMap::new();
-    for p in 0..24u32 {
-        apps.push_str(&format!("GPU-{}, {}, 1000\n", p % 8, 100 + p));
-        procs.insert(
-            100 + p,
-            genv_enforce::snapshot::assemble::RawProc::Seen {
-                start_time: 1,
-                uid: Some(1002),
-                environ: genv_enforce::snapshot::assemble::Environ::Var(
-                    format!("x{p}").into_bytes().into(),
-                ),
-            },
-        );
-    }
-    procs.insert(
-        10,
-        genv_enforce::snapshot::assemble::RawProc::Seen {
-            start_time: 1,
-            uid: Some(1002),
-            environ: genv_enforce::snapshot::assemble::Environ::NotRead,
-        },
-    );
-    let raw = genv_enforce::snapshot::assemble::RawHost {
-        groups: Default::default(),
-        gpus: gpus.into(),
-        apps: apps.into(),
-        envs: Some(envs.into_bytes().into()),
-        devices: Some(devices.into_bytes().into()),
-        procs,
-        user_names: [(1002, "bob".into())].into_iter().collect(),
-        ..Default::default()
-    };
+    let raw = huge_raw(huge_state(100_000, |_| "bob".into()));
     let host = HostId("gpu0".into());
     let snap = assemble(
         &raw,
@@ -474,6 +484,42 @@ fn benches(c: &mut Criterion) {
             .len()
         })
     });
+    group.finish();
+
+    // Forged records: each three in the name of a user of bob's making,
+    // over a cap of 2, for 3k to 90k records. Each such user is taken
+    // from once; the cost per record stays flat (no copy of what is
+    // taken per user: `take_sparing`).
+    let mut group = c.benchmark_group("one host, a made-up user per 3 forged records");
+    group.sample_size(10);
+    for n in [3_000usize, 30_000, 90_000] {
+        let raw = huge_raw(huge_state(n, |i| format!("u{}", i / 3)));
+        let snap = assemble(
+            &raw,
+            "bench",
+            &mut ParsedState::default(),
+            genv::DEFAULT_MAX_RECORDS,
+        )
+        .unwrap();
+        group.bench_function(format!("assess, {n} records"), |b| {
+            b.iter(|| {
+                let findings =
+                    rules::assess_host(&host, black_box(&snap), &capped, &Default::default());
+                let a = assess_found(
+                    1,
+                    Mode::Remote,
+                    false,
+                    &capped,
+                    vec![(host.clone(), Ok((snap.clone(), findings)))],
+                    Moment::none(),
+                );
+                // One per made-up user, and those of the records bob's
+                // jobs carry.
+                assert!(a.plan.hosts[0].1.detach.len() >= n / 3);
+                a.plan.hosts.len()
+            })
+        });
+    }
     group.finish();
 }
 
