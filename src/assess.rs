@@ -205,7 +205,22 @@ pub fn assess_planned(
         },
         _ => rules::Withheld::default(),
     };
-    let (violations, notices) = rules::merge_held(hosts, &snapshots, policy, moment, &mut held);
+    // The caps' picks a hold kept back, carried out now (never sharded:
+    // the other shards' parts were worked out without them).
+    let unusable: Vec<HostId> = (a.hosts.iter())
+        .filter(|h| h.error.is_some() || h.degraded.is_some())
+        .map(|h| h.host.clone())
+        .collect();
+    let mut release = |earlier: &[Violation], picks: &[Violation]| match ladder {
+        Some(l) if moment.shards.is_none() && l.after_hold() => {
+            let v: Vec<Violation> = earlier.iter().chain(picks).cloned().collect();
+            let plan = plan::whole(cluster, own.clone(), &v[owned..]).0;
+            l.released(&plan, &unusable, moment.now_ms)
+        }
+        _ => rules::Released::default(),
+    };
+    let (violations, notices) =
+        rules::merge_held(hosts, &snapshots, policy, moment, &mut held, &mut release);
     (a.plan, a.extended) = plan::whole(&a.cluster, own, &violations[owned..]);
     a.violations = violations;
     a.notices = notices;

@@ -327,6 +327,9 @@ pub struct Ladder {
     away: HashMap<Lineage, Key>,
     /// This cycle, what only the caps ask for waits ([`Ladder::hold_caps`]).
     caps_held: bool,
+    /// The last cycle held the caps or had a host unseen
+    /// ([`Ladder::after_hold`]).
+    after_hold: bool,
 }
 
 /// One action's progress as kept across restarts (`--state-db`): opaque
@@ -369,6 +372,7 @@ impl Ladder {
             tracks: HashMap::new(),
             away: HashMap::new(),
             caps_held: false,
+            after_hold: false,
         }
     }
 
@@ -613,6 +617,57 @@ impl Ladder {
             .filter(|(_, _, t)| t.seen + 1 >= cycles && t.deadline.is_some_and(|d| now >= d))
             .map(|(host, pid, _)| (host.clone(), pid))
             .collect()
+    }
+
+    /// Whether the last cycle held the caps' picks back or had a host
+    /// unseen: then [`Ladder::released`] may find what it kept.
+    pub fn after_hold(&self) -> bool {
+        self.after_hold
+    }
+
+    /// The caps' picks of `plan` that were due in the last cycle and not
+    /// carried out there (the caps' hold kept them back, or their host
+    /// was unseen or unusable), carried out at `now`: none while a pick
+    /// of the caps waits on a host of `unseen` (the hosts unusable this
+    /// cycle), as the hold goes on. The caps work them out first, as done
+    /// in the cycle they came due, then what they still need
+    /// ([`crate::rules::Released`]).
+    pub fn released(&self, plan: &Plan, unseen: &[HostId], now: u64) -> crate::rules::Released {
+        let mut released = crate::rules::Released::default();
+        if self.immediate() || !self.after_hold || self.unseen_picks(unseen).next().is_some() {
+            return released;
+        }
+        let present: HashSet<Key> = (plan.hosts.iter())
+            .flat_map(|(host, p)| keyed(host, p).map(|(k, _)| k))
+            .collect();
+        for (host, p) in &plan.hosts {
+            for (key, what) in keyed(host, p) {
+                if !what.rules().iter().any(|r| CAPS.contains(*r)) {
+                    continue;
+                }
+                let Some((_, t)) = self.track_of(&key, &what, &present) else {
+                    continue;
+                };
+                if t.acted || t.absent.is_some() || t.last >= now {
+                    continue;
+                }
+                // Due as it stands now, and already when last looked at.
+                let s = self.standing(&key, &what, now, &present);
+                let was_due = s.seen > self.grace.cycles && s.deadline.is_some_and(|d| d <= t.last);
+                if !was_due || self.exempt(host, &what, now).is_some() {
+                    continue;
+                }
+                match what {
+                    What::Terminate(t) => {
+                        released.terminations.insert((host.clone(), t.pid));
+                    }
+                    What::Detach(d) => {
+                        released.detaches.insert((host.clone(), d.device, d.eid));
+                    }
+                }
+            }
+        }
+        released
     }
 
     fn unseen_tracks<'a>(
@@ -942,6 +997,7 @@ impl Ladder {
         self.tracks = tracks;
         self.index_away();
         // Held for this cycle's split and advance only.
+        self.after_hold = self.caps_held || !unanswered.is_empty();
         self.caps_held = false;
         events.sort_by_cached_key(|e| {
             // Terminations before detaches, as in a plan.
@@ -1688,6 +1744,77 @@ mod tests {
         assert_eq!(run(true), [vec![7, 8], vec![6, 7, 8]]);
         // Not held: the user's own cap (no grace) brings it forward.
         assert_eq!(run(false), [vec![6, 7, 8], vec![6, 7, 8]]);
+    }
+
+    /// What a hold kept back, and what came due on a host unseen, is
+    /// released in the cycle after: due then, due now, not carried out. A
+    /// pick that comes due only now, one of another rule, one carried out
+    /// and an exempt one are not; nothing is while the hold goes on.
+    #[test]
+    fn the_cycle_after_a_hold_releases_what_was_due_in_it() {
+        let grace = Grace {
+            exempt: vec![Exemption {
+                user: Some("carol".into()),
+                reason: "a deadline".into(),
+                ..Default::default()
+            }],
+            after: Duration::from_millis(10),
+            ..cycles(1)
+        };
+        let mut l = Ladder::new(grace);
+        let (h1, h2) = (HostId("h1".into()), HostId("h2".into()));
+        let cap: Rules = Rule::MaxDevicesPerUser.into();
+        // 1 (h1) and 2 (h2): the cap's, due in the second cycle; 3:
+        // env-devices'; 4: the cap's, asked for only from the third.
+        let whole = |with_4: bool| {
+            let mut on_h2 = vec![(2, cap), (3, Rule::EnvDevices.into())];
+            if with_4 {
+                on_h2.push((4, cap));
+            }
+            Plan {
+                hosts: vec![asked(&h1, &[(1, cap)]), asked(&h2, &on_h2)],
+            }
+        };
+        let released = |l: &Ladder, p: &Plan, unseen: &[HostId], now| {
+            let r = l.released(p, unseen, now);
+            let mut pids: Vec<u32> = r.terminations.iter().map(|(_, p)| p.0).collect();
+            pids.sort_unstable();
+            pids
+        };
+        l.hold_caps(&[], false);
+        assert!(
+            released(&l, &whole(false), &[], 0).is_empty(),
+            "nothing before"
+        );
+        // h1 unseen: 2 is held back, 1 waits unseen.
+        let h2_only = Plan {
+            hosts: vec![whole(false).hosts[1].clone()],
+        };
+        l.advance(&whole(false), 0, &[]);
+        l.hold_caps(std::slice::from_ref(&h1), false);
+        assert_eq!(due_at(&l, &h2_only, 10), vec![3]);
+        l.advance(&h2_only, 10, std::slice::from_ref(&h1));
+        assert!(l.after_hold());
+        // Still unseen: the hold goes on.
+        assert!(released(&l, &whole(true), std::slice::from_ref(&h1), 20).is_empty());
+        // Seen: 1 and 2 released, not 3 (not a cap's), not 4 (new).
+        assert_eq!(released(&l, &whole(true), &[], 20), vec![1, 2]);
+        // Carried out: released no more.
+        l.hold_caps(&[], false);
+        l.advance(&whole(true), 20, &[]);
+        assert!(!l.after_hold());
+        assert!(released(&l, &whole(true), &[], 30).is_empty());
+        // Exempt: never released.
+        let mut l = Ladder::new(l.grace.clone());
+        let mut carols = asked(&h1, &[(5, cap)]);
+        carols.1.terminate[0].user = Some("carol".into());
+        let carols = Plan {
+            hosts: vec![carols],
+        };
+        l.advance(&carols, 0, &[]);
+        l.advance(&Plan::default(), 10, std::slice::from_ref(&h1));
+        assert!(l.after_hold());
+        assert!(released(&l, &carols, &[], 20).is_empty());
     }
 
     #[test]

@@ -1846,3 +1846,176 @@ fn a_wait_due_on_an_unseen_host_ends_for_the_groups_order_in_that_cycle() {
         .collect();
     assert_eq!(ended, [], "her h1 job is not taken for h0's share");
 }
+
+/// Seed 101 (stop 57's open case): bob garbles h1 for the cycle the
+/// group's picks there come due, so the hold keeps them a cycle. In the
+/// cycle it ends, alice's plain jobs on h1 (her last in the group's
+/// order, their grace out only now) were worked out beside the held picks,
+/// as if those had not been carried out the cycle before, and terminated.
+/// Alone, the held picks were carried out in their cycle, and the group,
+/// less over, no longer needed hers. Now the released picks are worked out
+/// first, as done, then what the group still needs.
+#[test]
+fn the_picks_a_hold_releases_are_worked_out_before_any_that_came_due_since() {
+    let honest = [
+        HonestHost {
+            alice: vec![AliceEnv {
+                devices: [0, 2].into_iter().collect(),
+                gpu_memory: None,
+                jobs: vec![(vec![0, 2], Some(246))],
+            }],
+            orphans: vec![0, 1],
+            plain: vec![2],
+            bob: vec![BobEnv {
+                devices: [0].into_iter().collect(),
+                jobs: vec![(vec![2, 2], None)],
+            }],
+            ..bare(3)
+        },
+        HonestHost {
+            alice: vec![AliceEnv {
+                devices: [2].into_iter().collect(),
+                gpu_memory: Some(2862),
+                jobs: vec![],
+            }],
+            orphans: vec![1],
+            plain: vec![1, 1],
+            bob: vec![BobEnv {
+                devices: [1, 2].into_iter().collect(),
+                jobs: vec![],
+            }],
+            elsewhere: vec![(1, 2)],
+            ..bare(3)
+        },
+    ];
+    let setup = Setup {
+        policy: Policy {
+            non_env_processes: true,
+            env_devices: false,
+            env_memory: true,
+            max_devices_for_user: [("bob".to_string(), 0)].into_iter().collect(),
+            max_devices_per_group: [("lab".to_string(), 1)].into_iter().collect(),
+            orphans_as_non_env: true,
+            count_non_env_devices: true,
+            ..Policy::default()
+        },
+        grace: Grace {
+            exempt: vec![Exemption {
+                user: Some("bob".into()),
+                reason: "a deadline".into(),
+                ..Default::default()
+            }],
+            ..graced(
+                2,
+                2,
+                &[
+                    (
+                        Rule::NonEnvProcesses,
+                        RuleGrace {
+                            warn_only: true,
+                            after: None,
+                        },
+                    ),
+                    (
+                        Rule::OrphanedEnvProcesses,
+                        RuleGrace {
+                            warn_only: false,
+                            after: Some(Duration::ZERO),
+                        },
+                    ),
+                ],
+            )
+        },
+        sharded: false,
+    };
+    // One garble of h1, in the cycle before the group's picks there come
+    // due (held a cycle), and nothing else.
+    let mut moves = vec![Vec::new(); 9];
+    moves[1].push(Move::Garble { host: 1 });
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}
+
+/// Seed 7, found with the first try at the release: bob garbles h0 in
+/// the cycle alice's own cap's picks come due (her jobs on h0 and h1).
+/// Those on h1 are held, those on h0 go unseen (the cap sees none of h0's
+/// jobs; the non-env rule, which needs no genv state, still judges her
+/// plain job there, so its wait is seen as the warning's alone). In the
+/// cycle after, all of them were due in the cycle before, so all are
+/// released and worked out first; releasing only those held had her own
+/// cap, worked out again without the h0 ones, take her job on h1's GPU 2.
+#[test]
+fn what_came_due_on_an_unseen_host_is_released_with_what_the_hold_kept() {
+    let honest = [
+        HonestHost {
+            orphans: vec![1, 0],
+            plain: vec![0],
+            bob: vec![
+                BobEnv {
+                    devices: [1].into_iter().collect(),
+                    jobs: vec![(vec![1], Some(1128)), (vec![0, 0], None)],
+                },
+                BobEnv {
+                    devices: [1].into_iter().collect(),
+                    jobs: vec![],
+                },
+            ],
+            ..bare(2)
+        },
+        HonestHost {
+            alice: vec![
+                AliceEnv {
+                    devices: [1, 2].into_iter().collect(),
+                    gpu_memory: None,
+                    jobs: vec![(vec![1, 2], Some(78)), (vec![1], None)],
+                },
+                AliceEnv {
+                    devices: [1].into_iter().collect(),
+                    gpu_memory: None,
+                    jobs: vec![(vec![1], None), (vec![1], Some(280))],
+                },
+            ],
+            orphans: vec![0, 2],
+            bob: vec![BobEnv {
+                devices: [1, 2].into_iter().collect(),
+                jobs: vec![(vec![2], None), (vec![0, 2], None)],
+            }],
+            ..bare(3)
+        },
+    ];
+    let setup = Setup {
+        policy: Policy {
+            non_env_processes: true,
+            env_devices: false,
+            env_memory: true,
+            max_devices_per_user: Some(2),
+            max_devices_for_user: [("bob".to_string(), 1)].into_iter().collect(),
+            max_memory_for_user: [("bob".to_string(), 611319808)].into_iter().collect(),
+            max_devices_per_group: [("lab".to_string(), 4)].into_iter().collect(),
+            count_non_env_devices: true,
+            ..Policy::default()
+        },
+        grace: Grace {
+            exempt: vec![Exemption {
+                user: Some("bob".into()),
+                reason: "a deadline".into(),
+                ..Default::default()
+            }],
+            ..graced(
+                1,
+                2,
+                &[(
+                    Rule::NonEnvProcesses,
+                    RuleGrace {
+                        warn_only: true,
+                        after: None,
+                    },
+                )],
+            )
+        },
+        sharded: false,
+    };
+    // One garble of h0, in the cycle alice's own cap's picks come due.
+    let mut moves = vec![Vec::new(); 7];
+    moves[1].push(Move::Garble { host: 0 });
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}

@@ -520,8 +520,34 @@ pub fn evaluate_caps(
     policy: &Policy,
     earlier: &[Violation],
     shards: Option<shards::Shards>,
+    (held, release): (&Withheld, &mut Release),
+    blind: &[HostId],
+) -> (Vec<Violation>, Vec<Notice>) {
+    let (picks, notices) = caps_once(hosts, policy, earlier, shards, held, blind, false);
+    let released = release(earlier, &picks);
+    if released.is_empty() {
+        return (picks, notices);
+    }
+    // The picks a hold kept back, as done in the cycle they came due;
+    // then what the caps still need, in this cycle's order.
+    let first: Vec<Violation> = picks.iter().filter_map(|v| released.of(v)).collect();
+    if first.is_empty() {
+        return (picks, notices);
+    }
+    let before: Vec<Violation> = earlier.iter().chain(&first).cloned().collect();
+    let (then, notices) = caps_once(hosts, policy, &before, shards, held, blind, true);
+    (first.into_iter().chain(then).collect(), notices)
+}
+
+/// [`evaluate_caps`] once, in the order a hold keeps unless `unheld`.
+fn caps_once(
+    hosts: &[(&HostId, &HostFindings)],
+    policy: &Policy,
+    earlier: &[Violation],
+    shards: Option<shards::Shards>,
     held: &Withheld,
     blind: &[HostId],
+    unheld: bool,
 ) -> (Vec<Violation>, Vec<Notice>) {
     // Blind: ours, and the other shards' hosts their parts say are.
     let theirs = shards
@@ -532,6 +558,7 @@ pub fn evaluate_caps(
         .collect();
     let fresh = || taking::Taken {
         blind: blind.clone(),
+        unheld,
         ..taking::Taken::of(earlier, held)
     };
     let mut taken = fresh();
@@ -642,6 +669,48 @@ impl Withheld {
     }
 }
 
+/// Of the violations so far and the caps' picks, the picks released
+/// ([`Released`]).
+pub type Release<'a> = dyn FnMut(&[Violation], &[Violation]) -> Released + 'a;
+
+/// The caps' picks a hold kept back that this cycle carries out
+/// ([`crate::ladder::Ladder::released`]): worked out first, as if done in
+/// the cycle they came due (where, alone, they would have been), so that a
+/// pick coming due only now is kept only if the caps still need it once
+/// those are done. Without it, bob's one garble had the caps take, in the
+/// cycle the hold ends, what alone they no longer needed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Released {
+    pub terminations: HashSet<(HostId, Pid)>,
+    pub detaches: HashSet<(HostId, GpuIndex, EnvId)>,
+}
+
+impl Released {
+    pub fn is_empty(&self) -> bool {
+        self.terminations.is_empty() && self.detaches.is_empty()
+    }
+
+    /// `v` with only its released actions, if it has any.
+    fn of(&self, v: &Violation) -> Option<Violation> {
+        let actions: smallvec::SmallVec<[Action; 1]> = (v.actions.iter())
+            .filter(|a| match a {
+                Action::Terminate { host, pid } => {
+                    self.terminations.contains(&(host.clone(), *pid))
+                }
+                Action::Detach {
+                    host, device, eids, ..
+                } => (eids.iter())
+                    .all(|e| self.detaches.contains(&(host.clone(), *device, e.clone()))),
+            })
+            .cloned()
+            .collect();
+        (!actions.is_empty()).then(|| Violation {
+            actions,
+            ..v.clone()
+        })
+    }
+}
+
 /// What the rules that look past this cycle's snapshots need: the idle
 /// windows (tracked through this cycle) and the time.
 #[derive(Debug, Clone, Copy)]
@@ -680,22 +749,26 @@ pub fn merge(
     policy: &Policy,
     moment: Moment,
 ) -> (Vec<Violation>, Vec<Notice>) {
-    merge_held(hosts, snapshots, policy, moment, &mut |_| {
-        Withheld::default()
-    })
+    let (mut held, mut release) = (
+        |_: &[Violation]| Withheld::default(),
+        |_: &[Violation], _: &[Violation]| Released::default(),
+    );
+    merge_held(hosts, snapshots, policy, moment, &mut held, &mut release)
 }
 
 /// [`merge`], where only what is carried out this cycle frees room under
 /// the caps: `held` says, of every violation so far, which actions wait
 /// (the ladder's say over their plan), and the caps are worked out again
 /// until what waits is what they were worked out with (a few passes at
-/// most: each adds to what waits).
+/// most: each adds to what waits). `release`: of the caps' picks, those a
+/// hold kept back, carried out now ([`evaluate_caps`]).
 pub fn merge_held(
     hosts: Vec<(&HostId, HostFindings)>,
     snapshots: &[&HostSnapshot],
     policy: &Policy,
     moment: Moment,
     held: &mut dyn FnMut(&[Violation]) -> Withheld,
+    release: &mut Release,
 ) -> (Vec<Violation>, Vec<Notice>) {
     let mut hosts = hosts;
     let mut by_rule: [Vec<Violation>; 3] = Default::default();
@@ -731,7 +804,7 @@ pub fn merge_held(
             policy,
             &violations,
             moment.shards,
-            &waits,
+            (&waits, &mut *release),
             moment.blind,
         );
         violations.extend(caps);

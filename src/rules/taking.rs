@@ -160,6 +160,10 @@ pub struct Taken {
     /// ([`super::Withheld::unseen_due`]): not freed, but ended for the
     /// order ([`Taken::since`]), as a healthy cycle would end them.
     pub unseen_ending: HashSet<(HostId, Pid)>,
+    /// The order as this cycle's snapshot gives it, without a hold's
+    /// ([`HeldDevice::held_since`]): the caps worked out again once the
+    /// picks a hold kept back are taken ([`super::Released`]).
+    pub unheld: bool,
 }
 
 /// Cycles in a row a host's genv state is unusable before its unseen jobs
@@ -328,7 +332,7 @@ impl Taken {
                 .map(|(_, t)| *t)
                 .min()
         };
-        match (first, d.held_since) {
+        match (first, d.held_since.filter(|_| !self.unheld)) {
             (Some(now), Some(then)) => Some(now.min(then)),
             (first, _) => first,
         }
