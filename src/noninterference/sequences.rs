@@ -2019,3 +2019,71 @@ fn what_came_due_on_an_unseen_host_is_released_with_what_the_hold_kept() {
     moves[1].push(Move::Garble { host: 0 });
     bob_takes_nothing_of_alices(&honest, &setup, &moves);
 }
+
+/// The case a review of stop 57 built by hand, rebuilt: under a group
+/// cap (so alice's own cap takes her working devices the most recent
+/// first), her own cap's pick is her environment's job on h1, whose
+/// grace ends in the cycle her orphan's does. Alone, the orphan's end
+/// makes h0's device (her plain job left there) her most recent, the pick
+/// moves onto it and waits anew. bob garbles h1 as the group's pick of
+/// his device comes due: the hold keeps that cycle's order, and in the
+/// next her h1 job, due then, stayed her most recent and was terminated.
+/// Now the pick due only in that cycle is worked out in its order.
+#[test]
+fn a_pick_due_only_after_a_hold_is_worked_out_in_that_cycles_order() {
+    let honest = [
+        HonestHost {
+            orphans: vec![0],
+            plain: vec![1, 1, 0],
+            ..bare(2)
+        },
+        HonestHost {
+            alice: vec![
+                AliceEnv {
+                    devices: BTreeSet::new(),
+                    gpu_memory: None,
+                    jobs: vec![],
+                },
+                AliceEnv {
+                    devices: [0].into_iter().collect(),
+                    gpu_memory: None,
+                    jobs: vec![(vec![0], None)],
+                },
+            ],
+            bob: vec![BobEnv {
+                devices: [1].into_iter().collect(),
+                jobs: vec![(vec![1], None)],
+            }],
+            ..bare(2)
+        },
+    ];
+    let setup = Setup {
+        policy: Policy {
+            non_env_processes: true,
+            max_devices_per_user: Some(2),
+            max_devices_per_group: [("lab".to_string(), 2)].into_iter().collect(),
+            orphans_as_non_env: true,
+            count_non_env_devices: true,
+            ..Policy::default()
+        },
+        grace: graced(
+            1,
+            2,
+            &[
+                (
+                    Rule::NonEnvProcesses,
+                    RuleGrace {
+                        warn_only: true,
+                        after: None,
+                    },
+                ),
+                (Rule::OrphanedEnvProcesses, acts_after(2)),
+                (Rule::MaxDevicesPerGroup, acts_after(1)),
+            ],
+        ),
+        sharded: false,
+    };
+    let mut moves = vec![Vec::new(); 6];
+    moves[0].push(Move::Garble { host: 1 });
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}
