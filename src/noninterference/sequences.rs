@@ -1678,48 +1678,26 @@ fn bob_in_alices_group(
     (honest, setup)
 }
 
-/// Seed 101 of the sequence property: bob garbles h0 in the cycle her
-/// orphan there (her oldest job on h0's device 0) comes due, then h1 in
-/// the next. Alone, the orphan ended in that cycle, so her newer job on
-/// that device stood first in the group's order and was taken there;
-/// with him, the orphan's wait was kept through the garble, and the
-/// order the hold kept had the device held since the orphan started, so
-/// the group took her plain jobs on h1 in its place. A wait due on an
-/// unseen host ends for the order, as a healthy cycle would end it.
-#[test]
-fn a_garble_that_keeps_a_due_wait_a_cycle_moves_no_members_device_back() {
-    let honest = [
-        HonestHost {
-            alice: vec![AliceEnv {
-                devices: [1, 2].into_iter().collect(),
-                gpu_memory: Some(2367),
-                jobs: vec![],
-            }],
-            orphans: vec![0, 1],
-            plain: vec![2],
-            bob: vec![BobEnv {
-                devices: [0].into_iter().collect(),
-                jobs: vec![(vec![2, 2], None)],
-            }],
-            elsewhere: vec![(0, 0)],
-            ..bare(3)
-        },
-        HonestHost {
-            alice: vec![AliceEnv {
-                devices: [2].into_iter().collect(),
-                gpu_memory: Some(2862),
-                jobs: vec![],
-            }],
-            orphans: vec![1],
-            plain: vec![1, 1],
-            bob: vec![BobEnv {
-                devices: [1, 2].into_iter().collect(),
-                jobs: vec![],
-            }],
-            elsewhere: vec![(1, 2)],
-            ..bare(3)
-        },
-    ];
+/// Seed 101's h1 (alice's plain jobs there, her environment's job on a
+/// GPU it is not attached to, an orphan) and its settings: a group cap of
+/// 1, bob's own cap of 0 (he is exempt), a grace of 2 cycles and 2
+/// intervals, orphans acting at once, non-env processes warned of only.
+fn seed_101() -> (HonestHost, Setup) {
+    let h1 = HonestHost {
+        alice: vec![AliceEnv {
+            devices: [2].into_iter().collect(),
+            gpu_memory: Some(2862),
+            jobs: vec![],
+        }],
+        orphans: vec![1],
+        plain: vec![1, 1],
+        bob: vec![BobEnv {
+            devices: [1, 2].into_iter().collect(),
+            jobs: vec![],
+        }],
+        elsewhere: vec![(1, 2)],
+        ..bare(3)
+    };
     let setup = Setup {
         policy: Policy {
             non_env_processes: true,
@@ -1760,6 +1738,38 @@ fn a_garble_that_keeps_a_due_wait_a_cycle_moves_no_members_device_back() {
         },
         sharded: false,
     };
+    (h1, setup)
+}
+
+/// Seed 101 of the sequence property: bob garbles h0 in the cycle her
+/// orphan there (her oldest job on h0's device 0) comes due, then h1 in
+/// the next. Alone, the orphan ended in that cycle, so her newer job on
+/// that device stood first in the group's order and was taken there;
+/// with him, the orphan's wait was kept through the garble, and the
+/// order the hold kept had the device held since the orphan started, so
+/// the group took her plain jobs on h1 in its place. A wait due on an
+/// unseen host ends for the order, as a healthy cycle would end it.
+#[test]
+fn a_garble_that_keeps_a_due_wait_a_cycle_moves_no_members_device_back() {
+    let (h1, setup) = seed_101();
+    let honest = [
+        HonestHost {
+            alice: vec![AliceEnv {
+                devices: [1, 2].into_iter().collect(),
+                gpu_memory: Some(2367),
+                jobs: vec![],
+            }],
+            orphans: vec![0, 1],
+            plain: vec![2],
+            bob: vec![BobEnv {
+                devices: [0].into_iter().collect(),
+                jobs: vec![(vec![2, 2], None)],
+            }],
+            elsewhere: vec![(0, 0)],
+            ..bare(3)
+        },
+        h1,
+    ];
     let v = std::env::var("VARIANT").unwrap_or_default();
     let mut moves = vec![Vec::new(); 8];
     if !v.contains('a') {
@@ -1857,6 +1867,7 @@ fn a_wait_due_on_an_unseen_host_ends_for_the_groups_order_in_that_cycle() {
 /// first, as done, then what the group still needs.
 #[test]
 fn the_picks_a_hold_releases_are_worked_out_before_any_that_came_due_since() {
+    let (h1, setup) = seed_101();
     let honest = [
         HonestHost {
             alice: vec![AliceEnv {
@@ -1872,62 +1883,8 @@ fn the_picks_a_hold_releases_are_worked_out_before_any_that_came_due_since() {
             }],
             ..bare(3)
         },
-        HonestHost {
-            alice: vec![AliceEnv {
-                devices: [2].into_iter().collect(),
-                gpu_memory: Some(2862),
-                jobs: vec![],
-            }],
-            orphans: vec![1],
-            plain: vec![1, 1],
-            bob: vec![BobEnv {
-                devices: [1, 2].into_iter().collect(),
-                jobs: vec![],
-            }],
-            elsewhere: vec![(1, 2)],
-            ..bare(3)
-        },
+        h1,
     ];
-    let setup = Setup {
-        policy: Policy {
-            non_env_processes: true,
-            env_devices: false,
-            env_memory: true,
-            max_devices_for_user: [("bob".to_string(), 0)].into_iter().collect(),
-            max_devices_per_group: [("lab".to_string(), 1)].into_iter().collect(),
-            orphans_as_non_env: true,
-            count_non_env_devices: true,
-            ..Policy::default()
-        },
-        grace: Grace {
-            exempt: vec![Exemption {
-                user: Some("bob".into()),
-                reason: "a deadline".into(),
-                ..Default::default()
-            }],
-            ..graced(
-                2,
-                2,
-                &[
-                    (
-                        Rule::NonEnvProcesses,
-                        RuleGrace {
-                            warn_only: true,
-                            after: None,
-                        },
-                    ),
-                    (
-                        Rule::OrphanedEnvProcesses,
-                        RuleGrace {
-                            warn_only: false,
-                            after: Some(Duration::ZERO),
-                        },
-                    ),
-                ],
-            )
-        },
-        sharded: false,
-    };
     // One garble of h1, in the cycle before the group's picks there come
     // due (held a cycle), and nothing else.
     let mut moves = vec![Vec::new(); 9];
