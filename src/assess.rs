@@ -13,6 +13,15 @@ use crate::model::{Cluster, HostFailure, HostId, HostSnapshot, Mode, Pid};
 use crate::plan::{self, HostPlan, Plan};
 use crate::rules::{self, HostFindings, IdleHistory, Moment, Notice, Policy, Violation};
 
+/// The hosts that did not answer this cycle, or whose genv state could
+/// not be used: as good as unanswered for what needs that state.
+pub fn unusable(hosts: &[HostStatus]) -> Vec<HostId> {
+    (hosts.iter())
+        .filter(|h| h.error.is_some() || h.degraded.is_some())
+        .map(|h| h.host.clone())
+        .collect()
+}
+
 /// How one host fared this cycle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HostStatus {
@@ -207,10 +216,7 @@ pub fn assess_planned(
     };
     // The caps' picks a hold kept back, carried out now (never sharded:
     // the other shards' parts were worked out without them).
-    let unusable: Vec<HostId> = (a.hosts.iter())
-        .filter(|h| h.error.is_some() || h.degraded.is_some())
-        .map(|h| h.host.clone())
-        .collect();
+    let unusable = unusable(&a.hosts);
     let mut release = |earlier: &[Violation], picks: &[Violation]| match ladder {
         Some(l) if moment.shards.is_none() && l.after_hold() => {
             let v: Vec<Violation> = earlier.iter().chain(picks).cloned().collect();

@@ -397,12 +397,7 @@ pub(crate) fn laddered(
 ) -> (Events, Hold) {
     // A host whose genv state cannot be used this cycle is as good as
     // unanswered for the waits that need it: none of them moves.
-    let unanswered: Vec<HostId> = a
-        .hosts
-        .iter()
-        .filter(|h| h.error.is_some() || h.degraded.is_some())
-        .map(|h| h.host.clone())
-        .collect();
+    let unanswered = assess::unusable(&a.hosts);
     let whole = std::mem::take(&mut a.plan);
     let unseen: &[HostId] = if abort { &[] } else { &unanswered };
     let hold = Hold {
