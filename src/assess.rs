@@ -214,8 +214,9 @@ pub fn assess_planned(
         },
         _ => rules::Withheld::default(),
     };
-    // The caps' picks a hold kept back, carried out now (never sharded:
-    // the other shards' parts were worked out without them).
+    // The caps' picks a hold kept back, carried out now. Never sharded:
+    // a shard knows only its own, and would work the other shards' picks
+    // out anew, apart from how they do.
     let unusable = unusable(&a.hosts);
     let mut release = |earlier: &[Violation], picks: &[Violation]| match ladder {
         Some(l) if moment.shards.is_none() && l.after_hold() => {
