@@ -1795,15 +1795,21 @@ mod tests {
         assert_eq!(due_at(&l, &h2_only, 10), vec![3]);
         l.advance(&h2_only, 10, std::slice::from_ref(&h1));
         assert!(l.after_hold());
+        // Within the cycle that held it, nothing is released yet.
+        assert!(released(&l, &whole(false), &[], 10).is_empty());
         // Still unseen: the hold goes on.
         assert!(released(&l, &whole(true), std::slice::from_ref(&h1), 20).is_empty());
         // Seen: 1 and 2 released, not 3 (not a cap's), not 4 (new).
         assert_eq!(released(&l, &whole(true), &[], 20), vec![1, 2]);
-        // Carried out: released no more.
-        l.hold_caps(&[], false);
-        l.advance(&whole(true), 20, &[]);
-        assert!(!l.after_hold());
+        // Carried out (a third host unseen, so the cycle after is looked
+        // at): released no more, though the jobs run on.
+        let h3 = HostId("h3".into());
+        l.hold_caps(std::slice::from_ref(&h3), false);
+        l.advance(&whole(true), 20, std::slice::from_ref(&h3));
+        assert!(l.after_hold());
         assert!(released(&l, &whole(true), &[], 30).is_empty());
+        l.advance(&whole(true), 30, &[]);
+        assert!(!l.after_hold());
         // Exempt: never released.
         let mut l = Ladder::new(l.grace.clone());
         let mut carols = asked(&h1, &[(5, cap)]);
@@ -1815,6 +1821,15 @@ mod tests {
         l.advance(&Plan::default(), 10, std::slice::from_ref(&h1));
         assert!(l.after_hold());
         assert!(released(&l, &carols, &[], 20).is_empty());
+        // Due only now, its confirmations counted out this cycle: not
+        // released (it was not due in the last).
+        let mut l = Ladder::new(cycles(2));
+        let one = Plan {
+            hosts: vec![asked(&h2, &[(6, cap)])],
+        };
+        l.advance(&one, 0, std::slice::from_ref(&h3));
+        assert_eq!(due_at(&l, &one, 10), vec![6]);
+        assert!(released(&l, &one, &[], 10).is_empty());
     }
 
     #[test]
