@@ -525,9 +525,6 @@ pub fn evaluate_caps(
 ) -> (Vec<Violation>, Vec<Notice>) {
     let (picks, notices) = caps_once(hosts, policy, earlier, shards, held, blind, false);
     let released = release(earlier, &picks);
-    if released.is_empty() {
-        return (picks, notices);
-    }
     // The picks a hold kept back, as done in the cycle they came due;
     // then what the caps still need, in this cycle's order.
     let first: Vec<Violation> = picks.iter().filter_map(|v| released.of(v)).collect();
@@ -686,10 +683,6 @@ pub struct Released {
 }
 
 impl Released {
-    pub fn is_empty(&self) -> bool {
-        self.terminations.is_empty() && self.detaches.is_empty()
-    }
-
     /// `v` with only its released actions, if it has any.
     fn of(&self, v: &Violation) -> Option<Violation> {
         let actions: smallvec::SmallVec<[Action; 1]> = (v.actions.iter())
