@@ -888,6 +888,27 @@ mod tests {
         assert_eq!(taken.turn(&h, &kept), WORKING, "never terminated");
     }
 
+    /// A wait the ladder keeps for a job on a host unseen this cycle
+    /// ([`crate::rules::Withheld::unseen_waiting`]) frees its device soon
+    /// for the caps, as it would seen.
+    #[test]
+    fn a_wait_kept_unseen_frees_its_device_soon() {
+        let h = HostId("h".into());
+        let withheld = crate::rules::Withheld {
+            unseen_waiting: [(h.clone(), Pid(7))].into_iter().collect(),
+            ..Default::default()
+        };
+        let d = HeldDevice {
+            jobs: smallvec::smallvec![Pid(7)],
+            working: true,
+            stray: true,
+            unseen: true,
+            ..HeldDevice::new(GpuIndex(0))
+        };
+        assert_eq!(Taken::of(&[], &withheld).turn(&h, &d), SOON);
+        assert_eq!(Taken::default().turn(&h, &d), WORKING);
+    }
+
     /// An unseen device's share is borne, never counted as freed: nothing
     /// is carried out there, whatever it holds.
     #[test]
