@@ -514,7 +514,9 @@ pub fn assess_host(
 /// ones before (and `earlier`, the other rules' violations) already take;
 /// violations and the notices of what cannot be taken.
 /// With `shards`, the per-user device caps count the other shards' hosts
-/// too, and only the actions on ours are kept.
+/// too, and only the actions on ours are kept. `release` names, of the
+/// picks, those a hold kept back that are carried out now ([`Released`]):
+/// they come first, and the caps are worked out again after them.
 pub fn evaluate_caps(
     hosts: &[(&HostId, &HostFindings)],
     policy: &Policy,
