@@ -340,6 +340,13 @@ pub struct Saved {
     track: Track,
 }
 
+/// The keys of every action of `plan`.
+fn present(plan: &Plan) -> HashSet<Key> {
+    (plan.hosts.iter())
+        .flat_map(|(host, p)| keyed(host, p).map(|(k, _)| k))
+        .collect()
+}
+
 /// A host plan's actions with what identifies each from cycle to cycle,
 /// in plan order (terminations, then detaches).
 fn keyed<'a>(host: &'a HostId, p: &'a HostPlan) -> impl Iterator<Item = (Key, What)> + 'a {
@@ -637,9 +644,7 @@ impl Ladder {
         if self.immediate() || !self.after_hold || self.unseen_picks(unseen).next().is_some() {
             return released;
         }
-        let present: HashSet<Key> = (plan.hosts.iter())
-            .flat_map(|(host, p)| keyed(host, p).map(|(k, _)| k))
-            .collect();
+        let present = present(plan);
         for (host, p) in &plan.hosts {
             for (key, what) in keyed(host, p) {
                 if !what.rules().iter().any(|r| CAPS.contains(*r)) {
@@ -894,9 +899,7 @@ impl Ladder {
         let mut tracks = HashMap::with_capacity(self.tracks.len());
         // The waits that a restarted job takes up.
         let mut taken_up = HashSet::new();
-        let present: HashSet<Key> = (plan.hosts.iter())
-            .flat_map(|(host, p)| keyed(host, p).map(|(k, _)| k))
-            .collect();
+        let present = present(plan);
         for (host, p) in &plan.hosts {
             for (key, what) in keyed(host, p) {
                 if let Some((old, _)) = self.track_of(&key, &what, &present) {

@@ -1700,14 +1700,10 @@ fn seed_101() -> (HonestHost, Setup) {
     };
     let setup = Setup {
         policy: Policy {
-            non_env_processes: true,
             env_devices: false,
             env_memory: true,
             max_devices_for_user: [("bob".to_string(), 0)].into_iter().collect(),
-            max_devices_per_group: [("lab".to_string(), 1)].into_iter().collect(),
-            orphans_as_non_env: true,
-            count_non_env_devices: true,
-            ..Policy::default()
+            ..lab_of_one()
         },
         grace: Grace {
             exempt: vec![Exemption {
@@ -1715,26 +1711,7 @@ fn seed_101() -> (HonestHost, Setup) {
                 reason: "a deadline".into(),
                 ..Default::default()
             }],
-            ..graced(
-                2,
-                2,
-                &[
-                    (
-                        Rule::NonEnvProcesses,
-                        RuleGrace {
-                            warn_only: true,
-                            after: None,
-                        },
-                    ),
-                    (
-                        Rule::OrphanedEnvProcesses,
-                        RuleGrace {
-                            warn_only: false,
-                            after: Some(Duration::ZERO),
-                        },
-                    ),
-                ],
-            )
+            ..graced(2, 2, &orphans_wait_non_env_warns(0))
         },
         sharded: false,
     };
@@ -1995,18 +1972,7 @@ fn a_pick_due_only_after_a_hold_is_worked_out_in_that_cycles_order() {
             ..bare(2)
         },
         HonestHost {
-            alice: vec![
-                AliceEnv {
-                    devices: BTreeSet::new(),
-                    gpu_memory: None,
-                    jobs: vec![],
-                },
-                AliceEnv {
-                    devices: [0].into_iter().collect(),
-                    gpu_memory: None,
-                    jobs: vec![(vec![0], None)],
-                },
-            ],
+            alice: vec![alices(&[], &[]), alices(&[0], &[&[0]])],
             bob: vec![BobEnv {
                 devices: [1].into_iter().collect(),
                 jobs: vec![(vec![1], None)],
@@ -2016,27 +1982,18 @@ fn a_pick_due_only_after_a_hold_is_worked_out_in_that_cycles_order() {
     ];
     let setup = Setup {
         policy: Policy {
-            non_env_processes: true,
             max_devices_per_user: Some(2),
             max_devices_per_group: [("lab".to_string(), 2)].into_iter().collect(),
-            orphans_as_non_env: true,
-            count_non_env_devices: true,
-            ..Policy::default()
+            ..lab_of_one()
         },
         grace: graced(
             1,
             2,
             &[
-                (
-                    Rule::NonEnvProcesses,
-                    RuleGrace {
-                        warn_only: true,
-                        after: None,
-                    },
-                ),
-                (Rule::OrphanedEnvProcesses, acts_after(2)),
-                (Rule::MaxDevicesPerGroup, acts_after(1)),
-            ],
+                orphans_wait_non_env_warns(2).as_slice(),
+                &[(Rule::MaxDevicesPerGroup, acts_after(1))],
+            ]
+            .concat(),
         ),
         sharded: false,
     };
