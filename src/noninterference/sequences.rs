@@ -19,7 +19,9 @@
 //! It holds both ways:
 //!
 //! 1. nothing bob does makes any more of alice's processes terminated, or
-//!    any more of her attachments detached where a job of hers works, than
+//!    any more of her attachments detached where a job of hers works on
+//!    after that cycle's plan (one whose jobs the plan ends is idle from
+//!    then on: its loss is the documented limit on idle attachments), than
 //!    the same sequence without him (her own violations are hers either
 //!    way), nor any of them sooner. A working attachment of hers detached
 //!    with him must be one detached without him in that cycle or an
@@ -460,11 +462,15 @@ fn run(honest: &[HonestHost], moves: &[Vec<Move>], setup: &Setup) -> (Done, Opti
                         done.terminated.entry((h, pid)).or_insert(c);
                     }
                 }
+                // Working: a job of hers there runs on after this cycle's
+                // plan (one it terminates leaves the attachment idle; the
+                // termination itself is compared as such).
                 for d in &hp.detach {
                     let working = snap.processes.iter().any(|p| {
                         p.uid == Some(ALICE)
                             && p.owner.eid() == Some(&d.eid)
                             && p.usage_on(d.device).is_some()
+                            && !hp.terminate.iter().any(|t| t.pid == p.pid)
                     });
                     if w.is_alices(&d.eid) {
                         done.detached
@@ -833,9 +839,9 @@ fn a_garble_timed_to_a_caps_wait_on_either_shard_takes_nothing_else_or_sooner() 
         };
         let quiet = vec![Vec::new(); 7];
         let (alone, _) = run(&honest, &quiet, &setup);
-        let hosts: BTreeSet<usize> = alone.detached_working.keys().map(|k| k.0).collect();
+        let hosts: BTreeSet<usize> = alone.detached.keys().map(|k| k.0).collect();
         assert_eq!(
-            (alone.detached_working.len(), hosts.len()),
+            (alone.detached.len(), hosts.len()),
             (3, 2),
             "{grace:?}: her excess is taken on both shards without bob: {alone:?}"
         );
@@ -857,7 +863,7 @@ fn a_garble_timed_to_a_caps_wait_on_either_shard_takes_nothing_else_or_sooner() 
                 "{case}"
             );
             assert_eq!(
-                sooner(&with_bob.detached_working, &alone.detached),
+                sooner(&with_bob.detached, &alone.detached),
                 vec![],
                 "{case}"
             );
@@ -1999,5 +2005,65 @@ fn a_pick_due_only_after_a_hold_is_worked_out_in_that_cycles_order() {
     };
     let mut moves = vec![Vec::new(); 6];
     moves[0].push(Move::Garble { host: 1 });
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}
+
+/// Seed 151: in cycle 3 alice's own cap ends her job on h1 and detaches
+/// two of its devices; the one left is idle from then on, and the group
+/// (lab, 2) takes it before bob's, which his job keeps working till
+/// env-devices ends it a cycle later: idle attachments go first under a
+/// group cap, whoever's (a documented limit). The attachment counts as
+/// idle in that cycle: her job there ends in its plan.
+#[test]
+fn seed_151() {
+    let honest = [
+        HonestHost {
+            bob: vec![
+                BobEnv {
+                    devices: [0].into_iter().collect(),
+                    jobs: vec![(vec![0, 1], None)],
+                },
+                BobEnv {
+                    devices: [1].into_iter().collect(),
+                    jobs: vec![(vec![0, 0], Some(2929)), (vec![0], None)],
+                },
+            ],
+            ..bare(2)
+        },
+        HonestHost {
+            alice: vec![AliceEnv {
+                devices: [0, 1, 3].into_iter().collect(),
+                gpu_memory: None,
+                jobs: vec![(vec![0, 1], Some(61))],
+            }],
+            plain: vec![1],
+            elsewhere: vec![(0, 3), (0, 3)],
+            ..bare(4)
+        },
+    ];
+    // Seed 151 shrunk to bob's one move: a job of his (itself an
+    // env-devices violation) on two GPUs of h0.
+    let mut moves = vec![Vec::new(); 9];
+    moves[0].push(Move::Edit(Edit::Job {
+        host: 2,
+        eid: Eid::Bob(0),
+        gpus: vec![1, 0],
+        mib: None,
+    }));
+    let setup = Setup {
+        policy: Policy {
+            non_env_processes: false,
+            env_devices: true,
+            env_memory: false,
+            max_devices_per_user: Some(1),
+            max_devices_for_user: [("bob".to_string(), 2)].into_iter().collect(),
+            max_devices_per_group: [("lab".to_string(), 2)].into_iter().collect(),
+            orphans_as_non_env: true,
+            count_non_env_devices: false,
+            ..Policy::default()
+        },
+        grace: graced(1, 3, &[(Rule::OrphanedEnvProcesses, acts_after(0))]),
+        sharded: false,
+    };
     bob_takes_nothing_of_alices(&honest, &setup, &moves);
 }
