@@ -19,7 +19,7 @@ use crate::plan::{HostPlan, Plan, Termination};
 use crate::report::{CycleReport, Timing};
 use crate::rules::shards::{Published, Shards};
 use crate::rules::taking::BLIND_AFTER;
-use crate::rules::{HeldOrder, IdleHistory, Moment, Orphans, Policy, Starts};
+use crate::rules::{HeldOrder, IdleHistory, InLine, Moment, Orphans, Policy, Starts};
 
 /// What one cycle is told of the run (built by `config`).
 #[derive(Debug, Clone)]
@@ -56,6 +56,9 @@ pub struct Memory {
     pub orphans: HashMap<HostId, Orphans>,
     /// Each process's idle window (the idle rule).
     pub idle: IdleHistory,
+    /// Since when each job is in line on each device (the group caps'
+    /// order).
+    pub in_line: InLine,
     /// The group caps' order while their picks are held (and for the
     /// cycle that works them out again).
     pub held_order: Option<HeldOrder>,
@@ -102,6 +105,15 @@ pub async fn cycle(
         ..Timing::default()
     };
     let mut g = gather(rounds, &orphans, &mut timing, memory);
+    // Only a group cap orders by who came last: none, nothing to keep.
+    let grouped = !options.policy.max_devices_per_group.is_empty();
+    if grouped {
+        for (host, r) in &mut g.results {
+            if let Ok((snap, findings)) = r {
+                memory.in_line.update(host, snap, &mut findings.usage, now);
+            }
+        }
+    }
     if let Some(order) = &memory.held_order {
         for (host, r) in &mut g.results {
             if let Ok((_, findings)) = r {
@@ -109,8 +121,6 @@ pub async fn cycle(
             }
         }
     }
-    // Only a group cap orders by it: none, nothing to keep.
-    let grouped = !options.policy.max_devices_per_group.is_empty();
     let starts = if grouped {
         Starts::of((g.results.iter()).filter_map(|(h, r)| Some((h, &r.as_ref().ok()?.1.usage))))
     } else {

@@ -47,10 +47,14 @@ use crate::ladder::{Exemption, Grace, Ladder, RuleGrace};
 use crate::plan::Plan;
 use crate::rules::shards::{Published, Shards};
 use crate::rules::taking::BLIND_AFTER;
-use crate::rules::{HeldOrder, IdleHistory, Moment, Rule, Starts};
+use crate::rules::{HeldOrder, IdleHistory, InLine, Moment, Rule, Starts};
 
 /// A cycle's interval (ms).
 const INTERVAL: u64 = 60_000;
+
+/// When the model's hosts booted (ms since the Unix epoch; the parent's
+/// `Boot`).
+const BOOT_MS: u64 = 1_795_000_000_000;
 
 /// What bob does between two cycles.
 #[derive(Debug, Clone)]
@@ -88,6 +92,8 @@ struct Enforcer {
     orphans: Vec<Orphans>,
     /// The group caps' order while their picks are held.
     held_order: Option<HeldOrder>,
+    /// Since when each job is in line (the group caps' order).
+    in_line: InLine,
     /// Its hosts' parts, as last published.
     published: Vec<Published>,
     /// Each host's cycles in a row with its genv state unusable.
@@ -231,6 +237,7 @@ impl Enforcer {
             ladder: Ladder::new(grace.clone()),
             orphans: vec![Orphans::default(); n],
             held_order: None,
+            in_line: InLine::default(),
             published: Vec::new(),
             unusable: vec![0; n],
         }
@@ -272,13 +279,16 @@ impl Enforcer {
                 None => 0,
             };
             let mut f = rules::assess_host(&id(h), &snap, policy, &self.orphans[h]);
+            if !policy.max_devices_per_group.is_empty() {
+                self.in_line.update(&id(h), &snap, &mut f.usage, now);
+            }
             if let Some(order) = &self.held_order {
                 order.restore(&id(h), &mut f.usage);
             }
             if std::env::var_os("SEQUENCE_HELD").is_some() {
                 for (u, a) in &f.usage.users {
                     for d in &a.devices {
-                        eprintln!("  held h{h} {u} {:?} eids {:?} contested {:?} pids {:?} jobs {:?} w{} s{} k{} u{} v{}", d.index.0, d.eids, d.contested, d.pids, d.jobs, d.working, d.stray, d.kept, d.unseen, d.vouched);
+                        eprintln!("  held h{h} {u} {:?} eids {:?} contested {:?} pids {:?} jobs {:?} w{} s{} k{} u{} v{} off {:?} starts {:?} since {:?}", d.index.0, d.eids, d.contested, d.pids, d.jobs, d.working, d.stray, d.kept, d.unseen, d.vouched, d.off, d.starts, d.since);
                     }
                 }
             }
@@ -423,17 +433,20 @@ fn run(honest: &[HonestHost], moves: &[Vec<Move>], setup: &Setup) -> (Done, Opti
                 Move::Restart { host, job } => worlds[host % n].end(*job, true),
             }
         }
-        // What bob started now started after everything before it (a
-        // cycle is 10,000 s of clock ticks here), on every host.
+        // What bob started now started after everything before it, in the
+        // interval before this cycle (ticks of 10 ms since the boot), on
+        // every host.
         for (w, before) in worlds.iter_mut().zip(&before) {
             for p in w.processes.iter_mut().filter(|p| !before.contains(&p.pid)) {
-                p.start_time = Some(c as u64 * 1_000_000 + u64::from(p.pid.0));
+                p.start_time = Some(c as u64 * INTERVAL / 10 + u64::from(p.pid.0));
             }
         }
         for (h, r) in run_of.iter_mut().enumerate() {
             *r = if garbled.contains(&h) { *r + 1 } else { 0 };
         }
-        let now = c as u64 * INTERVAL;
+        // The clock the hosts' start times are on: cycle 0 an interval
+        // after the boot.
+        let now = BOOT_MS + (c as u64 + 1) * INTERVAL;
         let sharded = shards.len() > 1;
         let mut dues = Vec::new();
         for (k, shard) in shards.iter_mut().enumerate() {
@@ -2063,6 +2076,55 @@ fn seed_151() {
             ..Policy::default()
         },
         grace: graced(1, 3, &[(Rule::OrphanedEnvProcesses, acts_after(0))]),
+        sharded: false,
+    };
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}
+#[test]
+fn seed_173() {
+    let honest = [
+        HonestHost {
+            alice: vec![alices(&[2], &[&[2]])],
+            orphans: vec![2, 0],
+            plain: vec![0],
+            bob: vec![BobEnv {
+                devices: [0, 3].into_iter().collect(),
+                jobs: vec![(vec![0, 2], None)],
+            }],
+            ..bare(4)
+        },
+        HonestHost {
+            orphans: vec![0, 1],
+            bob: vec![
+                BobEnv {
+                    devices: [0].into_iter().collect(),
+                    jobs: vec![(vec![2, 2], Some(611)), (vec![1, 1], Some(1549))],
+                },
+                BobEnv {
+                    devices: [0].into_iter().collect(),
+                    jobs: vec![(vec![2], None)],
+                },
+            ],
+            ..bare(3)
+        },
+    ];
+    let mut moves = vec![Vec::new(); 8];
+    moves[1].push(Move::Edit(Edit::Attach {
+        host: 1,
+        env: 4,
+        device: 2,
+    }));
+    let setup = Setup {
+        policy: Policy {
+            non_env_processes: true,
+            env_devices: true,
+            env_memory: false,
+            max_devices_per_group: [("lab".to_string(), 4)].into_iter().collect(),
+            orphans_as_non_env: false,
+            count_non_env_devices: false,
+            ..Policy::default()
+        },
+        grace: graced(3, 2, &[]),
         sharded: false,
     };
     bob_takes_nothing_of_alices(&honest, &setup, &moves);

@@ -149,6 +149,9 @@ impl HostUsage {
                     }
                     (Some(_), ..) => held.jobs.push(p.pid),
                 }
+                if member.is_some() {
+                    held.off.push(p.pid);
+                }
                 held.started(p.pid, snap.started(p));
             }
         }

@@ -241,6 +241,7 @@ mod tests {
             unseen: false,
             vouched,
             since: working.then_some(1000),
+            off: smallvec::smallvec![],
             starts: smallvec::smallvec![],
             held_since: None,
             soon: Default::default(),

@@ -12,6 +12,7 @@ pub mod attribution;
 mod env_devices;
 mod env_memory;
 pub mod idle;
+pub mod in_line;
 pub mod max_devices;
 pub mod max_groups;
 pub mod max_memory;
@@ -28,6 +29,7 @@ use crate::model::{Cluster, EnvId, GpuIndex, HostId, HostSnapshot, Indices, Owne
 pub use attribution::Orphans;
 use attribution::{Attribution, Standing, Stray, Unconfirmed};
 pub use idle::IdleHistory;
+pub use in_line::InLine;
 use max_devices::HostUsage;
 use max_groups::HostGroups;
 pub use max_groups::{HeldOrder, Starts};

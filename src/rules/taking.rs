@@ -64,6 +64,10 @@ pub struct HeldDevice {
     /// epoch, comparable across hosts), if any did and it is known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<u64>,
+    /// Of `jobs`, members of the user's environments not attached here
+    /// (out of line: [`super::in_line`]). Never published.
+    #[serde(skip)]
+    pub off: SmallVec<[Pid; 1]>,
     /// When each of those jobs started, where known: the group caps' order
     /// is by the first of them that runs on after what is taken this
     /// cycle ([`Taken::since`]). Never published (`--shard` refuses the
@@ -115,6 +119,7 @@ impl HeldDevice {
             unseen: false,
             vouched: false,
             since: None,
+            off: SmallVec::new(),
             starts: SmallVec::new(),
             held_since: None,
             soon: SoonHere::default(),
