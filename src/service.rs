@@ -560,13 +560,14 @@ fn remembered(settings: &Settings) -> Memory {
                 error::chain(&e)
             )),
         }
-        match (db.ladder(), db.orphans(), db.unusable()) {
-            (Ok(ladder), Ok(orphans), Ok(unusable)) => {
+        match (db.ladder(), db.orphans(), db.in_line(), db.unusable()) {
+            (Ok(ladder), Ok(orphans), Ok(in_line), Ok(unusable)) => {
                 saved = ladder;
                 memory.orphans = orphans;
+                memory.in_line = in_line;
                 memory.unusable = unusable;
             }
-            (Err(e), ..) | (_, Err(e), _) | (.., Err(e)) => {
+            (Err(e), ..) | (_, Err(e), ..) | (_, _, Err(e), _) | (.., Err(e)) => {
                 complain(&format!("{}: starting afresh", error::chain(&e)));
             }
         }
@@ -603,6 +604,7 @@ async fn record(
     let db = Arc::clone(db);
     let ladder = memory.ladder.export();
     let orphans = memory.orphans.clone();
+    let in_line = memory.in_line.clone();
     let unusable = memory.unusable.clone();
     let idle = memory.idle.clone();
     let (events, outcomes, usage) = (
@@ -621,7 +623,8 @@ async fn record(
     let now = crate::clock::now_ms();
     let written = crate::host::off_workers("recording the cycle", move || {
         db.record(
-            now, &ladder, &orphans, &unusable, &idle, &events, &outcomes, &usage, retain, max_gap,
+            now, &ladder, &orphans, &in_line, &unusable, &idle, &events, &outcomes, &usage, retain,
+            max_gap,
         )
     })
     .await;

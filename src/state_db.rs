@@ -18,7 +18,7 @@ use crate::ladder::{Event, Saved};
 use crate::model::HostId;
 use crate::outcome::Acted;
 use crate::private::{ancestors, own_dir, own_file, Refusal};
-use crate::rules::{IdleHistory, Orphans};
+use crate::rules::{IdleHistory, InLine, Orphans};
 use crate::usage::{ActionRow, EventRow, Recorded, Sample, UsageRow};
 
 /// Why the database cannot be used.
@@ -272,6 +272,15 @@ impl StateDb {
         Ok(self.kept("orphans")?.unwrap_or_default())
     }
 
+    /// Since when each job is in line, as the last run left it (a restart
+    /// must not make a stray brought into line look in line all along).
+    ///
+    /// # Errors
+    /// The database cannot be read.
+    pub fn in_line(&self) -> Result<InLine, StateDbError> {
+        Ok(self.kept("in_line")?.unwrap_or_default())
+    }
+
     /// Each host's cycles in a row with its genv state unusable, as the
     /// last run left them (a restart, or a cron run, must not make a host
     /// kept garbled look fresh).
@@ -292,7 +301,7 @@ impl StateDb {
     }
 
     /// Records one cycle at `now` (ms): what is kept (each action's
-    /// progress, the orphans, the unusable streaks, the idle windows), its
+    /// progress, the orphans, since when jobs are in line, the unusable streaks, the idle windows), its
     /// events and the actions' outcomes (a bounded number of rows a user,
     /// [`crate::history`]) and the usage samples; drops rows older than
     /// `retain_ms`. One transaction.
@@ -305,6 +314,7 @@ impl StateDb {
         now: u64,
         ladder: &[Saved],
         orphans: &HashMap<HostId, Orphans>,
+        in_line: &InLine,
         unusable: &HashMap<HostId, u32>,
         idle: &IdleHistory,
         events: &[Event],
@@ -341,6 +351,7 @@ impl StateDb {
             )?;
             keep.execute(params!["ladder", json(&ladder)])?;
             keep.execute(params!["orphans", json(&orphans)])?;
+            keep.execute(params!["in_line", json(&in_line)])?;
             keep.execute(params!["unusable", json(&unusable)])?;
             keep.execute(params!["idle", json(&idle)])?;
             keep.execute(params!["last_sample_ms", now.to_string()])?;
@@ -608,6 +619,13 @@ mod tests {
             [(host.clone(), [(Pid(9), 90)].into_iter().collect())]
                 .into_iter()
                 .collect();
+        let in_line = InLine::from(vec![(
+            host.clone(),
+            Pid(9),
+            90,
+            crate::model::GpuIndex(1),
+            crate::rules::in_line::Line::Since(5_000),
+        )]);
         let unusable: HashMap<HostId, u32> = [(host.clone(), 2)].into_iter().collect();
         let usage = [Sample {
             host: host.clone(),
@@ -620,6 +638,7 @@ mod tests {
             1_000,
             &ladder.export(),
             &orphans,
+            &in_line,
             &unusable,
             &IdleHistory::default(),
             &warned,
@@ -633,6 +652,7 @@ mod tests {
             5_000,
             &ladder.export(),
             &orphans,
+            &in_line,
             &unusable,
             &IdleHistory::default(),
             &[],
@@ -645,6 +665,7 @@ mod tests {
         drop(db);
         let db = StateDb::open(&path).unwrap();
         assert_eq!(db.orphans().unwrap(), orphans);
+        assert_eq!(db.in_line().unwrap(), in_line);
         assert_eq!(db.unusable().unwrap(), unusable);
         let mut again = Ladder::restore(grace, db.ladder().unwrap());
         // Not warned again; due at the same deadline.
@@ -674,6 +695,7 @@ mod tests {
             12_000,
             &again.export(),
             &orphans,
+            &InLine::default(),
             &unusable,
             &IdleHistory::default(),
             &[],
@@ -689,6 +711,7 @@ mod tests {
             200_000,
             &again.export(),
             &orphans,
+            &InLine::default(),
             &unusable,
             &IdleHistory::default(),
             &[],
@@ -760,6 +783,7 @@ mod tests {
                 now,
                 &[],
                 &orphans,
+                &InLine::default(),
                 &unusable,
                 &idle,
                 events,

@@ -2080,6 +2080,11 @@ fn seed_151() {
     };
     bob_takes_nothing_of_alices(&honest, &setup, &moves);
 }
+/// Seed 173, shrunk to one move: bob attaches his environment on h1 to
+/// the device his job of it runs on without it. env-devices no longer
+/// frees it, and the group (lab, 4) needs one more: by who came last his
+/// job, as old as alice's orphan on h0, kept its place and hers was
+/// taken. A job brought into line stands from then ([`InLine`]).
 #[test]
 fn seed_173() {
     let honest = [
@@ -2114,6 +2119,104 @@ fn seed_173() {
         env: 4,
         device: 2,
     }));
+    let setup = Setup {
+        policy: Policy {
+            non_env_processes: true,
+            env_devices: true,
+            env_memory: false,
+            max_devices_per_group: [("lab".to_string(), 4)].into_iter().collect(),
+            orphans_as_non_env: false,
+            count_non_env_devices: false,
+            ..Policy::default()
+        },
+        grace: graced(3, 2, &[]),
+        sharded: false,
+    };
+    bob_takes_nothing_of_alices(&honest, &setup, &moves);
+}
+
+/// Seed 173 as found (its first failing case), every move of bob's.
+#[test]
+fn seed_173_as_found() {
+    let honest = [
+        HonestHost {
+            alice: vec![
+                AliceEnv {
+                    devices: [1, 3].into_iter().collect(),
+                    gpu_memory: Some(2258),
+                    jobs: vec![(vec![3], Some(302))],
+                },
+                alices(&[2], &[&[2]]),
+            ],
+            elsewhere: vec![(0, 1)],
+            orphans: vec![2, 0],
+            plain: vec![0],
+            bob: vec![BobEnv {
+                devices: [0, 3].into_iter().collect(),
+                jobs: vec![(vec![0, 2], None)],
+            }],
+            ..bare(4)
+        },
+        HonestHost {
+            orphans: vec![0, 1],
+            bob: vec![
+                BobEnv {
+                    devices: [0].into_iter().collect(),
+                    jobs: vec![(vec![2, 2], Some(611)), (vec![1, 1], Some(1549))],
+                },
+                BobEnv {
+                    devices: [0].into_iter().collect(),
+                    jobs: vec![(vec![2], None)],
+                },
+            ],
+            ..bare(3)
+        },
+    ];
+    let moves = vec![
+        vec![
+            Move::End { host: 2, job: 2 },
+            Move::Edit(Edit::List {
+                host: 1,
+                env: 5,
+                pids: vec![PidRef::Dead, PidRef::AliceShell(2)],
+                replace: true,
+            }),
+        ],
+        vec![Move::Edit(Edit::Attach {
+            host: 1,
+            env: 4,
+            device: 2,
+        })],
+        vec![Move::Restart { host: 0, job: 1 }],
+        vec![
+            Move::Edit(Edit::Remove { host: 2, env: 3 }),
+            Move::Garble { host: 2 },
+        ],
+        vec![Move::Edit(Edit::Forge {
+            host: 1,
+            eid: Eid::Orphan(1),
+            name: Name::Alice,
+            pids: vec![],
+            gpu_memory: None,
+            first: true,
+        })],
+        vec![
+            Move::Edit(Edit::Job {
+                host: 0,
+                eid: Eid::Alice(2),
+                gpus: vec![0, 1],
+                mib: Some(2924),
+            }),
+            Move::Edit(Edit::List {
+                host: 0,
+                env: 3,
+                pids: vec![],
+                replace: false,
+            }),
+        ],
+        vec![Move::Restart { host: 2, job: 2 }],
+        vec![],
+    ];
     let setup = Setup {
         policy: Policy {
             non_env_processes: true,

@@ -44,8 +44,38 @@ pub enum Line {
 type Devices = SmallVec<[(GpuIndex, Line); 2]>;
 
 /// Every host's jobs, by pid and start time (ms since the Unix epoch).
+/// Kept (`--state-db`) as a list of rows.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "Vec<Row>", into = "Vec<Row>")]
 pub struct InLine(HashMap<HostId, HashMap<(Pid, u64), Devices>>);
+
+/// One job on one device: host, pid, start time, device, standing.
+type Row = (HostId, Pid, u64, GpuIndex, Line);
+
+impl From<Vec<Row>> for InLine {
+    fn from(rows: Vec<Row>) -> Self {
+        let mut kept = InLine::default();
+        for (host, pid, start, device, line) in rows {
+            let job = kept.0.entry(host).or_default().entry((pid, start));
+            job.or_default().push((device, line));
+        }
+        kept
+    }
+}
+
+impl From<InLine> for Vec<Row> {
+    fn from(kept: InLine) -> Self {
+        let mut rows = Vec::new();
+        for (host, jobs) in kept.0 {
+            for ((pid, start), devices) in jobs {
+                for (device, line) in devices {
+                    rows.push((host.clone(), pid, start, device, line));
+                }
+            }
+        }
+        rows
+    }
+}
 
 impl InLine {
     /// Takes in `host`'s cycle at `now` (`usage`, its part of the caps as

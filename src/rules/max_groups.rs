@@ -10,7 +10,9 @@
 //! that list no live pid of theirs before the others), then the working
 //! ones, the most recent first (by when the first of the member's jobs
 //! there that run on after what is carried out this cycle started, which
-//! only the kernel says, [`Taken::since`]): a member who starts jobs that
+//! only the kernel says, [`Taken::since`]; one first seen out of line
+//! there, from when it was brought into line, [`super::in_line`]): a
+//! member who starts jobs that
 //! put the group over loses them, never another member's older work.
 //! Another rule ending the first of a member's jobs on a device moves it
 //! up in the cycle that job ends (or would end, were its host seen: a
