@@ -434,6 +434,73 @@ fn row2_a_group_caps_excess_falls_on_who_came_last() {
     assert_eq!(h.attached(0), ["a"]);
 }
 
+// Row 2, the other way (seed 173 of the sequence property): bob's older
+// job, out of his environment's devices, brought into line by attaching
+// his environment where it runs, stands from then in the group's order
+// (kept across runs by --state-db): the group takes it, never alice's
+// work that was in line all along.
+#[test]
+fn row2_a_stray_brought_into_line_takes_no_place_before_older_work() {
+    if !root() {
+        return;
+    }
+    ensure_group("exlab", &["exalice", "exbob"]);
+    let mut h = util::Host::new(3);
+    let private = util::private_dir();
+    let db = private.path().join("state.db");
+    let bobs_shell = h.spawn_as("exbob", Some("b"));
+    let his = h.spawn_as("exbob", Some("b"));
+    std::thread::sleep(Duration::from_millis(1100));
+    let shell = h.spawn_as("exalice", Some("a"));
+    let hers = h.spawn_as("exalice", Some("a"));
+    h.write_envs(&[
+        env("b", Some("exbob"), None, bobs_shell),
+        env("a", Some("exalice"), None, shell),
+    ]);
+    h.set_apps(&[(his, 1, "100"), (hers, 2, "100")]);
+    let run = |h: &util::Host, cap: &str| {
+        let group = format!("exlab={cap}");
+        h.ours(&[
+            "enforce",
+            "--interval",
+            "0",
+            "--no-env-devices",
+            "--max-devices-per-group",
+            &group,
+            "--state-db",
+            db.to_str().unwrap(),
+        ])
+    };
+    // His job on device 1, his environment attached to 0 only: out of
+    // line (env-devices off here: its grace, say), the group under its cap.
+    h.write_devices(3, &[(0, "b"), (2, "a")]);
+    let out = run(&h, "3");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        h.running(his) && h.running(hers),
+        "{:?} {}",
+        util::lines(&out),
+        stderr(&out)
+    );
+    // He attaches his environment where his job runs, and the cap is 1.
+    h.write_devices(3, &[(1, "b"), (2, "a")]);
+    let out = run(&h, "1");
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        util::lines(&out).contains(
+            &"Group exlab is using 2 devices which is 1 more than its maximum of 1".to_string()
+        ),
+        "{:?} {err}",
+        util::lines(&out)
+    );
+    assert_eq!(h.wait_signal(his, WAIT), Some(SIGTERM), "{err}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(h.running(hers) && h.running(shell), "{err}");
+    assert_eq!(h.attached(2), ["a"]);
+    assert!(h.attached(1).is_empty(), "{err}");
+}
+
 // Row 10: a process name with a newline and a short tail no longer fails
 // pmon's table for its host: bob's idle job, sharing its GPU with a tiny
 // process of his so named, is reclaimed after its window all the same.
