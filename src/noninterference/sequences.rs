@@ -56,6 +56,12 @@ const INTERVAL: u64 = 60_000;
 /// `Boot`).
 const BOOT_MS: u64 = 1_795_000_000_000;
 
+/// The clock (ms) at cycle `c` (from 0), on the hosts' start times' clock:
+/// cycle 0 an interval after the boot.
+const fn clock(c: u64) -> u64 {
+    BOOT_MS + (c + 1) * INTERVAL
+}
+
 /// What bob does between two cycles.
 #[derive(Debug, Clone)]
 enum Move {
@@ -444,9 +450,7 @@ fn run(honest: &[HonestHost], moves: &[Vec<Move>], setup: &Setup) -> (Done, Opti
         for (h, r) in run_of.iter_mut().enumerate() {
             *r = if garbled.contains(&h) { *r + 1 } else { 0 };
         }
-        // The clock the hosts' start times are on: cycle 0 an interval
-        // after the boot.
-        let now = BOOT_MS + (c as u64 + 1) * INTERVAL;
+        let now = clock(c as u64);
         let sharded = shards.len() > 1;
         let mut dues = Vec::new();
         for (k, shard) in shards.iter_mut().enumerate() {
@@ -695,7 +699,7 @@ fn a_host_kept_garbled_is_judged_blind_on_the_third_cycle() {
     let mut enforcer = Enforcer::new(vec![0], &setup.grace, 1);
     let terminated: Vec<usize> = (0..4u64)
         .map(|c| {
-            let (due, _) = enforcer.cycle(&worlds, &garbled, &setup, None, (c + 1, c * INTERVAL));
+            let (due, _) = enforcer.cycle(&worlds, &garbled, &setup, None, (c + 1, clock(c)));
             due.hosts.iter().map(|(_, p)| p.terminate.len()).sum()
         })
         .collect();
@@ -705,7 +709,7 @@ fn a_host_kept_garbled_is_judged_blind_on_the_third_cycle() {
         "kept twice, then one of his two jobs taken"
     );
     // Healthy again: judged as any host.
-    let (due, _) = enforcer.cycle(&worlds, &BTreeSet::new(), &setup, None, (5, 4 * INTERVAL));
+    let (due, _) = enforcer.cycle(&worlds, &BTreeSet::new(), &setup, None, (5, clock(4)));
     assert_eq!(
         due.hosts.iter().map(|(_, p)| p.detach.len()).sum::<usize>(),
         1
@@ -731,7 +735,7 @@ fn shards_agree_on_a_blind_host() {
         let mut dues = Vec::new();
         for (k, shard) in shards.iter_mut().enumerate() {
             let others = Some(parts[1 - k].as_slice());
-            let (due, _) = shard.cycle(&worlds, &garbled, &setup, others, (c + 1, c * INTERVAL));
+            let (due, _) = shard.cycle(&worlds, &garbled, &setup, others, (c + 1, clock(c)));
             taken += due
                 .hosts
                 .iter()
@@ -766,11 +770,11 @@ fn a_shard_holding_a_caps_pick_says_so_in_its_part() {
     let garbled: BTreeSet<usize> = [0].into_iter().collect();
     let healthy = BTreeSet::new();
     let held = |shard: &Enforcer| shard.published.iter().all(|p| p.held);
-    let (due, _) = shard.cycle(&worlds, &healthy, &setup, Some(&[]), (1, 0));
+    let (due, _) = shard.cycle(&worlds, &healthy, &setup, Some(&[]), (1, clock(0)));
     assert!(due.hosts.is_empty() && !held(&shard), "picked, waiting");
-    shard.cycle(&worlds, &garbled, &setup, Some(&[]), (2, INTERVAL));
+    shard.cycle(&worlds, &garbled, &setup, Some(&[]), (2, clock(1)));
     assert!(held(&shard), "its pick waits on h0, unseen");
-    let (due, _) = shard.cycle(&worlds, &healthy, &setup, Some(&[]), (3, 2 * INTERVAL));
+    let (due, _) = shard.cycle(&worlds, &healthy, &setup, Some(&[]), (3, clock(2)));
     assert!(!held(&shard));
     assert!(!due.hosts.is_empty(), "due once h0 is seen");
     // Told another shard held: ours wait a cycle more.
@@ -780,13 +784,19 @@ fn a_shard_holding_a_caps_pick_says_so_in_its_part() {
         p.held = held;
         vec![p]
     };
-    shard.cycle(&worlds, &healthy, &setup, Some(&theirs(false)), (1, 0));
+    shard.cycle(
+        &worlds,
+        &healthy,
+        &setup,
+        Some(&theirs(false)),
+        (1, clock(0)),
+    );
     let (due, _) = shard.cycle(
         &worlds,
         &healthy,
         &setup,
         Some(&theirs(true)),
-        (2, INTERVAL),
+        (2, clock(1)),
     );
     assert!(due.hosts.is_empty(), "held for the other shard");
     let (due, _) = shard.cycle(
@@ -794,7 +804,7 @@ fn a_shard_holding_a_caps_pick_says_so_in_its_part() {
         &healthy,
         &setup,
         Some(&theirs(false)),
-        (3, 2 * INTERVAL),
+        (3, clock(2)),
     );
     assert!(!due.hosts.is_empty());
 }
@@ -1839,14 +1849,14 @@ fn a_wait_due_on_an_unseen_host_ends_for_the_groups_order_in_that_cycle() {
     };
     let mut enforcer = Enforcer::new(vec![0, 1], &setup(2).grace, 2);
     // Seen, within the cap: the orphan's wait begins.
-    let (due, _) = enforcer.cycle(&worlds, &BTreeSet::new(), &setup(2), None, (1, 0));
+    let (due, _) = enforcer.cycle(&worlds, &BTreeSet::new(), &setup(2), None, (1, clock(0)));
     assert!(
         due.hosts.iter().all(|(_, p)| p.terminate.is_empty()),
         "{due:?}"
     );
     // h0 garbled as the orphan comes due, and the cap lowered to 1.
     let garbled: BTreeSet<usize> = [0].into_iter().collect();
-    let (due, _) = enforcer.cycle(&worlds, &garbled, &setup(1), None, (2, INTERVAL));
+    let (due, _) = enforcer.cycle(&worlds, &garbled, &setup(1), None, (2, clock(1)));
     let ended: Vec<(String, u32)> = (due.hosts.iter())
         .flat_map(|(h, p)| p.terminate.iter().map(move |t| (h.0.to_string(), t.pid.0)))
         .collect();
