@@ -213,6 +213,7 @@ mod tests {
         hers.uid = Some(1001);
         contested.processes.push(hers);
         cycle(&mut seen, &contested, 25_000);
+        assert!(!seen.is_empty());
         let fixed = bobs(&[(0, "b"), (1, "b")]);
         assert_eq!(cycle(&mut seen, &fixed, 30_000).1, Some(30_000));
         // Gone: forgotten, and the host with it.
@@ -221,5 +222,6 @@ mod tests {
         let mut usage = HostUsage::default();
         seen.update(&HostId("h".into()), &gone, &mut usage, 40_000);
         assert!(seen.is_empty());
+        assert_eq!(seen.len(), 0);
     }
 }
