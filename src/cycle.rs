@@ -108,6 +108,9 @@ pub async fn cycle(
     // Only a group cap orders by who came last: none, nothing to keep.
     let grouped = !options.policy.max_devices_per_group.is_empty();
     if grouped {
+        let fleet_hosts: std::collections::HashSet<&HostId> =
+            g.results.iter().map(|(h, _)| h).collect();
+        memory.in_line.keep_hosts(|h| fleet_hosts.contains(h));
         for (host, r) in &mut g.results {
             if let Ok((snap, findings)) = r {
                 memory.in_line.update(host, snap, &mut findings.usage, now);

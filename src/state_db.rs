@@ -619,13 +619,11 @@ mod tests {
             [(host.clone(), [(Pid(9), 90)].into_iter().collect())]
                 .into_iter()
                 .collect();
-        let in_line = InLine::from(vec![(
-            host.clone(),
-            Pid(9),
-            90,
-            crate::model::GpuIndex(1),
-            crate::rules::in_line::Line::Since(5_000),
-        )]);
+        let in_line: InLine = serde_json::from_value(serde_json::json!([
+            [host.0, 4_000, [[9, {"start": 90, "last": 4_000, "devices": [[1, {"since": 5_000}]]}]]]
+        ]))
+        .unwrap();
+        assert_eq!(in_line.len(), 1);
         let unusable: HashMap<HostId, u32> = [(host.clone(), 2)].into_iter().collect();
         let usage = [Sample {
             host: host.clone(),

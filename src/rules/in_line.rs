@@ -1,23 +1,27 @@
-//! Since when each job is in line on each device, for the group caps'
-//! order (who came last).
+//! Since when each job stands on each device, for the group caps' order
+//! (who came last).
 //!
-//! A job first seen on a device its environment is not attached to (out
-//! of line: env-devices ends it) that is then brought into line there
-//! (the environment attached) stands, on that device, as if started when
-//! it came into line: a stray its owner brings into line takes no place
-//! before work that was in line all along (seed 173 of
+//! A job stands on a device from when it came there, as far as the
+//! enforcer has seen: from its start where it was there when first seen
+//! (the host's first cycle, or a job started since the last one), from
+//! the host's previous cycle where it came later (a process started long
+//! ago that opens a GPU now, or one that left a device and came back, is
+//! no older work there). A job first seen on a device its environment is
+//! not attached to (out of line: env-devices ends it) stands last there
+//! while it stays out, and from the cycle it was brought into line (the
+//! environment attached) after: a job its owner brings into line takes no
+//! place before work that was in line all along (seed 173 of
 //! [`crate::noninterference`]'s sequences: bob attached his environment
-//! where his stray ran, and alice's job, as old, was taken in its place).
-//! A job first seen in line keeps its start time for life, whatever is
-//! done to the records later: an attachment of hers removed for a cycle
-//! and put back (which anyone can do) moves nothing. Only what genv's
-//! state says of a member counts: a job whose environment is contested,
-//! gone or cannot be judged this cycle (its host's state unusable) is
-//! neither, and leaves what is known of it as it was.
+//! where his job ran, and alice's, as old, was taken in its place).
+//! Whatever is done to the records after a job was first seen in line on
+//! a device (an attachment of hers removed for a cycle and put back, her
+//! environment made contested, the state garbled) moves nothing.
 //!
-//! Keyed by what its owner cannot change (host, pid, start time, device)
-//! and bounded by the live jobs: a host seen forgets the jobs it no
-//! longer runs; one unseen keeps what it had.
+//! Keyed by what its owner cannot change (host, pid and its start time in
+//! the kernel's ticks, device), taken from every job the host lists,
+//! whatever it carries, and bounded: a host forgets a job listed with
+//! another start, or unlisted for [`FORGET_AFTER_MS`], and keeps at most
+//! [`MAX_JOBS`]; a host no longer in the fleet is forgotten.
 
 use std::collections::HashMap;
 
@@ -27,105 +31,152 @@ use smallvec::SmallVec;
 use super::max_devices::HostUsage;
 use crate::model::{GpuIndex, HostId, HostSnapshot, Pid};
 
+/// How long a job unlisted is remembered (ms): one that leaves its GPUs
+/// for a while and comes back is still known for what it was.
+pub const FORGET_AFTER_MS: u64 = 3_600_000;
+
+/// The most jobs remembered per host (those unlisted longest go first).
+pub const MAX_JOBS: usize = 4096;
+
 /// Where a job stands on one device, since it was first seen there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Line {
-    /// In line when first seen: its start time stands.
-    Always,
-    /// Out of line when first seen, and since.
+    /// Out of line when first seen, and since: it stands last.
     Out,
-    /// Out of line when first seen, in line since then (ms since the Unix
-    /// epoch, a cycle's time).
+    /// There, and in line (or outside genv's judgement), since then (ms
+    /// since the Unix epoch).
     Since(u64),
 }
 
 /// One job's standing on each device it was seen on.
 type Devices = SmallVec<[(GpuIndex, Line); 2]>;
 
-/// Every host's jobs, by pid and start time (ms since the Unix epoch).
-/// Kept (`--state-db`) as a list of rows.
+/// One job: its start (ticks, where known), when its host last listed it
+/// (ms), and where it stands on each device.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Job {
+    start: Option<u64>,
+    last: u64,
+    devices: Devices,
+}
+
+/// One host: when it was last seen (ms), and its jobs by pid.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Host {
+    seen: Option<u64>,
+    jobs: HashMap<Pid, Job>,
+}
+
+/// Every host's jobs. Kept (`--state-db`) as a list of rows.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "Vec<Row>", into = "Vec<Row>")]
-pub struct InLine(HashMap<HostId, HashMap<(Pid, u64), Devices>>);
+pub struct InLine(HashMap<HostId, Host>);
 
-/// One job on one device: host, pid, start time, device, standing.
-type Row = (HostId, Pid, u64, GpuIndex, Line);
+/// One host as kept: its id, when last seen, and its jobs.
+type Row = (HostId, Option<u64>, Vec<(Pid, Job)>);
 
 impl From<Vec<Row>> for InLine {
     fn from(rows: Vec<Row>) -> Self {
-        let mut kept = InLine::default();
-        for (host, pid, start, device, line) in rows {
-            let job = kept.0.entry(host).or_default().entry((pid, start));
-            job.or_default().push((device, line));
-        }
-        kept
+        let hosts = rows.into_iter().map(|(host, seen, jobs)| {
+            let jobs = jobs.into_iter().collect();
+            (host, Host { seen, jobs })
+        });
+        InLine(hosts.collect())
     }
 }
 
 impl From<InLine> for Vec<Row> {
     fn from(kept: InLine) -> Self {
-        let mut rows = Vec::new();
-        for (host, jobs) in kept.0 {
-            for ((pid, start), devices) in jobs {
-                for (device, line) in devices {
-                    rows.push((host.clone(), pid, start, device, line));
-                }
-            }
-        }
-        rows
+        let rows =
+            (kept.0.into_iter()).map(|(host, h)| (host, h.seen, h.jobs.into_iter().collect()));
+        rows.collect()
     }
 }
 
 impl InLine {
     /// Takes in `host`'s cycle at `now` (`usage`, its part of the caps as
-    /// `snap` gives it), then dates in `usage` each job brought into line
-    /// from when it was.
+    /// `snap` gives it), then dates each job in `usage` from when it
+    /// stands where it is.
     pub fn update(&mut self, host: &HostId, snap: &HostSnapshot, usage: &mut HostUsage, now: u64) {
-        let jobs = self.0.entry(host.clone()).or_default();
-        let live: std::collections::HashSet<(Pid, u64)> = (snap.processes.iter())
-            .filter_map(|p| Some((p.pid, snap.started(p)?)))
+        let h = self.0.entry(host.clone()).or_default();
+        // Where a job comes to now, it came since the host's last cycle.
+        let came = h.seen.replace(now).unwrap_or(0);
+        // A pid listed with another start is another job; one listed with
+        // its start unknown (this cycle or when first seen) is the same.
+        let listed: HashMap<Pid, Option<u64>> = (snap.processes.iter())
+            .map(|p| (p.pid, p.start_time))
             .collect();
-        jobs.retain(|key, _| live.contains(key));
+        h.jobs.retain(|pid, job| match listed.get(pid) {
+            Some(start) => job.start.is_none() || start.is_none() || *start == job.start,
+            None => now.saturating_sub(job.last) <= FORGET_AFTER_MS,
+        });
+        // Out of line when first seen there (by genv's state this cycle).
+        for d in usage.users.values().flat_map(|h| h.devices.iter()) {
+            for pid in &d.off {
+                let job = h.jobs.entry(*pid).or_default();
+                if job.devices.iter().all(|(i, _)| *i != d.index) {
+                    job.devices.push((d.index, Line::Out));
+                }
+            }
+        }
+        // Every job listed, whatever it carries: there since it came.
+        for p in &snap.processes {
+            let job = h.jobs.entry(p.pid).or_default();
+            job.start = job.start.or(p.start_time);
+            job.last = now;
+            for index in p.indices() {
+                if job.devices.iter().all(|(i, _)| *i != index) {
+                    job.devices.push((index, Line::Since(came)));
+                }
+            }
+        }
         for d in usage.users.values_mut().flat_map(|h| h.devices.iter_mut()) {
             for (pid, t) in d.starts.iter_mut() {
-                let in_line = d.pids.contains(pid);
-                if !in_line && !d.off.contains(pid) {
+                let Some(job) = h.jobs.get_mut(pid) else {
                     continue;
-                }
-                let seen = jobs.entry((*pid, *t)).or_default();
-                let line = match seen.iter_mut().find(|(i, _)| *i == d.index) {
-                    Some((_, line)) => line,
-                    None => {
-                        let first = if in_line { Line::Always } else { Line::Out };
-                        seen.push((d.index, first));
-                        &mut seen.last_mut().expect("just pushed").1
-                    }
                 };
-                if in_line && *line == Line::Out {
+                let Some((_, line)) = job.devices.iter_mut().find(|(i, _)| *i == d.index) else {
+                    continue;
+                };
+                if *line == Line::Out && d.pids.contains(pid) {
                     *line = Line::Since(now);
                 }
-                if let (true, Line::Since(since)) = (in_line, *line) {
-                    *t = (*t).max(since);
-                }
+                *t = (*t).max(match *line {
+                    Line::Out => now,
+                    Line::Since(since) => since,
+                });
             }
             if !d.starts.is_empty() {
                 d.since = d.starts.iter().map(|(_, t)| *t).min();
             }
         }
-        if jobs.is_empty() {
-            self.0.remove(host);
+        if h.jobs.len() > MAX_JOBS {
+            let mut unlisted: Vec<(Pid, u64)> = (h.jobs.iter())
+                .filter(|(_, job)| job.last < now)
+                .map(|(pid, job)| (*pid, job.last))
+                .collect();
+            unlisted.sort_by_key(|(_, last)| *last);
+            let over = h.jobs.len() - MAX_JOBS;
+            for (pid, _) in unlisted.into_iter().take(over) {
+                h.jobs.remove(&pid);
+            }
         }
+    }
+
+    /// Forgets the hosts `kept` refuses (those no longer in the fleet).
+    pub fn keep_hosts(&mut self, kept: impl Fn(&HostId) -> bool) {
+        self.0.retain(|host, _| kept(host));
     }
 
     /// How many jobs it knows of, over every host.
     pub fn len(&self) -> usize {
-        self.0.values().map(HashMap::len).sum()
+        self.0.values().map(|h| h.jobs.len()).sum()
     }
 
-    /// Whether it knows of none.
+    /// Whether it knows of no job.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len() == 0
     }
 }
 
@@ -164,24 +215,31 @@ mod tests {
         (d.starts.to_vec(), d.since)
     }
 
+    /// The host's cycle at `now` with `snap` as its snapshot and nothing
+    /// of bob's counted: what the enforcer saw, nothing dated.
+    fn seen_only(seen: &mut InLine, snap: &HostSnapshot, now: u64) {
+        seen.update(&HostId("h".into()), snap, &mut HostUsage::default(), now);
+    }
+
     #[test]
     fn a_job_brought_into_line_stands_from_then_for_life() {
         let mut seen = InLine::default();
         let out = bobs(&[(0, "b")]);
+        // Out of line: last, each cycle.
         assert_eq!(
             cycle(&mut seen, &out, 10_000),
-            (vec![(Pid(20), 1020)], Some(1020))
+            (vec![(Pid(20), 10_000)], Some(10_000))
         );
         assert_eq!(
             cycle(&mut seen, &out, 20_000),
-            (vec![(Pid(20), 1020)], Some(1020))
+            (vec![(Pid(20), 20_000)], Some(20_000))
         );
         let fixed = bobs(&[(0, "b"), (1, "b")]);
         let now = (vec![(Pid(20), 30_000)], Some(30_000));
         assert_eq!(cycle(&mut seen, &fixed, 30_000), now);
         assert_eq!(cycle(&mut seen, &fixed, 40_000), now, "not moved on");
         // Out of line again and back: still from its first time in line.
-        assert_eq!(cycle(&mut seen, &out, 50_000).0, [(Pid(20), 1020)]);
+        assert_eq!(cycle(&mut seen, &out, 50_000).0, [(Pid(20), 30_000)]);
         assert_eq!(cycle(&mut seen, &fixed, 60_000), now);
         assert_eq!(seen.len(), 1);
     }
@@ -193,35 +251,124 @@ mod tests {
         let start = (vec![(Pid(20), 1020)], Some(1020));
         assert_eq!(cycle(&mut seen, &fixed, 10_000), start);
         // Its attachment removed for a cycle, then put back.
-        assert_eq!(cycle(&mut seen, &bobs(&[(0, "b")]), 20_000), start);
+        assert_eq!(
+            cycle(&mut seen, &bobs(&[(0, "b")]), 20_000).0,
+            [(Pid(20), 1020)]
+        );
         assert_eq!(cycle(&mut seen, &fixed, 30_000), start);
     }
 
+    /// Review of a883e69, findings 1 and 2: a job first seen out of line
+    /// that leaves the device for a cycle, or moves to another, comes back
+    /// in line as no older work there.
     #[test]
-    fn a_cycle_that_cannot_judge_it_changes_nothing_and_a_gone_job_is_forgotten() {
+    fn a_job_that_comes_to_a_device_later_stands_there_from_then() {
+        let mut seen = InLine::default();
+        cycle(&mut seen, &bobs(&[(0, "b")]), 10_000);
+        // Attached, and off its GPUs for a cycle: still known.
+        let mut away = bobs(&[(0, "b"), (1, "b")]);
+        away.processes[0].gpus.clear();
+        seen_only(&mut seen, &away, 20_000);
+        let back = bobs(&[(0, "b"), (1, "b")]);
+        assert_eq!(cycle(&mut seen, &back, 30_000).1, Some(30_000));
+        // Another device, in line: from the cycle before it was seen there.
+        let mut moved = bobs(&[(0, "b"), (1, "b")]);
+        moved.processes[0].gpus = proc_(20, Some("b"), &[(0, mib(1))]).gpus;
+        let mut usage = HostUsage::of(&Attribution::of(&moved, &Default::default()), false);
+        seen.update(&HostId("h".into()), &moved, &mut usage, 40_000);
+        let d0 = (usage.users["bob"].devices.iter()).find(|d| d.index == GpuIndex(0));
+        assert_eq!(d0.unwrap().since, Some(30_000));
+        // Forgotten an hour unlisted: a host's first sighting again? No:
+        // the host was seen, so a job new to it came since its last cycle.
+        seen_only(&mut seen, &away, 50_000);
+        let mut gone = back.clone();
+        gone.processes.clear();
+        seen_only(&mut seen, &gone, 50_000 + FORGET_AFTER_MS);
+        assert_eq!(seen.len(), 1, "an hour unlisted: kept");
+        seen_only(&mut seen, &gone, 50_001 + FORGET_AFTER_MS);
+        assert!(seen.is_empty());
+        assert_eq!(seen.len(), 0);
+        assert_eq!(
+            cycle(&mut seen, &back, 60_000 + FORGET_AFTER_MS).1,
+            Some(50_001 + FORGET_AFTER_MS)
+        );
+    }
+
+    /// A process started long ago that opens a GPU now (`exec` keeps the
+    /// start time) is no older work there; on a host first seen, what
+    /// runs stands from its start.
+    #[test]
+    fn a_process_that_opens_a_gpu_late_stands_from_the_hosts_last_cycle() {
+        let fixed = bobs(&[(0, "b"), (1, "b")]);
+        let mut seen = InLine::default();
+        let mut idle = fixed.clone();
+        idle.processes.clear();
+        seen_only(&mut seen, &idle, 10_000);
+        assert_eq!(cycle(&mut seen, &fixed, 20_000).1, Some(10_000));
+        let mut first = InLine::default();
+        assert_eq!(cycle(&mut first, &fixed, 20_000).1, Some(1020));
+    }
+
+    /// Review of a883e69, finding 4: a job listed with its start unknown
+    /// keeps what is known of it; listed with another start, it is another.
+    #[test]
+    fn a_start_unknown_for_a_cycle_keeps_the_job_and_another_start_is_another_job() {
+        let fixed = bobs(&[(0, "b"), (1, "b")]);
+        let mut seen = InLine::default();
+        cycle(&mut seen, &fixed, 10_000);
+        let mut unsure = fixed.clone();
+        unsure.processes[0].start_time = None;
+        seen_only(&mut seen, &unsure, 20_000);
+        assert_eq!(cycle(&mut seen, &fixed, 30_000).1, Some(1020));
+        let mut reused = fixed.clone();
+        reused.processes[0].start_time = Some(25_000);
+        assert_eq!(cycle(&mut seen, &reused, 40_000).1, Some(30_000));
+        assert_eq!(seen.len(), 1);
+    }
+
+    #[test]
+    fn a_cycle_that_cannot_judge_it_moves_nothing_and_hosts_gone_are_forgotten() {
         let mut seen = InLine::default();
         let out = bobs(&[(0, "b")]);
         cycle(&mut seen, &out, 10_000);
-        // The host's state unusable: nothing said of the job, kept.
+        // The host's state unusable: stays out of line, last.
         let mut garbled = bobs(&[(0, "b"), (1, "b")]);
         garbled.truth.as_mut().unwrap().state_problem = Some("garbled".into());
-        cycle(&mut seen, &garbled, 20_000);
-        assert_eq!(seen.len(), 1);
-        // Contested (a job of alice's carries its id): neither, kept.
+        assert_eq!(cycle(&mut seen, &garbled, 20_000).1, Some(20_000));
+        // Contested (a job of alice's carries its id): still out.
         let mut contested = bobs(&[(0, "b"), (1, "b")]);
         let mut hers = proc_(21, Some("b"), &[(0, mib(1))]);
         hers.uid = Some(1001);
         contested.processes.push(hers);
-        cycle(&mut seen, &contested, 25_000);
+        seen_only(&mut seen, &contested, 25_000);
+        assert_eq!(seen.len(), 2);
         assert!(!seen.is_empty());
         let fixed = bobs(&[(0, "b"), (1, "b")]);
         assert_eq!(cycle(&mut seen, &fixed, 30_000).1, Some(30_000));
-        // Gone: forgotten, and the host with it.
-        let mut gone = fixed.clone();
-        gone.processes.clear();
-        let mut usage = HostUsage::default();
-        seen.update(&HostId("h".into()), &gone, &mut usage, 40_000);
+        seen.keep_hosts(|h| &*h.0 == "h");
+        assert_eq!(seen.len(), 2);
+        seen.keep_hosts(|h| &*h.0 != "h");
         assert!(seen.is_empty());
-        assert_eq!(seen.len(), 0);
+    }
+
+    /// Unlisted jobs past [`MAX_JOBS`] go, those unlisted longest first;
+    /// listed ones stay.
+    #[test]
+    fn a_host_keeps_at_most_max_jobs() {
+        let mut seen = InLine::default();
+        let mut many = bobs(&[(0, "b"), (1, "b")]);
+        let job = many.processes[0].clone();
+        many.processes = (0..MAX_JOBS as u32 + 10)
+            .map(|k| crate::model::Process {
+                pid: Pid(100 + k),
+                ..job.clone()
+            })
+            .collect();
+        seen_only(&mut seen, &many, 10_000);
+        assert_eq!(seen.len(), MAX_JOBS + 10, "all listed: all kept");
+        let fixed = bobs(&[(0, "b"), (1, "b")]);
+        seen_only(&mut seen, &fixed, 20_000);
+        assert_eq!(seen.len(), MAX_JOBS);
+        assert!(seen.0[&HostId("h".into())].jobs.contains_key(&Pid(20)));
     }
 }
