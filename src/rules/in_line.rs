@@ -7,9 +7,9 @@
 //! the host's previous cycle where it came later (a process started long
 //! ago that opens a GPU now, or one that left a device and came back, is
 //! no older work there). A job first seen on a device its environment is
-//! not attached to (out of line: env-devices ends it) stands last there
-//! while it stays out, and from the cycle it was brought into line (the
-//! environment attached) after: a job its owner brings into line takes no
+//! not attached to (out of line: env-devices ends it) stands there from
+//! when it came while it stays out, and from the cycle it was brought
+//! into line (the environment attached) after: a job its owner brings into line takes no
 //! place before work that was in line all along (seed 173 of
 //! [`crate::noninterference`]'s sequences: bob attached his environment
 //! where his job ran, and alice's, as old, was taken in its place).
@@ -42,8 +42,9 @@ pub const MAX_JOBS: usize = 4096;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Line {
-    /// Out of line when first seen, and since: it stands last.
-    Out,
+    /// Out of line when first seen, and since: it stands from when it
+    /// came (ms since the Unix epoch), as if in line.
+    Out(u64),
     /// There, and in line (or outside genv's judgement), since then (ms
     /// since the Unix epoch).
     Since(u64),
@@ -116,7 +117,7 @@ impl InLine {
             for pid in &d.off {
                 let job = h.jobs.entry(*pid).or_default();
                 if job.devices.iter().all(|(i, _)| *i != d.index) {
-                    job.devices.push((d.index, Line::Out));
+                    job.devices.push((d.index, Line::Out(came)));
                 }
             }
         }
@@ -139,13 +140,11 @@ impl InLine {
                 let Some((_, line)) = job.devices.iter_mut().find(|(i, _)| *i == d.index) else {
                     continue;
                 };
-                if *line == Line::Out && d.pids.contains(pid) {
+                if matches!(line, Line::Out(_)) && d.pids.contains(pid) {
                     *line = Line::Since(now);
                 }
-                *t = (*t).max(match *line {
-                    Line::Out => now,
-                    Line::Since(since) => since,
-                });
+                let (Line::Out(since) | Line::Since(since)) = *line;
+                *t = (*t).max(since);
             }
             if !d.starts.is_empty() {
                 d.since = d.starts.iter().map(|(_, t)| *t).min();
@@ -225,15 +224,10 @@ mod tests {
     fn a_job_brought_into_line_stands_from_then_for_life() {
         let mut seen = InLine::default();
         let out = bobs(&[(0, "b")]);
-        // Out of line: last, each cycle.
-        assert_eq!(
-            cycle(&mut seen, &out, 10_000),
-            (vec![(Pid(20), 10_000)], Some(10_000))
-        );
-        assert_eq!(
-            cycle(&mut seen, &out, 20_000),
-            (vec![(Pid(20), 20_000)], Some(20_000))
-        );
+        // Out of line: from its start, as it came.
+        let start = (vec![(Pid(20), 1020)], Some(1020));
+        assert_eq!(cycle(&mut seen, &out, 10_000), start);
+        assert_eq!(cycle(&mut seen, &out, 20_000), start);
         let fixed = bobs(&[(0, "b"), (1, "b")]);
         let now = (vec![(Pid(20), 30_000)], Some(30_000));
         assert_eq!(cycle(&mut seen, &fixed, 30_000), now);
@@ -331,10 +325,10 @@ mod tests {
         let mut seen = InLine::default();
         let out = bobs(&[(0, "b")]);
         cycle(&mut seen, &out, 10_000);
-        // The host's state unusable: stays out of line, last.
+        // The host's state unusable: stays out of line.
         let mut garbled = bobs(&[(0, "b"), (1, "b")]);
         garbled.truth.as_mut().unwrap().state_problem = Some("garbled".into());
-        assert_eq!(cycle(&mut seen, &garbled, 20_000).1, Some(20_000));
+        assert_eq!(cycle(&mut seen, &garbled, 20_000).1, Some(1020));
         // Contested (a job of alice's carries its id): still out.
         let mut contested = bobs(&[(0, "b"), (1, "b")]);
         let mut hers = proc_(21, Some("b"), &[(0, mib(1))]);
