@@ -288,6 +288,26 @@ mod tests {
         );
     }
 
+    /// A job known in line on one device that comes out of line to
+    /// another stands there from when it is brought into line.
+    #[test]
+    fn a_known_job_out_of_line_on_another_device_stands_there_from_its_fix() {
+        let mut seen = InLine::default();
+        let mut on0 = bobs(&[(0, "b")]);
+        on0.processes[0].gpus = proc_(20, Some("b"), &[(0, mib(1))]).gpus;
+        seen_only(&mut seen, &on0, 10_000);
+        let mut both = bobs(&[(0, "b")]);
+        both.processes[0].gpus = proc_(20, Some("b"), &[(0, mib(1)), (1, mib(1))]).gpus;
+        assert_eq!(
+            cycle(&mut seen, &both, 20_000).1,
+            Some(10_000),
+            "out, from when it came"
+        );
+        let mut fixed = bobs(&[(0, "b"), (1, "b")]);
+        fixed.processes[0].gpus = both.processes[0].gpus.clone();
+        assert_eq!(cycle(&mut seen, &fixed, 30_000).1, Some(30_000));
+    }
+
     /// A process started long ago that opens a GPU now (`exec` keeps the
     /// start time) is no older work there; on a host first seen, what
     /// runs stands from its start.
