@@ -95,4 +95,5 @@ pub mod setup;
 pub mod snapshot;
 pub mod state_db;
 pub mod usage;
+pub mod view;
 pub mod web_config;
