@@ -20,6 +20,7 @@ use genv_enforce::rules::{self, evaluate, Moment, Policy};
 use genv_enforce::snapshot::assemble::{assemble, ParsedState};
 use genv_enforce::snapshot::frames;
 use genv_enforce::snapshot::{genv, nvidia_smi};
+use genv_enforce::view;
 
 /// A busy 8-GPU host: 8 environments (4 users), 24 processes, some stray,
 /// some on unattached GPUs, some over memory.
@@ -593,6 +594,20 @@ fn fleet_benches(c: &mut Criterion) {
             },
             criterion::BatchSize::LargeInput,
         )
+    });
+    // The view a cycle publishes (status, top: issue 43), built from its
+    // report and snapshots and written as JSON, once per cycle.
+    let a = assessed(results(&mut steady), &policy);
+    let cluster = a.cluster.clone();
+    let outcomes = genv_enforce::outcome::dry_run(&a.plan);
+    let report = genv_enforce::report::CycleReport::new(a, outcomes, None);
+    let written = serde_json::to_vec(&view::of(&report, &cluster, &policy, Some(1))).unwrap();
+    println!("the view of 1000 hosts as JSON: {} bytes", written.len());
+    group.bench_function("view built and written as JSON (status, top)", |b| {
+        b.iter(|| {
+            let v = view::of(black_box(&report), &cluster, &policy, Some(1));
+            serde_json::to_vec(&v).unwrap().len()
+        })
     });
     group.bench_function("answers split into frames only", |b| {
         b.iter(|| {
