@@ -6,22 +6,24 @@
 //! (the host's first cycle, or a job started since the last one), from
 //! the host's previous cycle where it came later (a process started long
 //! ago that opens a GPU now, or one that left a device and came back, is
-//! no older work there). A job first seen on a device its environment is
-//! not attached to (out of line: env-devices ends it) stands there from
-//! when it came while it stays out, and from the cycle it was brought
-//! into line (the environment attached) after: a job its owner brings into line takes no
-//! place before work that was in line all along (seed 173 of
+//! no older work there). A job on a device its environment is not
+//! attached to (out of line: env-devices ends it) stands there from when
+//! it came while it stays out, and from the cycle it was brought (back)
+//! into line after: a job its owner brings into line takes no place
+//! before work that was in line all along (seed 173 of
 //! [`crate::noninterference`]'s sequences: bob attached his environment
-//! where his job ran, and alice's, as old, was taken in its place).
-//! Whatever is done to the records after a job was first seen in line on
-//! a device (an attachment of hers removed for a cycle and put back, her
-//! environment made contested, the state garbled) moves nothing.
+//! where his job ran, and alice's, as old, was taken in its place). A job
+//! outside genv by its own environ (no id, or one it hides) is likewise
+//! in line only from when it first carries an id. While a job stays in
+//! line, nothing else done to the records (its environment made
+//! contested, the state garbled) moves it.
 //!
 //! Keyed by what its owner cannot change (host, pid and its start time in
 //! the kernel's ticks, device), taken from every job the host lists,
 //! whatever it carries, and bounded: a host forgets a job listed with
 //! another start, or unlisted for [`FORGET_AFTER_MS`], and keeps at most
-//! [`MAX_JOBS`]; a host no longer in the fleet is forgotten.
+//! [`MAX_JOBS`] (the user with most going first); a host no longer in the
+//! fleet is forgotten.
 
 use std::collections::HashMap;
 
@@ -29,21 +31,23 @@ use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
 use super::max_devices::HostUsage;
-use crate::model::{GpuIndex, HostId, HostSnapshot, Pid};
+use crate::model::{GpuIndex, HostId, HostSnapshot, Owner, Pid};
 
 /// How long a job unlisted is remembered (ms): one that leaves its GPUs
 /// for a while and comes back is still known for what it was.
 pub const FORGET_AFTER_MS: u64 = 3_600_000;
 
-/// The most jobs remembered per host (those unlisted longest go first).
+/// The most jobs remembered per host (those of the user with most go
+/// first, those unlisted longest among them).
 pub const MAX_JOBS: usize = 4096;
 
 /// Where a job stands on one device, since it was first seen there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Line {
-    /// Out of line when first seen, and since: it stands from when it
-    /// came (ms since the Unix epoch), as if in line.
+    /// Out of line (or outside genv by its own environ) now, or when last
+    /// judged: it stands from when it came (ms since the Unix epoch), as
+    /// if in line, until it is (back) in line.
     Out(u64),
     /// There, and in line (or outside genv's judgement), since then (ms
     /// since the Unix epoch).
@@ -54,12 +58,14 @@ pub enum Line {
 type Devices = SmallVec<[(GpuIndex, Line); 2]>;
 
 /// One job: its start (ticks, where known), when its host last listed it
-/// (ms), and where it stands on each device.
+/// (ms), where it stands on each device, and its uid (the kernel's).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Job {
     start: Option<u64>,
     last: u64,
     devices: Devices,
+    #[serde(default)]
+    uid: Option<u32>,
 }
 
 /// One host: when it was last seen (ms), and its jobs by pid.
@@ -112,23 +118,35 @@ impl InLine {
             Some(start) => job.start.is_none() || start.is_none() || *start == job.start,
             None => now.saturating_sub(job.last) <= FORGET_AFTER_MS,
         });
-        // Out of line when first seen there (by genv's state this cycle).
+        // Out of line (by genv's state this cycle): from when it came
+        // there, and from its return once back in line.
         for d in usage.users.values().flat_map(|h| h.devices.iter()) {
             for pid in &d.off {
                 let job = h.jobs.entry(*pid).or_default();
-                if job.devices.iter().all(|(i, _)| *i != d.index) {
-                    job.devices.push((d.index, Line::Out(came)));
+                match job.devices.iter_mut().find(|(i, _)| *i == d.index) {
+                    Some((_, line)) => {
+                        let (Line::Out(since) | Line::Since(since)) = *line;
+                        *line = Line::Out(since);
+                    }
+                    None => job.devices.push((d.index, Line::Out(came))),
                 }
             }
         }
-        // Every job listed, whatever it carries: there since it came.
+        // Every job listed, whatever it carries: there since it came; one
+        // outside genv by its own environ (no id, or one it hides) is in
+        // line from when it first carries one.
         for p in &snap.processes {
             let job = h.jobs.entry(p.pid).or_default();
             job.start = job.start.or(p.start_time);
             job.last = now;
+            job.uid = job.uid.or(p.uid);
+            let line = match p.owner {
+                Owner::NoEnv | Owner::Hidden(_) => Line::Out(came),
+                Owner::Env(_) | Owner::Unknown(_) => Line::Since(came),
+            };
             for index in p.indices() {
                 if job.devices.iter().all(|(i, _)| *i != index) {
-                    job.devices.push((index, Line::Since(came)));
+                    job.devices.push((index, line));
                 }
             }
         }
@@ -151,13 +169,19 @@ impl InLine {
             }
         }
         if h.jobs.len() > MAX_JOBS {
-            let mut unlisted: Vec<(Pid, u64)> = (h.jobs.iter())
+            // From the users with most jobs first: one who floods the host
+            // with short jobs pushes out his own.
+            let mut per_uid: HashMap<Option<u32>, usize> = HashMap::new();
+            for job in h.jobs.values() {
+                *per_uid.entry(job.uid).or_default() += 1;
+            }
+            let mut unlisted: Vec<(Pid, usize, u64)> = (h.jobs.iter())
                 .filter(|(_, job)| job.last < now)
-                .map(|(pid, job)| (*pid, job.last))
+                .map(|(pid, job)| (*pid, per_uid[&job.uid], job.last))
                 .collect();
-            unlisted.sort_by_key(|(_, last)| *last);
+            unlisted.sort_by_key(|(_, many, last)| (std::cmp::Reverse(*many), *last));
             let over = h.jobs.len() - MAX_JOBS;
-            for (pid, _) in unlisted.into_iter().take(over) {
+            for (pid, ..) in unlisted.into_iter().take(over) {
                 h.jobs.remove(&pid);
             }
         }
@@ -232,24 +256,60 @@ mod tests {
         let now = (vec![(Pid(20), 30_000)], Some(30_000));
         assert_eq!(cycle(&mut seen, &fixed, 30_000), now);
         assert_eq!(cycle(&mut seen, &fixed, 40_000), now, "not moved on");
-        // Out of line again and back: still from its first time in line.
+        // Out of line again: from its time in line while out, and from
+        // its return once back.
         assert_eq!(cycle(&mut seen, &out, 50_000).0, [(Pid(20), 30_000)]);
-        assert_eq!(cycle(&mut seen, &fixed, 60_000), now);
+        assert_eq!(cycle(&mut seen, &fixed, 60_000).1, Some(60_000));
+        assert_eq!(cycle(&mut seen, &fixed, 70_000).1, Some(60_000));
         assert_eq!(seen.len(), 1);
     }
 
+    /// Review of c78b454, finding 2: a job first seen in line keeps its
+    /// start while it stays in line (its records garbled, contested); its
+    /// owner detaching and re-attaching its device makes it no older work
+    /// there than what came meanwhile.
     #[test]
-    fn a_job_first_seen_in_line_keeps_its_start_whatever_its_records_do() {
+    fn a_job_first_seen_in_line_keeps_its_start_while_in_line_and_from_a_return_after() {
         let mut seen = InLine::default();
         let fixed = bobs(&[(0, "b"), (1, "b")]);
         let start = (vec![(Pid(20), 1020)], Some(1020));
         assert_eq!(cycle(&mut seen, &fixed, 10_000), start);
+        let mut garbled = fixed.clone();
+        garbled.truth.as_mut().unwrap().state_problem = Some("garbled".into());
+        assert_eq!(cycle(&mut seen, &garbled, 20_000), start);
+        assert_eq!(cycle(&mut seen, &fixed, 30_000), start);
         // Its attachment removed for a cycle, then put back.
         assert_eq!(
-            cycle(&mut seen, &bobs(&[(0, "b")]), 20_000).0,
+            cycle(&mut seen, &bobs(&[(0, "b")]), 40_000).0,
             [(Pid(20), 1020)]
         );
-        assert_eq!(cycle(&mut seen, &fixed, 30_000), start);
+        assert_eq!(cycle(&mut seen, &fixed, 50_000).1, Some(50_000));
+    }
+
+    /// Review of c78b454, finding 1: a job outside genv by its own environ
+    /// (no id) that comes to carry one in line stands from then, not from
+    /// when it came to the device.
+    #[test]
+    fn a_job_outside_genv_that_takes_an_environment_stands_from_then() {
+        let mut seen = InLine::default();
+        let fixed = bobs(&[(0, "b"), (1, "b")]);
+        let mut bare = fixed.clone();
+        bare.processes[0].owner = Owner::NoEnv;
+        seen_only(&mut seen, &bare, 10_000);
+        seen_only(&mut seen, &bare, 20_000);
+        assert_eq!(cycle(&mut seen, &fixed, 30_000).1, Some(30_000));
+        assert_eq!(cycle(&mut seen, &fixed, 40_000).1, Some(30_000));
+        // Hidden likewise; an environ unreadable (not its doing) is not.
+        for (owner, since) in [
+            (Owner::Hidden("huge".into()), 60_000),
+            (Owner::Unknown("gone".into()), 1020),
+        ] {
+            let mut first = InLine::default();
+            let mut job = fixed.clone();
+            job.processes[0].owner = owner;
+            seen_only(&mut first, &job, 50_000);
+            assert_eq!(cycle(&mut first, &fixed, 60_000).1, Some(since));
+        }
     }
 
     /// Review of a883e69, findings 1 and 2: a job first seen out of line
@@ -384,5 +444,35 @@ mod tests {
         seen_only(&mut seen, &fixed, 20_000);
         assert_eq!(seen.len(), MAX_JOBS);
         assert!(seen.0[&HostId("h".into())].jobs.contains_key(&Pid(20)));
+    }
+
+    /// Review of c78b454, finding 4: one who floods a host with short jobs
+    /// pushes out his own records, not the others' older ones.
+    #[test]
+    fn a_flood_of_jobs_pushes_out_its_owners_records_first() {
+        let mut seen = InLine::default();
+        let mut hers = bobs(&[(0, "b"), (1, "b")]);
+        hers.processes[0].uid = Some(1001);
+        hers.processes[0].pid = Pid(7);
+        seen_only(&mut seen, &hers, 5_000);
+        // Two waves of short jobs of bob's, over MAX_JOBS in all.
+        let mut many = bobs(&[(0, "b"), (1, "b")]);
+        let job = many.processes[0].clone();
+        let wave = MAX_JOBS as u32 / 2 + 10;
+        for (k, now) in [(0, 10_000), (1, 15_000)] {
+            many.processes = (0..wave)
+                .map(|j| crate::model::Process {
+                    pid: Pid(100 + k * wave + j),
+                    ..job.clone()
+                })
+                .collect();
+            seen_only(&mut seen, &many, now);
+        }
+        let mut none = many.clone();
+        none.processes.clear();
+        seen_only(&mut seen, &none, 20_000);
+        let jobs = &seen.0[&HostId("h".into())].jobs;
+        assert_eq!(jobs.len(), MAX_JOBS);
+        assert!(jobs.contains_key(&Pid(7)), "hers, unlisted longest, kept");
     }
 }
