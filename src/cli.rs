@@ -106,6 +106,11 @@ pub enum Command {
     /// GPU-hours, peak GPUs, mean GPU memory, violations by rule,
     /// warnings, terminations and detaches.
     Report(ReportArgs),
+    /// What the running service sees now (its last cycle): each host's
+    /// GPUs and jobs, each user against their caps, what waits and when,
+    /// and what was done; printed once (--output json: for scripts, its
+    /// schema in contrib/genv-enforce-view.schema.json).
+    Status(StatusArgs),
     /// Check a configuration file (--config, default
     /// /etc/genv-enforce/genv-enforce.toml) without touching any host, or
     /// print its JSON Schema.
@@ -140,6 +145,29 @@ pub struct ConfigCheckArgs {
     /// [default: what --config alone runs].
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<std::ffi::OsString>,
+}
+
+/// `status` options.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// The service's --view-socket, or its metrics endpoint's URL
+    /// (http(s)://[USER:PASSWORD@]HOST:PORT, path /view).
+    #[arg(long, value_name = "SOCKET|URL", default_value = crate::view_socket::DEFAULT_PATH)]
+    pub connect: String,
+    /// How long to wait for the service's view.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "10s")]
+    pub timeout: Duration,
+    #[arg(long, value_enum, default_value_t = StatusOutput::Text)]
+    pub output: StatusOutput,
+}
+
+/// `status --output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusOutput {
+    /// A few lines per host, user and action.
+    Text,
+    /// The view as the service serves it: one JSON object.
+    Json,
 }
 
 /// `docs` options.
@@ -432,6 +460,17 @@ pub struct CycleArgs {
         requires = "metrics_listen"
     )]
     pub web_config_file: Option<PathBuf>,
+
+    /// Serve each cycle's view (hosts, GPUs, jobs, users against their
+    /// caps, what waits and what was done) on this Unix socket, for
+    /// `status` and `top`: root's alone (0600) unless --view-group. The
+    /// same JSON is at /view on --metrics-listen.
+    #[arg(long, value_name = "PATH")]
+    pub view_socket: Option<PathBuf>,
+
+    /// The group whose members may read --view-socket (0660).
+    #[arg(long, value_name = "GROUP", requires = "view_socket")]
+    pub view_group: Option<String>,
 
     /// Mail each warning, action and clearing to the job's owner through
     /// this SMTP server: smtp://HOST:PORT (plain; add ?tls=required for

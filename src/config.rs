@@ -78,6 +78,8 @@ pub enum Request {
     Snapshot(Here),
     /// `report` over a state database.
     Report(crate::cli::ReportArgs),
+    /// `status`: the service's view.
+    Status(crate::cli::StatusArgs),
     /// Man pages and completions written under this directory.
     Docs(PathBuf),
     /// `doctor` over these hosts (and etcd, under `--ha-etcd`).
@@ -100,6 +102,9 @@ pub struct Enforce {
     pub metrics: Option<std::net::SocketAddr>,
     /// `--web.config.file`: the metrics endpoint's TLS and users.
     pub web_config: Option<PathBuf>,
+    /// `--view-socket`, `--view-group`.
+    pub view_socket: Option<PathBuf>,
+    pub view_group: Option<String>,
 }
 
 /// `doctor`, here or over SSH.
@@ -282,6 +287,7 @@ pub fn resolve(cli: Cli, read: &Read) -> Result<Request, ConfigError> {
         }
         Command::Remote(args) => remote(*args, read),
         Command::Report(args) => Ok(Request::Report(args)),
+        Command::Status(args) => Ok(Request::Status(args)),
         Command::Docs(args) => Ok(Request::Docs(args.out)),
         Command::Config(_) => Err(ConfigError::ConfigCommand),
     }
@@ -326,6 +332,8 @@ fn enforce(
         audit_log: c.audit_log.clone(),
         metrics: c.metrics_listen,
         web_config: c.web_config_file.clone(),
+        view_socket: c.view_socket.clone(),
+        view_group: c.view_group.clone(),
     })))
 }
 
@@ -539,6 +547,7 @@ fn settings(c: &CycleArgs, policy: Policy, mode: Mode, replay: bool) -> Settings
             // Only a run that keeps or serves them samples usage.
             sample_usage: c.state_db.is_some() || c.metrics_listen.is_some(),
             idle_gap: gap.unwrap_or(crate::state_db::MAX_SAMPLE_GAP),
+            view: false,
         },
         interval: if replay { Duration::ZERO } else { c.interval },
         format: format(c.output),

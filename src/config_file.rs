@@ -100,8 +100,8 @@ pub const SECTIONS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "metrics",
-        "Prometheus metrics over HTTP.",
-        &["metrics-listen", "web-config-file"],
+        "Prometheus metrics over HTTP, and the live view (`status`, `top`).",
+        &["metrics-listen", "web-config-file", "view-socket", "view-group"],
     ),
     (
         "high-availability",
@@ -219,7 +219,10 @@ pub fn flags(root: &Command) -> BTreeMap<String, Arg> {
 /// Subcommands whose flags are not configuration (`report` reads a
 /// database; `docs` and `snapshot` write files or print).
 fn is_unconfigured(cmd: &Command) -> bool {
-    matches!(cmd.get_name(), "report" | "docs" | "snapshot" | "config")
+    matches!(
+        cmd.get_name(),
+        "report" | "docs" | "snapshot" | "config" | "status"
+    )
 }
 
 /// Whether a flag takes a value (not a switch).
@@ -673,6 +676,8 @@ pub fn restart_keys() -> Vec<&'static str> {
     const OWN: &[&str] = &[
         "metrics-listen",
         "web-config-file",
+        "view-socket",
+        "view-group",
         "state-db",
         "control-dir",
         "control-persist",
@@ -1167,6 +1172,8 @@ ha-etcd = ["http://a:2379", "http://b:2379"]
         for k in [
             "metrics-listen",
             "web-config-file",
+            "view-socket",
+            "view-group",
             "state-db",
             "control-dir",
         ] {
@@ -1181,6 +1188,6 @@ ha-etcd = ["http://a:2379", "http://b:2379"]
         for k in ["interval", "non-env-processes", "retain", "grace"] {
             assert!(!keys.contains(&k), "{k} is applied on reload");
         }
-        assert_eq!(keys.len(), 5 + ha.len(), "{keys:?}");
+        assert_eq!(keys.len(), 7 + ha.len(), "{keys:?}");
     }
 }

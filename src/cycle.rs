@@ -43,6 +43,8 @@ pub struct Options {
     /// idle window: the run's gap between sightings, an hour for cron runs
     /// (a paused cron or an unreachable host saw nothing meanwhile).
     pub idle_gap: Duration,
+    /// Whether the report carries the cycle's view (a view is served).
+    pub view: bool,
 }
 
 /// What a run carries from one cycle to the next.
@@ -180,16 +182,26 @@ fn reported(
         status.recorded = host.is_recorded();
     }
     // A replay's report is the same every time: no clock in it.
-    let timing = (!fleet.is_recorded()).then_some(timing);
+    let recorded = fleet.is_recorded();
+    let timing = (!recorded).then_some(timing);
     let usage = if options.sample_usage {
         crate::report::samples(&a.cluster)
     } else {
         Vec::new()
     };
+    let cluster = options.view.then(|| crate::model::Cluster {
+        mode: a.cluster.mode,
+        hosts: std::mem::take(&mut a.cluster.hosts),
+    });
     let mut report = CycleReport::new(a, outcomes, timing);
     report.events = events;
     report.at_once = at_once;
     report.usage = usage;
+    if let Some(cluster) = cluster {
+        let at = (!recorded).then(now_ms);
+        let view = crate::view::of(&report, &cluster, &options.policy, at);
+        report.view = Some(Arc::new(view));
+    }
     report
 }
 

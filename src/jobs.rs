@@ -7,6 +7,7 @@ use crate::error::chain;
 use crate::fleet::Fleet;
 use crate::host::Host;
 use crate::metrics::{self, Metrics};
+use crate::view_socket::{self, Board};
 use crate::output::{complain, print_stdout};
 use crate::report::Format;
 use crate::service::{self, Service};
@@ -46,6 +47,7 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
             }
         },
         Job::Report(args) => report(&args),
+        Job::Status(args) => status(&args).await,
         Job::Docs(dir) => match crate::docs::write(&dir) {
             Ok(written) => {
                 let lines: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
@@ -77,6 +79,7 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
             control_dir,
             metrics,
             web,
+            view,
         } => {
             if let Some(hole) = crate::doctor::policy_hole(&settings.cycle.policy) {
                 complain(&format!("warning: {hole}"));
@@ -90,6 +93,18 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
                 reload: Some(service::reloader(line)),
                 ..Service::default()
             };
+            let board = (view.is_some() || metrics.is_some()).then(Board::default);
+            let mut view_server = None;
+            if let (Some((path, group)), Some(board)) = (view, &board) {
+                match view_socket::bind(&path, group.as_deref()) {
+                    Ok(bound) => view_server = Some(tokio::spawn(view_socket::serve(bound, board.clone()))),
+                    Err(e) => complain(&format!(
+                        "--view-socket: {}: enforcing without it",
+                        chain(&e)
+                    )),
+                }
+            }
+            service.view.clone_from(&board);
             let mut server = None;
             if let Some(addr) = metrics {
                 let m = Arc::new(Metrics::new());
@@ -100,6 +115,7 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
                     bound,
                     Arc::clone(&m),
                     web.map(Arc::new),
+                    board,
                 )));
                 service.metrics = Some(m);
             }
@@ -121,7 +137,7 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
                 }
             }
             let ending = service::run(fleets, settings, service).await;
-            if let Some(server) = server {
+            for server in [server, view_server].into_iter().flatten() {
                 server.abort();
                 let _ = server.await;
             }
@@ -133,6 +149,26 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
                     1
                 }
             }
+        }
+    }
+}
+
+/// Prints the running service's view once; 1 if none can be had.
+async fn status(args: &crate::cli::StatusArgs) -> u8 {
+    match view_socket::fetch(&args.connect, args.timeout).await {
+        Ok((view, line)) => {
+            let out = match args.output {
+                crate::cli::StatusOutput::Json => String::from_utf8_lossy(&line).into_owned(),
+                crate::cli::StatusOutput::Text => {
+                    crate::view_text::text(&view, crate::clock::now_ms())
+                }
+            };
+            print!("{out}");
+            0
+        }
+        Err(e) => {
+            complain(&chain(&e));
+            1
         }
     }
 }

@@ -96,4 +96,6 @@ pub mod snapshot;
 pub mod state_db;
 pub mod usage;
 pub mod view;
+pub mod view_socket;
+pub mod view_text;
 pub mod web_config;

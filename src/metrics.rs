@@ -486,6 +486,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     web: Option<Arc<crate::web_config::WebConfig>>,
+    view: Option<crate::view_socket::Board>,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let shares = Shares::default();
@@ -513,12 +514,14 @@ pub async fn serve(
         };
         let metrics = Arc::clone(&metrics);
         let web = web.clone();
+        let view = view.clone();
         tokio::spawn(async move {
             let tls = web.as_ref().and_then(|w| w.tls.clone());
             let users = web.filter(|w| !w.users.is_empty());
             let service = service_fn(move |req: Request<Incoming>| {
                 let metrics = Arc::clone(&metrics);
                 let users = users.clone();
+                let view = view.clone();
                 async move {
                     if let Some(users) = users {
                         let said = req
@@ -531,7 +534,7 @@ pub async fn serve(
                             crate::web_config::Admission::Busy => return Ok(busy()),
                         }
                     }
-                    Ok::<_, std::convert::Infallible>(respond(&req, &metrics))
+                    Ok::<_, std::convert::Infallible>(respond(&req, &metrics, view.as_ref()))
                 }
             });
             let http = hyper::server::conn::http1::Builder::new()
@@ -584,20 +587,38 @@ fn unauthorized() -> Response<Full<Bytes>> {
 }
 
 /// The answer to one request.
-fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+fn respond(
+    req: &Request<Incoming>,
+    metrics: &Metrics,
+    view: Option<&crate::view_socket::Board>,
+) -> Response<Full<Bytes>> {
     let plain = |status: StatusCode, text: &'static str| {
         let mut r = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
         *r.status_mut() = status;
         r
     };
-    if req.uri().path() != "/metrics" {
-        return plain(StatusCode::NOT_FOUND, "see /metrics\n");
+    let path = req.uri().path();
+    if path != "/metrics" && path != "/view" {
+        return plain(StatusCode::NOT_FOUND, "see /metrics or /view\n");
     }
     if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
-        let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "GET /metrics\n");
+        let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "GET /metrics or /view\n");
         r.headers_mut().insert(
             hyper::header::ALLOW,
             hyper::header::HeaderValue::from_static("GET, HEAD"),
+        );
+        return r;
+    }
+    if path == "/view" {
+        // The last cycle's view (`status --connect URL`), as the socket
+        // serves it.
+        let Some(line) = view.and_then(crate::view_socket::Board::latest) else {
+            return plain(StatusCode::SERVICE_UNAVAILABLE, "no cycle has ended yet\n");
+        };
+        let mut r = Response::new(Full::new(line));
+        r.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static("application/json"),
         );
         return r;
     }
@@ -641,6 +662,7 @@ pub async fn serve_at(
     mut bound: std::io::Result<tokio::net::TcpListener>,
     metrics: Arc<Metrics>,
     web: Option<Arc<crate::web_config::WebConfig>>,
+    view: Option<crate::view_socket::Board>,
 ) {
     let mut said = false;
     loop {
@@ -649,7 +671,7 @@ pub async fn serve_at(
                 if said {
                     crate::output::complain(&format!("--metrics-listen {addr}: serving now"));
                 }
-                return serve(listener, metrics, web).await;
+                return serve(listener, metrics, web, view).await;
             }
             Err(e) if !said => {
                 crate::output::complain(&format!(

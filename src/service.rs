@@ -66,6 +66,9 @@ pub struct Service {
     /// `--ha-etcd`: this box's part in the election; it acts only while
     /// it leads.
     pub elector: Option<crate::ha::Elector>,
+    /// `--view-socket`, `--metrics-listen`: each cycle's view, put up for
+    /// `status` and `top`.
+    pub view: Option<crate::view_socket::Board>,
 }
 
 /// Makes the run's fleets and settings anew from the configuration files.
@@ -331,8 +334,13 @@ impl Run {
         &mut self,
         i: usize,
         n: u64,
-        follower: Option<crate::cycle::Options>,
+        mut follower: Option<crate::cycle::Options>,
     ) -> Option<(CycleReport, bool)> {
+        let view = self.service.view.is_some();
+        self.settings.cycle.view = view;
+        if let Some(f) = &mut follower {
+            f.view = view;
+        }
         let options = follower.as_ref().unwrap_or(&self.settings.cycle);
         let (report, abort) = tokio::select! {
             r = cycle(&self.fleets[i], options, n, &mut self.memory) => r,
@@ -364,6 +372,9 @@ impl Run {
     /// database, the owners' terminals on fleet `i`'s hosts; `false` when
     /// a signal came meanwhile.
     async fn tell(&mut self, i: usize, n: u64, report: &CycleReport) -> bool {
+        if let (Some(board), Some(view)) = (&self.service.view, &report.view) {
+            board.publish(view);
+        }
         if let Some(m) = &self.service.metrics {
             m.observe(report);
             if let Some(log) = &self.fleets[i].audit {
@@ -714,7 +725,11 @@ pub fn reloader(line: setup::CommandLine) -> Reload {
                 settings,
                 keep: control_dir,
             }),
-            Job::Snapshot(_) | Job::Report(_) | Job::Doctor { .. } | Job::Docs(_) => {
+            Job::Snapshot(_)
+            | Job::Report(_)
+            | Job::Status(_)
+            | Job::Doctor { .. }
+            | Job::Docs(_) => {
                 Err(ReloadError::NotEnforcing)
             }
         }

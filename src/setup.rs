@@ -42,11 +42,15 @@ pub enum Job {
         metrics: Option<std::net::SocketAddr>,
         /// `--web.config.file`: the metrics endpoint's TLS and users.
         web: Option<crate::web_config::WebConfig>,
+        /// `--view-socket` and `--view-group`.
+        view: Option<(PathBuf, Option<String>)>,
     },
     /// This machine's snapshot as genv prints it.
     Snapshot(Box<LiveHost>),
     /// `report` over a state database.
     Report(crate::cli::ReportArgs),
+    /// `status`: the running service's view, printed once.
+    Status(crate::cli::StatusArgs),
     /// Man pages and completions written under this directory.
     Docs(PathBuf),
     /// `doctor` over these hosts (and etcd, under `--ha-etcd`).
@@ -289,6 +293,7 @@ pub fn build(request: Request) -> Result<Job, SetupError> {
     match request {
         Request::Snapshot(here) => Ok(Job::Snapshot(Box::new(local_host(&here)))),
         Request::Report(args) => Ok(Job::Report(args)),
+        Request::Status(args) => Ok(Job::Status(args)),
         Request::Docs(dir) => Ok(Job::Docs(dir)),
         Request::Doctor(d) => {
             let Doctor {
@@ -323,6 +328,8 @@ fn enforce(e: Enforce) -> Result<Job, SetupError> {
         audit_log,
         metrics,
         web_config,
+        view_socket,
+        view_group,
     } = e;
     let web = web_config
         .as_deref()
@@ -360,6 +367,7 @@ fn enforce(e: Enforce) -> Result<Job, SetupError> {
         control_dir,
         metrics,
         web,
+        view: view_socket.map(|p| (p, view_group)),
     })
 }
 

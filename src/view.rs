@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::ladder::Waiting;
@@ -19,7 +20,7 @@ use crate::rules::{Action, Policy, Violation};
 pub const SCHEMA: u32 = 1;
 
 /// One cycle's view of the fleet.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct View {
     pub schema: u32,
     pub cycle: u64,
@@ -37,7 +38,7 @@ pub struct View {
 }
 
 /// Whether a host answered, and how.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum HostState {
     Ok,
@@ -46,7 +47,7 @@ pub enum HostState {
     Failed,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct HostView {
     pub host: String,
     pub state: HostState,
@@ -59,7 +60,7 @@ pub struct HostView {
 /// A GPU at a glance, the most pressing first: an action waits on it, a
 /// rule finds against it, a job outside its environments runs on it, an
 /// environment holds it, or nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum GpuState {
     Free,
@@ -69,7 +70,7 @@ pub enum GpuState {
     Waiting,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct GpuView {
     pub index: u32,
     pub state: GpuState,
@@ -78,7 +79,7 @@ pub struct GpuView {
     pub processes: Vec<ProcessView>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ProcessView {
     pub pid: u32,
     /// Its owner, as the kernel says (in a recording, as its
@@ -92,7 +93,7 @@ pub struct ProcessView {
 
 /// One user over the fleet: the GPUs their jobs run on, the memory those
 /// hold, and their caps.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct UserView {
     pub user: String,
     pub devices: u32,
@@ -105,7 +106,7 @@ pub struct UserView {
 }
 
 /// What an action is on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Target {
     Terminate { pid: u32 },
@@ -113,7 +114,7 @@ pub enum Target {
 }
 
 /// An action, waiting or done, with the rule behind it and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ActionView {
     pub host: String,
     #[serde(flatten)]

@@ -166,6 +166,7 @@ async fn process_of_unknown_ownership_is_reported_never_terminated() {
         kill_after: None,
         sample_usage: false,
         idle_gap: std::time::Duration::from_secs(3600),
+        view: false,
     };
     let fleet =
         genv_enforce::fleet::Fleet::new(vec![genv_enforce::host::Host::Live(Box::new(host))], 1);

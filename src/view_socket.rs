@@ -1,0 +1,444 @@
+//! The running service's view of its last cycle ([`crate::view`]), for
+//! `status` and `top`: kept serialized once per cycle on a [`Board`], and
+//! served on a Unix socket (`--view-socket`; root's alone, or a group's
+//! with `--view-group`) to whoever connects, as one JSON line now and one
+//! per cycle after. A reader can never hold up a cycle or make the service
+//! allocate: every reader is sent the same bytes, at most
+//! [`MAX_READERS`] at once, each write within [`WRITE_DEADLINE`], and
+//! nothing a reader sends is kept.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Bytes;
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::view::View;
+
+/// Where the service serves its view, and `status` and `top` look for it
+/// (the unit's runtime directory).
+pub const DEFAULT_PATH: &str = "/run/genv-enforce/view.sock";
+
+/// The most readers served at once; more are closed at once.
+pub const MAX_READERS: usize = 16;
+
+/// A reader that takes longer than this to take one view is dropped.
+pub const WRITE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The largest view a client reads (a fleet of thousands of hosts is a
+/// few MiB).
+pub const MAX_VIEW_BYTES: u64 = 256 << 20;
+
+/// The last cycle's view, serialized (one JSON line), for every reader.
+#[derive(Debug, Clone)]
+pub struct Board(Arc<watch::Sender<Option<Bytes>>>);
+
+impl Default for Board {
+    fn default() -> Self {
+        Board(Arc::new(watch::channel(None).0))
+    }
+}
+
+impl Board {
+    /// Puts `view` up in place of the last one.
+    pub fn publish(&self, view: &View) {
+        let mut line = serde_json::to_vec(view).expect("a view serializes");
+        line.push(b'\n');
+        self.0.send_replace(Some(Bytes::from(line)));
+    }
+
+    /// The last view put up, if any.
+    pub fn latest(&self) -> Option<Bytes> {
+        self.0.borrow().clone()
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Option<Bytes>> {
+        self.0.subscribe()
+    }
+}
+
+/// Why the socket cannot be served, or read.
+#[derive(Debug, Error)]
+pub enum ViewSocketError {
+    #[error("{}: its directory: {source}", path.display())]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: crate::private::Refusal,
+    },
+    #[error("{}: not a socket: refused (remove it, or name another path)", .0.display())]
+    NotSocket(PathBuf),
+    #[error("{}: another service serves its view there", .0.display())]
+    InUse(PathBuf),
+    #[error("--view-group {0}: no such group")]
+    NoGroup(String),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: no service answers there ({source}); is genv-enforce running with --view-socket? (or --connect another socket or the metrics URL)", path.display())]
+    Unanswered {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {why}", from)]
+    Bad { from: String, why: String },
+}
+
+/// A socket bound for [`serve`]; removed when dropped, unless another has
+/// taken its place.
+#[derive(Debug)]
+pub struct Bound {
+    listener: std::os::unix::net::UnixListener,
+    path: PathBuf,
+    id: (u64, u64),
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        let ours = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.file_type().is_socket() && (m.dev(), m.ino()) == self.id);
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Binds the socket at `path`, 0600 (0660 and owned by `group` if given),
+/// in a directory only root (or we) may write, made 0755 if missing. A
+/// stale socket there is replaced; a live one, or anything else, is left
+/// alone and refused.
+///
+/// # Errors
+/// The directory is missing and cannot be made, or is open to others; the
+/// path holds something else, or a socket another service answers on; the
+/// group is unknown; binding fails.
+pub fn bind(path: &Path, group: Option<&str>) -> Result<Bound, ViewSocketError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let io = |source| ViewSocketError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let refused = |source| ViewSocketError::Dir {
+        path: dir.to_path_buf(),
+        source,
+    };
+    if std::fs::symlink_metadata(dir).is_err() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .map_err(|e| refused(e.into()))?;
+    }
+    crate::private::own_path(dir, rustix::fs::FileType::Directory, 0o022).map_err(refused)?;
+    crate::private::ancestors(dir).map_err(refused)?;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => {
+            return Err(ViewSocketError::NotSocket(path.to_path_buf()))
+        }
+        Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
+            return Err(ViewSocketError::InUse(path.to_path_buf()))
+        }
+        _ => {}
+    }
+    let gid = match group {
+        Some(g) => Some(
+            nix::unistd::Group::from_name(g)
+                .ok()
+                .flatten()
+                .ok_or_else(|| ViewSocketError::NoGroup(g.to_string()))?
+                .gid,
+        ),
+        None => None,
+    };
+    // Bound under a name of its own, closed to all until its mode is set,
+    // then moved into place (over a stale socket) at once.
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let fresh = dir.join(format!(".{name}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&fresh);
+    let before = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let bound = std::os::unix::net::UnixListener::bind(&fresh);
+    rustix::process::umask(before);
+    let listener = bound.map_err(io)?;
+    let placed = (|| {
+        if let Some(gid) = gid {
+            std::os::unix::fs::chown(&fresh, None, Some(gid.as_raw()))?;
+        }
+        let mode = if gid.is_some() { 0o660 } else { 0o600 };
+        std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(mode))?;
+        std::fs::rename(&fresh, path)?;
+        listener.set_nonblocking(true)?;
+        std::fs::symlink_metadata(path)
+    })();
+    let m = match placed {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = std::fs::remove_file(&fresh);
+            return Err(io(e));
+        }
+    };
+    Ok(Bound {
+        listener,
+        path: path.to_path_buf(),
+        id: (m.dev(), m.ino()),
+    })
+}
+
+/// Serves `board` on `bound` until dropped: each reader gets the last view
+/// at once (or the first, when it comes), then each new one.
+pub async fn serve(bound: Bound, board: Board) {
+    let listener = match bound
+        .listener
+        .try_clone()
+        .and_then(tokio::net::UnixListener::from_std)
+    {
+        Ok(l) => l,
+        Err(e) => {
+            crate::output::complain(&format!(
+                "--view-socket {}: {e}: enforcing without the view",
+                bound.path.display()
+            ));
+            return;
+        }
+    };
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_READERS));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "view socket: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            // Full: closed at once rather than left waiting.
+            continue;
+        };
+        let views = board.subscribe();
+        tokio::spawn(async move {
+            read_to(stream, views).await;
+            drop(slot);
+        });
+    }
+}
+
+/// One reader: every view as it comes, until it leaves or falls behind.
+async fn read_to(stream: tokio::net::UnixStream, mut views: watch::Receiver<Option<Bytes>>) {
+    let (mut from, mut to) = stream.into_split();
+    let mut junk = [0u8; 512];
+    loop {
+        let line = views.borrow_and_update().clone();
+        if let Some(line) = line {
+            match tokio::time::timeout(WRITE_DEADLINE, to.write_all(&line)).await {
+                Ok(Ok(())) => {}
+                _ => return,
+            }
+        }
+        // Until the next view: what the reader sends is dropped, its end
+        // ends it.
+        loop {
+            tokio::select! {
+                changed = views.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    break;
+                }
+                read = from.read(&mut junk) => {
+                    if matches!(read, Ok(0) | Err(_)) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The view a service serves at `at`: a Unix socket's path, or the
+/// metrics endpoint's URL (`http(s)://[user:password@]host:port`, its
+/// path `/view`), within `timeout`.
+///
+/// # Errors
+/// Nothing answers, too late, or what comes is not a view.
+pub async fn fetch(at: &str, timeout: Duration) -> Result<(View, Bytes), ViewSocketError> {
+    let bad = |why: String| ViewSocketError::Bad {
+        from: at.to_string(),
+        why,
+    };
+    let line = if at.starts_with("http://") || at.starts_with("https://") {
+        let mut url = url::Url::parse(at).map_err(|e| bad(e.to_string()))?;
+        if url.path() == "/" {
+            url.set_path("/view");
+        }
+        let (user, password) = (url.username().to_string(), url.password().map(String::from));
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| bad(e.to_string()))?;
+        let mut req = client.get(url);
+        if !user.is_empty() {
+            req = req.basic_auth(user, password);
+        }
+        let resp = req.send().await.map_err(|e| bad(crate::error::chain(&e)))?;
+        if !resp.status().is_success() {
+            return Err(bad(format!("HTTP {}", resp.status())));
+        }
+        resp.bytes().await.map_err(|e| bad(e.to_string()))?
+    } else {
+        let path = PathBuf::from(at);
+        let unanswered = |source| ViewSocketError::Unanswered {
+            path: path.clone(),
+            source,
+        };
+        let read = async {
+            let stream = tokio::net::UnixStream::connect(&path)
+                .await
+                .map_err(unanswered)?;
+            let mut line = Vec::new();
+            let mut limited = tokio::io::BufReader::new(stream).take(MAX_VIEW_BYTES);
+            tokio::io::AsyncBufReadExt::read_until(&mut limited, b'\n', &mut line)
+                .await
+                .map_err(unanswered)?;
+            Ok::<_, ViewSocketError>(Bytes::from(line))
+        };
+        tokio::time::timeout(timeout, read).await.map_err(|_| {
+            bad(format!(
+                "no view within {} s (the service's first cycle may not have ended)",
+                timeout.as_secs()
+            ))
+        })??
+    };
+    let view: View = serde_json::from_slice(&line).map_err(|e| bad(format!("not a view: {e}")))?;
+    Ok((view, line))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncBufReadExt;
+
+    fn view(cycle: u64) -> View {
+        View {
+            schema: crate::view::SCHEMA,
+            cycle,
+            at_ms: Some(1),
+            dry_run: true,
+            hosts: Vec::new(),
+            users: Vec::new(),
+            waiting: Vec::new(),
+            actions: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reader_gets_the_last_view_then_each_new_one_and_the_socket_is_root_s() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/view.sock");
+        let bound = bind(&path, None).unwrap();
+        let m = std::fs::metadata(&path).unwrap();
+        assert!(m.file_type().is_socket());
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+        let made = std::fs::metadata(path.parent().unwrap()).unwrap();
+        assert_eq!(made.permissions().mode() & 0o777, 0o755);
+        let board = Board::default();
+        board.publish(&view(1));
+        let server = tokio::spawn(serve(bound, board.clone()));
+        let (got, _) = fetch(path.to_str().unwrap(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(got.cycle, 1);
+        let stream = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let mut lines = tokio::io::BufReader::new(stream).lines();
+        assert!(lines.next_line().await.unwrap().unwrap().contains("\"cycle\":1"));
+        board.publish(&view(2));
+        assert!(lines.next_line().await.unwrap().unwrap().contains("\"cycle\":2"));
+        // A second service refuses the live socket; a stale one is replaced.
+        assert!(matches!(bind(&path, None), Err(ViewSocketError::InUse(_))));
+        server.abort();
+        let _ = server.await;
+        assert!(!path.exists(), "removed with its service");
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let again = bind(&path, None).unwrap();
+        drop(again);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn what_is_not_a_socket_or_sits_in_an_open_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("view.sock");
+        std::fs::write(&path, "hers").unwrap();
+        assert!(matches!(bind(&path, None), Err(ViewSocketError::NotSocket(_))));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "hers");
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = bind(&open.join("view.sock"), None).unwrap_err();
+        assert!(matches!(e, ViewSocketError::Dir { .. }), "{e}");
+        let e = bind(&dir.path().join("g.sock"), Some("no-such-group-here")).unwrap_err();
+        assert!(matches!(e, ViewSocketError::NoGroup(_)), "{e}");
+    }
+
+    #[tokio::test]
+    async fn readers_past_the_limit_are_closed_and_one_that_never_reads_holds_up_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("view.sock");
+        let bound = bind(&path, None).unwrap();
+        let board = Board::default();
+        // A view larger than any socket buffer.
+        let mut big = view(1);
+        big.users = (0..20_000)
+            .map(|k| crate::view::UserView {
+                user: format!("user{k}"),
+                devices: 1,
+                memory_bytes: 1,
+                processes: 1,
+                device_cap: None,
+                memory_cap: None,
+            })
+            .collect();
+        board.publish(&big);
+        let server = tokio::spawn(serve(bound, board.clone()));
+        let mut held = Vec::new();
+        for _ in 0..MAX_READERS {
+            held.push(tokio::net::UnixStream::connect(&path).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut over = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(Duration::from_secs(5), over.read(&mut buf))
+            .await
+            .expect("closed at once")
+            .unwrap_or(0);
+        assert_eq!(n, 0, "closed without a view");
+        // Publishing never waits on them.
+        let t = std::time::Instant::now();
+        for k in 2..50 {
+            big.cycle = k;
+            board.publish(&big);
+        }
+        assert!(t.elapsed() < Duration::from_secs(5));
+        // Past the write deadline they are dropped, and a reader is served.
+        drop(held.split_off(1));
+        tokio::time::sleep(WRITE_DEADLINE + Duration::from_secs(1)).await;
+        let (got, _) = fetch(path.to_str().unwrap(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(got.cycle, 49);
+        server.abort();
+    }
+}

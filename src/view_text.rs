@@ -1,0 +1,217 @@
+//! `status`'s words: a [`View`] as a few lines per host, user and action,
+//! for a terminal or an SSH session. Pure: the time it is read at is
+//! given (for each deadline's countdown).
+
+use std::fmt::Write;
+
+use crate::view::{ActionView, GpuState, HostState, Target, View};
+
+/// `view` as read at `now` (ms since the Unix epoch).
+pub fn text(view: &View, now: u64) -> String {
+    let mut out = String::new();
+    let at = view.at_ms.map_or_else(
+        || "a replay".to_string(),
+        |ms| {
+            let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+            format!(
+                "{} ({} ago)",
+                humantime::format_rfc3339_seconds(t),
+                ago(now.saturating_sub(ms))
+            )
+        },
+    );
+    let dry = if view.dry_run {
+        ", dry run: nothing is carried out"
+    } else {
+        ""
+    };
+    let _ = writeln!(out, "cycle {}, {at}{dry}", view.cycle);
+    let count = |s: HostState| view.hosts.iter().filter(|h| h.state == s).count();
+    let _ = writeln!(
+        out,
+        "\nhosts: {} ({} ok, {} degraded, {} failed)",
+        view.hosts.len(),
+        count(HostState::Ok),
+        count(HostState::Degraded),
+        count(HostState::Failed)
+    );
+    for h in &view.hosts {
+        let state = match h.state {
+            HostState::Ok => "ok",
+            HostState::Degraded => "degraded",
+            HostState::Failed => "failed",
+        };
+        let why = h.why.as_ref().map(|w| format!(": {w}")).unwrap_or_default();
+        let _ = writeln!(out, "  {} {state}{why}", h.host);
+        for g in &h.gpus {
+            let state = match g.state {
+                GpuState::Free => "free",
+                GpuState::InEnv => "in an environment",
+                GpuState::Stray => "a stray",
+                GpuState::Violating => "violating",
+                GpuState::Waiting => "an action waits",
+            };
+            let envs = if g.envs.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", g.envs.join(", "))
+            };
+            let _ = writeln!(out, "    gpu {} {state}{envs}", g.index);
+            for p in &g.processes {
+                let user = p.user.as_deref().unwrap_or("?");
+                let env = p.env.as_deref().unwrap_or("no environment");
+                let mem = p.memory_bytes.map(mib).unwrap_or_default();
+                let _ = writeln!(out, "      pid {} {user} ({env}){mem}", p.pid);
+            }
+        }
+    }
+    if !view.users.is_empty() {
+        let _ = writeln!(out, "\nusers:");
+    }
+    for u in &view.users {
+        let cap = u.device_cap.map(|c| format!(" of {c}")).unwrap_or_default();
+        let mem_cap = u.memory_cap.map(|c| format!(" of{}", mib(c))).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {} {} GPU(s){cap},{}{mem_cap}, {} process(es)",
+            u.user,
+            u.devices,
+            mib(u.memory_bytes),
+            u.processes
+        );
+    }
+    for (title, actions) in [("waiting", &view.waiting), ("actions", &view.actions)] {
+        if actions.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "\n{title}:");
+        for a in actions {
+            let _ = writeln!(out, "  {}", action(a, now));
+        }
+    }
+    out
+}
+
+/// One action on a line, its reasons after.
+fn action(a: &ActionView, now: u64) -> String {
+    let what = match &a.target {
+        Target::Terminate { pid } => format!("terminate pid {pid}"),
+        Target::Detach { device, env } => format!("detach {env} from gpu {device}"),
+    };
+    let mut line = format!("{} {what} ({})", a.host, a.rules.join(", "));
+    if let Some(d) = a.deadline_ms {
+        let _ = match d.checked_sub(now) {
+            Some(left) if left > 0 => write!(line, ", due in {}", ago(left)),
+            _ => write!(line, ", due now"),
+        };
+    }
+    if let Some((seen, needed)) = a.seen {
+        let _ = write!(line, ", seen {seen} of {needed} cycles");
+    }
+    if a.warn_only {
+        line.push_str(", warned only");
+    }
+    if let Some(why) = &a.exempt {
+        let _ = write!(line, ", exempt: {why}");
+    }
+    if let Some(r) = &a.result {
+        let _ = write!(line, ": {r}");
+    }
+    for why in &a.why {
+        let _ = write!(line, "\n    {why}");
+    }
+    line
+}
+
+/// A span to the second (`4m12s`).
+fn ago(ms: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_secs(ms / 1000))
+        .to_string()
+        .replace(' ', "")
+}
+
+/// ` 1234 MiB`.
+fn mib(bytes: u64) -> String {
+    format!(" {} MiB", bytes >> 20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::*;
+
+    #[test]
+    fn a_view_in_words_with_its_countdowns() {
+        let view = View {
+            schema: SCHEMA,
+            cycle: 7,
+            at_ms: Some(1_000_000),
+            dry_run: false,
+            hosts: vec![
+                HostView {
+                    host: "h1".into(),
+                    state: HostState::Ok,
+                    why: None,
+                    gpus: vec![GpuView {
+                        index: 0,
+                        state: GpuState::Waiting,
+                        envs: vec!["a".into()],
+                        processes: vec![ProcessView {
+                            pid: 42,
+                            user: Some("bob".into()),
+                            env: None,
+                            memory_bytes: Some(3 << 20),
+                        }],
+                    }],
+                },
+                HostView {
+                    host: "h2".into(),
+                    state: HostState::Failed,
+                    why: Some("unreachable".into()),
+                    gpus: Vec::new(),
+                },
+            ],
+            users: vec![UserView {
+                user: "bob".into(),
+                devices: 1,
+                memory_bytes: 3 << 20,
+                processes: 1,
+                device_cap: Some(1),
+                memory_cap: None,
+            }],
+            waiting: vec![ActionView {
+                host: "h1".into(),
+                target: Target::Terminate { pid: 42 },
+                rules: vec!["non-env-processes".into()],
+                why: vec!["pid 42 runs outside any environment".into()],
+                deadline_ms: Some(1_000_000 + 252_000),
+                warn_only: false,
+                exempt: None,
+                seen: None,
+                result: None,
+            }],
+            actions: vec![ActionView {
+                host: "h1".into(),
+                target: Target::Detach {
+                    device: 1,
+                    env: "b".into(),
+                },
+                rules: vec!["env-devices".into()],
+                why: Vec::new(),
+                deadline_ms: None,
+                warn_only: false,
+                exempt: None,
+                seen: Some((1, 2)),
+                result: Some("detached".into()),
+            }],
+        };
+        insta::assert_snapshot!(text(&view, 1_010_000));
+        assert!(text(&view, 2_000_000).contains("due now"));
+        let replay = View {
+            at_ms: None,
+            dry_run: true,
+            ..view
+        };
+        assert!(text(&replay, 0).starts_with("cycle 7, a replay, dry run"));
+    }
+}
