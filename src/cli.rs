@@ -159,6 +159,10 @@ pub struct StatusArgs {
     pub timeout: Duration,
     #[arg(long, value_enum, default_value_t = StatusOutput::Text)]
     pub output: StatusOutput,
+    /// Print the JSON Schema of --output json (shipped as
+    /// contrib/genv-enforce-view.schema.json) and exit.
+    #[arg(long)]
+    pub schema: bool,
 }
 
 /// `status --output`.

@@ -101,7 +101,12 @@ pub const SECTIONS: &[(&str, &str, &[&str])] = &[
     (
         "metrics",
         "Prometheus metrics over HTTP, and the live view (`status`, `top`).",
-        &["metrics-listen", "web-config-file", "view-socket", "view-group"],
+        &[
+            "metrics-listen",
+            "web-config-file",
+            "view-socket",
+            "view-group",
+        ],
     ),
     (
         "high-availability",

@@ -7,12 +7,12 @@ use crate::error::chain;
 use crate::fleet::Fleet;
 use crate::host::Host;
 use crate::metrics::{self, Metrics};
-use crate::view_socket::{self, Board};
 use crate::output::{complain, print_stdout};
 use crate::report::Format;
 use crate::service::{self, Service};
 use crate::setup::Job;
 use crate::snapshot::genv;
+use crate::view_socket::{self, Board};
 
 /// The exit status of a command line that cannot run (as clap's).
 pub const USAGE: u8 = 2;
@@ -97,7 +97,9 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
             let mut view_server = None;
             if let (Some((path, group)), Some(board)) = (view, &board) {
                 match view_socket::bind(&path, group.as_deref()) {
-                    Ok(bound) => view_server = Some(tokio::spawn(view_socket::serve(bound, board.clone()))),
+                    Ok(bound) => {
+                        view_server = Some(tokio::spawn(view_socket::serve(bound, board.clone())))
+                    }
                     Err(e) => complain(&format!(
                         "--view-socket: {}: enforcing without it",
                         chain(&e)
@@ -155,6 +157,14 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
 
 /// Prints the running service's view once; 1 if none can be had.
 async fn status(args: &crate::cli::StatusArgs) -> u8 {
+    if args.schema {
+        let schema = schemars::schema_for!(crate::view::View);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&schema).expect("a schema serializes")
+        );
+        return 0;
+    }
     match view_socket::fetch(&args.connect, args.timeout).await {
         Ok((view, line)) => {
             let out = match args.output {

@@ -729,9 +729,7 @@ pub fn reloader(line: setup::CommandLine) -> Reload {
             | Job::Report(_)
             | Job::Status(_)
             | Job::Doctor { .. }
-            | Job::Docs(_) => {
-                Err(ReloadError::NotEnforcing)
-            }
+            | Job::Docs(_) => Err(ReloadError::NotEnforcing),
         }
     })
 }

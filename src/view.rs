@@ -60,7 +60,9 @@ pub struct HostView {
 /// A GPU at a glance, the most pressing first: an action waits on it, a
 /// rule finds against it, a job outside its environments runs on it, an
 /// environment holds it, or nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum GpuState {
     Free,

@@ -363,9 +363,19 @@ mod tests {
         assert_eq!(got.cycle, 1);
         let stream = tokio::net::UnixStream::connect(&path).await.unwrap();
         let mut lines = tokio::io::BufReader::new(stream).lines();
-        assert!(lines.next_line().await.unwrap().unwrap().contains("\"cycle\":1"));
+        assert!(lines
+            .next_line()
+            .await
+            .unwrap()
+            .unwrap()
+            .contains("\"cycle\":1"));
         board.publish(&view(2));
-        assert!(lines.next_line().await.unwrap().unwrap().contains("\"cycle\":2"));
+        assert!(lines
+            .next_line()
+            .await
+            .unwrap()
+            .unwrap()
+            .contains("\"cycle\":2"));
         // A second service refuses the live socket; a stale one is replaced.
         assert!(matches!(bind(&path, None), Err(ViewSocketError::InUse(_))));
         server.abort();
@@ -382,7 +392,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("view.sock");
         std::fs::write(&path, "hers").unwrap();
-        assert!(matches!(bind(&path, None), Err(ViewSocketError::NotSocket(_))));
+        assert!(matches!(
+            bind(&path, None),
+            Err(ViewSocketError::NotSocket(_))
+        ));
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "hers");
         let open = dir.path().join("open");
         std::fs::create_dir(&open).unwrap();

@@ -70,7 +70,10 @@ pub fn text(view: &View, now: u64) -> String {
     }
     for u in &view.users {
         let cap = u.device_cap.map(|c| format!(" of {c}")).unwrap_or_default();
-        let mem_cap = u.memory_cap.map(|c| format!(" of{}", mib(c))).unwrap_or_default();
+        let mem_cap = u
+            .memory_cap
+            .map(|c| format!(" of{}", mib(c)))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
             "  {} {} GPU(s){cap},{}{mem_cap}, {} process(es)",

@@ -955,7 +955,7 @@ fn metrics_may_be_served_over_tls_to_the_users_of_a_web_config_only() {
         .build()
         .unwrap();
     let url = format!("https://localhost:{port}/metrics");
-    let (good, wrong, none) = runtime.block_on(async {
+    let (good, wrong, none, view, view_none) = runtime.block_on(async {
         let client = reqwest::Client::builder()
             .use_rustls_tls()
             .tls_built_in_root_certs(false)
@@ -983,7 +983,22 @@ fn metrics_may_be_served_over_tls_to_the_users_of_a_web_config_only() {
             .status()
             .as_u16();
         let none = get(None).await.unwrap().status().as_u16();
-        (good, wrong, none)
+        // The view (`status --connect URL`) under the same configuration.
+        let view = client
+            .get(url.replace("/metrics", "/view"))
+            .basic_auth("prometheus", Some("s3cret"))
+            .send()
+            .await
+            .unwrap();
+        let view = (view.status().as_u16(), view.text().await.unwrap());
+        let view_none = client
+            .get(url.replace("/metrics", "/view"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        (good, wrong, none, view, view_none)
     });
     // Plain HTTP gets no metrics.
     let plain = {
@@ -1001,6 +1016,13 @@ fn metrics_may_be_served_over_tls_to_the_users_of_a_web_config_only() {
     assert_eq!(good.0, 200);
     assert!(good.1.contains("genv_enforce_cycles_total"), "{}", good.1);
     assert_eq!((wrong, none), (401, 401));
+    assert_eq!(view.0, 200, "{}", view.1);
+    assert!(
+        view.1.starts_with("{\"schema\":1,\"cycle\":1,"),
+        "{}",
+        view.1
+    );
+    assert_eq!(view_none, 401);
     assert!(!plain.contains("genv_enforce"), "{plain}");
     // A web configuration that cannot be used stops the run before it starts.
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
@@ -1018,5 +1040,113 @@ fn metrics_may_be_served_over_tls_to_the_users_of_a_web_config_only() {
         stderr(&out).contains("others may read or write it"),
         "{}",
         stderr(&out)
+    );
+}
+
+/// `status` attached to a running service (issue 43): its socket is
+/// root's alone (0600, the run's own user here), the view shows the stray
+/// and its termination, `--output json` meets the shipped schema, and the
+/// schema is what the binary prints. With no service, a clear error.
+#[test]
+fn status_prints_the_running_services_view_from_its_socket() {
+    let mut h = Host::new(2);
+    let stray = h.spawn(None);
+    let good = h.spawn(Some("a"));
+    h.set_apps(&[(stray, 0, "100"), (good, 1, "100")]);
+    h.write_envs(&[env("a", Some("alice"), None, good)]);
+    h.write_devices(2, &[(1, "a")]);
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("run/view.sock");
+    let mut child = h
+        .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+        .args([
+            "enforce",
+            "--interval",
+            "1m",
+            "--non-env-processes",
+            "--grace",
+            "10m",
+            "--output",
+            "json",
+            "--view-socket",
+            socket.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reports = BufReader::new(child.stdout.take().unwrap()).lines();
+    let _first = reports.next().unwrap().unwrap();
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    let status = |args: &[&str]| {
+        let mut all = vec!["status", "--connect", socket.to_str().unwrap()];
+        all.extend(args);
+        h.ours(&all)
+    };
+    let text = status(&[]);
+    let json = status(&["--output", "json"]);
+    let _ = stop(&mut child);
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    let words = String::from_utf8_lossy(&text.stdout);
+    assert!(text.status.success(), "{}", stderr(&text));
+    assert!(words.starts_with("cycle 1, "), "{words}");
+    assert!(words.contains("gpu 0 an action waits"), "{words}");
+    assert!(
+        words.contains(&format!(
+            "terminate pid {stray} (non-env-processes), due in 9m"
+        )),
+        "{words}"
+    );
+    assert!(words.contains(&format!("pid {good} ")), "{words}");
+    assert!(json.status.success(), "{}", stderr(&json));
+    let view: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(view["waiting"][0]["pid"], stray);
+    assert_eq!(view["waiting"][0]["action"], "terminate");
+    let found = std::process::Command::new("python3")
+        .args(["-c", "import jsonschema"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        found,
+        "python3 with jsonschema is needed: pip install jsonschema (scripts/test does)"
+    );
+    let schema = util::repo().join("contrib/genv-enforce-view.schema.json");
+    let checked = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import json, sys, jsonschema\n\
+             s = json.load(open(sys.argv[1]))\n\
+             jsonschema.Draft202012Validator.check_schema(s)\n\
+             jsonschema.Draft202012Validator(s).validate(json.loads(sys.stdin.read()))",
+        )
+        .arg(&schema)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut p| {
+            use std::io::Write;
+            p.stdin.take().unwrap().write_all(&json.stdout)?;
+            p.wait_with_output()
+        })
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    let printed = h.ours(&["status", "--schema"]);
+    assert_eq!(
+        String::from_utf8_lossy(&printed.stdout),
+        std::fs::read_to_string(&schema).unwrap(),
+        "contrib/genv-enforce-view.schema.json is stale: genv-enforce status --schema > contrib/genv-enforce-view.schema.json"
+    );
+    // The service gone: its socket with it, and a clear error.
+    assert!(!socket.exists());
+    let none = status(&[]);
+    assert_eq!(none.status.code(), Some(1));
+    assert!(
+        stderr(&none).contains("no service answers there"),
+        "{}",
+        stderr(&none)
     );
 }
