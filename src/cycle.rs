@@ -73,6 +73,9 @@ pub struct Memory {
     /// that failed keeps its count): from [`BLIND_AFTER`], its jobs that
     /// cannot be judged are taken under the caps.
     pub unusable: HashMap<HostId, u32>,
+    /// The last cycle's view, where [`Options::view`] asks for it (taken
+    /// by the service to serve).
+    pub view: Option<crate::view::View>,
 }
 
 impl Memory {
@@ -162,14 +165,13 @@ pub async fn cycle(
     }
     timing.dispatch_ms = millis(dispatched.elapsed());
     timing.total_ms = millis(start.elapsed());
-    (
-        reported(fleet, options, a, g.outcomes, timing, events),
-        abort,
-    )
+    let (report, view) = reported(fleet, options, a, g.outcomes, timing, events);
+    memory.view = view;
+    (report, abort)
 }
 
 /// The cycle's report: `a` with its outcomes, ladder events (and what was
-/// acted on at once), timing and usage samples.
+/// acted on at once), timing and usage samples; and its view, if asked.
 fn reported(
     fleet: &Fleet,
     options: &Options,
@@ -177,7 +179,7 @@ fn reported(
     outcomes: Vec<Outcome>,
     timing: Timing,
     (events, at_once): (Vec<crate::ladder::Event>, Vec<crate::ladder::Event>),
-) -> CycleReport {
+) -> (CycleReport, Option<crate::view::View>) {
     for (status, host) in a.hosts.iter_mut().zip(&fleet.hosts) {
         status.recorded = host.is_recorded();
     }
@@ -197,12 +199,11 @@ fn reported(
     report.events = events;
     report.at_once = at_once;
     report.usage = usage;
-    if let Some(cluster) = cluster {
+    let view = cluster.map(|cluster| {
         let at = (!recorded).then(now_ms);
-        let view = crate::view::of(&report, &cluster, &options.policy, at);
-        report.view = Some(Arc::new(view));
-    }
-    report
+        crate::view::of(&report, &cluster, &options.policy, at)
+    });
+    (report, view)
 }
 
 /// Every host's snapshot and own findings; what a host's own findings

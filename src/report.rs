@@ -50,9 +50,6 @@ pub struct CycleReport {
     pub outcomes: Vec<Outcome>,
     /// Wall time of the cycle (none for a replay).
     pub duration_ms: Option<u64>,
-    /// What the cycle saw, for `status` and `top` (when one is served).
-    #[serde(skip)]
-    pub view: Option<std::sync::Arc<crate::view::View>>,
     /// Where the cycle's time went (none for a replay).
     pub timing: Option<Timing>,
 }
@@ -83,7 +80,6 @@ impl CycleReport {
             usage: Vec::new(),
             at_once: Vec::new(),
             duration_ms: timing.as_ref().map(|t| t.total_ms),
-            view: None,
             timing,
         }
     }

@@ -372,8 +372,8 @@ impl Run {
     /// database, the owners' terminals on fleet `i`'s hosts; `false` when
     /// a signal came meanwhile.
     async fn tell(&mut self, i: usize, n: u64, report: &CycleReport) -> bool {
-        if let (Some(board), Some(view)) = (&self.service.view, &report.view) {
-            board.publish(view);
+        if let (Some(board), Some(view)) = (&self.service.view, self.memory.view.take()) {
+            board.publish(&view);
         }
         if let Some(m) = &self.service.metrics {
             m.observe(report);
