@@ -44,10 +44,9 @@ fn every_flag() -> Vec<String> {
                 out.push(long.to_string());
             }
         }
-        stack.extend(
-            cmd.get_subcommands()
-                .filter(|c| !["report", "docs", "snapshot", "config"].contains(&c.get_name())),
-        );
+        stack.extend(cmd.get_subcommands().filter(|c| {
+            !["report", "docs", "snapshot", "config", "status"].contains(&c.get_name())
+        }));
     }
     out.sort();
     out.dedup();
