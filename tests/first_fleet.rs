@@ -302,6 +302,15 @@ fn the_first_fleet_page_takes_a_fresh_admin_box_to_a_service_that_enforces() {
         "{journal}"
     );
     assert!(journal.contains("2 hosts ok"), "{journal}");
+    // The live view from the packaged unit's socket (its runtime
+    // directory), root's alone.
+    let status = b.ok("genv-enforce status");
+    assert!(
+        status.contains("hosts: 2 (2 ok, 0 degraded, 0 failed)"),
+        "{status}"
+    );
+    let mode = b.ok("stat -c %a /run/genv-enforce/view.sock");
+    assert_eq!(mode.trim(), "600");
 
     // A changed file, reloaded whole: cycles every 2 s instead of 30 s.
     b.ok(
