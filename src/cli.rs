@@ -111,6 +111,10 @@ pub enum Command {
     /// and what was done; printed once (--output json: for scripts, its
     /// schema in contrib/genv-enforce-view.schema.json).
     Status(StatusArgs),
+    /// The fleet live in the terminal, attached to the running service:
+    /// every GPU, user and waiting action, with countdowns, a filter (/),
+    /// a sort (s), why for any row (Enter) and help (?).
+    Top(TopArgs),
     /// Check a configuration file (--config, default
     /// /etc/genv-enforce/genv-enforce.toml) without touching any host, or
     /// print its JSON Schema.
@@ -163,6 +167,15 @@ pub struct StatusArgs {
     /// contrib/genv-enforce-view.schema.json) and exit.
     #[arg(long)]
     pub schema: bool,
+}
+
+/// `top` options.
+#[derive(Debug, Clone, Args)]
+pub struct TopArgs {
+    /// The service's --view-socket, or its metrics endpoint's URL
+    /// (http(s)://[USER:PASSWORD@]HOST:PORT, path /view, asked every second).
+    #[arg(long, value_name = "SOCKET|URL", default_value = crate::view_socket::DEFAULT_PATH)]
+    pub connect: String,
 }
 
 /// `status --output`.

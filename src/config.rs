@@ -80,6 +80,8 @@ pub enum Request {
     Report(crate::cli::ReportArgs),
     /// `status`: the service's view.
     Status(crate::cli::StatusArgs),
+    /// `top`: the service's views, live.
+    Top(crate::cli::TopArgs),
     /// Man pages and completions written under this directory.
     Docs(PathBuf),
     /// `doctor` over these hosts (and etcd, under `--ha-etcd`).
@@ -288,6 +290,7 @@ pub fn resolve(cli: Cli, read: &Read) -> Result<Request, ConfigError> {
         Command::Remote(args) => remote(*args, read),
         Command::Report(args) => Ok(Request::Report(args)),
         Command::Status(args) => Ok(Request::Status(args)),
+        Command::Top(args) => Ok(Request::Top(args)),
         Command::Docs(args) => Ok(Request::Docs(args.out)),
         Command::Config(_) => Err(ConfigError::ConfigCommand),
     }

@@ -226,7 +226,7 @@ pub fn flags(root: &Command) -> BTreeMap<String, Arg> {
 fn is_unconfigured(cmd: &Command) -> bool {
     matches!(
         cmd.get_name(),
-        "report" | "docs" | "snapshot" | "config" | "status"
+        "report" | "docs" | "snapshot" | "config" | "status" | "top"
     )
 }
 

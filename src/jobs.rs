@@ -48,6 +48,13 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
         },
         Job::Report(args) => report(&args),
         Job::Status(args) => status(&args).await,
+        Job::Top(args) => match crate::top_term::run(args.connect).await {
+            Ok(()) => 0,
+            Err(e) => {
+                complain(&format!("top: {e}"));
+                1
+            }
+        },
         Job::Docs(dir) => match crate::docs::write(&dir) {
             Ok(written) => {
                 let lines: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();

@@ -94,6 +94,8 @@ pub mod service;
 pub mod setup;
 pub mod snapshot;
 pub mod state_db;
+pub mod top;
+pub mod top_term;
 pub mod usage;
 pub mod view;
 pub mod view_socket;

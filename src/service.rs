@@ -728,6 +728,7 @@ pub fn reloader(line: setup::CommandLine) -> Reload {
             Job::Snapshot(_)
             | Job::Report(_)
             | Job::Status(_)
+            | Job::Top(_)
             | Job::Doctor { .. }
             | Job::Docs(_) => Err(ReloadError::NotEnforcing),
         }

@@ -51,6 +51,8 @@ pub enum Job {
     Report(crate::cli::ReportArgs),
     /// `status`: the running service's view, printed once.
     Status(crate::cli::StatusArgs),
+    /// `top`: the running service's views, live.
+    Top(crate::cli::TopArgs),
     /// Man pages and completions written under this directory.
     Docs(PathBuf),
     /// `doctor` over these hosts (and etcd, under `--ha-etcd`).
@@ -294,6 +296,7 @@ pub fn build(request: Request) -> Result<Job, SetupError> {
         Request::Snapshot(here) => Ok(Job::Snapshot(Box::new(local_host(&here)))),
         Request::Report(args) => Ok(Job::Report(args)),
         Request::Status(args) => Ok(Job::Status(args)),
+        Request::Top(args) => Ok(Job::Top(args)),
         Request::Docs(dir) => Ok(Job::Docs(dir)),
         Request::Doctor(d) => {
             let Doctor {

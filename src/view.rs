@@ -468,10 +468,16 @@ fn detached(d: &DetachResult) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::assess::assess;
     use crate::snapshot::genv;
+
+    /// The recorded fleet's view (for `top`'s tests).
+    pub(crate) fn recorded_view() -> View {
+        let (report, cluster, policy) = recorded();
+        of(&report, &cluster, &policy, None)
+    }
 
     /// The recorded 3-host fleet under the README's main job
     /// (non-env-processes, 2 devices a user), and its report.

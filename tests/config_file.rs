@@ -45,7 +45,7 @@ fn every_flag() -> Vec<String> {
             }
         }
         stack.extend(cmd.get_subcommands().filter(|c| {
-            !["report", "docs", "snapshot", "config", "status"].contains(&c.get_name())
+            !["report", "docs", "snapshot", "config", "status", "top"].contains(&c.get_name())
         }));
     }
     out.sort();

@@ -1,0 +1,792 @@
+//! `top`'s screen: the service's views as they come, drawn with ratatui.
+//! Pure: a [`Top`] takes views and keys and draws a frame for a given
+//! time (each deadline's countdown); the terminal, the keyboard and the
+//! connection are [`crate::top_term`]'s.
+//!
+//! Four tabs: the fleet (a host a row, each GPU a mark: `.` free, `e` in
+//! an environment, `S` a stray, `V` violating, `W` an action waits), the
+//! users (GPUs and memory against their caps, what waits on them), what
+//! waits (with countdowns) and what was done (the last cycles'). A filter
+//! (`/`), a sort (`s`), a detail pane (Enter) that says why, help (`?`).
+
+use std::collections::VecDeque;
+
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, TableState, Tabs, Wrap};
+use ratatui::Frame;
+
+use crate::view::{ActionView, GpuState, HostState, HostView, Target, UserView, View};
+
+/// How many done actions are kept from the views seen.
+pub const RECENT: usize = 200;
+
+/// The tabs, in key order (`1` to `4`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tab {
+    Fleet,
+    Users,
+    Waiting,
+    Actions,
+}
+
+const TABS: [(Tab, &str); 4] = [
+    (Tab::Fleet, "1 fleet"),
+    (Tab::Users, "2 users"),
+    (Tab::Waiting, "3 waiting"),
+    (Tab::Actions, "4 actions"),
+];
+
+/// How rows are ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sort {
+    /// By name (host, user) or time (actions).
+    Name,
+    /// The most pressing first: violations, waits, most GPUs.
+    Pressing,
+}
+
+/// What `top` shows and where the reader is.
+#[derive(Debug)]
+pub struct Top {
+    view: Option<View>,
+    /// Done actions of the views seen, newest first, with their cycle.
+    recent: VecDeque<(u64, ActionView)>,
+    tab: Tab,
+    sort: Sort,
+    filter: String,
+    typing: bool,
+    selected: usize,
+    detail: bool,
+    help: bool,
+    /// Where the views come from, or why none comes.
+    note: String,
+    color: bool,
+}
+
+impl Top {
+    /// A screen with no view yet; `note` says where it looks; `color`
+    /// unless `NO_COLOR`.
+    pub fn new(note: String, color: bool) -> Self {
+        Top {
+            view: None,
+            recent: VecDeque::new(),
+            tab: Tab::Fleet,
+            sort: Sort::Name,
+            filter: String::new(),
+            typing: false,
+            selected: 0,
+            detail: false,
+            help: false,
+            note,
+            color,
+        }
+    }
+
+    /// Takes the service's latest view (its actions into the recent).
+    pub fn take(&mut self, view: View) {
+        if self.view.as_ref().is_none_or(|v| v.cycle != view.cycle) {
+            for a in view.actions.iter().rev() {
+                self.recent.push_front((view.cycle, a.clone()));
+            }
+            self.recent.truncate(RECENT);
+        }
+        self.view = Some(view);
+    }
+
+    /// Says where views come from, or why none comes.
+    pub fn say(&mut self, note: String) {
+        self.note = note;
+    }
+
+    /// Takes a key; `false` once it asks to quit.
+    pub fn key(&mut self, k: KeyEvent) -> bool {
+        let ctrl_c = k.modifiers.contains(KeyModifiers::CONTROL) && k.code == KeyCode::Char('c');
+        if ctrl_c {
+            return false;
+        }
+        if self.typing {
+            match k.code {
+                KeyCode::Enter => self.typing = false,
+                KeyCode::Esc => {
+                    self.typing = false;
+                    self.filter.clear();
+                }
+                KeyCode::Backspace => {
+                    self.filter.pop();
+                }
+                KeyCode::Char(c) if self.filter.len() < 64 => self.filter.push(c),
+                _ => {}
+            }
+            self.selected = 0;
+            return true;
+        }
+        if self.help {
+            self.help = false;
+            return !matches!(k.code, KeyCode::Char('q'));
+        }
+        match k.code {
+            KeyCode::Char('q') => return false,
+            KeyCode::Esc if self.detail => self.detail = false,
+            KeyCode::Esc if !self.filter.is_empty() => self.filter.clear(),
+            KeyCode::Esc => return false,
+            KeyCode::Char('?') => self.help = true,
+            KeyCode::Char('/') => self.typing = true,
+            KeyCode::Char('s') => {
+                self.sort = match self.sort {
+                    Sort::Name => Sort::Pressing,
+                    Sort::Pressing => Sort::Name,
+                }
+            }
+            KeyCode::Enter => self.detail = !self.detail,
+            KeyCode::Down | KeyCode::Char('j') => self.selected = self.selected.saturating_add(1),
+            KeyCode::Up | KeyCode::Char('k') => self.selected = self.selected.saturating_sub(1),
+            KeyCode::PageDown => self.selected = self.selected.saturating_add(20),
+            KeyCode::PageUp => self.selected = self.selected.saturating_sub(20),
+            KeyCode::Home | KeyCode::Char('g') => self.selected = 0,
+            KeyCode::Tab => self.switch(self.tab_index() + 1),
+            KeyCode::BackTab => self.switch(self.tab_index() + TABS.len() - 1),
+            KeyCode::Char(c @ '1'..='4') => self.switch(c as usize - '1' as usize),
+            _ => {}
+        }
+        true
+    }
+
+    fn tab_index(&self) -> usize {
+        TABS.iter().position(|(t, _)| *t == self.tab).unwrap_or(0)
+    }
+
+    fn switch(&mut self, i: usize) {
+        self.tab = TABS[i % TABS.len()].0;
+        self.selected = 0;
+        self.detail = false;
+    }
+
+    fn style(&self, s: Style) -> Style {
+        if self.color {
+            s
+        } else {
+            Style::default().add_modifier(s.add_modifier & (Modifier::BOLD | Modifier::REVERSED))
+        }
+    }
+
+    /// Draws the screen as at `now` (ms since the Unix epoch).
+    pub fn draw(&self, f: &mut Frame, now: u64) {
+        let [head, tabs, body, foot] = Layout::vertical([
+            Constraint::Length(1),
+            Constraint::Length(1),
+            Constraint::Min(1),
+            Constraint::Length(1),
+        ])
+        .areas(f.area());
+        f.render_widget(Paragraph::new(self.headline(now)), head);
+        let titles: Vec<&str> = TABS.iter().map(|(_, t)| *t).collect();
+        f.render_widget(
+            Tabs::new(titles)
+                .select(self.tab_index())
+                .highlight_style(self.style(Style::default().add_modifier(Modifier::REVERSED))),
+            tabs,
+        );
+        let rows = self.rows(now);
+        let chosen = self.selected.min(rows.len().saturating_sub(1));
+        let (list, pane) = if self.detail && !rows.is_empty() {
+            let [l, p] =
+                Layout::vertical([Constraint::Percentage(55), Constraint::Min(4)]).areas(body);
+            (l, Some(p))
+        } else {
+            (body, None)
+        };
+        self.table(f, list, &rows, chosen);
+        if let (Some(pane), Some(row)) = (pane, rows.get(chosen)) {
+            let text: Vec<Line> = self
+                .detail(row.at, now)
+                .into_iter()
+                .map(Line::from)
+                .collect();
+            f.render_widget(
+                Paragraph::new(text)
+                    .wrap(Wrap { trim: false })
+                    .block(Block::default().borders(Borders::TOP).title(" why ")),
+                pane,
+            );
+        }
+        f.render_widget(Paragraph::new(self.footline(rows.len())), foot);
+        if self.help {
+            help(f, body);
+        }
+    }
+
+    fn headline(&self, now: u64) -> Line<'static> {
+        let Some(v) = &self.view else {
+            return Line::from(format!("genv-enforce top: {}", self.note));
+        };
+        let count = |s: HostState| v.hosts.iter().filter(|h| h.state == s).count();
+        let gpus: usize = v.hosts.iter().map(|h| h.gpus.len()).sum();
+        let age = v.at_ms.map_or_else(
+            || "a replay".into(),
+            |at| format!("{} ago", span(now.saturating_sub(at))),
+        );
+        let mut spans = vec![Span::raw(format!(
+            "cycle {} ({age}): {} hosts, {} ok, {} degraded, {} failed; {gpus} GPUs; {} waiting",
+            v.cycle,
+            v.hosts.len(),
+            count(HostState::Ok),
+            count(HostState::Degraded),
+            count(HostState::Failed),
+            v.waiting.len()
+        ))];
+        if v.dry_run {
+            spans.push(Span::styled(
+                "  DRY RUN: nothing is carried out",
+                self.style(
+                    Style::default()
+                        .fg(Color::Yellow)
+                        .add_modifier(Modifier::BOLD),
+                ),
+            ));
+        }
+        Line::from(spans)
+    }
+
+    fn footline(&self, n: usize) -> Line<'static> {
+        if self.typing {
+            return Line::from(format!(
+                "/{}_  (Enter keeps it, Esc clears it)",
+                self.filter
+            ));
+        }
+        let sort = match self.sort {
+            Sort::Name => "name",
+            Sort::Pressing => "most pressing",
+        };
+        let filter = if self.filter.is_empty() {
+            String::new()
+        } else {
+            format!(" filter /{}", self.filter)
+        };
+        Line::from(format!(
+            "{n} rows{filter}, by {sort} | ? help  / filter  s sort  Enter why  q quit | {}",
+            self.note
+        ))
+    }
+
+    fn table(&self, f: &mut Frame, area: Rect, rows: &[Shown], chosen: usize) {
+        let (header, widths): (&[&str], Vec<Constraint>) = match self.tab {
+            Tab::Fleet => (
+                &["HOST", "STATE", "GPUS", "JOBS", "WHY"],
+                vec![
+                    Constraint::Length(20),
+                    Constraint::Length(9),
+                    Constraint::Length(18),
+                    Constraint::Length(5),
+                    Constraint::Min(10),
+                ],
+            ),
+            Tab::Users => (
+                &["USER", "GPUS", "MEMORY", "JOBS", "WAITING"],
+                vec![
+                    Constraint::Length(16),
+                    Constraint::Length(10),
+                    Constraint::Length(22),
+                    Constraint::Length(5),
+                    Constraint::Min(7),
+                ],
+            ),
+            Tab::Waiting => (
+                &["HOST", "ACTION", "RULES", "DUE", "OWNER"],
+                vec![
+                    Constraint::Length(20),
+                    Constraint::Length(24),
+                    Constraint::Length(28),
+                    Constraint::Length(14),
+                    Constraint::Min(8),
+                ],
+            ),
+            Tab::Actions => (
+                &["CYCLE", "HOST", "ACTION", "RULES", "RESULT"],
+                vec![
+                    Constraint::Length(6),
+                    Constraint::Length(20),
+                    Constraint::Length(24),
+                    Constraint::Length(28),
+                    Constraint::Min(8),
+                ],
+            ),
+        };
+        // Only what fits is built into cells.
+        let height = usize::from(area.height.saturating_sub(1)).max(1);
+        let first = chosen.saturating_sub(height - 1);
+        let shown = rows.iter().skip(first).take(height).map(|r| {
+            let cells: Vec<Line> = (r.cells.iter().enumerate())
+                .map(|(i, c)| match (self.tab, i) {
+                    (Tab::Fleet, 2) => self.marks(c),
+                    _ => Line::from(c.as_str()),
+                })
+                .collect();
+            Row::new(cells).style(self.style(r.tone))
+        });
+        let mut state = TableState::default().with_selected(Some(chosen - first));
+        let table = Table::new(shown, widths)
+            .header(
+                Row::new(header.iter().copied())
+                    .style(self.style(Style::default().add_modifier(Modifier::BOLD))),
+            )
+            .row_highlight_style(self.style(Style::default().add_modifier(Modifier::REVERSED)));
+        f.render_stateful_widget(table, area, &mut state);
+    }
+
+    /// A host's GPU marks, each coloured by its state.
+    fn marks(&self, marks: &str) -> Line<'static> {
+        let spans: Vec<Span> = marks
+            .chars()
+            .map(|c| {
+                let colour = match c {
+                    'V' => Color::Red,
+                    'W' => Color::Magenta,
+                    'S' => Color::Yellow,
+                    'e' => Color::Green,
+                    _ => Color::DarkGray,
+                };
+                Span::styled(c.to_string(), self.style(Style::default().fg(colour)))
+            })
+            .collect();
+        Line::from(spans)
+    }
+
+    /// The detail pane of row `at` of the current tab: why it stands
+    /// where it stands.
+    fn detail(&self, at: usize, now: u64) -> Vec<String> {
+        match (&self.view, self.tab) {
+            (_, Tab::Actions) => self.recent.get(at).map(|(c, a)| done_detail(*c, a)),
+            (None, _) => None,
+            (Some(v), Tab::Fleet) => v.hosts.get(at).map(|h| host_detail(h, v)),
+            (Some(v), Tab::Users) => v.users.get(at).map(|u| user_detail(u, v)),
+            (Some(v), Tab::Waiting) => v.waiting.get(at).map(|a| waiting_detail(a, now)),
+        }
+        .unwrap_or_default()
+    }
+
+    /// The current tab's rows, filtered and sorted.
+    fn rows(&self, now: u64) -> Vec<Shown> {
+        let mut rows: Vec<Shown> = match (&self.view, self.tab) {
+            (_, Tab::Actions) => self.recent.iter().map(|(c, a)| done(*c, a)).collect(),
+            (None, _) => Vec::new(),
+            (Some(v), Tab::Fleet) => v.hosts.iter().map(host).collect(),
+            (Some(v), Tab::Users) => {
+                let waits = waits_by_owner(v);
+                let of = |u: &UserView| waits.get(&u.user).copied().unwrap_or(0);
+                v.users.iter().map(|u| user(u, of(u))).collect()
+            }
+            (Some(v), Tab::Waiting) => v.waiting.iter().map(|a| waiting(a, v, now)).collect(),
+        };
+        for (at, r) in rows.iter_mut().enumerate() {
+            r.at = at;
+        }
+        if !self.filter.is_empty() {
+            let needle = self.filter.to_lowercase();
+            rows.retain(|r| r.text().to_lowercase().contains(&needle));
+        }
+        if self.sort == Sort::Pressing {
+            rows.sort_by_key(|r| std::cmp::Reverse(r.weight));
+        }
+        rows
+    }
+}
+
+/// One row: its cells, how pressing it is, its tone, and where it comes
+/// from in its list (its detail is made only for the row chosen).
+#[derive(Debug)]
+struct Shown {
+    cells: Vec<String>,
+    weight: u64,
+    tone: Style,
+    at: usize,
+}
+
+impl Shown {
+    fn text(&self) -> String {
+        self.cells.join(" ")
+    }
+}
+
+fn host(h: &HostView) -> Shown {
+    let marks: String = (h.gpus.iter())
+        .map(|g| match g.state {
+            GpuState::Free => '.',
+            GpuState::InEnv => 'e',
+            GpuState::Stray => 'S',
+            GpuState::Violating => 'V',
+            GpuState::Waiting => 'W',
+        })
+        .collect();
+    let jobs: usize = h.gpus.iter().map(|g| g.processes.len()).sum();
+    let (state, tone) = match h.state {
+        HostState::Ok => ("ok", Style::default()),
+        HostState::Degraded => ("degraded", Style::default().fg(Color::Yellow)),
+        HostState::Failed => ("failed", Style::default().fg(Color::Red)),
+    };
+    let pressing = h.gpus.iter().map(|g| g.state as u64).max().unwrap_or(0);
+    Shown {
+        cells: vec![
+            h.host.clone(),
+            state.into(),
+            marks,
+            jobs.to_string(),
+            h.why.clone().unwrap_or_default(),
+        ],
+        weight: (u64::from(h.state != HostState::Ok) << 8) | pressing,
+        tone,
+        at: 0,
+    }
+}
+
+fn host_detail(h: &HostView, v: &View) -> Vec<String> {
+    let mut detail = Vec::new();
+    let state = match h.state {
+        HostState::Ok => "ok",
+        HostState::Degraded => "degraded",
+        HostState::Failed => "failed",
+    };
+    if let Some(why) = &h.why {
+        detail.push(format!("{} is {state}: {why}", h.host));
+    }
+    for g in &h.gpus {
+        let envs = if g.envs.is_empty() {
+            "no environment attached".to_string()
+        } else {
+            format!("attached to {}", g.envs.join(", "))
+        };
+        detail.push(format!("gpu {}: {}, {envs}", g.index, gpu_state(g.state)));
+        for p in &g.processes {
+            detail.push(format!(
+                "  pid {} of {} in {}{}",
+                p.pid,
+                p.user.as_deref().unwrap_or("an unknown user"),
+                p.env.as_deref().unwrap_or("no environment"),
+                p.memory_bytes
+                    .map(|b| format!(", {} MiB", b >> 20))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    for a in (v.waiting.iter().chain(&v.actions)).filter(|a| a.host == h.host) {
+        detail.push(format!("{}: {}", describe(a), a.why.join("; ")));
+    }
+    detail
+}
+
+fn gpu_state(s: GpuState) -> &'static str {
+    match s {
+        GpuState::Free => "free",
+        GpuState::InEnv => "in an environment",
+        GpuState::Stray => "a job outside its environments runs on it",
+        GpuState::Violating => "a rule finds against it",
+        GpuState::Waiting => "an action waits on it",
+    }
+}
+
+/// The owner of the job or environment `a` is on, as the view names it.
+fn owner(a: &ActionView, v: &View) -> Option<String> {
+    let h = v.hosts.iter().find(|h| h.host == a.host)?;
+    let p = h.gpus.iter().flat_map(|g| g.processes.iter());
+    match &a.target {
+        Target::Terminate { pid } => p.clone().find(|p| p.pid == *pid)?.user.clone(),
+        Target::Detach { env, .. } => p
+            .clone()
+            .find(|p| p.env.as_deref() == Some(env))?
+            .user
+            .clone(),
+    }
+}
+
+/// How many actions wait on each user's jobs and environments.
+fn waits_by_owner(v: &View) -> std::collections::HashMap<String, usize> {
+    let mut by = std::collections::HashMap::new();
+    for a in &v.waiting {
+        if let Some(u) = owner(a, v) {
+            *by.entry(u).or_default() += 1;
+        }
+    }
+    by
+}
+
+fn user(u: &UserView, waits: usize) -> Shown {
+    let over = u.device_cap.is_some_and(|c| u.devices > c)
+        || u.memory_cap.is_some_and(|c| u.memory_bytes > c);
+    Shown {
+        cells: vec![
+            u.user.clone(),
+            format!(
+                "{}{}",
+                u.devices,
+                u.device_cap.map(|c| format!("/{c}")).unwrap_or_default()
+            ),
+            format!(
+                "{} MiB{}",
+                u.memory_bytes >> 20,
+                u.memory_cap
+                    .map(|c| format!("/{}", c >> 20))
+                    .unwrap_or_default()
+            ),
+            u.processes.to_string(),
+            waits.to_string(),
+        ],
+        weight: (u64::from(over) << 40) | ((waits as u64) << 32) | u64::from(u.devices),
+        tone: if over {
+            Style::default().fg(Color::Red)
+        } else {
+            Style::default()
+        },
+        at: 0,
+    }
+}
+
+fn user_detail(u: &UserView, v: &View) -> Vec<String> {
+    let of = |cap: Option<String>| cap.map(|c| format!(" of {c}")).unwrap_or_default();
+    let mut detail = vec![format!(
+        "{} runs {} job(s) on {} GPU(s){} with {} MiB{} of GPU memory, over every host",
+        u.user,
+        u.processes,
+        u.devices,
+        of(u.device_cap.map(|c| format!("{c} (their cap)"))),
+        u.memory_bytes >> 20,
+        of(u.memory_cap.map(|c| format!("{} MiB (their cap)", c >> 20)))
+    )];
+    for h in &v.hosts {
+        for g in &h.gpus {
+            for p in g
+                .processes
+                .iter()
+                .filter(|p| p.user.as_deref() == Some(u.user.as_str()))
+            {
+                detail.push(format!(
+                    "  {} gpu {}: pid {} in {}",
+                    h.host,
+                    g.index,
+                    p.pid,
+                    p.env.as_deref().unwrap_or("no environment")
+                ));
+            }
+        }
+    }
+    let waits = (v.waiting.iter()).filter(|a| owner(a, v).as_deref() == Some(u.user.as_str()));
+    for a in waits {
+        detail.push(format!("  waits: {}: {}", describe(a), a.why.join("; ")));
+    }
+    detail
+}
+
+fn target(a: &ActionView) -> String {
+    match &a.target {
+        Target::Terminate { pid } => format!("terminate pid {pid}"),
+        Target::Detach { device, env } => format!("detach {env} from gpu {device}"),
+    }
+}
+
+/// An action in words: what, on which host, under which rules, why.
+fn describe(a: &ActionView) -> String {
+    format!("{} on {} ({})", target(a), a.host, a.rules.join(", "))
+}
+
+fn due(a: &ActionView, now: u64) -> String {
+    if a.warn_only {
+        return "warned only".into();
+    }
+    if let Some(why) = &a.exempt {
+        return format!("exempt: {why}");
+    }
+    match (a.deadline_ms, a.seen) {
+        (Some(d), _) if d > now => format!("in {}", span(d - now)),
+        (Some(_), _) => "now".into(),
+        (None, Some((seen, needed))) => format!("seen {seen}/{needed}"),
+        (None, None) => "next cycle".into(),
+    }
+}
+
+fn waiting_detail(a: &ActionView, now: u64) -> Vec<String> {
+    let mut detail = vec![format!("{}: {}", describe(a), due(a, now))];
+    detail.extend(a.why.iter().cloned());
+    if let Some((seen, needed)) = a.seen {
+        detail.push(format!(
+            "seen in {seen} cycle(s) of the {needed} it needs (--confirm-cycles)"
+        ));
+    }
+    detail
+}
+
+fn waiting(a: &ActionView, v: &View, now: u64) -> Shown {
+    let left = a.deadline_ms.map_or(u64::MAX, |d| d.saturating_sub(now));
+    Shown {
+        cells: vec![
+            a.host.clone(),
+            target(a),
+            a.rules.join(", "),
+            due(a, now),
+            owner(a, v).unwrap_or_default(),
+        ],
+        weight: u64::MAX - left,
+        tone: Style::default().fg(Color::Magenta),
+        at: 0,
+    }
+}
+
+fn done(cycle: u64, a: &ActionView) -> Shown {
+    let result = a.result.clone().unwrap_or_default();
+    let failed = !matches!(
+        result.as_str(),
+        "" | "dry run" | "signalled" | "terminated" | "detached" | "gone"
+    );
+    Shown {
+        cells: vec![
+            cycle.to_string(),
+            a.host.clone(),
+            target(a),
+            a.rules.join(", "),
+            result,
+        ],
+        weight: (u64::from(failed) << 63) | cycle,
+        tone: if failed {
+            Style::default().fg(Color::Red)
+        } else {
+            Style::default()
+        },
+        at: 0,
+    }
+}
+
+fn done_detail(cycle: u64, a: &ActionView) -> Vec<String> {
+    let result = a.result.as_deref().unwrap_or("");
+    let mut detail = vec![format!("cycle {cycle}: {}: {result}", describe(a))];
+    detail.extend(a.why.iter().cloned());
+    detail
+}
+
+/// The help over `area`.
+fn help(f: &mut Frame, area: Rect) {
+    const KEYS: &[&str] = &[
+        "1-4, Tab   fleet, users, waiting, actions",
+        "j k, arrows, PgUp PgDn, g   move",
+        "Enter      why: the detail of the row",
+        "/          filter rows (Enter keeps, Esc clears)",
+        "s          sort by name or the most pressing first",
+        "q, Esc, Ctrl-C   quit",
+        "",
+        "GPU marks: . free  e in an environment  S a stray",
+        "           V violating  W an action waits",
+        "",
+        "any key closes this",
+    ];
+    let w = 56.min(area.width);
+    let h = (KEYS.len() as u16 + 2).min(area.height);
+    let r = Rect::new(
+        area.x + (area.width - w) / 2,
+        area.y + (area.height - h) / 2,
+        w,
+        h,
+    );
+    f.render_widget(Clear, r);
+    let lines: Vec<Line> = KEYS.iter().map(|k| Line::from(*k)).collect();
+    f.render_widget(
+        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" help ")),
+        r,
+    );
+}
+
+/// A span to the second (`4m12s`).
+fn span(ms: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_secs(ms / 1000))
+        .to_string()
+        .replace(' ', "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
+
+    fn key(c: KeyCode) -> KeyEvent {
+        KeyEvent::new(c, KeyModifiers::NONE)
+    }
+
+    /// `top` over the recorded fleet's view, drawn at `now`.
+    fn screen(top: &Top, now: u64) -> String {
+        let mut t = Terminal::new(TestBackend::new(110, 24)).unwrap();
+        t.draw(|f| top.draw(f, now)).unwrap();
+        t.backend().to_string()
+    }
+
+    fn recorded() -> Top {
+        let mut top = Top::new("fixtures".into(), false);
+        let mut view = crate::view::tests::recorded_view();
+        view.at_ms = Some(1_000_000);
+        // One action waits, due in 4 min.
+        if let Some(mut a) = view.actions.first().cloned() {
+            a.deadline_ms = Some(1_000_000 + 240_000);
+            a.result = None;
+            view.waiting.push(a);
+        }
+        top.take(view);
+        top
+    }
+
+    #[test]
+    fn every_tab_of_the_recorded_fleet() {
+        let mut top = recorded();
+        insta::assert_snapshot!("fleet", screen(&top, 1_010_000));
+        for (k, name) in [('2', "users"), ('3', "waiting"), ('4', "actions")] {
+            top.key(key(KeyCode::Char(k)));
+            insta::assert_snapshot!(name, screen(&top, 1_010_000));
+        }
+        // The countdown runs with the clock.
+        top.key(key(KeyCode::Char('3')));
+        assert!(screen(&top, 1_010_000).contains("in 3m50s"));
+        assert!(screen(&top, 1_100_000).contains("in 2m20s"));
+        assert!(screen(&top, 2_000_000).contains(" now "));
+    }
+
+    #[test]
+    fn the_detail_filter_sort_and_help() {
+        let mut top = recorded();
+        top.key(key(KeyCode::Enter));
+        insta::assert_snapshot!("fleet_detail", screen(&top, 1_010_000));
+        top.key(key(KeyCode::Esc));
+        top.key(key(KeyCode::Char('/')));
+        for c in "gpu2".chars() {
+            top.key(key(KeyCode::Char(c)));
+        }
+        top.key(key(KeyCode::Enter));
+        let s = screen(&top, 1_010_000);
+        assert!(s.contains("1 rows filter /gpu2"), "{s}");
+        assert!(!s.contains("gpu1 "), "{s}");
+        top.key(key(KeyCode::Esc));
+        top.key(key(KeyCode::Char('s')));
+        assert!(screen(&top, 1_010_000).contains("by most pressing"));
+        top.key(key(KeyCode::Char('?')));
+        insta::assert_snapshot!("help", screen(&top, 1_010_000));
+        assert!(top.key(key(KeyCode::Char('x'))), "any key closes the help");
+        assert!(!top.key(key(KeyCode::Char('q'))));
+        assert!(!top.key(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)));
+    }
+
+    #[test]
+    fn no_view_yet_says_why_and_recent_actions_are_bounded() {
+        let mut top = Top::new(
+            "no service answers at /run/x.sock: trying again".into(),
+            true,
+        );
+        assert!(screen(&top, 0).contains("no service answers at /run/x.sock"));
+        let mut view = crate::view::tests::recorded_view();
+        let one = view.actions[0].clone();
+        view.actions = vec![one; 150];
+        for c in 0..3 {
+            view.cycle = c;
+            top.take(view.clone());
+        }
+        top.take(view);
+        assert_eq!(top.recent.len(), RECENT, "bounded, and a cycle taken once");
+        assert_eq!(top.recent[0].0, 2);
+    }
+}
