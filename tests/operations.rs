@@ -1150,3 +1150,176 @@ fn status_prints_the_running_services_view_from_its_socket() {
         stderr(&none)
     );
 }
+
+/// A program run in a pseudo-terminal of `cols` x `rows`, its screen kept
+/// by a terminal emulator (vt100) as it draws.
+struct Pty {
+    child: std::process::Child,
+    master: std::fs::File,
+    screen: std::sync::Arc<std::sync::Mutex<(vt100::Parser, Vec<u8>)>>,
+}
+
+impl Pty {
+    fn spawn(mut cmd: std::process::Command, cols: u16, rows: u16) -> Pty {
+        use std::os::fd::OwnedFd;
+        use std::os::unix::process::CommandExt;
+        let size = nix::pty::Winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let pty = nix::pty::openpty(Some(&size), None).unwrap();
+        let slave: OwnedFd = pty.slave;
+        cmd.stdin(Stdio::from(slave.try_clone().unwrap()))
+            .stdout(Stdio::from(slave.try_clone().unwrap()))
+            .stderr(Stdio::from(slave))
+            .env("TERM", "xterm-256color");
+        // Its own session, the pty its controlling terminal.
+        unsafe {
+            cmd.pre_exec(|| {
+                rustix::process::setsid().map_err(std::io::Error::from)?;
+                if nix::libc::ioctl(0, nix::libc::TIOCSCTTY as _, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap();
+        let master = std::fs::File::from(pty.master);
+        let screen = std::sync::Arc::new(std::sync::Mutex::new((
+            vt100::Parser::new(rows, cols, 0),
+            Vec::new(),
+        )));
+        let mut reader = master.try_clone().unwrap();
+        let fed = std::sync::Arc::clone(&screen);
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut s = fed.lock().unwrap();
+                s.0.process(&buf[..n]);
+                s.1.extend_from_slice(&buf[..n]);
+            }
+        });
+        Pty {
+            child,
+            master,
+            screen,
+        }
+    }
+
+    fn contents(&self) -> String {
+        self.screen.lock().unwrap().0.screen().contents()
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        self.screen.lock().unwrap().1.clone()
+    }
+
+    fn keys(&mut self, keys: &str) {
+        use std::io::Write;
+        self.master.write_all(keys.as_bytes()).unwrap();
+    }
+
+    /// Waits until the screen shows `text`; the screen if it never does.
+    fn shows(&self, text: &str, limit: Duration) -> Result<(), String> {
+        if util::wait_until(limit, || self.contents().contains(text)) {
+            Ok(())
+        } else {
+            Err(self.contents())
+        }
+    }
+}
+
+/// `top` in a real pseudo-terminal attached to a running service
+/// (issue 43): a stray appears with its termination waiting and a live
+/// countdown, is terminated at its deadline (a real process, really
+/// signalled), and is gone from what waits, in the recent actions; `q`
+/// quits and the terminal is put back (the alternate screen left).
+#[test]
+fn top_shows_a_stray_waiting_with_its_countdown_then_gone_after_the_action() {
+    let mut h = Host::new(2);
+    let stray = h.spawn(None);
+    let good = h.spawn(Some("a"));
+    h.set_apps(&[(stray, 0, "100"), (good, 1, "100")]);
+    h.write_envs(&[env("a", Some("alice"), None, good)]);
+    h.write_devices(2, &[(1, "a")]);
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("view.sock");
+    let mut service = h
+        .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+        .args([
+            "enforce",
+            "--interval",
+            "1s",
+            "--non-env-processes",
+            "--grace",
+            "8s",
+            "--view-socket",
+            socket.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut top = h.command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")));
+    top.args(["top", "--connect", socket.to_str().unwrap()])
+        .env_remove("NO_COLOR");
+    let mut top = Pty::spawn(top, 120, 30);
+    let waited = (|| {
+        top.shows("1 fleet", Duration::from_secs(20))?;
+        top.shows(" W", Duration::from_secs(20))?;
+        top.keys("3");
+        let line = format!("terminate pid {stray}");
+        top.shows(&line, Duration::from_secs(10))?;
+        // A countdown that runs: two different times left, seconds apart.
+        let left = |s: &str| {
+            s.lines()
+                .find(|l| l.contains(&line))
+                .and_then(|l| l.split(" in ").nth(1))
+                .map(|t| t.split_whitespace().next().unwrap_or("").to_string())
+        };
+        let first = left(&top.contents()).ok_or_else(|| top.contents())?;
+        std::thread::sleep(Duration::from_millis(2100));
+        let then = left(&top.contents()).unwrap_or_default();
+        if first == then {
+            return Err(format!(
+                "no countdown: {first} then {then}\n{}",
+                top.contents()
+            ));
+        }
+        Ok(())
+    })();
+    let signalled = h.wait_signal(stray, Duration::from_secs(20));
+    let after = (|| {
+        top.shows("0 rows", Duration::from_secs(10))?;
+        top.keys("4");
+        top.shows(&format!("terminate pid {stray}"), Duration::from_secs(10))?;
+        top.keys("q");
+        Ok::<(), String>(())
+    })();
+    let quit = util::wait_until(Duration::from_secs(10), || {
+        top.child.try_wait().ok().flatten().is_some()
+    });
+    let _ = stop(&mut service);
+    if !quit {
+        let _ = top.child.kill();
+    }
+    waited.unwrap_or_else(|s| panic!("before the action:\n{s}"));
+    assert_eq!(signalled, Some(SIGTERM));
+    after.unwrap_or_else(|s| panic!("after the action:\n{s}"));
+    assert!(quit, "q did not quit:\n{}", top.contents());
+    let status = top.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let bytes = top.bytes();
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(
+        text.contains("\u{1b}[?1049h"),
+        "the alternate screen was entered"
+    );
+    assert!(text.contains("\u{1b}[?1049l"), "and left");
+}
