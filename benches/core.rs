@@ -609,6 +609,54 @@ fn fleet_benches(c: &mut Criterion) {
             serde_json::to_vec(&v).unwrap().len()
         })
     });
+    let built = view::of(&report, &cluster, &policy, Some(1));
+    group.bench_function("view built only", |b| {
+        b.iter(|| {
+            view::of(black_box(&report), &cluster, &policy, Some(1))
+                .hosts
+                .len()
+        })
+    });
+    group.bench_function("view written as JSON only", |b| {
+        b.iter(|| serde_json::to_vec(black_box(&built)).unwrap().len())
+    });
+    // What serving it to one reader costs the service: the same bytes
+    // written to a Unix socket (the reader drains it on another thread).
+    let (mut out, mut into) = std::os::unix::net::UnixStream::pair().unwrap();
+    let drain = std::thread::spawn(move || std::io::copy(&mut into, &mut std::io::sink()));
+    group.bench_function("view served to one reader (written to its socket)", |b| {
+        use std::io::Write;
+        b.iter(|| out.write_all(black_box(&written)).unwrap())
+    });
+    drop(out);
+    let _ = drain.join();
+    // `top` (issue 43): a view taken from its JSON, and a redraw of each
+    // tab on a 200 x 60 terminal.
+    group.bench_function("top: the view parsed from its JSON", |b| {
+        b.iter(|| {
+            serde_json::from_slice::<view::View>(black_box(&written))
+                .unwrap()
+                .hosts
+                .len()
+        })
+    });
+    let mut top = genv_enforce::top::Top::new("bench".into(), true);
+    top.take(built.clone());
+    let mut term = ratatui::Terminal::new(ratatui::backend::TestBackend::new(200, 60)).unwrap();
+    for (key, tab) in [
+        ('1', "fleet"),
+        ('2', "users"),
+        ('3', "waiting"),
+        ('4', "actions"),
+    ] {
+        top.key(ratatui::crossterm::event::KeyEvent::new(
+            ratatui::crossterm::event::KeyCode::Char(key),
+            ratatui::crossterm::event::KeyModifiers::NONE,
+        ));
+        group.bench_function(format!("top: a redraw of the {tab} tab, 200 x 60"), |b| {
+            b.iter(|| term.draw(|f| top.draw(f, black_box(2))).unwrap().area.width)
+        });
+    }
     group.bench_function("answers split into frames only", |b| {
         b.iter(|| {
             answers
