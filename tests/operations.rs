@@ -1272,7 +1272,16 @@ fn top_shows_a_stray_waiting_with_its_countdown_then_gone_after_the_action() {
     let mut top = Pty::spawn(top, 120, 30);
     let waited = (|| {
         top.shows("1 fleet", Duration::from_secs(20))?;
-        top.shows(" W", Duration::from_secs(20))?;
+        // The stray's GPU waits on its action, alice's is in her environment.
+        top.shows(" We ", Duration::from_secs(20))?;
+        // GENV_ENFORCE_CAPTURE=FILE keeps the fleet tab's screen (the
+        // README's picture).
+        if let Some(to) = std::env::var_os("GENV_ENFORCE_CAPTURE") {
+            top.keys("\r");
+            top.shows("gpu 0: an action waits on it", Duration::from_secs(5))?;
+            std::fs::write(to, top.contents()).unwrap();
+            top.keys("\u{1b}");
+        }
         top.keys("3");
         let line = format!("terminate pid {stray}");
         top.shows(&line, Duration::from_secs(10))?;
