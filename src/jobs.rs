@@ -175,7 +175,10 @@ async fn status(args: &crate::cli::StatusArgs) -> u8 {
     match view_socket::fetch(&args.connect, args.timeout).await {
         Ok((view, line)) => {
             let out = match args.output {
-                crate::cli::StatusOutput::Json => String::from_utf8_lossy(&line).into_owned(),
+                // Safe for a terminal too (DEL, C1 controls, bidi overrides).
+                crate::cli::StatusOutput::Json => {
+                    crate::report::json_safe(String::from_utf8_lossy(&line).into_owned())
+                }
                 crate::cli::StatusOutput::Text => {
                     crate::view_text::text(&view, crate::clock::now_ms())
                 }

@@ -18,6 +18,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, TableState, Tabs, Wrap};
 use ratatui::Frame;
 
+use crate::report::clean;
 use crate::view::{ActionView, GpuState, HostState, HostView, Target, UserView, View};
 
 /// How many done actions are kept from the views seen.
@@ -203,7 +204,7 @@ impl Top {
             let text: Vec<Line> = self
                 .detail(row.at, now)
                 .into_iter()
-                .map(Line::from)
+                .map(|l| Line::from(clean(&l).into_owned()))
                 .collect();
             f.render_widget(
                 Paragraph::new(text)
@@ -220,7 +221,7 @@ impl Top {
 
     fn headline(&self, now: u64) -> Line<'static> {
         let Some(v) = &self.view else {
-            return Line::from(format!("genv-enforce top: {}", self.note));
+            return Line::from(format!("genv-enforce top: {}", clean(&self.note)));
         };
         let count = |s: HostState| v.hosts.iter().filter(|h| h.state == s).count();
         let gpus: usize = v.hosts.iter().map(|h| h.gpus.len()).sum();
@@ -268,7 +269,7 @@ impl Top {
         };
         Line::from(format!(
             "{n} rows{filter}, by {sort} | ? help  / filter  s sort  Enter why  q quit | {}",
-            self.note
+            clean(&self.note)
         ))
     }
 
@@ -322,7 +323,7 @@ impl Top {
             let cells: Vec<Line> = (r.cells.iter().enumerate())
                 .map(|(i, c)| match (self.tab, i) {
                     (Tab::Fleet, 2) => self.marks(c),
-                    _ => Line::from(c.as_str()),
+                    _ => Line::from(clean(c).into_owned()),
                 })
                 .collect();
             Row::new(cells).style(self.style(r.tone))
@@ -769,6 +770,27 @@ mod tests {
         assert!(top.key(key(KeyCode::Char('x'))), "any key closes the help");
         assert!(!top.key(key(KeyCode::Char('q'))));
         assert!(!top.key(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)));
+    }
+
+    /// What users write reaches the screen escaped, never as control
+    /// characters for the terminal.
+    #[test]
+    fn what_users_write_is_escaped_on_screen() {
+        let mut view = crate::view::tests::recorded_view();
+        let evil = "x\u{1b}]0;owned\u{7}";
+        view.users[0].user = evil.into();
+        view.hosts[0].gpus[0].processes[0].user = Some(evil.into());
+        view.hosts[0].host = evil.into();
+        let mut top = Top::new(evil.into(), true);
+        top.take(view);
+        top.key(key(KeyCode::Enter));
+        for tab in ['1', '2'] {
+            top.key(key(KeyCode::Char(tab)));
+            top.key(key(KeyCode::Enter));
+            let s = screen(&top, 0);
+            assert!(!s.contains('\u{1b}') && !s.contains('\u{7}'), "{s}");
+            assert!(s.contains("x\\u{1b}]0;owned"), "{s}");
+        }
     }
 
     #[test]

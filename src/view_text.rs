@@ -4,6 +4,7 @@
 
 use std::fmt::Write;
 
+use crate::report::clean as c;
 use crate::view::{ActionView, GpuState, HostState, Target, View};
 
 /// `view` as read at `now` (ms since the Unix epoch).
@@ -41,8 +42,12 @@ pub fn text(view: &View, now: u64) -> String {
             HostState::Degraded => "degraded",
             HostState::Failed => "failed",
         };
-        let why = h.why.as_ref().map(|w| format!(": {w}")).unwrap_or_default();
-        let _ = writeln!(out, "  {} {state}{why}", h.host);
+        let why = h
+            .why
+            .as_ref()
+            .map(|w| format!(": {}", c(w)))
+            .unwrap_or_default();
+        let _ = writeln!(out, "  {} {state}{why}", c(&h.host));
         for g in &h.gpus {
             let state = match g.state {
                 GpuState::Free => "free",
@@ -54,12 +59,12 @@ pub fn text(view: &View, now: u64) -> String {
             let envs = if g.envs.is_empty() {
                 String::new()
             } else {
-                format!(" [{}]", g.envs.join(", "))
+                format!(" [{}]", c(&g.envs.join(", ")))
             };
             let _ = writeln!(out, "    gpu {} {state}{envs}", g.index);
             for p in &g.processes {
-                let user = p.user.as_deref().unwrap_or("?");
-                let env = p.env.as_deref().unwrap_or("no environment");
+                let user = c(p.user.as_deref().unwrap_or("?"));
+                let env = c(p.env.as_deref().unwrap_or("no environment"));
                 let mem = p.memory_bytes.map(mib).unwrap_or_default();
                 let _ = writeln!(out, "      pid {} {user} ({env}){mem}", p.pid);
             }
@@ -69,15 +74,15 @@ pub fn text(view: &View, now: u64) -> String {
         let _ = writeln!(out, "\nusers:");
     }
     for u in &view.users {
-        let cap = u.device_cap.map(|c| format!(" of {c}")).unwrap_or_default();
+        let cap = u.device_cap.map(|n| format!(" of {n}")).unwrap_or_default();
         let mem_cap = u
             .memory_cap
-            .map(|c| format!(" of{}", mib(c)))
+            .map(|n| format!(" of{}", mib(n)))
             .unwrap_or_default();
         let _ = writeln!(
             out,
             "  {} {} GPU(s){cap},{}{mem_cap}, {} process(es)",
-            u.user,
+            c(&u.user),
             u.devices,
             mib(u.memory_bytes),
             u.processes
@@ -99,9 +104,9 @@ pub fn text(view: &View, now: u64) -> String {
 fn action(a: &ActionView, now: u64) -> String {
     let what = match &a.target {
         Target::Terminate { pid } => format!("terminate pid {pid}"),
-        Target::Detach { device, env } => format!("detach {env} from gpu {device}"),
+        Target::Detach { device, env } => format!("detach {} from gpu {device}", c(env)),
     };
-    let mut line = format!("{} {what} ({})", a.host, a.rules.join(", "));
+    let mut line = format!("{} {what} ({})", c(&a.host), a.rules.join(", "));
     if let Some(d) = a.deadline_ms {
         let _ = match d.checked_sub(now) {
             Some(left) if left > 0 => write!(line, ", due in {}", ago(left)),
@@ -115,13 +120,13 @@ fn action(a: &ActionView, now: u64) -> String {
         line.push_str(", warned only");
     }
     if let Some(why) = &a.exempt {
-        let _ = write!(line, ", exempt: {why}");
+        let _ = write!(line, ", exempt: {}", c(why));
     }
     if let Some(r) = &a.result {
-        let _ = write!(line, ": {r}");
+        let _ = write!(line, ": {}", c(r));
     }
     for why in &a.why {
-        let _ = write!(line, "\n    {why}");
+        let _ = write!(line, "\n    {}", c(why));
     }
     line
 }
@@ -216,5 +221,54 @@ mod tests {
             ..view
         };
         assert!(text(&replay, 0).starts_with("cycle 7, a replay, dry run"));
+    }
+
+    /// What users write (environment ids, user names, the report's lines)
+    /// cannot drive the admin's terminal nor forge a line.
+    #[test]
+    fn what_users_write_is_escaped() {
+        let evil = "a\u{1b}]0;owned\u{7}\n  pid 1 root (x)";
+        let view = View {
+            schema: SCHEMA,
+            cycle: 1,
+            at_ms: None,
+            dry_run: true,
+            hosts: vec![HostView {
+                host: "h".into(),
+                state: HostState::Ok,
+                why: None,
+                gpus: vec![GpuView {
+                    index: 0,
+                    state: GpuState::InEnv,
+                    envs: vec![evil.into()],
+                    processes: vec![ProcessView {
+                        pid: 1,
+                        user: Some(evil.into()),
+                        env: Some(evil.into()),
+                        memory_bytes: None,
+                    }],
+                }],
+            }],
+            users: Vec::new(),
+            waiting: Vec::new(),
+            actions: vec![ActionView {
+                host: "h".into(),
+                target: Target::Detach {
+                    device: 0,
+                    env: evil.into(),
+                },
+                rules: vec!["env-devices".into()],
+                why: vec![evil.into()],
+                deadline_ms: None,
+                warn_only: false,
+                exempt: Some(evil.into()),
+                seen: None,
+                result: Some(evil.into()),
+            }],
+        };
+        let out = text(&view, 0);
+        assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out}");
+        let forged = |l: &str| l.trim_start().starts_with("pid 1 root");
+        assert!(!out.lines().any(forged), "{out}");
     }
 }
