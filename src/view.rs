@@ -30,6 +30,10 @@ pub struct View {
     pub dry_run: bool,
     pub hosts: Vec<HostView>,
     pub users: Vec<UserView>,
+    /// Each capped group (`--max-devices-per-group`): its members' GPUs
+    /// against its cap.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupView>,
     /// Actions that wait: for their deadline, for more sightings, or for
     /// ever (warned only, exempt).
     pub waiting: Vec<ActionView>,
@@ -79,6 +83,22 @@ pub struct GpuView {
     /// The environments attached to it (as `devices.json` says).
     pub envs: Vec<String>,
     pub processes: Vec<ProcessView>,
+    /// GPU memory its jobs hold (bytes), as nvidia-smi tells.
+    #[serde(default)]
+    pub memory_bytes: u64,
+    /// How busy it was (percent), where asked (`--idle-after`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_percent: Option<u32>,
+}
+
+/// A capped group over the fleet: its members (as the hosts name them)
+/// and the GPUs their jobs run on, against its cap.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GroupView {
+    pub group: String,
+    pub devices: u32,
+    pub device_cap: u32,
+    pub users: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -172,9 +192,55 @@ pub fn of(report: &CycleReport, cluster: &Cluster, policy: &Policy, at_ms: Optio
         at_ms,
         dry_run: report.dry_run,
         hosts,
+        groups: Vec::new(),
         users: users(cluster, policy),
         waiting,
         actions,
+    }
+    .with_groups(cluster, policy)
+}
+
+impl View {
+    /// Its capped groups, from its users and the hosts' word on who is in
+    /// which group.
+    fn with_groups(mut self, cluster: &Cluster, policy: &Policy) -> Self {
+        if policy.max_devices_per_group.is_empty() {
+            return self;
+        }
+        let mut members: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for (_, snap) in &cluster.hosts {
+            let said: Vec<(&str, &[String])> = match &snap.truth {
+                Some(t) => (t.user_names.iter())
+                    .map(|(uid, name)| (&**name, t.groups_of(*uid)))
+                    .collect(),
+                None => (snap.recorded_groups.iter())
+                    .map(|(u, g)| (u.as_str(), g.as_slice()))
+                    .collect(),
+            };
+            for (user, groups) in said {
+                for g in groups.iter().filter(|g| policy.max_devices_per_group.contains_key(*g)) {
+                    members.entry(g.as_str()).or_default().insert(user);
+                }
+            }
+        }
+        let devices_of = |u: &str| {
+            (self.users.iter())
+                .find(|v| v.user == u)
+                .map_or(0, |v| v.devices)
+        };
+        let groups = (policy.max_devices_per_group.iter())
+            .map(|(group, cap)| {
+                let users = members.get(group.as_str()).cloned().unwrap_or_default();
+                GroupView {
+                    group: group.clone(),
+                    devices: users.iter().map(|u| devices_of(u)).sum(),
+                    device_cap: *cap,
+                    users: users.into_iter().map(String::from).collect(),
+                }
+            })
+            .collect();
+        self.groups = groups;
+        self
     }
 }
 
@@ -187,6 +253,8 @@ fn gpus(host: &HostId, snap: &HostSnapshot, pressed: &Pressed) -> Vec<GpuView> {
             state: GpuState::Free,
             envs: Vec::new(),
             processes: Vec::new(),
+            memory_bytes: 0,
+            utilization_percent: None,
         })
     }
     let mut by_index: BTreeMap<u32, GpuView> = BTreeMap::new();
@@ -198,12 +266,18 @@ fn gpus(host: &HostId, snap: &HostSnapshot, pressed: &Pressed) -> Vec<GpuView> {
     for p in &snap.processes {
         for u in &p.gpus {
             let g = gpu(&mut by_index, u.index);
+            g.memory_bytes = g.memory_bytes.saturating_add(u.usage.bytes().unwrap_or(0));
             g.processes.push(ProcessView {
                 pid: p.pid.0,
                 user: user_of(snap, p).map(str::to_string),
                 env: p.owner.eid().map(|e| e.to_string()),
                 memory_bytes: u.usage.bytes(),
             });
+        }
+    }
+    if let Some(u) = &snap.utilization {
+        for (index, percent) in &u.gpus {
+            gpu(&mut by_index, *index).utilization_percent = Some(*percent);
         }
     }
     for g in by_index.values_mut() {

@@ -339,6 +339,7 @@ mod tests {
             dry_run: true,
             hosts: Vec::new(),
             users: Vec::new(),
+            groups: Vec::new(),
             waiting: Vec::new(),
             actions: Vec::new(),
         }

@@ -61,7 +61,16 @@ pub fn text(view: &View, now: u64) -> String {
             } else {
                 format!(" [{}]", c(&g.envs.join(", ")))
             };
-            let _ = writeln!(out, "    gpu {} {state}{envs}", g.index);
+            let busy = g
+                .utilization_percent
+                .map(|u| format!(", {u}% busy"))
+                .unwrap_or_default();
+            let used = if g.processes.is_empty() {
+                String::new()
+            } else {
+                format!(",{} held{busy}", mib(g.memory_bytes))
+            };
+            let _ = writeln!(out, "    gpu {} {state}{envs}{used}", g.index);
             for p in &g.processes {
                 let user = c(p.user.as_deref().unwrap_or("?"));
                 let env = c(p.env.as_deref().unwrap_or("no environment"));
@@ -86,6 +95,20 @@ pub fn text(view: &View, now: u64) -> String {
             u.devices,
             mib(u.memory_bytes),
             u.processes
+        );
+    }
+    if !view.groups.is_empty() {
+        let _ = writeln!(out, "\ngroups:");
+    }
+    for g in &view.groups {
+        let users: Vec<_> = g.users.iter().map(|u| c(u)).collect();
+        let _ = writeln!(
+            out,
+            "  {} {} GPU(s) of {}: {}",
+            c(&g.group),
+            g.devices,
+            g.device_cap,
+            users.join(", ")
         );
     }
     for (title, actions) in [("waiting", &view.waiting), ("actions", &view.actions)] {
@@ -164,6 +187,8 @@ mod tests {
                         index: 0,
                         state: GpuState::Waiting,
                         envs: vec!["a".into()],
+                        memory_bytes: 3 << 20,
+                        utilization_percent: Some(40),
                         processes: vec![ProcessView {
                             pid: 42,
                             user: Some("bob".into()),
@@ -179,6 +204,12 @@ mod tests {
                     gpus: Vec::new(),
                 },
             ],
+            groups: vec![GroupView {
+                group: "lab".into(),
+                devices: 1,
+                device_cap: 4,
+                users: vec!["bob".into()],
+            }],
             users: vec![UserView {
                 user: "bob".into(),
                 devices: 1,
@@ -241,6 +272,8 @@ mod tests {
                     index: 0,
                     state: GpuState::InEnv,
                     envs: vec![evil.into()],
+                    memory_bytes: 0,
+                    utilization_percent: None,
                     processes: vec![ProcessView {
                         pid: 1,
                         user: Some(evil.into()),
@@ -250,6 +283,7 @@ mod tests {
                 }],
             }],
             users: Vec::new(),
+            groups: Vec::new(),
             waiting: Vec::new(),
             actions: vec![ActionView {
                 host: "h".into(),
