@@ -218,7 +218,10 @@ impl View {
                     .collect(),
             };
             for (user, groups) in said {
-                for g in groups.iter().filter(|g| policy.max_devices_per_group.contains_key(*g)) {
+                for g in groups
+                    .iter()
+                    .filter(|g| policy.max_devices_per_group.contains_key(*g))
+                {
                     members.entry(g.as_str()).or_default().insert(user);
                 }
             }

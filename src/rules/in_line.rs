@@ -21,9 +21,9 @@
 //! Keyed by what its owner cannot change (host, pid and its start time in
 //! the kernel's ticks, device), taken from every job the host lists,
 //! whatever it carries, and bounded: a host forgets a job listed with
-//! another start, or unlisted for [`FORGET_AFTER_MS`], and keeps at most
-//! [`MAX_JOBS`] (the user with most going first); a host no longer in the
-//! fleet is forgotten.
+//! another start, or unlisted for [`FORGET_AFTER_MS`], and keeps what it
+//! lists and at most [`MAX_JOBS`] more (the user with most going first); a
+//! host no longer in the fleet is forgotten.
 
 use std::collections::HashMap;
 
@@ -37,8 +37,8 @@ use crate::model::{GpuIndex, HostId, HostSnapshot, Owner, Pid};
 /// for a while and comes back is still known for what it was.
 pub const FORGET_AFTER_MS: u64 = 3_600_000;
 
-/// The most jobs remembered per host (those of the user with most go
-/// first, those unlisted longest among them).
+/// The most jobs remembered per host beyond those it lists (those of the
+/// user with most go first, those unlisted longest among them).
 pub const MAX_JOBS: usize = 4096;
 
 /// Where a job stands on one device, since it was first seen there.
@@ -133,8 +133,10 @@ impl InLine {
             }
         }
         // Every job listed, whatever it carries: there since it came; one
-        // outside genv by its own environ (no id, or one it hides) is in
-        // line from when it first carries one.
+        // outside genv by its own environ (no id, or one it hides) is out
+        // of line, now and until it carries one in line again (dropping
+        // its id for a while, uncounted, then taking it back gains it no
+        // place).
         for p in &snap.processes {
             let job = h.jobs.entry(p.pid).or_default();
             job.start = job.start.or(p.start_time);
@@ -145,8 +147,13 @@ impl InLine {
                 Owner::Env(_) | Owner::Unknown(_) => Line::Since(came),
             };
             for index in p.indices() {
-                if job.devices.iter().all(|(i, _)| *i != index) {
-                    job.devices.push((index, line));
+                match job.devices.iter_mut().find(|(i, _)| *i == index) {
+                    Some((_, held)) => {
+                        if let (Line::Out(_), Line::Since(since)) = (line, *held) {
+                            *held = Line::Out(since);
+                        }
+                    }
+                    None => job.devices.push((index, line)),
                 }
             }
         }
@@ -168,11 +175,14 @@ impl InLine {
                 d.since = d.starts.iter().map(|(_, t)| *t).min();
             }
         }
-        if h.jobs.len() > MAX_JOBS {
-            // From the users with most jobs first: one who floods the host
-            // with short jobs pushes out his own.
+        // What the host lists is kept (as many as it lists); of the rest,
+        // at most MAX_JOBS, from the users with most first: one who floods
+        // the host with short jobs, or keeps many listed, pushes out only
+        // his own.
+        let unlisted_now = h.jobs.values().filter(|job| job.last < now).count();
+        if unlisted_now > MAX_JOBS {
             let mut per_uid: HashMap<Option<u32>, usize> = HashMap::new();
-            for job in h.jobs.values() {
+            for job in h.jobs.values().filter(|job| job.last < now) {
                 *per_uid.entry(job.uid).or_default() += 1;
             }
             let mut unlisted: Vec<(Pid, usize, u64)> = (h.jobs.iter())
@@ -180,7 +190,7 @@ impl InLine {
                 .map(|(pid, job)| (*pid, per_uid[&job.uid], job.last))
                 .collect();
             unlisted.sort_by_key(|(_, many, last)| (std::cmp::Reverse(*many), *last));
-            let over = h.jobs.len() - MAX_JOBS;
+            let over = unlisted_now - MAX_JOBS;
             for (pid, ..) in unlisted.into_iter().take(over) {
                 h.jobs.remove(&pid);
             }
@@ -299,16 +309,20 @@ mod tests {
         seen_only(&mut seen, &bare, 20_000);
         assert_eq!(cycle(&mut seen, &fixed, 30_000).1, Some(30_000));
         assert_eq!(cycle(&mut seen, &fixed, 40_000).1, Some(30_000));
+        // Review of c353a83, finding 1: one known in line that drops its id
+        // for a while (uncounted) and takes it back stands from then.
+        seen_only(&mut seen, &bare, 50_000);
+        assert_eq!(cycle(&mut seen, &fixed, 60_000).1, Some(60_000));
         // Hidden likewise; an environ unreadable (not its doing) is not.
         for (owner, since) in [
-            (Owner::Hidden("huge".into()), 60_000),
+            (Owner::Hidden("huge".into()), 160_000),
             (Owner::Unknown("gone".into()), 1020),
         ] {
             let mut first = InLine::default();
             let mut job = fixed.clone();
             job.processes[0].owner = owner;
-            seen_only(&mut first, &job, 50_000);
-            assert_eq!(cycle(&mut first, &fixed, 60_000).1, Some(since));
+            seen_only(&mut first, &job, 150_000);
+            assert_eq!(cycle(&mut first, &fixed, 160_000).1, Some(since));
         }
     }
 
@@ -442,7 +456,11 @@ mod tests {
         assert_eq!(seen.len(), MAX_JOBS + 10, "all listed: all kept");
         let fixed = bobs(&[(0, "b"), (1, "b")]);
         seen_only(&mut seen, &fixed, 20_000);
-        assert_eq!(seen.len(), MAX_JOBS);
+        assert_eq!(
+            seen.len(),
+            MAX_JOBS + 1,
+            "the one listed, and MAX_JOBS unlisted"
+        );
         assert!(seen.0[&HostId("h".into())].jobs.contains_key(&Pid(20)));
     }
 
@@ -474,5 +492,18 @@ mod tests {
         let jobs = &seen.0[&HostId("h".into())].jobs;
         assert_eq!(jobs.len(), MAX_JOBS);
         assert!(jobs.contains_key(&Pid(7)), "hers, unlisted longest, kept");
+        // Review of c353a83, finding 3: a flood kept listed pushes out
+        // none of hers.
+        let mut seen = InLine::default();
+        seen_only(&mut seen, &hers, 5_000);
+        many.processes = (0..MAX_JOBS as u32 + 10)
+            .map(|j| crate::model::Process {
+                pid: Pid(100 + j),
+                ..job.clone()
+            })
+            .collect();
+        seen_only(&mut seen, &many, 10_000);
+        seen_only(&mut seen, &many, 15_000);
+        assert!(seen.0[&HostId("h".into())].jobs.contains_key(&Pid(7)));
     }
 }
