@@ -155,12 +155,17 @@ pub struct ConfigCheckArgs {
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
     /// The service's --view-socket, or its metrics endpoint's URL
-    /// (http(s)://[USER:PASSWORD@]HOST:PORT, path /view).
+    /// (http(s)://HOST:PORT, path /view; see --credentials).
     #[arg(long, value_name = "SOCKET|URL", default_value = crate::view_socket::DEFAULT_PATH)]
     pub connect: String,
     /// How long to wait for the service's view.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "10s")]
     pub timeout: Duration,
+    /// For --connect URL: the metrics endpoint's USER:PASSWORD (basic
+    /// authentication), from a file only you may read (chmod 600).
+    #[arg(long, value_name = "FILE")]
+    pub credentials: Option<PathBuf>,
+
     #[arg(long, value_enum, default_value_t = StatusOutput::Text)]
     pub output: StatusOutput,
     /// Print the JSON Schema of --output json (shipped as
@@ -173,9 +178,13 @@ pub struct StatusArgs {
 #[derive(Debug, Clone, Args)]
 pub struct TopArgs {
     /// The service's --view-socket, or its metrics endpoint's URL
-    /// (http(s)://[USER:PASSWORD@]HOST:PORT, path /view, asked every second).
+    /// (http(s)://HOST:PORT, path /view, asked every second).
     #[arg(long, value_name = "SOCKET|URL", default_value = crate::view_socket::DEFAULT_PATH)]
     pub connect: String,
+    /// For --connect URL: the metrics endpoint's USER:PASSWORD (basic
+    /// authentication), from a file only you may read (chmod 600).
+    #[arg(long, value_name = "FILE")]
+    pub credentials: Option<PathBuf>,
 }
 
 /// `status --output`.

@@ -48,7 +48,7 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
         },
         Job::Report(args) => report(&args),
         Job::Status(args) => status(&args).await,
-        Job::Top(args) => match crate::top_term::run(args.connect).await {
+        Job::Top(args) => match crate::top_term::run(args).await {
             Ok(()) => 0,
             Err(e) => {
                 complain(&format!("top: {e}"));
@@ -100,7 +100,10 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
                 reload: Some(service::reloader(line)),
                 ..Service::default()
             };
-            let board = (view.is_some() || metrics.is_some()).then(Board::default);
+            // /view on the metrics endpoint only behind its basic
+            // authentication: any local user can reach the port.
+            let behind_auth = web.as_ref().is_some_and(|w| !w.users.is_empty());
+            let board = (view.is_some() || (metrics.is_some() && behind_auth)).then(Board::default);
             let mut view_server = None;
             if let (Some((path, group)), Some(board)) = (view, &board) {
                 match view_socket::bind(&path, group.as_deref()) {
@@ -172,12 +175,21 @@ async fn status(args: &crate::cli::StatusArgs) -> u8 {
         );
         return 0;
     }
-    match view_socket::fetch(&args.connect, args.timeout).await {
+    let login = match args.credentials.as_deref().map(view_socket::credentials) {
+        Some(Err(e)) => {
+            complain(&chain(&e));
+            return USAGE;
+        }
+        Some(Ok(login)) => Some(login),
+        None => None,
+    };
+    match view_socket::fetch(&args.connect, login.as_ref(), args.timeout).await {
         Ok((view, line)) => {
             let out = match args.output {
                 // Safe for a terminal too (DEL, C1 controls, bidi overrides).
                 crate::cli::StatusOutput::Json => {
-                    crate::report::json_safe(String::from_utf8_lossy(&line).into_owned())
+                    let json = String::from_utf8_lossy(line.trim_ascii_end()).into_owned();
+                    crate::report::json_safe(json) + "\n"
                 }
                 crate::cli::StatusOutput::Text => {
                     crate::view_text::text(&view, crate::clock::now_ms())

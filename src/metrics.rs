@@ -488,6 +488,9 @@ pub async fn serve(
     web: Option<Arc<crate::web_config::WebConfig>>,
     view: Option<crate::view_socket::Board>,
 ) {
+    // The view only behind basic authentication (any local user can
+    // connect to the port).
+    let view = view.filter(|_| web.as_ref().is_some_and(|w| !w.users.is_empty()));
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let shares = Shares::default();
     loop {
@@ -612,7 +615,13 @@ fn respond(
     if path == "/view" {
         // The last cycle's view (`status --connect URL`), as the socket
         // serves it.
-        let Some(line) = view.and_then(crate::view_socket::Board::latest) else {
+        let Some(board) = view else {
+            return plain(
+                StatusCode::NOT_FOUND,
+                "/view is served only behind basic authentication (--web.config.file with basic_auth_users); or read --view-socket\n",
+            );
+        };
+        let Some(line) = board.latest() else {
             return plain(StatusCode::SERVICE_UNAVAILABLE, "no cycle has ended yet\n");
         };
         let mut r = Response::new(Full::new(line));

@@ -31,19 +31,25 @@ enum Feed {
 ///
 /// # Errors
 /// Standard output is not a terminal, or the terminal fails.
-pub async fn run(at: String) -> std::io::Result<()> {
+pub async fn run(args: crate::cli::TopArgs) -> std::io::Result<()> {
     use std::io::IsTerminal;
     if !std::io::stdout().is_terminal() {
         return Err(std::io::Error::other(
             "top needs a terminal (for a script or a pipe: genv-enforce status)",
         ));
     }
+    let login = match args.credentials.as_deref().map(view_socket::credentials) {
+        Some(Err(e)) => return Err(std::io::Error::other(crate::error::chain(&e))),
+        Some(Ok(login)) => Some(login),
+        None => None,
+    };
+    let at = args.connect;
     let (tx, rx) = mpsc::channel(4);
-    let feed = tokio::spawn(feed(at.clone(), tx));
+    let feed = tokio::spawn(feed(at.clone(), login, tx));
     let stop = Arc::new(AtomicBool::new(false));
     let signals = tokio::spawn(stop_on_signals(Arc::clone(&stop)));
     let color = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let note = format!("connecting to {at}");
+    let note = format!("connecting to {}", view_socket::shown(&at));
     let ui = tokio::task::spawn_blocking(move || screen(rx, Top::new(note, color), &stop));
     let ended = ui
         .await
@@ -73,9 +79,20 @@ async fn stop_on_signals(stop: Arc<AtomicBool>) {
 
 /// The screen's loop: a redraw every quarter second (the countdowns) and
 /// on each key or new view, until a quit key or `stop`.
-fn screen(mut rx: mpsc::Receiver<Feed>, mut top: Top, stop: &AtomicBool) -> std::io::Result<()> {
-    // Raw mode and the alternate screen; its panic hook puts them back.
+fn screen(
+    mut rx: mpsc::Receiver<Feed>,
+    mut top: Top,
+    stop: &Arc<AtomicBool>,
+) -> std::io::Result<()> {
+    // Raw mode and the alternate screen; its panic hook puts them back,
+    // and a panic on any thread ends the screen too.
     let mut terminal = ratatui::init();
+    let hook = std::panic::take_hook();
+    let stopped = Arc::clone(stop);
+    std::panic::set_hook(Box::new(move |info| {
+        stopped.store(true, Ordering::Relaxed);
+        hook(info);
+    }));
     let ran = (|| loop {
         while let Ok(fed) = rx.try_recv() {
             match fed {
@@ -101,11 +118,11 @@ fn screen(mut rx: mpsc::Receiver<Feed>, mut top: Top, stop: &AtomicBool) -> std:
 
 /// Feeds the screen the service's views at `at`, and says when none
 /// comes; asks again every [`RETRY`].
-async fn feed(at: String, tx: mpsc::Sender<Feed>) {
+async fn feed(at: String, login: Option<(String, String)>, tx: mpsc::Sender<Feed>) {
     let url = at.starts_with("http://") || at.starts_with("https://");
     loop {
         if url {
-            let fed = match view_socket::fetch(&at, Duration::from_secs(5)).await {
+            let fed = match view_socket::fetch(&at, login.as_ref(), Duration::from_secs(5)).await {
                 Ok((view, _)) => Feed::View(Box::new(view)),
                 Err(e) => Feed::Note(format!("{}; trying again", crate::error::chain(&e))),
             };

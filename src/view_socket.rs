@@ -7,6 +7,7 @@
 //! [`MAX_READERS`] at once, each write within [`WRITE_DEADLINE`], and
 //! nothing a reader sends is kept.
 
+use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,8 +24,16 @@ use crate::view::View;
 /// (the unit's runtime directory).
 pub const DEFAULT_PATH: &str = "/run/genv-enforce/view.sock";
 
-/// The most readers served at once; more are closed at once.
+/// The most readers served at once; more are closed at once. Root (and
+/// the service's own user) has [`ROOT_READERS`] of them to itself, and no
+/// other user more than [`PER_USER`].
 pub const MAX_READERS: usize = 16;
+
+/// The readers kept for root: a group's members cannot crowd it out.
+pub const ROOT_READERS: usize = 4;
+
+/// The most readers one user other than root has at once.
+pub const PER_USER: usize = 4;
 
 /// A reader that takes longer than this to take one view is dropped.
 pub const WRITE_DEADLINE: Duration = Duration::from_secs(5);
@@ -126,29 +135,33 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<Bound, ViewSocketError> 
         path: path.to_path_buf(),
         source,
     };
-    let dir = match path.parent() {
+    let given = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     let refused = |source| ViewSocketError::Dir {
-        path: dir.to_path_buf(),
+        path: given.to_path_buf(),
         source,
     };
-    if std::fs::symlink_metadata(dir).is_err() {
+    if std::fs::symlink_metadata(given).is_err() {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o755)
-            .create(dir)
+            .create(given)
             .map_err(|e| refused(e.into()))?;
     }
-    crate::private::own_path(dir, rustix::fs::FileType::Directory, 0o022).map_err(refused)?;
-    crate::private::ancestors(dir).map_err(refused)?;
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if !m.file_type().is_socket() => {
-            return Err(ViewSocketError::NotSocket(path.to_path_buf()))
-        }
-        Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
-            return Err(ViewSocketError::InUse(path.to_path_buf()))
+    // Resolved once: every step after works on the directory checked.
+    let dir = std::fs::canonicalize(given).map_err(|e| refused(e.into()))?;
+    crate::private::own_path(&dir, rustix::fs::FileType::Directory, 0o022).map_err(refused)?;
+    crate::private::ancestors(&dir).map_err(refused)?;
+    let Some(name) = path.file_name() else {
+        return Err(io(std::io::Error::other("no file name")));
+    };
+    let path = dir.join(name);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if !m.file_type().is_socket() => return Err(ViewSocketError::NotSocket(path)),
+        Ok(_) if std::os::unix::net::UnixStream::connect(&path).is_ok() => {
+            return Err(ViewSocketError::InUse(path))
         }
         _ => {}
     }
@@ -162,35 +175,29 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<Bound, ViewSocketError> 
         ),
         None => None,
     };
-    // Bound under a name of its own, closed to all until its mode is set,
-    // then moved into place (over a stale socket) at once.
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let fresh = dir.join(format!(".{name}.{}", std::process::id()));
-    let _ = std::fs::remove_file(&fresh);
-    let before = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
-    let bound = std::os::unix::net::UnixListener::bind(&fresh);
-    rustix::process::umask(before);
-    let listener = bound.map_err(io)?;
+    // Bound in a directory of its own (0700: no one else can reach it
+    // before its mode is set), then moved into place (over a stale
+    // socket) at once.
+    let private = tempfile::Builder::new()
+        .prefix(".v")
+        .tempdir_in(&dir)
+        .map_err(io)?;
+    let fresh = private.path().join("s");
+    let listener = std::os::unix::net::UnixListener::bind(&fresh).map_err(io)?;
     let placed = (|| {
         if let Some(gid) = gid {
             std::os::unix::fs::chown(&fresh, None, Some(gid.as_raw()))?;
         }
         let mode = if gid.is_some() { 0o660 } else { 0o600 };
         std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(mode))?;
-        std::fs::rename(&fresh, path)?;
+        std::fs::rename(&fresh, &path)?;
         listener.set_nonblocking(true)?;
-        std::fs::symlink_metadata(path)
+        std::fs::symlink_metadata(&path)
     })();
-    let m = match placed {
-        Ok(m) => m,
-        Err(e) => {
-            let _ = std::fs::remove_file(&fresh);
-            return Err(io(e));
-        }
-    };
+    let m = placed.map_err(io)?;
     Ok(Bound {
         listener,
-        path: path.to_path_buf(),
+        path,
         id: (m.dev(), m.ino()),
     })
 }
@@ -212,7 +219,10 @@ pub async fn serve(bound: Bound, board: Board) {
             return;
         }
     };
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_READERS));
+    let root = Arc::new(tokio::sync::Semaphore::new(ROOT_READERS));
+    let others = Arc::new(tokio::sync::Semaphore::new(MAX_READERS - ROOT_READERS));
+    let per_user: Arc<std::sync::Mutex<HashMap<u32, usize>>> = Arc::default();
+    let me = rustix::process::geteuid().as_raw();
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -222,14 +232,42 @@ pub async fn serve(bound: Bound, board: Board) {
                 continue;
             }
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            // Full: closed at once rather than left waiting.
+        // Who connects, as the kernel says; full: closed at once rather
+        // than left waiting.
+        let Ok(uid) = stream.peer_cred().map(|c| c.uid()) else {
             continue;
         };
+        let pool = if uid == 0 || uid == me {
+            &root
+        } else {
+            &others
+        };
+        let Ok(slot) = Arc::clone(pool).try_acquire_owned() else {
+            continue;
+        };
+        let share = (uid != 0 && uid != me).then_some(uid);
+        if let Some(uid) = share {
+            let mut held = per_user.lock().expect("not poisoned");
+            let n = held.entry(uid).or_default();
+            if *n >= PER_USER {
+                continue;
+            }
+            *n += 1;
+        }
         let views = board.subscribe();
+        let per_user = Arc::clone(&per_user);
         tokio::spawn(async move {
             read_to(stream, views).await;
             drop(slot);
+            if let Some(uid) = share {
+                let mut held = per_user.lock().expect("not poisoned");
+                if let Some(n) = held.get_mut(&uid) {
+                    *n -= 1;
+                    if *n == 0 {
+                        held.remove(&uid);
+                    }
+                }
+            }
         });
     }
 }
@@ -266,15 +304,48 @@ async fn read_to(stream: tokio::net::UnixStream, mut views: watch::Receiver<Opti
     }
 }
 
+/// `at` as said in messages: a URL without its password.
+pub fn shown(at: &str) -> String {
+    match url::Url::parse(at) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => at.to_string(),
+    }
+}
+
+/// `USER:PASSWORD` for the metrics endpoint's basic authentication, from
+/// a file only we may read (`--credentials`): never on a command line.
+///
+/// # Errors
+/// The file is refused, or holds no `USER:PASSWORD`.
+pub fn credentials(path: &Path) -> Result<(String, String), ViewSocketError> {
+    let bad = |why: String| ViewSocketError::Bad {
+        from: path.display().to_string(),
+        why,
+    };
+    let text = crate::private::read_secret(path).map_err(|e| bad(e.to_string()))?;
+    let line = text.lines().next().unwrap_or("").trim();
+    match line.split_once(':') {
+        Some((u, p)) if !u.is_empty() => Ok((u.to_string(), p.to_string())),
+        _ => Err(bad("not USER:PASSWORD".into())),
+    }
+}
+
 /// The view a service serves at `at`: a Unix socket's path, or the
-/// metrics endpoint's URL (`http(s)://[user:password@]host:port`, its
-/// path `/view`), within `timeout`.
+/// metrics endpoint's URL (`http(s)://host:port`, its path `/view`, with
+/// `login`'s basic authentication), within `timeout`.
 ///
 /// # Errors
 /// Nothing answers, too late, or what comes is not a view.
-pub async fn fetch(at: &str, timeout: Duration) -> Result<(View, Bytes), ViewSocketError> {
+pub async fn fetch(
+    at: &str,
+    login: Option<&(String, String)>,
+    timeout: Duration,
+) -> Result<(View, Bytes), ViewSocketError> {
     let bad = |why: String| ViewSocketError::Bad {
-        from: at.to_string(),
+        from: shown(at),
         why,
     };
     let line = if at.starts_with("http://") || at.starts_with("https://") {
@@ -290,14 +361,31 @@ pub async fn fetch(at: &str, timeout: Duration) -> Result<(View, Bytes), ViewSoc
             .build()
             .map_err(|e| bad(e.to_string()))?;
         let mut req = client.get(url);
-        if !user.is_empty() {
+        if let Some((user, password)) = login {
+            req = req.basic_auth(user, Some(password));
+        } else if !user.is_empty() {
             req = req.basic_auth(user, password);
         }
-        let resp = req.send().await.map_err(|e| bad(crate::error::chain(&e)))?;
+        let mut resp = req
+            .send()
+            .await
+            .map_err(|e| bad(crate::error::chain(&e.without_url())))?;
         if !resp.status().is_success() {
             return Err(bad(format!("HTTP {}", resp.status())));
         }
-        resp.bytes().await.map_err(|e| bad(e.to_string()))?
+        // Read to MAX_VIEW_BYTES at most, whatever the endpoint says.
+        let mut body = Vec::new();
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| bad(e.without_url().to_string()))?
+        {
+            if body.len() + chunk.len() > MAX_VIEW_BYTES as usize {
+                return Err(bad(format!("more than {MAX_VIEW_BYTES} bytes")));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Bytes::from(body)
     } else {
         let path = PathBuf::from(at);
         let unanswered = |source| ViewSocketError::Unanswered {
@@ -358,7 +446,7 @@ mod tests {
         let board = Board::default();
         board.publish(&view(1));
         let server = tokio::spawn(serve(bound, board.clone()));
-        let (got, _) = fetch(path.to_str().unwrap(), Duration::from_secs(5))
+        let (got, _) = fetch(path.to_str().unwrap(), None, Duration::from_secs(5))
             .await
             .unwrap();
         assert_eq!(got.cycle, 1);
@@ -427,8 +515,9 @@ mod tests {
             .collect();
         board.publish(&big);
         let server = tokio::spawn(serve(bound, board.clone()));
+        // Root's own readers (this test runs as the service's user).
         let mut held = Vec::new();
-        for _ in 0..MAX_READERS {
+        for _ in 0..ROOT_READERS {
             held.push(tokio::net::UnixStream::connect(&path).await.unwrap());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -441,7 +530,7 @@ mod tests {
         assert_eq!(n, 0, "closed without a view");
         // Publishing never waits on them.
         let t = std::time::Instant::now();
-        for k in 2..50 {
+        for k in 2..10 {
             big.cycle = k;
             board.publish(&big);
         }
@@ -449,10 +538,10 @@ mod tests {
         // Past the write deadline they are dropped, and a reader is served.
         drop(held.split_off(1));
         tokio::time::sleep(WRITE_DEADLINE + Duration::from_secs(1)).await;
-        let (got, _) = fetch(path.to_str().unwrap(), Duration::from_secs(5))
+        let (got, _) = fetch(path.to_str().unwrap(), None, Duration::from_secs(5))
             .await
             .unwrap();
-        assert_eq!(got.cycle, 49);
+        assert_eq!(got.cycle, 9);
         server.abort();
     }
 }

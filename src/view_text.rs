@@ -13,6 +13,11 @@ pub fn text(view: &View, now: u64) -> String {
     let at = view.at_ms.map_or_else(
         || "a replay".to_string(),
         |ms| {
+            // RFC 3339 ends with the year 9999 (a view from elsewhere may
+            // say anything).
+            if ms >= 253_402_300_800_000 {
+                return format!("at {ms} ms");
+            }
             let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
             format!(
                 "{} ({} ago)",
@@ -129,7 +134,7 @@ fn action(a: &ActionView, now: u64) -> String {
         Target::Terminate { pid } => format!("terminate pid {pid}"),
         Target::Detach { device, env } => format!("detach {} from gpu {device}", c(env)),
     };
-    let mut line = format!("{} {what} ({})", c(&a.host), a.rules.join(", "));
+    let mut line = format!("{} {what} ({})", c(&a.host), c(&a.rules.join(", ")));
     if let Some(d) = a.deadline_ms {
         let _ = match d.checked_sub(now) {
             Some(left) if left > 0 => write!(line, ", due in {}", ago(left)),
@@ -300,6 +305,9 @@ mod tests {
                 result: Some(evil.into()),
             }],
         };
+        let mut view = view;
+        view.actions[0].rules = vec![evil.into()];
+        view.at_ms = Some(u64::MAX);
         let out = text(&view, 0);
         assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out}");
         let forged = |l: &str| l.trim_start().starts_with("pid 1 root");

@@ -335,9 +335,16 @@ fn metrics_are_scraped_over_http_after_a_cycle() {
     let host = first["hosts"][0]["host"].as_str().unwrap().to_string();
     let (status, metrics) = http_get(port, "/metrics");
     let (missing, _) = http_get(port, "/");
+    let (view, why) = http_get(port, "/view");
     let _ = stop(&mut child);
     assert!(status.contains("200"), "{status}");
     assert!(missing.contains("404"), "{missing}");
+    // The view only behind basic authentication: any local user can
+    // reach this port.
+    assert!(
+        view.contains("404") && why.contains("basic authentication"),
+        "{view} {why}"
+    );
     let value = |name: &str| sample(&metrics, name).unwrap_or_else(|| panic!("{name}: {metrics}"));
     assert_eq!(value("genv_enforce_cycles_total"), 1.0);
     assert_eq!(value("genv_enforce_cycle_duration_seconds_count"), 1.0);
