@@ -178,7 +178,7 @@ pub struct StatusArgs {
 #[derive(Debug, Clone, Args)]
 pub struct TopArgs {
     /// The service's --view-socket, or its metrics endpoint's URL
-    /// (http(s)://HOST:PORT, path /view, asked every second).
+    /// (http(s)://HOST:PORT, path /view, asked every 5 s).
     #[arg(long, value_name = "SOCKET|URL", default_value = crate::view_socket::DEFAULT_PATH)]
     pub connect: String,
     /// For --connect URL: the metrics endpoint's USER:PASSWORD (basic

@@ -16,9 +16,12 @@ use crate::top::Top;
 use crate::view::View;
 use crate::view_socket::{self, MAX_VIEW_BYTES};
 
-/// How often a service that does not answer is asked again, and a URL
-/// polled.
+/// How often a service that does not answer is asked again.
 const RETRY: Duration = Duration::from_secs(1);
+
+/// How often a metrics URL is asked (a view changes once a cycle; each
+/// answer costs the service a write of the whole view).
+const POLL: Duration = Duration::from_secs(5);
 
 /// What the connection tells the screen.
 enum Feed {
@@ -129,7 +132,7 @@ async fn feed(at: String, login: Option<(String, String)>, tx: mpsc::Sender<Feed
             if tx.send(fed).await.is_err() {
                 return;
             }
-            tokio::time::sleep(RETRY).await;
+            tokio::time::sleep(POLL).await;
             continue;
         }
         let stream = match tokio::net::UnixStream::connect(&at).await {

@@ -583,6 +583,32 @@ pub(crate) mod tests {
         (CycleReport::new(a, outcomes, None), cluster, policy)
     }
 
+    /// A capped group: its members as the hosts say, their GPUs summed,
+    /// against its cap; a group without a cap is not in the view.
+    #[test]
+    fn each_capped_group_counts_its_members_gpus() {
+        let (report, mut cluster, mut policy) = recorded();
+        policy.max_devices_per_group.insert("lab".into(), 3);
+        let said = [("alice", "lab"), ("bob", "lab"), ("carol", "other")];
+        cluster.hosts[0].1.recorded_groups = (said.iter())
+            .map(|(u, g)| (u.to_string(), vec![g.to_string()]))
+            .collect();
+        let view = of(&report, &cluster, &policy, None);
+        let devices = |u: &str| view.users.iter().find(|v| v.user == u).unwrap().devices;
+        assert_eq!(
+            view.groups,
+            [GroupView {
+                group: "lab".into(),
+                devices: devices("alice") + devices("bob"),
+                device_cap: 3,
+                users: vec!["alice".into(), "bob".into()],
+            }]
+        );
+        assert!(of(&report, &cluster, &Policy::default(), None)
+            .groups
+            .is_empty());
+    }
+
     #[test]
     fn the_recorded_fleets_view() {
         let (report, cluster, policy) = recorded();
