@@ -506,4 +506,37 @@ mod tests {
         seen_only(&mut seen, &many, 15_000);
         assert!(seen.0[&HostId("h".into())].jobs.contains_key(&Pid(7)));
     }
+
+    /// Users are ranked by their unlisted records alone, and a listed job
+    /// is never pushed out: alice running many jobs, with a few gone,
+    /// loses none of those to bob's flood of gone ones.
+    #[test]
+    fn only_unlisted_records_count_and_go() {
+        let base = bobs(&[(0, "b"), (1, "b")]);
+        let job = |pid: u32, uid: u32| crate::model::Process {
+            pid: Pid(pid),
+            uid: Some(uid),
+            ..base.processes[0].clone()
+        };
+        let mut seen = InLine::default();
+        let mut snap = base.clone();
+        // alice's 5 jobs that end, bob's MAX_JOBS - 4 that end.
+        snap.processes = (1..=5).map(|p| job(p, 1001)).collect();
+        snap.processes
+            .extend((0..MAX_JOBS as u32 - 4).map(|k| job(100_000 + k, 1002)));
+        seen_only(&mut seen, &snap, 10_000);
+        // Then alice runs MAX_JOBS jobs, carol one: MAX_JOBS + 1 unlisted.
+        snap.processes = (0..MAX_JOBS as u32)
+            .map(|k| job(200_000 + k, 1001))
+            .collect();
+        snap.processes.push(job(300_000, 1003));
+        seen_only(&mut seen, &snap, 20_000);
+        let jobs = &seen.0[&HostId("h".into())].jobs;
+        assert!((1..=5).all(|p| jobs.contains_key(&Pid(p))), "hers kept");
+        assert!(jobs.contains_key(&Pid(300_000)), "carol's listed job kept");
+        let bobs_left = (0..MAX_JOBS as u32 - 4)
+            .filter(|k| jobs.contains_key(&Pid(100_000 + k)))
+            .count();
+        assert_eq!(bobs_left, MAX_JOBS - 5, "one of bob's went");
+    }
 }
