@@ -167,11 +167,17 @@ pub fn of(report: &CycleReport, cluster: &Cluster, policy: &Policy, at_ms: Optio
     let waiting: Vec<ActionView> = report.waiting.iter().map(|w| why.waiting(w)).collect();
     let actions: Vec<ActionView> = report.outcomes.iter().map(|o| why.done(o)).collect();
     let pressed = Pressed::of(&report.violations, &waiting);
+    // Each host's snapshot by id, found once (a scan per host is
+    // quadratic over a large fleet).
+    let mut by_host = std::collections::HashMap::with_capacity(cluster.hosts.len());
+    for (h, s) in &cluster.hosts {
+        by_host.entry(h).or_insert((h, s));
+    }
     let hosts = report
         .hosts
         .iter()
         .map(|status| {
-            let snap = cluster.hosts.iter().find(|(h, _)| h == &status.host);
+            let snap = by_host.get(&status.host).map(|&(h, s)| (h, s));
             let (state, why) = match (&status.error, &status.degraded) {
                 (Some(e), _) => (HostState::Failed, Some(e.to_string())),
                 (None, Some(d)) => (HostState::Degraded, Some(d.clone())),
