@@ -175,13 +175,17 @@ async fn status(args: &crate::cli::StatusArgs) -> u8 {
         );
         return 0;
     }
-    let login = match args.credentials.as_deref().map(view_socket::credentials) {
-        Some(Err(e)) => {
+    let login = match args
+        .credentials
+        .as_deref()
+        .map(view_socket::credentials)
+        .transpose()
+    {
+        Ok(login) => login,
+        Err(e) => {
             complain(&chain(&e));
             return USAGE;
         }
-        Some(Ok(login)) => Some(login),
-        None => None,
     };
     match view_socket::fetch(&args.connect, login.as_ref(), args.timeout).await {
         Ok((view, line)) => {

@@ -20,6 +20,7 @@ use ratatui::Frame;
 
 use crate::report::clean;
 use crate::view::{ActionView, GpuState, HostState, HostView, Target, UserView, View};
+use crate::view_text::span;
 
 /// How many done actions are kept from the views seen.
 pub const RECENT: usize = 200;
@@ -274,48 +275,26 @@ impl Top {
     }
 
     fn table(&self, f: &mut Frame, area: Rect, rows: &[Shown], chosen: usize) {
-        let (header, widths): (&[&str], Vec<Constraint>) = match self.tab {
-            Tab::Fleet => (
-                &["HOST", "STATE", "GPUS", "JOBS", "WHY"],
-                vec![
-                    Constraint::Length(20),
-                    Constraint::Length(9),
-                    Constraint::Length(18),
-                    Constraint::Length(5),
-                    Constraint::Min(10),
-                ],
-            ),
+        // Each tab's columns and widths (the last takes what is left).
+        let (header, widths): ([&str; 5], [u16; 5]) = match self.tab {
+            Tab::Fleet => (["HOST", "STATE", "GPUS", "JOBS", "WHY"], [20, 9, 18, 5, 10]),
             Tab::Users => (
-                &["USER", "GPUS", "MEMORY", "JOBS", "WAITING"],
-                vec![
-                    Constraint::Length(16),
-                    Constraint::Length(10),
-                    Constraint::Length(22),
-                    Constraint::Length(5),
-                    Constraint::Min(7),
-                ],
+                ["USER", "GPUS", "MEMORY", "JOBS", "WAITING"],
+                [16, 10, 22, 5, 7],
             ),
             Tab::Waiting => (
-                &["HOST", "ACTION", "RULES", "DUE", "OWNER"],
-                vec![
-                    Constraint::Length(20),
-                    Constraint::Length(24),
-                    Constraint::Length(28),
-                    Constraint::Length(14),
-                    Constraint::Min(8),
-                ],
+                ["HOST", "ACTION", "RULES", "DUE", "OWNER"],
+                [20, 24, 28, 14, 8],
             ),
             Tab::Actions => (
-                &["CYCLE", "HOST", "ACTION", "RULES", "RESULT"],
-                vec![
-                    Constraint::Length(6),
-                    Constraint::Length(20),
-                    Constraint::Length(24),
-                    Constraint::Length(28),
-                    Constraint::Min(8),
-                ],
+                ["CYCLE", "HOST", "ACTION", "RULES", "RESULT"],
+                [6, 20, 24, 28, 8],
             ),
         };
+        let widths = widths.iter().enumerate().map(|(i, w)| match i {
+            4 => Constraint::Min(*w),
+            _ => Constraint::Length(*w),
+        });
         // Only what fits is built into cells.
         let height = usize::from(area.height.saturating_sub(1)).max(1);
         let first = chosen.saturating_sub(height - 1);
@@ -579,16 +558,14 @@ fn user_detail(u: &UserView, v: &View) -> Vec<String> {
     detail
 }
 
-fn target(a: &ActionView) -> String {
-    match &a.target {
-        Target::Terminate { pid } => format!("terminate pid {pid}"),
-        Target::Detach { device, env } => format!("detach {env} from gpu {device}"),
-    }
-}
-
 /// An action in words: what, on which host, under which rules, why.
 fn describe(a: &ActionView) -> String {
-    format!("{} on {} ({})", target(a), a.host, a.rules.join(", "))
+    format!(
+        "{} on {} ({})",
+        a.target.words(),
+        a.host,
+        a.rules.join(", ")
+    )
 }
 
 fn due(a: &ActionView, now: u64) -> String {
@@ -622,7 +599,7 @@ fn waiting(a: &ActionView, v: &View, now: u64) -> Shown {
     Shown {
         cells: vec![
             a.host.clone(),
-            target(a),
+            a.target.words(),
             a.rules.join(", "),
             due(a, now),
             owner(a, v).unwrap_or_default(),
@@ -643,7 +620,7 @@ fn done(cycle: u64, a: &ActionView) -> Shown {
         cells: vec![
             cycle.to_string(),
             a.host.clone(),
-            target(a),
+            a.target.words(),
             a.rules.join(", "),
             result,
         ],
@@ -693,13 +670,6 @@ fn help(f: &mut Frame, area: Rect) {
         Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" help ")),
         r,
     );
-}
-
-/// A span to the second (`4m12s`).
-fn span(ms: u64) -> String {
-    humantime::format_duration(std::time::Duration::from_secs(ms / 1000))
-        .to_string()
-        .replace(' ', "")
 }
 
 #[cfg(test)]

@@ -41,11 +41,9 @@ pub async fn run(args: crate::cli::TopArgs) -> std::io::Result<()> {
             "top needs a terminal (for a script or a pipe: genv-enforce status)",
         ));
     }
-    let login = match args.credentials.as_deref().map(view_socket::credentials) {
-        Some(Err(e)) => return Err(std::io::Error::other(crate::error::chain(&e))),
-        Some(Ok(login)) => Some(login),
-        None => None,
-    };
+    let login = (args.credentials.as_deref().map(view_socket::credentials))
+        .transpose()
+        .map_err(|e| std::io::Error::other(crate::error::chain(&e)))?;
     let at = args.connect;
     let (tx, rx) = mpsc::channel(4);
     let feed = tokio::spawn(feed(at.clone(), login, tx));

@@ -135,6 +135,19 @@ pub enum Target {
     Detach { device: u32, env: String },
 }
 
+impl Target {
+    /// What the action does, in words (`terminate pid 42`), the
+    /// environment's id escaped.
+    pub fn words(&self) -> String {
+        match self {
+            Target::Terminate { pid } => format!("terminate pid {pid}"),
+            Target::Detach { device, env } => {
+                format!("detach {} from gpu {device}", crate::report::clean(env))
+            }
+        }
+    }
+}
+
 /// An action, waiting or done, with the rule behind it and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ActionView {
@@ -215,28 +228,19 @@ impl View {
         }
         let mut members: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
         for (_, snap) in &cluster.hosts {
-            let said: Vec<(&str, &[String])> = match &snap.truth {
-                Some(t) => (t.user_names.iter())
-                    .map(|(uid, name)| (&**name, t.groups_of(*uid)))
-                    .collect(),
-                None => (snap.recorded_groups.iter())
-                    .map(|(u, g)| (u.as_str(), g.as_slice()))
-                    .collect(),
-            };
-            for (user, groups) in said {
-                for g in groups
-                    .iter()
-                    .filter(|g| policy.max_devices_per_group.contains_key(*g))
-                {
-                    members.entry(g.as_str()).or_default().insert(user);
+            for (user, groups) in crate::rules::max_groups::said(snap) {
+                let capped = groups
+                    .into_iter()
+                    .filter(|g| policy.max_devices_per_group.contains_key(*g));
+                for g in capped {
+                    members.entry(g).or_default().insert(user);
                 }
             }
         }
-        let devices_of = |u: &str| {
-            (self.users.iter())
-                .find(|v| v.user == u)
-                .map_or(0, |v| v.devices)
-        };
+        let devices: BTreeMap<&str, u32> = (self.users.iter())
+            .map(|u| (u.user.as_str(), u.devices))
+            .collect();
+        let devices_of = |u: &str| devices.get(u).copied().unwrap_or(0);
         let groups = (policy.max_devices_per_group.iter())
             .map(|(group, cap)| {
                 let users = members.get(group.as_str()).cloned().unwrap_or_default();

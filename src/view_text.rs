@@ -5,7 +5,7 @@
 use std::fmt::Write;
 
 use crate::report::clean as c;
-use crate::view::{ActionView, GpuState, HostState, Target, View};
+use crate::view::{ActionView, GpuState, HostState, View};
 
 /// `view` as read at `now` (ms since the Unix epoch).
 pub fn text(view: &View, now: u64) -> String {
@@ -22,7 +22,7 @@ pub fn text(view: &View, now: u64) -> String {
             format!(
                 "{} ({} ago)",
                 humantime::format_rfc3339_seconds(t),
-                ago(now.saturating_sub(ms))
+                span(now.saturating_sub(ms))
             )
         },
     );
@@ -130,14 +130,11 @@ pub fn text(view: &View, now: u64) -> String {
 
 /// One action on a line, its reasons after.
 fn action(a: &ActionView, now: u64) -> String {
-    let what = match &a.target {
-        Target::Terminate { pid } => format!("terminate pid {pid}"),
-        Target::Detach { device, env } => format!("detach {} from gpu {device}", c(env)),
-    };
+    let what = a.target.words();
     let mut line = format!("{} {what} ({})", c(&a.host), c(&a.rules.join(", ")));
     if let Some(d) = a.deadline_ms {
         let _ = match d.checked_sub(now) {
-            Some(left) if left > 0 => write!(line, ", due in {}", ago(left)),
+            Some(left) if left > 0 => write!(line, ", due in {}", span(left)),
             _ => write!(line, ", due now"),
         };
     }
@@ -160,7 +157,7 @@ fn action(a: &ActionView, now: u64) -> String {
 }
 
 /// A span to the second (`4m12s`).
-fn ago(ms: u64) -> String {
+pub(crate) fn span(ms: u64) -> String {
     humantime::format_duration(std::time::Duration::from_secs(ms / 1000))
         .to_string()
         .replace(' ', "")

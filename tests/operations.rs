@@ -302,14 +302,21 @@ fn sample(metrics: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
-#[test]
-fn metrics_are_scraped_over_http_after_a_cycle() {
+/// A host of 2 GPUs: a stray on GPU 0, alice's job of environment `a` on
+/// GPU 1 (attached there); the host, the stray's pid and hers.
+fn a_stray_beside_alices_job() -> (Host, u32, u32) {
     let mut h = Host::new(2);
     let stray = h.spawn(None);
     let good = h.spawn(Some("a"));
     h.set_apps(&[(stray, 0, "100"), (good, 1, "100")]);
     h.write_envs(&[env("a", Some("alice"), None, good)]);
     h.write_devices(2, &[(1, "a")]);
+    (h, stray, good)
+}
+
+#[test]
+fn metrics_are_scraped_over_http_after_a_cycle() {
+    let (mut h, stray, _) = a_stray_beside_alices_job();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -1056,12 +1063,7 @@ fn metrics_may_be_served_over_tls_to_the_users_of_a_web_config_only() {
 /// schema is what the binary prints. With no service, a clear error.
 #[test]
 fn status_prints_the_running_services_view_from_its_socket() {
-    let mut h = Host::new(2);
-    let stray = h.spawn(None);
-    let good = h.spawn(Some("a"));
-    h.set_apps(&[(stray, 0, "100"), (good, 1, "100")]);
-    h.write_envs(&[env("a", Some("alice"), None, good)]);
-    h.write_devices(2, &[(1, "a")]);
+    let (h, stray, good) = a_stray_beside_alices_job();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("run/view.sock");
     let mut child = h
@@ -1249,12 +1251,7 @@ impl Pty {
 /// quits and the terminal is put back (the alternate screen left).
 #[test]
 fn top_shows_a_stray_waiting_with_its_countdown_then_gone_after_the_action() {
-    let mut h = Host::new(2);
-    let stray = h.spawn(None);
-    let good = h.spawn(Some("a"));
-    h.set_apps(&[(stray, 0, "100"), (good, 1, "100")]);
-    h.write_envs(&[env("a", Some("alice"), None, good)]);
-    h.write_devices(2, &[(1, "a")]);
+    let (mut h, stray, _) = a_stray_beside_alices_job();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("view.sock");
     let mut service = h

@@ -103,6 +103,28 @@ impl HeldOrder {
     }
 }
 
+/// Each user's groups by name, as `snap`'s host says (by uid, live; as
+/// recorded, in a recording).
+pub fn said(snap: &HostSnapshot) -> BTreeMap<&str, Vec<&str>> {
+    match &snap.truth {
+        Some(t) => {
+            let mut by_name: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+            for (uid, name) in &t.user_names {
+                by_name
+                    .entry(name)
+                    .or_default()
+                    .extend(t.groups_of(*uid).iter().map(String::as_str));
+            }
+            by_name
+        }
+        None => snap
+            .recorded_groups
+            .iter()
+            .map(|(u, g)| (u.as_str(), g.iter().map(String::as_str).collect()))
+            .collect(),
+    }
+}
+
 /// One host's word on its users' groups: the capped groups each user
 /// counted there is a member of.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -115,23 +137,7 @@ impl HostGroups {
     /// Linear: the host's names are indexed once.
     pub fn of(snap: &HostSnapshot, usage: &HostUsage, policy: &Policy) -> Self {
         let capped = |g: &&&str| policy.max_devices_per_group.contains_key(**g);
-        let said: BTreeMap<&str, Vec<&str>> = match &snap.truth {
-            Some(t) => {
-                let mut by_name: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-                for (uid, name) in &t.user_names {
-                    by_name
-                        .entry(name)
-                        .or_default()
-                        .extend(t.groups_of(*uid).iter().map(String::as_str));
-                }
-                by_name
-            }
-            None => snap
-                .recorded_groups
-                .iter()
-                .map(|(u, g)| (u.as_str(), g.iter().map(String::as_str).collect()))
-                .collect(),
-        };
+        let said = said(snap);
         let users = usage
             .users
             .keys()
