@@ -20,7 +20,7 @@ use genv_enforce::rules::{self, evaluate, Moment, Policy};
 use genv_enforce::snapshot::assemble::{assemble, ParsedState};
 use genv_enforce::snapshot::frames;
 use genv_enforce::snapshot::{genv, nvidia_smi};
-use genv_enforce::view;
+use genv_enforce::{view, view_json};
 
 /// A busy 8-GPU host: 8 environments (4 users), 24 processes, some stray,
 /// some on unattached GPUs, some over memory.
@@ -596,40 +596,98 @@ fn fleet_benches(c: &mut Criterion) {
         )
     });
     // The view a cycle publishes (status, top: issue 43), built from its
-    // report and snapshots and written as JSON, once per cycle.
+    // report and snapshots and written as JSON, once per cycle: from
+    // scratch, and by the service's writer, which keeps each unchanged
+    // host's part (steady state: every host as the cycle before).
     let a = assessed(results(&mut steady), &policy);
     let cluster = a.cluster.clone();
     let outcomes = genv_enforce::outcome::dry_run(&a.plan);
     let report = genv_enforce::report::CycleReport::new(a, outcomes, None);
-    let written = serde_json::to_vec(&view::of(&report, &cluster, &policy, Some(1))).unwrap();
-    println!("the view of 1000 hosts as JSON: {} bytes", written.len());
-    group.bench_function("view built and written as JSON (status, top)", |b| {
+    let counted: Vec<(HostId, view::Counted)> = results(&mut steady)
+        .iter()
+        .map(|(h, (r, _))| (h.clone(), view::counted(&r.as_ref().unwrap().1.usage)))
+        .collect();
+    let built = view::of(&report, &cluster, &counted, &policy, Some(1));
+    let written = serde_json::to_vec(&built).unwrap();
+    println!(
+        "the view of 1000 hosts as JSON: {} bytes; {} actions",
+        written.len(),
+        built.actions.len()
+    );
+    group.bench_function("view built and written as JSON, from scratch", |b| {
         b.iter(|| {
-            let v = view::of(black_box(&report), &cluster, &policy, Some(1));
+            let v = view::of(black_box(&report), &cluster, &counted, &policy, Some(1));
             serde_json::to_vec(&v).unwrap().len()
         })
     });
-    let built = view::of(&report, &cluster, &policy, Some(1));
-    group.bench_function("view built only", |b| {
+    group.bench_function("view built only, from scratch", |b| {
         b.iter(|| {
-            view::of(black_box(&report), &cluster, &policy, Some(1))
+            view::of(black_box(&report), &cluster, &counted, &policy, Some(1))
                 .hosts
                 .len()
         })
     });
-    group.bench_function("view written as JSON only", |b| {
+    group.bench_function("view written as JSON only, from scratch", |b| {
         b.iter(|| serde_json::to_vec(black_box(&built)).unwrap().len())
     });
-    // What serving it to one reader costs the service: the same bytes
-    // written to a Unix socket (the reader drains it on another thread).
-    let (mut out, mut into) = std::os::unix::net::UnixStream::pair().unwrap();
-    let drain = std::thread::spawn(move || std::io::copy(&mut into, &mut std::io::sink()));
-    group.bench_function("view served to one reader (written to its socket)", |b| {
-        use std::io::Write;
-        b.iter(|| out.write_all(black_box(&written)).unwrap())
-    });
-    drop(out);
-    let _ = drain.join();
+    // The service's writer, each cycle as the one before: this fleet's
+    // 7,000 findings and actions re-planned every cycle (a dry run), and a
+    // fleet with nothing to do (an enforcing service's steady state).
+    let mut calm = report.clone();
+    calm.violations.clear();
+    calm.outcomes.clear();
+    calm.waiting.clear();
+    for (name, report) in [("7,000 actions a cycle", &report), ("nothing to do", &calm)] {
+        let mut writer = view_json::Writer::default();
+        let mut n = 0;
+        let mut cycle = |writer: &mut view_json::Writer, cluster| {
+            n += 1;
+            let mut r = report.clone();
+            r.cycle = n;
+            (writer.write(&r, cluster, &counted, &policy, Some(n)), r)
+        };
+        let (first, _) = cycle(&mut writer, cluster.clone());
+        let full = first.line(b"");
+        let (second, _) = cycle(&mut writer, cluster.clone());
+        let delta = second.delta(b"").unwrap().1;
+        println!(
+            "{name}: the whole line {} bytes, the delta of a steady cycle {} bytes",
+            full.len(),
+            delta.len()
+        );
+        group.bench_function(
+            format!("view by the service's writer, steady, {name}"),
+            |b| {
+                b.iter_batched(
+                    || {
+                        let mut r = report.clone();
+                        r.cycle = 99;
+                        (cluster.clone(), r)
+                    },
+                    |(c, r)| {
+                        let w = writer.write(black_box(&r), c, &counted, &policy, Some(2));
+                        w.delta(b"").map(|d| d.1.len())
+                    },
+                    criterion::BatchSize::LargeInput,
+                )
+            },
+        );
+        group.bench_function(format!("the whole line assembled, {name}"), |b| {
+            b.iter(|| black_box(&second).line(b"").len())
+        });
+        // Served to one reader: written to its socket (the reader drains
+        // it on another thread): the whole line, and a steady delta.
+        let (mut out, mut into) = std::os::unix::net::UnixStream::pair().unwrap();
+        let drain = std::thread::spawn(move || std::io::copy(&mut into, &mut std::io::sink()));
+        for (what, bytes) in [("whole", &full), ("delta", &delta)] {
+            group.bench_function(format!("served to one reader, {what}, {name}"), |b| {
+                use std::io::Write;
+                b.iter(|| out.write_all(black_box(bytes)).unwrap())
+            });
+        }
+        drop(out);
+        let _ = drain.join();
+    }
     // `top` (issue 43): a view taken from its JSON, and a redraw of each
     // tab on a 200 x 60 terminal.
     group.bench_function("top: the view parsed from its JSON", |b| {

@@ -73,9 +73,11 @@ pub struct Memory {
     /// that failed keeps its count): from [`BLIND_AFTER`], its jobs that
     /// cannot be judged are taken under the caps.
     pub unusable: HashMap<HostId, u32>,
-    /// The last cycle's view, where [`Options::view`] asks for it (taken
-    /// by the service to serve).
-    pub view: Option<crate::view::View>,
+    /// The last cycle's view, written, where [`Options::view`] asks for it
+    /// (taken by the service to serve).
+    pub view: Option<crate::view_json::Written>,
+    /// What writes the views, kept from cycle to cycle.
+    pub view_writer: crate::view_json::Writer,
 }
 
 impl Memory {
@@ -140,6 +142,14 @@ pub async fn cycle(
         memory.idle = assess::track_idle(&memory.idle, &policy, &g.results, now, gap);
     }
     memory.published = published(fleet, &g.results, &memory.unusable);
+    // What the device caps count on each host, for the view.
+    let counted: Vec<(HostId, crate::view::Counted)> = if options.view {
+        (g.results.iter())
+            .filter_map(|(h, r)| Some((h.clone(), crate::view::counted(&r.as_ref().ok()?.1.usage))))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let assessed = Instant::now();
     let found = (std::mem::take(&mut g.results), std::mem::take(&mut g.own));
     let mut a = assessed_off_workers(fleet, options, n, abort, found, policy, memory, now).await;
@@ -165,13 +175,17 @@ pub async fn cycle(
     }
     timing.dispatch_ms = millis(dispatched.elapsed());
     timing.total_ms = millis(start.elapsed());
-    let (report, view) = reported(fleet, options, a, g.outcomes, timing, events);
+    let writer = options
+        .view
+        .then_some((&mut memory.view_writer, counted.as_slice()));
+    let (report, view) = reported(fleet, options, a, g.outcomes, timing, events, writer);
     memory.view = view;
     (report, abort)
 }
 
 /// The cycle's report: `a` with its outcomes, ladder events (and what was
-/// acted on at once), timing and usage samples; and its view, if asked.
+/// acted on at once), timing and usage samples; and its view, written by
+/// `writer` with what the device caps counted, if asked.
 fn reported(
     fleet: &Fleet,
     options: &Options,
@@ -179,7 +193,11 @@ fn reported(
     outcomes: Vec<Outcome>,
     timing: Timing,
     (events, at_once): (Vec<crate::ladder::Event>, Vec<crate::ladder::Event>),
-) -> (CycleReport, Option<crate::view::View>) {
+    writer: Option<(
+        &mut crate::view_json::Writer,
+        &[(HostId, crate::view::Counted)],
+    )>,
+) -> (CycleReport, Option<crate::view_json::Written>) {
     for (status, host) in a.hosts.iter_mut().zip(&fleet.hosts) {
         status.recorded = host.is_recorded();
     }
@@ -191,7 +209,7 @@ fn reported(
     } else {
         Vec::new()
     };
-    let cluster = options.view.then(|| crate::model::Cluster {
+    let cluster = writer.is_some().then(|| crate::model::Cluster {
         mode: a.cluster.mode,
         hosts: std::mem::take(&mut a.cluster.hosts),
     });
@@ -199,9 +217,9 @@ fn reported(
     report.events = events;
     report.at_once = at_once;
     report.usage = usage;
-    let view = cluster.map(|cluster| {
+    let view = cluster.zip(writer).map(|(cluster, (writer, counted))| {
         let at = (!recorded).then(now_ms);
-        crate::view::of(&report, &cluster, &options.policy, at)
+        writer.write(&report, cluster, counted, &options.policy, at)
     });
     (report, view)
 }

@@ -98,6 +98,7 @@ pub mod top;
 pub mod top_term;
 pub mod usage;
 pub mod view;
+pub mod view_json;
 pub mod view_socket;
 pub mod view_text;
 pub mod web_config;

@@ -372,9 +372,6 @@ impl Run {
     /// database, the owners' terminals on fleet `i`'s hosts; `false` when
     /// a signal came meanwhile.
     async fn tell(&mut self, i: usize, n: u64, report: &CycleReport) -> bool {
-        if let (Some(board), Some(view)) = (&self.service.view, self.memory.view.take()) {
-            board.publish(&view);
-        }
         if let Some(m) = &self.service.metrics {
             m.observe(report);
             if let Some(log) = &self.fleets[i].audit {
@@ -389,6 +386,22 @@ impl Run {
                     .fresh(crate::notify::told(&report.at_once, &report.outcomes)),
             );
             tell.send(n, &events);
+        }
+        // Put up once the channels took this cycle's events: what they
+        // held back is in it.
+        if let (Some(board), Some(written)) = (&self.service.view, self.memory.view.take()) {
+            let channels = self.notifier.as_ref().map(Notifier::view);
+            let extra = match channels {
+                Some(notifications) if !notifications.is_empty() => {
+                    #[derive(serde::Serialize)]
+                    struct Extra {
+                        notifications: Vec<crate::view::ChannelView>,
+                    }
+                    crate::view_json::members(&Extra { notifications })
+                }
+                _ => Default::default(),
+            };
+            board.publish(written, extra);
         }
         if let Some(db) = &self.settings.state {
             let (retain, interval) = (self.settings.retain, self.settings.interval);

@@ -4,9 +4,10 @@
 //! connection are [`crate::top_term`]'s.
 //!
 //! Four tabs: the fleet (a host a row, each GPU a mark: `.` free, `e` in
-//! an environment, `S` a stray, `V` violating, `W` an action waits), the
-//! users (GPUs and memory against their caps, what waits on them), what
-//! waits (with countdowns) and what was done (the last cycles'). A filter
+//! an environment, `i` held idle, `S` a stray, `V` violating, `W` an
+//! action waits), the users (GPUs and memory against their caps, what
+//! waits on them), what waits (with countdowns) and what was done (the
+//! service's last actions, or the cycles' top has seen). A filter
 //! (`/`), a sort (`s`), a detail pane (Enter) that says why, help (`?`).
 
 use std::collections::VecDeque;
@@ -23,7 +24,7 @@ use crate::view::{ActionView, GpuState, HostState, HostView, Target, UserView, V
 use crate::view_text::span;
 
 /// How many done actions are kept from the views seen.
-pub const RECENT: usize = 200;
+pub const RECENT: usize = crate::view::RECENT;
 
 /// The tabs, in key order (`1` to `4`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,9 +88,14 @@ impl Top {
         }
     }
 
-    /// Takes the service's latest view (its actions into the recent).
+    /// Takes the service's latest view: the service's recent actions, or
+    /// (from a service that keeps none) its actions into those seen.
     pub fn take(&mut self, view: View) {
-        if self.view.as_ref().is_none_or(|v| v.cycle != view.cycle) {
+        if !view.recent.is_empty() {
+            self.recent = (view.recent.iter())
+                .map(|d| (d.cycle, d.action.clone()))
+                .collect();
+        } else if self.view.as_ref().is_none_or(|v| v.cycle != view.cycle) {
             for a in view.actions.iter().rev() {
                 self.recent.push_front((view.cycle, a.clone()));
             }
@@ -327,6 +333,7 @@ impl Top {
                     'W' => Color::Magenta,
                     'S' => Color::Yellow,
                     'e' => Color::Green,
+                    'i' => Color::Cyan,
                     _ => Color::DarkGray,
                 };
                 Span::styled(c.to_string(), self.style(Style::default().fg(colour)))
@@ -396,6 +403,7 @@ fn host(h: &HostView) -> Shown {
         .map(|g| match g.state {
             GpuState::Free => '.',
             GpuState::InEnv => 'e',
+            GpuState::Idle => 'i',
             GpuState::Stray => 'S',
             GpuState::Violating => 'V',
             GpuState::Waiting => 'W',
@@ -461,6 +469,9 @@ fn gpu_state(s: GpuState) -> &'static str {
     match s {
         GpuState::Free => "free",
         GpuState::InEnv => "in an environment",
+        GpuState::Idle => {
+            "held idle: attached with none of the jobs on it, or its jobs did no work when last sampled"
+        }
         GpuState::Stray => "a job outside its environments runs on it",
         GpuState::Violating => "a rule finds against it",
         GpuState::Waiting => "an action waits on it",
@@ -493,14 +504,18 @@ fn waits_by_owner(v: &View) -> std::collections::HashMap<String, usize> {
 }
 
 fn user(u: &UserView, waits: usize) -> Shown {
-    let over = u.device_cap.is_some_and(|c| u.devices > c)
-        || u.memory_cap.is_some_and(|c| u.memory_bytes > c);
+    let count = u.cap_count();
+    let over =
+        u.device_cap.is_some_and(|c| count > c) || u.memory_cap.is_some_and(|c| u.memory_bytes > c);
+    let idle = match u.counted_idle {
+        Some(n) if n > 0 => format!(" ({n}i)"),
+        _ => String::new(),
+    };
     Shown {
         cells: vec![
             u.user.clone(),
             format!(
-                "{}{}",
-                u.devices,
+                "{count}{}{idle}",
                 u.device_cap.map(|c| format!("/{c}")).unwrap_or_default()
             ),
             format!(
@@ -513,7 +528,7 @@ fn user(u: &UserView, waits: usize) -> Shown {
             u.processes.to_string(),
             waits.to_string(),
         ],
-        weight: (u64::from(over) << 40) | ((waits as u64) << 32) | u64::from(u.devices),
+        weight: (u64::from(over) << 40) | ((waits as u64) << 32) | u64::from(count),
         tone: if over {
             Style::default().fg(Color::Red)
         } else {
@@ -534,6 +549,13 @@ fn user_detail(u: &UserView, v: &View) -> Vec<String> {
         u.memory_bytes >> 20,
         of(u.memory_cap.map(|c| format!("{} MiB (their cap)", c >> 20)))
     )];
+    if let Some(n) = u.counted {
+        let idle = u.counted_idle.unwrap_or(0);
+        detail.push(format!(
+            "their device caps count {n} GPU(s){}, each once: those an environment of theirs is attached to or a job of theirs runs on; {idle} of them held idle (attached, none of their jobs on it)",
+            of(u.device_cap.map(|c| c.to_string()))
+        ));
+    }
     for h in &v.hosts {
         for g in &h.gpus {
             for p in g
@@ -651,8 +673,8 @@ fn help(f: &mut Frame, area: Rect) {
         "s          sort by name or the most pressing first",
         "q, Esc, Ctrl-C   quit",
         "",
-        "GPU marks: . free  e in an environment  S a stray",
-        "           V violating  W an action waits",
+        "GPU marks: . free  e in an environment  i held idle",
+        "           S a stray  V violating  W an action waits",
         "",
         "any key closes this",
     ];

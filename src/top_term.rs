@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratatui::crossterm::event::{self, Event, KeyEventKind};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::top::Top;
@@ -154,8 +154,12 @@ async fn feed(at: String, login: Option<(String, String)>, tx: mpsc::Sender<Feed
         {
             return;
         }
-        let mut reader = tokio::io::BufReader::new(stream);
+        let (from, mut to) = stream.into_split();
+        // After the first view, only the hosts that changed (a delta).
+        let _ = to.write_all(view_socket::DELTAS).await;
+        let mut reader = tokio::io::BufReader::new(from);
         let mut line = Vec::new();
+        let mut view: Option<View> = None;
         let why = loop {
             line.clear();
             match (&mut reader)
@@ -167,13 +171,13 @@ async fn feed(at: String, login: Option<(String, String)>, tx: mpsc::Sender<Feed
                 Err(e) => break e.to_string(),
                 Ok(_) => {}
             }
-            match serde_json::from_slice::<View>(&line) {
-                Ok(v) => {
-                    if tx.send(Feed::View(Box::new(v))).await.is_err() {
-                        return;
-                    }
+            if let Err(why) = taken(&mut view, &line) {
+                break why;
+            }
+            if let Some(v) = &view {
+                if tx.send(Feed::View(Box::new(v.clone()))).await.is_err() {
+                    return;
                 }
-                Err(e) => break format!("not a view: {e}"),
             }
         };
         if tx
@@ -185,4 +189,15 @@ async fn feed(at: String, login: Option<(String, String)>, tx: mpsc::Sender<Feed
         }
         tokio::time::sleep(RETRY).await;
     }
+}
+
+/// `line` (a view, or a delta of the last one) into `view`.
+fn taken(view: &mut Option<View>, line: &[u8]) -> Result<(), String> {
+    let v = serde_json::from_slice::<View>(line).map_err(|e| format!("not a view: {e}"))?;
+    match (view.as_mut(), v.delta_of) {
+        (_, None) => *view = Some(v),
+        (Some(last), Some(_)) => last.apply(v)?,
+        (None, Some(base)) => return Err(format!("a delta of cycle {base} before any view")),
+    }
+    Ok(())
 }

@@ -3,21 +3,28 @@
 //! against their caps, what waits and what was done, each with the rule
 //! that asks for it and why. Pure: built from a cycle's report and its
 //! snapshots; nothing a user wrote is in it beyond ids and names, bounded
-//! where they are parsed, and no environ.
+//! where they are parsed, and no environ. [`crate::view_json`] writes it
+//! once a cycle, each unchanged host's part kept from the cycle before.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::assess::HostStatus;
 use crate::ladder::Waiting;
 use crate::model::{Cluster, GpuIndex, HostId, HostSnapshot, Mode, Pid, Process};
 use crate::outcome::{DetachResult, Outcome, TerminateResult};
 use crate::report::{violation_line, CycleReport};
+use crate::rules::max_devices::HostUsage;
 use crate::rules::{Action, Policy, Violation};
 
 /// The view's schema version (`status --output json`'s `schema`).
-pub const SCHEMA: u32 = 1;
+pub const SCHEMA: u32 = 2;
+
+/// How many done actions a running service keeps in [`View::recent`].
+pub const RECENT: usize = 200;
 
 /// One cycle's view of the fleet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -28,6 +35,7 @@ pub struct View {
     pub at_ms: Option<u64>,
     /// Nothing was carried out (`--dry-run`, a replay, a follower).
     pub dry_run: bool,
+    /// Every host, in the inventory's order (empty in a delta).
     pub hosts: Vec<HostView>,
     pub users: Vec<UserView>,
     /// Each capped group (`--max-devices-per-group`): its members' GPUs
@@ -39,6 +47,51 @@ pub struct View {
     pub waiting: Vec<ActionView>,
     /// What this cycle did (or, in a dry run, would do).
     pub actions: Vec<ActionView>,
+    /// What the service did in its last cycles, newest first (at most
+    /// [`RECENT`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent: Vec<DoneView>,
+    /// Each notification channel's messages waiting to go, held back by
+    /// the rate limits and dropped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notifications: Vec<ChannelView>,
+    /// A delta (on the socket, for a reader that asked for them): the
+    /// cycle whose view it changes; `hosts` is then empty and `changed`
+    /// holds the hosts that changed, by position, the rest whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_of: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changed: Vec<(usize, HostView)>,
+}
+
+impl View {
+    /// `delta` applied to this view, the one it changes.
+    ///
+    /// # Errors
+    /// It changes another cycle's view, or a host this view lacks.
+    pub fn apply(&mut self, delta: View) -> Result<(), String> {
+        if delta.delta_of != Some(self.cycle) {
+            return Err(format!(
+                "a delta of cycle {:?} for the view of cycle {}",
+                delta.delta_of, self.cycle
+            ));
+        }
+        let mut hosts = std::mem::take(&mut self.hosts);
+        for (i, h) in delta.changed {
+            let n = hosts.len();
+            let slot = hosts
+                .get_mut(i)
+                .ok_or_else(|| format!("a delta for host {i} of {n}"))?;
+            *slot = h;
+        }
+        *self = View {
+            hosts,
+            delta_of: None,
+            changed: Vec::new(),
+            ..delta
+        };
+        Ok(())
+    }
 }
 
 /// Whether a host answered, and how.
@@ -61,9 +114,10 @@ pub struct HostView {
     pub gpus: Vec<GpuView>,
 }
 
-/// A GPU at a glance, the most pressing first: an action waits on it, a
-/// rule finds against it, a job outside its environments runs on it, an
-/// environment holds it, or nothing.
+/// A GPU at a glance, the most pressing last: nothing on it, an
+/// environment holds it and works, an environment holds it idle, a job
+/// outside its environments runs on it, a rule finds against it, an
+/// action waits on it.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
 )]
@@ -71,6 +125,10 @@ pub struct HostView {
 pub enum GpuState {
     Free,
     InEnv,
+    /// Environments are attached and none of the jobs runs on it (an
+    /// attachment held idle), or its jobs did no work when last sampled
+    /// (utilization 0%, where asked: `--idle-after`).
+    Idle,
     Stray,
     Violating,
     Waiting,
@@ -92,7 +150,8 @@ pub struct GpuView {
 }
 
 /// A capped group over the fleet: its members (as the hosts name them)
-/// and the GPUs their jobs run on, against its cap.
+/// and the GPUs counted toward their caps (where a device cap counts
+/// them, else those their jobs run on), against its cap.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct GroupView {
     pub group: String,
@@ -114,17 +173,35 @@ pub struct ProcessView {
 }
 
 /// One user over the fleet: the GPUs their jobs run on, the memory those
-/// hold, and their caps.
+/// hold, what their device caps count, and their caps.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct UserView {
     pub user: String,
+    /// The GPUs their jobs run on.
     pub devices: u32,
     pub memory_bytes: u64,
     pub processes: u32,
+    /// The GPUs their device caps count (per user and per group), each
+    /// once: where an environment of theirs is attached or a job of
+    /// theirs runs; none where no device cap is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counted: Option<u32>,
+    /// Of those, the ones none of their jobs runs on (attachments held
+    /// idle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counted_idle: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_cap: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_cap: Option<u64>,
+}
+
+impl UserView {
+    /// What their device cap is held against: its count where one is
+    /// kept, else the GPUs their jobs run on.
+    pub fn cap_count(&self) -> u32 {
+        self.counted.unwrap_or(self.devices)
+    }
 }
 
 /// What an action is on.
@@ -174,92 +251,210 @@ pub struct ActionView {
     pub result: Option<String>,
 }
 
-/// The view of `report`'s cycle over `cluster`, under `policy`'s caps.
-pub fn of(report: &CycleReport, cluster: &Cluster, policy: &Policy, at_ms: Option<u64>) -> View {
+/// An action the service did (or, in a dry run, would have done), with
+/// its cycle and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct DoneView {
+    pub cycle: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
+    pub action: ActionView,
+}
+
+/// A notification channel (mail, webhook): what waits to go, and what the
+/// rate limits held back and full lines dropped since the service began.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ChannelView {
+    pub channel: String,
+    /// Messages queued now, not yet delivered.
+    pub queued: u64,
+    pub held_back: u64,
+    pub dropped: u64,
+    /// The last messages held back or dropped, newest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last: Vec<HeldBackView>,
+}
+
+/// A message not sent: to whom (the owner's user name, or empty), about
+/// what, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct HeldBackView {
+    pub at_ms: u64,
+    pub to: String,
+    pub what: String,
+    pub why: String,
+}
+
+/// What one user's device caps count on one host: their name, the
+/// devices counted, and of those the ones none of their jobs runs on.
+pub type Counted = Vec<(String, u32, u32)>;
+
+/// What `usage` (a host's part of the device caps) counts for each user.
+pub fn counted(usage: &HostUsage) -> Counted {
+    (usage.users.iter())
+        .filter(|(_, held)| !held.devices.is_empty())
+        .map(|(user, held)| {
+            let n = |c: usize| u32::try_from(c).unwrap_or(u32::MAX);
+            let idle = held.devices.iter().filter(|d| !d.working).count();
+            (user.clone(), n(held.devices.len()), n(idle))
+        })
+        .collect()
+}
+
+/// The view of `report`'s cycle over `cluster`, under `policy`'s caps,
+/// with what the device caps counted on each host (`counted`, none where
+/// no device cap is set).
+pub fn of(
+    report: &CycleReport,
+    cluster: &Cluster,
+    counted: &[(HostId, Counted)],
+    policy: &Policy,
+    at_ms: Option<u64>,
+) -> View {
     let why = Why::of(report.mode, &report.violations);
-    let waiting: Vec<ActionView> = report.waiting.iter().map(|w| why.waiting(w)).collect();
-    let actions: Vec<ActionView> = report.outcomes.iter().map(|o| why.done(o)).collect();
-    let pressed = Pressed::of(&report.violations, &waiting);
-    // Each host's snapshot by id, found once (a scan per host is
-    // quadratic over a large fleet).
-    let mut by_host = std::collections::HashMap::with_capacity(cluster.hosts.len());
-    for (h, s) in &cluster.hosts {
-        by_host.entry(h).or_insert((h, s));
-    }
-    let hosts = report
-        .hosts
-        .iter()
+    let pressed = pressed(&report.violations, &report.waiting);
+    let by_host = snapshots(cluster);
+    let mut parts = Vec::with_capacity(report.hosts.len());
+    let hosts = (report.hosts.iter())
         .map(|status| {
-            let snap = by_host.get(&status.host).map(|&(h, s)| (h, s));
-            let (state, why) = match (&status.error, &status.degraded) {
-                (Some(e), _) => (HostState::Failed, Some(e.to_string())),
-                (None, Some(d)) => (HostState::Degraded, Some(d.clone())),
-                (None, None) => (HostState::Ok, None),
-            };
-            let gpus = snap.map_or_else(Vec::new, |(h, s)| gpus(h, s, &pressed));
-            HostView {
-                host: status.host.to_string(),
-                state,
-                why,
-                gpus,
-            }
+            let snap = by_host.get(&status.host).copied();
+            let on = pressed.get(&status.host).map_or(&[][..], Vec::as_slice);
+            parts.push(snap.map(host_users).unwrap_or_default());
+            host_view(status, snap, on)
         })
         .collect();
+    let users = users(parts.iter().map(Vec::as_slice), counted, policy);
     View {
         schema: SCHEMA,
         cycle: report.cycle,
         at_ms,
         dry_run: report.dry_run,
         hosts,
-        groups: Vec::new(),
-        users: users(cluster, policy),
-        waiting,
-        actions,
+        groups: groups(cluster.hosts.iter().map(|(_, s)| s), &users, policy),
+        users,
+        waiting: report.waiting.iter().map(|w| why.waiting(w)).collect(),
+        actions: report.outcomes.iter().map(|o| why.done(o)).collect(),
+        recent: Vec::new(),
+        notifications: Vec::new(),
+        delta_of: None,
+        changed: Vec::new(),
     }
-    .with_groups(cluster, policy)
 }
 
-impl View {
-    /// Its capped groups, from its users and the hosts' word on who is in
-    /// which group.
-    fn with_groups(mut self, cluster: &Cluster, policy: &Policy) -> Self {
-        if policy.max_devices_per_group.is_empty() {
-            return self;
-        }
-        let mut members: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-        for (_, snap) in &cluster.hosts {
-            for (user, groups) in crate::rules::max_groups::said(snap) {
-                let capped = groups
-                    .into_iter()
-                    .filter(|g| policy.max_devices_per_group.contains_key(*g));
-                for g in capped {
-                    members.entry(g).or_default().insert(user);
-                }
+/// Each host's snapshot by id, found once (a scan per host is quadratic
+/// over a large fleet).
+pub(crate) fn snapshots(cluster: &Cluster) -> HashMap<&HostId, &HostSnapshot> {
+    let mut by_host = HashMap::with_capacity(cluster.hosts.len());
+    for (h, s) in &cluster.hosts {
+        by_host.entry(h).or_insert(s);
+    }
+    by_host
+}
+
+/// A host as the view shows it: how it answered, and its GPUs (none if
+/// it gave no snapshot), each marked by what presses `on` it.
+pub(crate) fn host_view(
+    status: &HostStatus,
+    snap: Option<&HostSnapshot>,
+    on: &[Press],
+) -> HostView {
+    let (state, why) = host_state(status);
+    HostView {
+        host: status.host.to_string(),
+        state,
+        why,
+        gpus: snap.map_or_else(Vec::new, |s| gpus(s, on)),
+    }
+}
+
+/// How a host answered, and why not well.
+pub(crate) fn host_state(status: &HostStatus) -> (HostState, Option<String>) {
+    match (&status.error, &status.degraded) {
+        (Some(e), _) => (HostState::Failed, Some(e.to_string())),
+        (None, Some(d)) => (HostState::Degraded, Some(d.clone())),
+        (None, None) => (HostState::Ok, None),
+    }
+}
+
+/// The capped groups: their members as the hosts say, and the GPUs
+/// counted toward each member's caps.
+pub(crate) fn groups<'s>(
+    snaps: impl Iterator<Item = &'s HostSnapshot>,
+    users: &[UserView],
+    policy: &Policy,
+) -> Vec<GroupView> {
+    if policy.max_devices_per_group.is_empty() {
+        return Vec::new();
+    }
+    let mut members: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for snap in snaps {
+        for (user, groups) in crate::rules::max_groups::said(snap) {
+            let capped = groups
+                .into_iter()
+                .filter(|g| policy.max_devices_per_group.contains_key(*g));
+            for g in capped {
+                members.entry(g).or_default().insert(user);
             }
         }
-        let devices: BTreeMap<&str, u32> = (self.users.iter())
-            .map(|u| (u.user.as_str(), u.devices))
-            .collect();
-        let devices_of = |u: &str| devices.get(u).copied().unwrap_or(0);
-        let groups = (policy.max_devices_per_group.iter())
-            .map(|(group, cap)| {
-                let users = members.get(group.as_str()).cloned().unwrap_or_default();
-                GroupView {
-                    group: group.clone(),
-                    devices: users.iter().map(|u| devices_of(u)).sum(),
-                    device_cap: *cap,
-                    users: users.into_iter().map(String::from).collect(),
-                }
-            })
-            .collect();
-        self.groups = groups;
-        self
     }
+    let devices: HashMap<&str, u32> = (users.iter())
+        .map(|u| (u.user.as_str(), u.cap_count()))
+        .collect();
+    let devices_of = |u: &str| devices.get(u).copied().unwrap_or(0);
+    (policy.max_devices_per_group.iter())
+        .map(|(group, cap)| {
+            let users = members.get(group.as_str()).cloned().unwrap_or_default();
+            GroupView {
+                group: group.clone(),
+                devices: users.iter().map(|u| devices_of(u)).sum(),
+                device_cap: *cap,
+                users: users.into_iter().map(String::from).collect(),
+            }
+        })
+        .collect()
+}
+
+/// What presses on a host's GPUs: a finding or a wait, on a job or a
+/// device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Press {
+    ViolatingPid(u32),
+    ViolatingGpu(u32),
+    WaitingPid(u32),
+    WaitingGpu(u32),
+}
+
+/// What the cycle's findings and waits press on, by host, each host's
+/// sorted and once.
+pub(crate) fn pressed<'r>(
+    violations: &'r [Violation],
+    waiting: &'r [Waiting],
+) -> HashMap<&'r HostId, Vec<Press>> {
+    let mut by: HashMap<&HostId, Vec<Press>> = HashMap::new();
+    for a in violations.iter().flat_map(|v| &v.actions) {
+        let (host, p) = match a {
+            Action::Terminate { host, pid } => (host, Press::ViolatingPid(pid.0)),
+            Action::Detach { host, device, .. } => (host, Press::ViolatingGpu(device.0)),
+        };
+        by.entry(host).or_default().push(p);
+    }
+    for w in waiting {
+        let (host, p) = match w {
+            Waiting::Terminate { host, pid, .. } => (host, Press::WaitingPid(pid.0)),
+            Waiting::Detach { host, device, .. } => (host, Press::WaitingGpu(device.0)),
+        };
+        by.entry(host).or_default().push(p);
+    }
+    for v in by.values_mut() {
+        v.sort_unstable();
+        v.dedup();
+    }
+    by
 }
 
 /// Each GPU of a host, by index: those `devices.json` lists and those a
-/// job runs on.
-fn gpus(host: &HostId, snap: &HostSnapshot, pressed: &Pressed) -> Vec<GpuView> {
+/// job runs on, each marked by what presses `on` it.
+fn gpus(snap: &HostSnapshot, on: &[Press]) -> Vec<GpuView> {
     fn gpu(by_index: &mut BTreeMap<u32, GpuView>, index: GpuIndex) -> &mut GpuView {
         by_index.entry(index.0).or_insert_with(|| GpuView {
             index: index.0,
@@ -293,23 +488,26 @@ fn gpus(host: &HostId, snap: &HostSnapshot, pressed: &Pressed) -> Vec<GpuView> {
             gpu(&mut by_index, *index).utilization_percent = Some(*percent);
         }
     }
+    let pressed = |p: Press| on.binary_search(&p).is_ok();
     for g in by_index.values_mut() {
+        let on_it = |press: fn(u32) -> Press| g.processes.iter().any(|p| pressed(press(p.pid)));
         let stray = g
             .processes
             .iter()
             .any(|p| p.env.as_ref().is_none_or(|e| !g.envs.contains(e)));
-        let on_it = |pids: &BTreeSet<(HostId, Pid)>| {
-            g.processes
-                .iter()
-                .any(|p| pids.contains(&(host.clone(), Pid(p.pid))))
+        let idle = if g.processes.is_empty() {
+            !g.envs.is_empty()
+        } else {
+            g.utilization_percent == Some(0)
         };
-        let device = (host.clone(), GpuIndex(g.index));
-        g.state = if on_it(&pressed.waiting) || pressed.waiting_devices.contains(&device) {
+        g.state = if on_it(Press::WaitingPid) || pressed(Press::WaitingGpu(g.index)) {
             GpuState::Waiting
-        } else if on_it(&pressed.violating) || pressed.violating_devices.contains(&device) {
+        } else if on_it(Press::ViolatingPid) || pressed(Press::ViolatingGpu(g.index)) {
             GpuState::Violating
         } else if stray {
             GpuState::Stray
+        } else if idle {
+            GpuState::Idle
         } else if !g.envs.is_empty() || !g.processes.is_empty() {
             GpuState::InEnv
         } else {
@@ -329,81 +527,94 @@ fn user_of<'s>(snap: &'s HostSnapshot, p: &'s Process) -> Option<&'s str> {
     }
 }
 
-/// Each user whose jobs run on a GPU, over every host, with their caps.
-fn users(cluster: &Cluster, policy: &Policy) -> Vec<UserView> {
-    /// A user's GPUs (by host), memory and processes.
-    type Use<'c> = (BTreeSet<(&'c HostId, GpuIndex)>, u64, u32);
-    let mut by_user: BTreeMap<&str, Use> = BTreeMap::new();
-    for (host, snap) in &cluster.hosts {
-        for p in &snap.processes {
-            let Some(user) = user_of(snap, p) else {
-                continue;
-            };
-            let (devices, memory, processes) = by_user.entry(user).or_default();
-            *processes += 1;
-            for u in &p.gpus {
-                devices.insert((host, u.index));
-                *memory += u.usage.bytes().unwrap_or(0);
-            }
+/// What one user's jobs use on one host: the GPUs they run on, the memory
+/// they hold, how many there are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Use {
+    pub devices: u32,
+    pub memory: u64,
+    pub processes: u32,
+}
+
+/// Each user's jobs on one host, by name.
+pub(crate) fn host_users(snap: &HostSnapshot) -> Vec<(Arc<str>, Use)> {
+    let mut by_user: BTreeMap<&str, (BTreeSet<GpuIndex>, u64, u32)> = BTreeMap::new();
+    for p in &snap.processes {
+        let Some(user) = user_of(snap, p) else {
+            continue;
+        };
+        let (devices, memory, processes) = by_user.entry(user).or_default();
+        *processes += 1;
+        for u in &p.gpus {
+            devices.insert(u.index);
+            *memory = memory.saturating_add(u.usage.bytes().unwrap_or(0));
         }
     }
     (by_user.into_iter())
-        .map(|(user, (devices, memory_bytes, processes))| UserView {
-            user: user.to_string(),
-            devices: u32::try_from(devices.len()).unwrap_or(u32::MAX),
-            memory_bytes,
-            processes,
-            device_cap: (policy.max_devices_for_user.get(user).copied())
-                .or(policy.max_devices_per_user),
-            memory_cap: (policy.max_memory_for_user.get(user).copied())
-                .or(policy.max_memory_per_user),
+        .map(|(user, (devices, memory, processes))| {
+            let u = Use {
+                devices: u32::try_from(devices.len()).unwrap_or(u32::MAX),
+                memory,
+                processes,
+            };
+            (Arc::from(user), u)
         })
         .collect()
 }
 
-/// What the cycle's findings and waits press on: processes and devices.
-#[derive(Default)]
-struct Pressed {
-    violating: BTreeSet<(HostId, Pid)>,
-    violating_devices: BTreeSet<(HostId, GpuIndex)>,
-    waiting: BTreeSet<(HostId, Pid)>,
-    waiting_devices: BTreeSet<(HostId, GpuIndex)>,
-}
-
-impl Pressed {
-    fn of(violations: &[Violation], waiting: &[ActionView]) -> Self {
-        let mut p = Pressed::default();
-        for a in violations.iter().flat_map(|v| &v.actions) {
-            match a {
-                Action::Terminate { host, pid } => {
-                    p.violating.insert((host.clone(), *pid));
-                }
-                Action::Detach { host, device, .. } => {
-                    p.violating_devices.insert((host.clone(), *device));
-                }
-            }
-        }
-        for w in waiting {
-            let host = HostId(w.host.as_str().into());
-            match &w.target {
-                Target::Terminate { pid } => p.waiting.insert((host, Pid(*pid))),
-                Target::Detach { device, .. } => {
-                    p.waiting_devices.insert((host, GpuIndex(*device)))
-                }
-            };
-        }
-        p
+/// Each user whose jobs run on a GPU or whom a device cap counts, over
+/// every host (each host's part of their jobs in `parts`), with their
+/// caps.
+pub(crate) fn users<'p>(
+    parts: impl Iterator<Item = &'p [(Arc<str>, Use)]>,
+    counted: &[(HostId, Counted)],
+    policy: &Policy,
+) -> Vec<UserView> {
+    /// A user's jobs' use, and what their caps count (and of it, idle).
+    type Sum = (Use, Option<(u32, u32)>);
+    let mut by_user: HashMap<&str, Sum> = HashMap::new();
+    for (user, u) in parts.flatten() {
+        let (sum, _) = by_user.entry(user).or_default();
+        sum.devices = sum.devices.saturating_add(u.devices);
+        sum.memory = sum.memory.saturating_add(u.memory);
+        sum.processes = sum.processes.saturating_add(u.processes);
     }
+    for (user, n, idle) in counted.iter().flat_map(|(_, c)| c) {
+        let (_, held) = by_user.entry(user).or_default();
+        let (sum, sum_idle) = held.get_or_insert((0, 0));
+        *sum = sum.saturating_add(*n);
+        *sum_idle = sum_idle.saturating_add(*idle);
+    }
+    let keeps = policy.has_caps() || !policy.max_devices_per_group.is_empty();
+    let mut users: Vec<UserView> = (by_user.into_iter())
+        .map(|(user, (u, held))| {
+            let held = held.or(keeps.then_some((0, 0)));
+            UserView {
+                user: user.to_string(),
+                devices: u.devices,
+                memory_bytes: u.memory,
+                processes: u.processes,
+                counted: held.map(|h| h.0),
+                counted_idle: held.map(|h| h.1),
+                device_cap: (policy.max_devices_for_user.get(user).copied())
+                    .or(policy.max_devices_per_user),
+                memory_cap: (policy.max_memory_for_user.get(user).copied())
+                    .or(policy.max_memory_per_user),
+            }
+        })
+        .collect();
+    users.sort_unstable_by(|a, b| a.user.cmp(&b.user));
+    users
 }
 
 /// Which violations ask for each action, and the report's line for each.
-struct Why {
+pub(crate) struct Why {
     terminate: BTreeMap<(HostId, Pid), Vec<(String, String)>>,
     detach: BTreeMap<(HostId, GpuIndex, String), Vec<(String, String)>>,
 }
 
 impl Why {
-    fn of(mode: Mode, violations: &[Violation]) -> Self {
+    pub(crate) fn of(mode: Mode, violations: &[Violation]) -> Self {
         let mut why = Why {
             terminate: BTreeMap::new(),
             detach: BTreeMap::new(),
@@ -466,7 +677,7 @@ impl Why {
         }
     }
 
-    fn waiting(&self, w: &Waiting) -> ActionView {
+    pub(crate) fn waiting(&self, w: &Waiting) -> ActionView {
         match w {
             Waiting::Terminate {
                 host,
@@ -508,7 +719,7 @@ impl Why {
         }
     }
 
-    fn done(&self, o: &Outcome) -> ActionView {
+    pub(crate) fn done(&self, o: &Outcome) -> ActionView {
         let (host, target, result) = match o {
             Outcome::Terminate { host, pid, outcome } | Outcome::Kill { host, pid, outcome } => {
                 (host, Target::Terminate { pid: pid.0 }, terminated(outcome))
@@ -563,12 +774,28 @@ pub(crate) mod tests {
     /// The recorded fleet's view (for `top`'s tests).
     pub(crate) fn recorded_view() -> View {
         let (report, cluster, policy) = recorded();
-        of(&report, &cluster, &policy, None)
+        of(
+            &report,
+            &cluster,
+            &counted_on(&cluster, &policy),
+            &policy,
+            None,
+        )
+    }
+
+    /// What the device caps count on each host of `cluster`.
+    pub(crate) fn counted_on(cluster: &Cluster, policy: &Policy) -> Vec<(HostId, Counted)> {
+        (cluster.hosts.iter())
+            .map(|(h, s)| {
+                let f = crate::rules::assess_host(h, s, policy, &Default::default());
+                (h.clone(), counted(&f.usage))
+            })
+            .collect()
     }
 
     /// The recorded 3-host fleet under the README's main job
     /// (non-env-processes, 2 devices a user), and its report.
-    fn recorded() -> (CycleReport, Cluster, Policy) {
+    pub(crate) fn recorded() -> (CycleReport, Cluster, Policy) {
         let hosts = [
             ("gpu1", include_str!("../fixtures/snapshots/gpu1.json")),
             ("gpu2", include_str!("../fixtures/snapshots/gpu2.json")),
@@ -603,8 +830,14 @@ pub(crate) mod tests {
         cluster.hosts[0].1.recorded_groups = (said.iter())
             .map(|(u, g)| (u.to_string(), vec![g.to_string()]))
             .collect();
-        let view = of(&report, &cluster, &policy, None);
-        let devices = |u: &str| view.users.iter().find(|v| v.user == u).unwrap().devices;
+        let counted = counted_on(&cluster, &policy);
+        let view = of(&report, &cluster, &counted, &policy, None);
+        let devices = |u: &str| {
+            let u = view.users.iter().find(|v| v.user == u).unwrap();
+            assert!(u.counted.is_some(), "a group cap counts: {u:?}");
+            u.cap_count()
+        };
+        assert!(devices("alice") > 0);
         assert_eq!(
             view.groups,
             [GroupView {
@@ -614,15 +847,118 @@ pub(crate) mod tests {
                 users: vec!["alice".into(), "bob".into()],
             }]
         );
-        assert!(of(&report, &cluster, &Policy::default(), None)
+        assert!(of(&report, &cluster, &[], &Policy::default(), None)
             .groups
             .is_empty());
     }
 
+    /// A user's count is their device cap's: attachments held idle
+    /// count, each GPU once over the hosts (alice: 4 on 2 hosts, as the
+    /// report says), and such a GPU is shown idle.
+    #[test]
+    fn a_users_count_is_their_caps_with_attachments_held_idle() {
+        let view = recorded_view();
+        let alice = view.users.iter().find(|u| u.user == "alice").unwrap();
+        assert_eq!(alice.counted, Some(4));
+        assert_eq!(alice.cap_count(), 4);
+        assert_eq!(alice.device_cap, Some(2));
+        let idle_held = (view.hosts.iter().flat_map(|h| &h.gpus))
+            .filter(|g| g.state == GpuState::Idle)
+            .collect::<Vec<_>>();
+        assert!(!idle_held.is_empty());
+        assert!(idle_held
+            .iter()
+            .all(|g| !g.envs.is_empty() && g.processes.is_empty()));
+        // Her job on gpu3 gone: its three GPUs stay counted, held idle.
+        let (report, mut cluster, policy) = recorded();
+        let (_, gpu3) = (cluster.hosts.iter_mut())
+            .find(|(h, _)| h.0.as_ref() == "gpu3")
+            .unwrap();
+        gpu3.processes.retain(|p| p.pid != Pid(9120));
+        let view = of(
+            &report,
+            &cluster,
+            &counted_on(&cluster, &policy),
+            &policy,
+            None,
+        );
+        let alice = view.users.iter().find(|u| u.user == "alice").unwrap();
+        assert_eq!((alice.counted, alice.counted_idle), (Some(4), Some(3)));
+        // Without a device cap, nothing counts but the jobs' GPUs.
+        let (report, cluster, _) = recorded();
+        let plain = of(&report, &cluster, &[], &Policy::default(), None);
+        assert!(plain.users.iter().all(|u| u.counted.is_none()));
+        assert!(plain.users.iter().all(|u| u.cap_count() == u.devices));
+    }
+
+    /// A GPU whose jobs did no work when sampled is idle; one that worked
+    /// is in its environment.
+    #[test]
+    fn a_gpu_whose_jobs_did_no_work_is_idle() {
+        let (report, cluster, policy) = recorded();
+        let view = of(&report, &cluster, &[], &policy, None);
+        let (at, gpu) = (view.hosts.iter().enumerate())
+            .find_map(|(i, h)| {
+                let g = h.gpus.iter().find(|g| g.state == GpuState::InEnv)?;
+                Some((i, g.index))
+            })
+            .expect("a GPU at work in its environment");
+        assert!(!view.hosts[at]
+            .gpus
+            .iter()
+            .any(|g| g.index == gpu && g.processes.is_empty()));
+        let host = cluster
+            .hosts
+            .iter()
+            .position(|(h, _)| h.0.as_ref() == view.hosts[at].host)
+            .unwrap();
+        let state = |cluster: &Cluster, busy: u32| {
+            let mut cluster = cluster.clone();
+            let mut u = crate::model::Utilization::default();
+            u.gpus.insert(GpuIndex(gpu), busy);
+            cluster.hosts[host].1.utilization = Some(u);
+            let v = of(&report, &cluster, &[], &policy, None);
+            v.hosts[at]
+                .gpus
+                .iter()
+                .find(|g| g.index == gpu)
+                .unwrap()
+                .state
+        };
+        assert_eq!(state(&cluster, 0), GpuState::Idle);
+        assert_eq!(state(&cluster, 30), GpuState::InEnv);
+    }
+
+    /// A delta applies to the view of its cycle only, and to its hosts.
+    #[test]
+    fn a_delta_applies_to_its_own_cycle_only() {
+        let mut view = recorded_view();
+        let mut next = view.clone();
+        next.cycle = view.cycle + 1;
+        next.hosts[1].why = Some("changed".into());
+        let delta = View {
+            delta_of: Some(view.cycle),
+            changed: vec![(1, next.hosts[1].clone())],
+            hosts: Vec::new(),
+            ..next.clone()
+        };
+        let stale = View {
+            delta_of: Some(view.cycle + 5),
+            ..delta.clone()
+        };
+        assert!(view.clone().apply(stale).is_err());
+        let outside = View {
+            changed: vec![(99, next.hosts[1].clone())],
+            ..delta.clone()
+        };
+        assert!(view.clone().apply(outside).is_err());
+        view.apply(delta).unwrap();
+        assert_eq!(view, next);
+    }
+
     #[test]
     fn the_recorded_fleets_view() {
-        let (report, cluster, policy) = recorded();
-        let view = of(&report, &cluster, &policy, None);
+        let view = recorded_view();
         insta::assert_snapshot!(serde_json::to_string_pretty(&view).unwrap());
     }
 
@@ -631,7 +967,7 @@ pub(crate) mod tests {
     #[test]
     fn each_action_says_its_rule_and_marks_its_gpu() {
         let (report, cluster, policy) = recorded();
-        let view = of(&report, &cluster, &policy, None);
+        let view = of(&report, &cluster, &[], &policy, None);
         assert_eq!(view.actions.len(), report.outcomes.len());
         assert!(!view.actions.is_empty());
         for a in &view.actions {
@@ -667,7 +1003,7 @@ pub(crate) mod tests {
             warn_only: false,
             exempt: None,
         });
-        let view = of(&report, &cluster, &policy, Some(1_799_999_000_000));
+        let view = of(&report, &cluster, &[], &policy, Some(1_799_999_000_000));
         let w = &view.waiting[0];
         assert_eq!(w.deadline_ms, Some(1_800_000_000_000));
         assert_eq!(w.seen, None);
@@ -690,7 +1026,7 @@ pub(crate) mod tests {
             message: "ssh: connect to host gpu2: Connection refused".into(),
         });
         cluster.hosts.retain(|(h, _)| h.0.as_ref() != "gpu2");
-        let view = of(&report, &cluster, &policy, None);
+        let view = of(&report, &cluster, &[], &policy, None);
         assert_eq!(view.hosts[1].state, HostState::Failed);
         assert!(view.hosts[1].why.as_deref().unwrap().contains("refused"));
         assert!(view.hosts[1].gpus.is_empty());
@@ -701,7 +1037,7 @@ pub(crate) mod tests {
     #[test]
     fn the_view_reads_back_as_written() {
         let (report, cluster, policy) = recorded();
-        let view = of(&report, &cluster, &policy, Some(5));
+        let view = of(&report, &cluster, &[], &policy, Some(5));
         let json = serde_json::to_string(&view).unwrap();
         assert_eq!(serde_json::from_str::<View>(&json).unwrap(), view);
     }

@@ -42,9 +42,43 @@ pub const WRITE_DEADLINE: Duration = Duration::from_secs(5);
 /// few MiB).
 pub const MAX_VIEW_BYTES: u64 = 256 << 20;
 
-/// The last cycle's view, serialized (one JSON line), for every reader.
+/// The last cycle's view, written, for every reader: the whole line,
+/// made once when a reader first asks for it, and the delta from the
+/// cycle before for readers that take deltas.
+#[derive(Debug)]
+pub struct Published {
+    pub cycle: u64,
+    written: Option<(crate::view_json::Written, Bytes)>,
+    line: std::sync::OnceLock<Bytes>,
+    /// The cycle before, and this view's delta from it.
+    delta: Option<(u64, Bytes)>,
+}
+
+impl Published {
+    /// The whole view, one JSON line.
+    pub fn line(&self) -> Bytes {
+        self.line
+            .get_or_init(|| match &self.written {
+                Some((w, extra)) => Bytes::from(w.line(extra)),
+                None => Bytes::new(),
+            })
+            .clone()
+    }
+
+    /// What a reader is written next, the view of `sent` (the cycle last
+    /// written to it) had: the delta where it changes that cycle's view
+    /// and the reader takes deltas, else the whole view.
+    pub fn for_reader(&self, sent: Option<u64>, deltas: bool) -> Bytes {
+        match &self.delta {
+            Some((base, delta)) if deltas && sent == Some(*base) => delta.clone(),
+            _ => self.line(),
+        }
+    }
+}
+
+/// The last cycle's view, for every reader.
 #[derive(Debug, Clone)]
-pub struct Board(Arc<watch::Sender<Option<Bytes>>>);
+pub struct Board(Arc<watch::Sender<Option<Arc<Published>>>>);
 
 impl Default for Board {
     fn default() -> Self {
@@ -53,22 +87,44 @@ impl Default for Board {
 }
 
 impl Board {
-    /// Puts `view` up in place of the last one.
-    pub fn publish(&self, view: &View) {
-        let mut line = serde_json::to_vec(view).expect("a view serializes");
-        line.push(b'\n');
-        self.0.send_replace(Some(Bytes::from(line)));
+    /// Puts `written` up in place of the last view, with the service's
+    /// own members `extra` ([`crate::view_json::members`]).
+    pub fn publish(&self, written: crate::view_json::Written, extra: Bytes) {
+        let delta = written.delta(&extra).map(|(b, d)| (b, Bytes::from(d)));
+        self.0.send_replace(Some(Arc::new(Published {
+            cycle: written.cycle,
+            written: Some((written, extra)),
+            line: std::sync::OnceLock::new(),
+            delta,
+        })));
     }
 
-    /// The last view put up, if any.
+    /// Puts `view` up whole in place of the last one.
+    pub fn publish_view(&self, view: &View) {
+        let line = std::sync::OnceLock::new();
+        let _ = line.set(Bytes::from(crate::view_json::line_of(view)));
+        self.0.send_replace(Some(Arc::new(Published {
+            cycle: view.cycle,
+            written: None,
+            line,
+            delta: None,
+        })));
+    }
+
+    /// The last view put up, one JSON line, if any.
     pub fn latest(&self) -> Option<Bytes> {
-        self.0.borrow().clone()
+        let last = self.0.borrow().clone();
+        last.map(|p| p.line())
     }
 
-    fn subscribe(&self) -> watch::Receiver<Option<Bytes>> {
+    fn subscribe(&self) -> watch::Receiver<Option<Arc<Published>>> {
         self.0.subscribe()
     }
 }
+
+/// What a reader sends, as its first line, to be written deltas
+/// ([`View::delta_of`]) after its first view.
+pub const DELTAS: &[u8] = b"deltas\n";
 
 /// Why the socket cannot be served, or read.
 #[derive(Debug, Error)]
@@ -272,20 +328,28 @@ pub async fn serve(bound: Bound, board: Board) {
     }
 }
 
-/// One reader: every view as it comes, until it leaves or falls behind.
-async fn read_to(stream: tokio::net::UnixStream, mut views: watch::Receiver<Option<Bytes>>) {
+/// One reader: every view as it comes (deltas, once it asked for them
+/// with [`DELTAS`]), until it leaves or falls behind.
+async fn read_to(
+    stream: tokio::net::UnixStream,
+    mut views: watch::Receiver<Option<Arc<Published>>>,
+) {
     let (mut from, mut to) = stream.into_split();
     let mut junk = [0u8; 512];
+    // Its first line, up to DELTAS's length: the rest is dropped.
+    let mut said = Vec::with_capacity(DELTAS.len());
+    let mut sent = None;
     loop {
-        let line = views.borrow_and_update().clone();
-        if let Some(line) = line {
+        let last = views.borrow_and_update().clone();
+        if let Some(p) = last {
+            let line = p.for_reader(sent, said == DELTAS);
             match tokio::time::timeout(WRITE_DEADLINE, to.write_all(&line)).await {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => sent = Some(p.cycle),
                 _ => return,
             }
         }
-        // Until the next view: what the reader sends is dropped, its end
-        // ends it.
+        // Until the next view: what the reader sends is dropped (but its
+        // first line), its end ends it.
         loop {
             tokio::select! {
                 changed = views.changed() => {
@@ -295,9 +359,11 @@ async fn read_to(stream: tokio::net::UnixStream, mut views: watch::Receiver<Opti
                     break;
                 }
                 read = from.read(&mut junk) => {
-                    if matches!(read, Ok(0) | Err(_)) {
+                    let Ok(n @ 1..) = read else {
                         return;
-                    }
+                    };
+                    let room = DELTAS.len() - said.len();
+                    said.extend_from_slice(&junk[..n.min(room)]);
                 }
             }
         }
@@ -430,6 +496,10 @@ mod tests {
             groups: Vec::new(),
             waiting: Vec::new(),
             actions: Vec::new(),
+            recent: Vec::new(),
+            notifications: Vec::new(),
+            delta_of: None,
+            changed: Vec::new(),
         }
     }
 
@@ -444,7 +514,7 @@ mod tests {
         let made = std::fs::metadata(path.parent().unwrap()).unwrap();
         assert_eq!(made.permissions().mode() & 0o777, 0o755);
         let board = Board::default();
-        board.publish(&view(1));
+        board.publish_view(&view(1));
         let server = tokio::spawn(serve(bound, board.clone()));
         let (got, _) = fetch(path.to_str().unwrap(), None, Duration::from_secs(5))
             .await
@@ -458,7 +528,7 @@ mod tests {
             .unwrap()
             .unwrap()
             .contains("\"cycle\":1"));
-        board.publish(&view(2));
+        board.publish_view(&view(2));
         assert!(lines
             .next_line()
             .await
@@ -509,11 +579,13 @@ mod tests {
                 devices: 1,
                 memory_bytes: 1,
                 processes: 1,
+                counted: None,
+                counted_idle: None,
                 device_cap: None,
                 memory_cap: None,
             })
             .collect();
-        board.publish(&big);
+        board.publish_view(&big);
         let server = tokio::spawn(serve(bound, board.clone()));
         // Root's own readers (this test runs as the service's user).
         let mut held = Vec::new();
@@ -532,7 +604,7 @@ mod tests {
         let t = std::time::Instant::now();
         for k in 2..10 {
             big.cycle = k;
-            board.publish(&big);
+            board.publish_view(&big);
         }
         assert!(t.elapsed() < Duration::from_secs(5));
         // Past the write deadline they are dropped, and a reader is served.

@@ -57,6 +57,7 @@ pub fn text(view: &View, now: u64) -> String {
             let state = match g.state {
                 GpuState::Free => "free",
                 GpuState::InEnv => "in an environment",
+                GpuState::Idle => "idle",
                 GpuState::Stray => "a stray",
                 GpuState::Violating => "violating",
                 GpuState::Waiting => "an action waits",
@@ -93,9 +94,15 @@ pub fn text(view: &View, now: u64) -> String {
             .memory_cap
             .map(|n| format!(" of{}", mib(n)))
             .unwrap_or_default();
+        let counted = match (u.counted, u.counted_idle) {
+            (Some(n), Some(idle)) if idle > 0 => format!(", counted {n}{cap} ({idle} held idle)"),
+            (Some(n), _) => format!(", counted {n}{cap}"),
+            (None, _) => String::new(),
+        };
+        let cap = if u.counted.is_some() { "" } else { &cap };
         let _ = writeln!(
             out,
-            "  {} {} GPU(s){cap},{}{mem_cap}, {} process(es)",
+            "  {} {} GPU(s) in use{cap}{counted},{}{mem_cap}, {} process(es)",
             c(&u.user),
             u.devices,
             mib(u.memory_bytes),
@@ -125,8 +132,44 @@ pub fn text(view: &View, now: u64) -> String {
             let _ = writeln!(out, "  {}", action(a, now));
         }
     }
+    // The cycles before this one: its own actions are above.
+    let before = view.recent.iter().filter(|d| d.cycle != view.cycle);
+    for (i, d) in before.take(RECENT_SHOWN).enumerate() {
+        if i == 0 {
+            let _ = writeln!(out, "\nrecent actions:");
+        }
+        let ago = d
+            .at_ms
+            .map(|at| format!(", {} ago", span(now.saturating_sub(at))))
+            .unwrap_or_default();
+        let _ = writeln!(out, "  cycle {}{ago}: {}", d.cycle, action(&d.action, now));
+    }
+    for ch in &view.notifications {
+        let _ = writeln!(
+            out,
+            "\nnotifications by {}: {} queued, {} held back, {} dropped",
+            c(&ch.channel),
+            ch.queued,
+            ch.held_back,
+            ch.dropped
+        );
+        for h in &ch.last {
+            let to = if h.to.is_empty() { "the admins" } else { &h.to };
+            let _ = writeln!(
+                out,
+                "  {} ago to {}: {}: {}",
+                span(now.saturating_sub(h.at_ms)),
+                c(to),
+                c(&h.what),
+                c(&h.why)
+            );
+        }
+    }
     out
 }
+
+/// How many of the recent actions of the cycles before `status` prints.
+const RECENT_SHOWN: usize = 20;
 
 /// One action on a line, its reasons after.
 fn action(a: &ActionView, now: u64) -> String {
@@ -217,6 +260,8 @@ mod tests {
                 devices: 1,
                 memory_bytes: 3 << 20,
                 processes: 1,
+                counted: Some(2),
+                counted_idle: Some(1),
                 device_cap: Some(1),
                 memory_cap: None,
             }],
@@ -245,6 +290,35 @@ mod tests {
                 seen: Some((1, 2)),
                 result: Some("detached".into()),
             }],
+            recent: vec![DoneView {
+                cycle: 5,
+                at_ms: Some(940_000),
+                action: ActionView {
+                    host: "h1".into(),
+                    target: Target::Terminate { pid: 41 },
+                    rules: vec!["non-env-processes".into()],
+                    why: Vec::new(),
+                    deadline_ms: None,
+                    warn_only: false,
+                    exempt: None,
+                    seen: None,
+                    result: Some("signalled".into()),
+                },
+            }],
+            notifications: vec![ChannelView {
+                channel: "mail".into(),
+                queued: 1,
+                held_back: 2,
+                dropped: 0,
+                last: vec![HeldBackView {
+                    at_ms: 1_000_000,
+                    to: "bob".into(),
+                    what: "GPU job 42 on h1 will be terminated".into(),
+                    why: "rate limited: 3 an hour".into(),
+                }],
+            }],
+            delta_of: None,
+            changed: Vec::new(),
         };
         insta::assert_snapshot!(text(&view, 1_010_000));
         assert!(text(&view, 2_000_000).contains("due now"));
@@ -301,8 +375,28 @@ mod tests {
                 seen: None,
                 result: Some(evil.into()),
             }],
+            recent: Vec::new(),
+            notifications: vec![ChannelView {
+                channel: evil.into(),
+                queued: 0,
+                held_back: 1,
+                dropped: 0,
+                last: vec![HeldBackView {
+                    at_ms: 0,
+                    to: evil.into(),
+                    what: evil.into(),
+                    why: evil.into(),
+                }],
+            }],
+            delta_of: None,
+            changed: Vec::new(),
         };
         let mut view = view;
+        view.recent = vec![DoneView {
+            cycle: 0,
+            at_ms: Some(u64::MAX),
+            action: view.actions[0].clone(),
+        }];
         view.actions[0].rules = vec![evil.into()];
         view.at_ms = Some(u64::MAX);
         let out = text(&view, 0);

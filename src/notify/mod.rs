@@ -199,6 +199,28 @@ struct Line {
     queue: Arc<queue::Fair<(u64, Event)>>,
     /// Recipients whose line was full, said once per run of drops.
     full: std::sync::Mutex<HashSet<String>>,
+    /// What it held back and dropped since the run began, and the last of
+    /// those messages (for the view).
+    held_back: std::sync::atomic::AtomicU64,
+    dropped: std::sync::atomic::AtomicU64,
+    last: std::sync::Mutex<std::collections::VecDeque<crate::view::HeldBackView>>,
+}
+
+/// How many held-back or dropped messages each channel shows in the view.
+pub const LAST_HELD: usize = 20;
+
+impl Line {
+    /// `e`, to `who`, not sent: `why`.
+    fn unsent(&self, e: &Event, who: &str, now: u64, why: &str) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.push_front(crate::view::HeldBackView {
+            at_ms: now,
+            to: who.to_string(),
+            what: message::say(e, message::Medium::Plain, None).subject,
+            why: why.to_string(),
+        });
+        last.truncate(LAST_HELD);
+    }
 }
 
 impl Notifier {
@@ -226,6 +248,9 @@ impl Notifier {
                 limit: std::sync::Mutex::new(limit::RateLimit::new(spec.per_user_hour)),
                 queue: Arc::clone(&queue),
                 full: std::sync::Mutex::default(),
+                held_back: std::sync::atomic::AtomicU64::new(0),
+                dropped: std::sync::atomic::AtomicU64::new(0),
+                last: std::sync::Mutex::default(),
             });
             workers.push(tokio::spawn(work(
                 queue,
@@ -279,6 +304,7 @@ impl Notifier {
                     (line.limit.lock().unwrap_or_else(|p| p.into_inner())).allow(who, e, now);
                 if let limit::Verdict::Hold { first, why } = verdict {
                     held += 1;
+                    line.unsent(e, who, now, &why);
                     if first {
                         self.unsent_later(n, e, name, why);
                     }
@@ -290,6 +316,7 @@ impl Notifier {
                     continue;
                 }
                 dropped += 1;
+                line.unsent(e, who, now, "dropped: its recipient's line is full");
                 if full.insert(who.to_string()) {
                     let why = format!(
                         "dropped: {} messages already wait for {}; further ones dropped are counted, not said",
@@ -299,6 +326,9 @@ impl Notifier {
                     self.unsent_later(n, e, name, why);
                 }
             }
+            let count = std::sync::atomic::Ordering::Relaxed;
+            line.held_back.fetch_add(held, count);
+            line.dropped.fetch_add(dropped, count);
             if dropped > 0 {
                 tracing::warn!(
                     channel = name,
@@ -315,6 +345,24 @@ impl Notifier {
                 }
             }
         }
+    }
+
+    /// Each channel as the view shows it: what waits to go, what was
+    /// held back and dropped, the last of those.
+    pub fn view(&self) -> Vec<crate::view::ChannelView> {
+        let count = std::sync::atomic::Ordering::Relaxed;
+        (self.queues.iter())
+            .map(|line| crate::view::ChannelView {
+                channel: line.name.to_string(),
+                queued: line.queue.len() as u64,
+                held_back: line.held_back.load(count),
+                dropped: line.dropped.load(count),
+                last: (line.last.lock().unwrap_or_else(|p| p.into_inner()))
+                    .iter()
+                    .cloned()
+                    .collect(),
+            })
+            .collect()
     }
 
     /// An `unsent` line for `e` in the audit log, written off the cycle.
@@ -595,6 +643,9 @@ mod tests {
                 limit: std::sync::Mutex::new(limit::RateLimit::new(1000)),
                 queue: Arc::clone(&queue),
                 full: std::sync::Mutex::default(),
+                held_back: std::sync::atomic::AtomicU64::new(0),
+                dropped: std::sync::atomic::AtomicU64::new(0),
+                last: std::sync::Mutex::default(),
             }],
             workers: Vec::new(),
             metrics: Some(Arc::clone(&metrics)),
@@ -626,9 +677,23 @@ mod tests {
             ),
             "{text}"
         );
+        // The view says what waits and what was dropped, the last first.
+        let seen = n.view();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(
+            (seen[0].queued, seen[0].held_back, seen[0].dropped),
+            (2, 0, 4)
+        );
+        assert_eq!(seen[0].last.len(), 4);
+        assert!(seen[0]
+            .last
+            .iter()
+            .all(|h| h.to.is_empty() && h.why.starts_with("dropped")));
+        assert!(seen[0].last[0].what.contains('5'), "{:?}", seen[0].last[0]);
         // alice's warning about her job has a line of its own.
         let hers = event(99, Some("alice"));
         n.send(8, &[&hers]);
+        assert_eq!(n.view()[0].queued, 3);
         let mut got = Vec::new();
         n.close(Duration::from_secs(1)).await;
         while let Some((c, e)) = queue.next().await {

@@ -61,6 +61,17 @@ impl<T> Fair<T> {
         true
     }
 
+    /// How many messages wait, over every line.
+    pub fn len(&self) -> usize {
+        let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        lines.by_recipient.values().map(VecDeque::len).sum()
+    }
+
+    /// Whether no message waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// No more pushes: the worker ends once the lines are empty.
     pub fn close(&self) {
         self.lines.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
