@@ -219,7 +219,7 @@ fn reported(
     report.usage = usage;
     let view = cluster.zip(writer).map(|(cluster, (writer, counted))| {
         let at = (!recorded).then(now_ms);
-        writer.write(&report, cluster, counted, &options.policy, at)
+        writer.write(&report, &cluster, counted, &options.policy, at)
     });
     (report, view)
 }

@@ -6,7 +6,7 @@
 //! where they are parsed, and no environ. [`crate::view_json`] writes it
 //! once a cycle, each unchanged host's part kept from the cycle before.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use schemars::JsonSchema;
@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::assess::HostStatus;
 use crate::ladder::Waiting;
-use crate::model::{Cluster, GpuIndex, HostId, HostSnapshot, Mode, Pid, Process};
+use crate::model::{Cluster, GpuIndex, HashMap, HostId, HostSnapshot, Mode, Pid, Process};
 use crate::outcome::{DetachResult, Outcome, TerminateResult};
 use crate::report::{violation_line, CycleReport};
 use crate::rules::max_devices::HostUsage;
@@ -344,7 +344,7 @@ pub fn of(
 /// Each host's snapshot by id, found once (a scan per host is quadratic
 /// over a large fleet).
 pub(crate) fn snapshots(cluster: &Cluster) -> HashMap<&HostId, &HostSnapshot> {
-    let mut by_host = HashMap::with_capacity(cluster.hosts.len());
+    let mut by_host = HashMap::with_capacity_and_hasher(cluster.hosts.len(), Default::default());
     for (h, s) in &cluster.hosts {
         by_host.entry(h).or_insert(s);
     }
@@ -397,7 +397,7 @@ pub(crate) fn groups<'s>(
             }
         }
     }
-    let devices: HashMap<&str, u32> = (users.iter())
+    let devices: std::collections::HashMap<&str, u32> = (users.iter())
         .map(|u| (u.user.as_str(), u.cap_count()))
         .collect();
     let devices_of = |u: &str| devices.get(u).copied().unwrap_or(0);
@@ -430,7 +430,7 @@ pub(crate) fn pressed<'r>(
     violations: &'r [Violation],
     waiting: &'r [Waiting],
 ) -> HashMap<&'r HostId, Vec<Press>> {
-    let mut by: HashMap<&HostId, Vec<Press>> = HashMap::new();
+    let mut by: HashMap<&HostId, Vec<Press>> = HashMap::default();
     for a in violations.iter().flat_map(|v| &v.actions) {
         let (host, p) = match a {
             Action::Terminate { host, pid } => (host, Press::ViolatingPid(pid.0)),
@@ -572,7 +572,7 @@ pub(crate) fn users<'p>(
 ) -> Vec<UserView> {
     /// A user's jobs' use, and what their caps count (and of it, idle).
     type Sum = (Use, Option<(u32, u32)>);
-    let mut by_user: HashMap<&str, Sum> = HashMap::new();
+    let mut by_user: HashMap<&str, Sum> = HashMap::default();
     for (user, u) in parts.flatten() {
         let (sum, _) = by_user.entry(user).or_default();
         sum.devices = sum.devices.saturating_add(u.devices);

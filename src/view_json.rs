@@ -6,13 +6,13 @@
 //! that take them (`top`). Pure: the line is the one serde writes for
 //! [`crate::view::of`]'s view.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use hyper::body::Bytes;
 use serde::Serialize;
 
-use crate::model::{Cluster, Device, Env, GpuIndex, HostId, HostSnapshot, Process};
+use crate::model::{Cluster, Device, Env, GpuIndex, HashMap, HostId, HostSnapshot, Process};
 use crate::report::CycleReport;
 use crate::rules::Policy;
 use crate::view::{
@@ -82,10 +82,10 @@ impl MadeOf {
 }
 
 impl Shown {
-    /// What the view shows of `snap`, its jobs taken from it.
-    fn taken(snap: &mut HostSnapshot) -> Self {
+    /// What the view shows of `snap`.
+    fn of(snap: &HostSnapshot) -> Self {
         Shown {
-            processes: std::mem::take(&mut snap.processes),
+            processes: snap.processes.clone(),
             devices: Arc::clone(&snap.devices),
             envs: snap.truth.is_none().then(|| Arc::clone(&snap.envs)),
             utilization: snap.utilization.as_ref().map(|u| u.gpus.clone()),
@@ -138,41 +138,39 @@ pub fn members<T: Serialize>(value: &T) -> Bytes {
 
 impl Writer {
     /// The view of `report`'s cycle over `cluster` (as [`view::of`]
-    /// makes it), with the done actions of the cycles before, written; its
-    /// hosts' jobs kept for the next cycle's comparison.
+    /// makes it), with the done actions of the cycles before, written;
+    /// what each host's part is made of kept for the next cycle's
+    /// comparison.
     pub fn write(
         &mut self,
         report: &CycleReport,
-        cluster: Cluster,
+        cluster: &Cluster,
         counted: &[(HostId, Counted)],
         policy: &Policy,
         at_ms: Option<u64>,
     ) -> Written {
         let pressed = view::pressed(&report.violations, &report.waiting);
-        let mut snaps: HashMap<HostId, HostSnapshot> = HashMap::with_capacity(cluster.hosts.len());
-        for (h, s) in cluster.hosts {
-            snaps.entry(h).or_insert(s);
-        }
-        let mut next = HashMap::with_capacity(report.hosts.len());
+        let snaps = view::snapshots(cluster);
+        let mut next = HashMap::with_capacity_and_hasher(report.hosts.len(), Default::default());
         let (mut hosts, mut rebuilt) = (Vec::with_capacity(report.hosts.len()), Vec::new());
         for (i, status) in report.hosts.iter().enumerate() {
             let state = view::host_state(status);
             let on = pressed.get(&status.host).map_or(&[][..], Vec::as_slice);
-            let snap = snaps.get_mut(&status.host);
+            let snap = snaps.get(&status.host).copied();
             let kept = self
                 .hosts
                 .remove(&status.host)
-                .filter(|p| p.made_of.is(&state, on, snap.as_deref()));
+                .filter(|p| p.made_of.is(&state, on, snap));
             let part = kept.unwrap_or_else(|| {
                 rebuilt.push(i);
-                let json = serde_json::to_vec(&view::host_view(status, snap.as_deref(), on))
+                let json = serde_json::to_vec(&view::host_view(status, snap, on))
                     .expect("a host's view serializes");
-                let users = snap.as_deref().map(view::host_users).unwrap_or_default();
+                let users = snap.map(view::host_users).unwrap_or_default();
                 Part {
                     made_of: MadeOf {
                         state,
                         pressed: on.to_vec(),
-                        snap: snap.map(Shown::taken),
+                        snap: snap.map(Shown::of),
                     },
                     json: Bytes::from(json),
                     users,
@@ -198,7 +196,7 @@ impl Writer {
             policy,
         );
         self.hosts = next;
-        let groups = view::groups(snaps.values(), &users, policy);
+        let groups = view::groups(snaps.values().copied(), &users, policy);
         let why = Why::of(report.mode, &report.violations);
         let waiting: Vec<ActionView> = report.waiting.iter().map(|w| why.waiting(w)).collect();
         let actions: Vec<ActionView> = report.outcomes.iter().map(|o| why.done(o)).collect();
@@ -319,7 +317,7 @@ mod tests {
 
     fn write(w: &mut Writer, report: &CycleReport, cluster: &Cluster, policy: &Policy) -> Written {
         let counted = counted_on(cluster, policy);
-        w.write(report, cluster.clone(), &counted, policy, Some(7))
+        w.write(report, cluster, &counted, policy, Some(7))
     }
 
     fn parsed(line: &[u8]) -> View {
