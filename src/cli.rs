@@ -185,6 +185,10 @@ pub struct TopArgs {
     /// authentication), from a file only you may read (chmod 600).
     #[arg(long, value_name = "FILE")]
     pub credentials: Option<PathBuf>,
+    /// The configuration file (`--config`), for cycles of its own while
+    /// no service answers.
+    #[arg(skip)]
+    pub config: Option<PathBuf>,
 }
 
 /// `status --output`.

@@ -290,7 +290,10 @@ pub fn resolve(cli: Cli, read: &Read) -> Result<Request, ConfigError> {
         Command::Remote(args) => remote(*args, read),
         Command::Report(args) => Ok(Request::Report(args)),
         Command::Status(args) => Ok(Request::Status(args)),
-        Command::Top(args) => Ok(Request::Top(args)),
+        Command::Top(args) => Ok(Request::Top(crate::cli::TopArgs {
+            config: cli.config,
+            ..args
+        })),
         Command::Docs(args) => Ok(Request::Docs(args.out)),
         Command::Config(_) => Err(ConfigError::ConfigCommand),
     }

@@ -665,6 +665,31 @@ pub fn default_command(settings: &[Setting]) -> &'static [&'static str] {
     }
 }
 
+/// The settings `top` takes for cycles of its own, with no service to
+/// attach to: which hosts and how to reach them, the rules and the
+/// policy, for a dry run; nothing that records (the state database, the
+/// audit log), tells (notifications), serves (metrics, the view), joins
+/// an election or shares the service's SSH sockets, nor how a run
+/// prints, ends or acts.
+pub fn for_a_look(settings: &[Setting]) -> Vec<Setting> {
+    const LEFT: &[&str] = &[
+        "control-dir",
+        "control-persist",
+        "exit-on-error",
+        "quiet",
+        "dry-run",
+        "output",
+        "kill-after",
+    ];
+    (settings.iter())
+        .filter(|s| {
+            matches!(section_of(&s.key), Some("hosts" | "rules" | "policy"))
+                && !LEFT.contains(&s.key.as_str())
+        })
+        .cloned()
+        .collect()
+}
+
 /// The subcommands (names) the command line `args` runs.
 pub fn command_of(root: &Command, args: &[OsString]) -> Vec<String> {
     levels(root, args)
@@ -873,6 +898,50 @@ mod tests {
         assert!(takes_many(&set().value_delimiter(',')));
         assert!(!takes_many(&set()));
         assert!(!takes_many(&set().num_args(1)));
+    }
+
+    /// A look of `top`'s own takes the hosts, the rules and the policy
+    /// of the shipped file, and nothing that records, tells, serves or
+    /// joins.
+    #[test]
+    fn a_look_takes_hosts_rules_and_policy_only() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/contrib/genv-enforce.toml"
+        ))
+        .unwrap()
+        .replace("# ha-etcd", "ha-etcd")
+        .replace("# smtp", "smtp")
+        .replace("# mail-from", "mail-from")
+        .replace("# kill-after", "kill-after")
+        .replace(
+            "# concurrency = 32",
+            "control-dir = \"/run/genv-enforce/ssh\"",
+        );
+        let all = parse(&text, &root()).unwrap();
+        let keys = |s: &[Setting]| s.iter().map(|s| s.key.clone()).collect::<BTreeSet<_>>();
+        for k in [
+            "ha-etcd",
+            "smtp",
+            "state-db",
+            "audit-log",
+            "view-socket",
+            "kill-after",
+            "control-dir",
+        ] {
+            assert!(keys(&all).contains(k), "{k} in the file");
+        }
+        let look = keys(&for_a_look(&all));
+        let want = [
+            "inventory",
+            "known-hosts-file",
+            "host-key-check",
+            "non-env-processes",
+            "env-devices",
+            "max-devices-per-user",
+            "interval",
+        ];
+        assert_eq!(look, want.iter().map(|k| k.to_string()).collect());
     }
 
     fn args(line: &str) -> Vec<OsString> {

@@ -9,7 +9,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use clap::CommandFactory;
+use clap::{CommandFactory, Parser};
 use thiserror::Error;
 
 use crate::audit::{AuditError, AuditLog};
@@ -126,6 +126,9 @@ pub enum SetupError {
     HaPasswordEmpty(PathBuf),
     #[error(transparent)]
     Web(#[from] crate::web_config::WebConfigError),
+    /// `top`'s cycles of its own cannot run on this configuration.
+    #[error("{}: {why}", path.display())]
+    Look { path: PathBuf, why: String },
 }
 
 /// A command line as typed, and as run: with its configuration file
@@ -198,6 +201,39 @@ fn located(path: &std::path::Path, problems: &[Problem]) -> String {
         .map(|p| format!("{}:{p}", path.display()))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// A dry run of the configuration file at `path`, for `top` with no
+/// service to attach to: its hosts, rules and policy
+/// ([`config_file::for_a_look`]); the fleet, its settings and what must
+/// live as long as its hosts (their SSH sockets' directory).
+///
+/// # Errors
+/// The file cannot be read or fails the check; what it names cannot be
+/// read or built; it replays several files (one fleet each).
+pub fn look(
+    path: &std::path::Path,
+) -> Result<(Fleet, Settings, Option<tempfile::TempDir>), SetupError> {
+    let root = Cli::command();
+    let settings = config_file::for_a_look(&config_settings(path, &root)?);
+    let line = [OsString::from("genv-enforce"), OsString::from("--dry-run")];
+    let (args, _) = config_file::apply(&root, &line, &settings);
+    let look = |why: String| SetupError::Look {
+        path: path.to_path_buf(),
+        why,
+    };
+    let cli = Cli::try_parse_from(&args).map_err(|e| look(e.to_string()))?;
+    match job(cli)? {
+        Job::Enforce {
+            mut fleets,
+            settings,
+            control_dir,
+            ..
+        } if fleets.len() == 1 && settings.cycle.dry_run => {
+            Ok((fleets.remove(0), settings, control_dir))
+        }
+        _ => Err(look("not one fleet to look at".into())),
+    }
 }
 
 /// The job `cli` asks for: [`read`], [`config::resolve`], [`build`].
@@ -524,8 +560,43 @@ fn notify_with_secrets(n: Notifications) -> Result<Notify, SetupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
     use std::os::unix::fs::PermissionsExt;
+
+    /// `top`'s look of its own is a dry run of the file's hosts, rules
+    /// and policy: no state database, audit log, notification, metrics,
+    /// view or election, and nothing of theirs made.
+    #[test]
+    fn a_look_is_a_dry_run_of_the_files_hosts_rules_and_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let snaps = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/snapshots");
+        let text = format!(
+            "[hosts]\nsnapshot-dir = \"{snaps}\"\n[rules]\nnon-env-processes = true\nmax-devices-per-user = 2\n\
+             [policy]\ninterval = \"7s\"\n[state]\nstate-db = \"{db}\"\naudit-log = \"{audit}\"\n\
+             [metrics]\nmetrics-listen = \"127.0.0.1:1\"\nview-socket = \"{sock}\"\n\
+             [high-availability]\nha-etcd = [\"http://127.0.0.1:1\"]\n",
+            db = d.join("state.db").display(),
+            audit = d.join("audit.log").display(),
+            sock = d.join("view.sock").display(),
+        );
+        let config = d.join("genv-enforce.toml");
+        std::fs::write(&config, text).unwrap();
+        let (fleet, settings, _keep) = look(&config).unwrap();
+        assert_eq!(fleet.hosts.len(), 3);
+        assert!(settings.cycle.dry_run);
+        assert!(settings.state.is_none() && settings.ha.is_none() && settings.notify.is_none());
+        // A replay runs once: top repeats it at its own pace.
+        assert!(settings.interval.is_zero());
+        assert_eq!(settings.cycle.policy.max_devices_per_user, Some(2));
+        assert!(fleet.audit.is_none());
+        for made in ["state.db", "audit.log", "view.sock"] {
+            assert!(!d.join(made).exists(), "{made} made");
+        }
+        // A file that cannot be used says so, named.
+        std::fs::write(&config, "[rules]\nno-such-key = 1\n").unwrap();
+        let e = crate::error::chain(&look(&config).unwrap_err());
+        assert!(e.contains("genv-enforce.toml"), "{e}");
+    }
 
     fn login(path: &std::path::Path) -> Result<HaSpec, String> {
         let args = [

@@ -66,6 +66,8 @@ pub struct Top {
     help: bool,
     /// Where the views come from, or why none comes.
     note: String,
+    /// The views are top's own dry runs (no service answers).
+    own: bool,
     color: bool,
 }
 
@@ -84,8 +86,15 @@ impl Top {
             detail: false,
             help: false,
             note,
+            own: false,
             color,
         }
+    }
+
+    /// Says whether the views are top's own dry runs, no service
+    /// answering.
+    pub fn own(&mut self, own: bool) {
+        self.own = own;
     }
 
     /// Takes the service's latest view: the service's recent actions, or
@@ -246,8 +255,13 @@ impl Top {
             v.waiting.len()
         ))];
         if v.dry_run {
+            let said = if self.own {
+                "  TOP'S OWN DRY RUN, no service answers: nothing is carried out"
+            } else {
+                "  DRY RUN: nothing is carried out"
+            };
             spans.push(Span::styled(
-                "  DRY RUN: nothing is carried out",
+                said,
                 self.style(
                     Style::default()
                         .fg(Color::Yellow)
@@ -446,7 +460,7 @@ fn host_detail(h: &HostView, v: &View) -> Vec<String> {
         } else {
             format!("attached to {}", g.envs.join(", "))
         };
-        detail.push(format!("gpu {}: {}, {envs}", g.index, gpu_state(g.state)));
+        detail.push(format!("gpu {}: {}, {envs}", g.index, gpu_state(g)));
         for p in &g.processes {
             detail.push(format!(
                 "  pid {} of {} in {}{}",
@@ -465,13 +479,12 @@ fn host_detail(h: &HostView, v: &View) -> Vec<String> {
     detail
 }
 
-fn gpu_state(s: GpuState) -> &'static str {
-    match s {
+fn gpu_state(g: &crate::view::GpuView) -> &'static str {
+    match g.state {
         GpuState::Free => "free",
         GpuState::InEnv => "in an environment",
-        GpuState::Idle => {
-            "held idle: attached with none of the jobs on it, or its jobs did no work when last sampled"
-        }
+        GpuState::Idle if g.processes.is_empty() => "held idle: no job runs on it",
+        GpuState::Idle => "idle: its jobs did no work when last sampled",
         GpuState::Stray => "a job outside its environments runs on it",
         GpuState::Violating => "a rule finds against it",
         GpuState::Waiting => "an action waits on it",

@@ -1,9 +1,12 @@
 //! `top`'s shell: the connection to the service (its socket, one view a
-//! line as each cycle ends; or its metrics URL, asked every second), the
-//! terminal (ratatui over crossterm: raw mode and the alternate screen,
-//! put back on quitting, on SIGTERM or SIGHUP, and on a panic) and the
-//! keyboard. What is drawn is [`crate::top`]'s.
+//! line as each cycle ends, then the hosts that changed; or its metrics
+//! URL, asked every 5 s), or, while no service answers on the socket,
+//! dry-run cycles of its own from the configuration file; the terminal
+//! (ratatui over crossterm: raw mode and the alternate screen, put back on
+//! quitting, on SIGTERM or SIGHUP, and on a panic; standard error muted
+//! meanwhile) and the keyboard. What is drawn is [`crate::top`]'s.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,10 +26,24 @@ const RETRY: Duration = Duration::from_secs(1);
 /// answer costs the service a write of the whole view).
 const POLL: Duration = Duration::from_secs(5);
 
+/// How long the hosts of cycles of its own have to close, once the
+/// screen is gone.
+const QUIT: Duration = Duration::from_millis(1500);
+
+/// The fleet of cycles of its own while they run, and what must live as
+/// long as its hosts, for `run` to close once the screen is gone.
+type Looked = Arc<std::sync::Mutex<Option<(Arc<crate::fleet::Fleet>, Option<tempfile::TempDir>)>>>;
+
+/// How often cycles of its own run where the configuration's interval is
+/// zero (a cron run's, a replay's).
+const OWN_EVERY: Duration = Duration::from_secs(30);
+
 /// What the connection tells the screen.
 enum Feed {
     View(Box<View>),
     Note(String),
+    /// The views are top's own dry runs, or the service's.
+    Own(bool),
 }
 
 /// Runs `top` against the service at `at` until the reader quits;
@@ -45,19 +62,32 @@ pub async fn run(args: crate::cli::TopArgs) -> std::io::Result<()> {
         .transpose()
         .map_err(|e| std::io::Error::other(crate::error::chain(&e)))?;
     let at = args.connect;
+    // The configuration for cycles of its own: the one named, else the
+    // service's where there is one.
+    let look = args.config.or_else(|| {
+        let shipped = PathBuf::from(crate::config_file::DEFAULT_PATH);
+        shipped.exists().then_some(shipped)
+    });
     let (tx, rx) = mpsc::channel(4);
-    let feed = tokio::spawn(feed(at.clone(), login, tx));
     let stop = Arc::new(AtomicBool::new(false));
     let signals = tokio::spawn(stop_on_signals(Arc::clone(&stop)));
     let color = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let note = format!("connecting to {}", view_socket::shown(&at));
-    let ui = tokio::task::spawn_blocking(move || screen(rx, Top::new(note, color), &stop));
-    let ended = ui
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
-    feed.abort();
+    let mut ui = tokio::task::spawn_blocking(move || screen(rx, Top::new(note, color), &stop));
+    // Fed here, not spawned: cycles of its own run on this task.
+    let left = Looked::default();
+    let ended = tokio::select! {
+        ended = &mut ui => ended,
+        () = feed(at, login, tx, look, Arc::clone(&left)) => ui.await,
+    };
+    // The screen is gone: the hosts of cycles of its own are closed.
+    let looked = left.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some((fleet, keep)) = looked {
+        let _ = tokio::time::timeout(QUIT, fleet.close()).await;
+        drop(keep);
+    }
     signals.abort();
-    ended
+    ended.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
 }
 
 /// Sets `stop` on SIGTERM, SIGHUP or SIGINT.
@@ -86,12 +116,17 @@ fn screen(
     stop: &Arc<AtomicBool>,
 ) -> std::io::Result<()> {
     // Raw mode and the alternate screen; its panic hook puts them back,
-    // and a panic on any thread ends the screen too.
+    // and a panic on any thread ends the screen too. What is said on
+    // standard error meanwhile (by cycles of its own, their hosts' tools)
+    // would tear the screen: muted, but for a panic's words.
     let mut terminal = ratatui::init();
+    let muted = Arc::new(Muted::now());
     let hook = std::panic::take_hook();
     let stopped = Arc::clone(stop);
+    let unmute = Arc::clone(&muted);
     std::panic::set_hook(Box::new(move |info| {
         stopped.store(true, Ordering::Relaxed);
+        unmute.undo();
         hook(info);
     }));
     let ran = (|| loop {
@@ -99,6 +134,7 @@ fn screen(
             match fed {
                 Feed::View(v) => top.take(*v),
                 Feed::Note(n) => top.say(n),
+                Feed::Own(own) => top.own(own),
             }
         }
         terminal.draw(|f| top.draw(f, crate::clock::now_ms()))?;
@@ -114,12 +150,46 @@ fn screen(
         }
     })();
     ratatui::restore();
+    muted.undo();
     ran
 }
 
+/// Standard error sent to `/dev/null`, as it was before kept to be put
+/// back.
+struct Muted(Option<std::os::fd::OwnedFd>);
+
+impl Muted {
+    /// Standard error muted from now (as it was, where it cannot be).
+    fn now() -> Self {
+        use std::os::fd::AsFd;
+        let saved = rustix::io::dup(std::io::stderr().as_fd()).ok();
+        let null = std::fs::OpenOptions::new().write(true).open("/dev/null");
+        match (saved, null) {
+            (Some(saved), Ok(null)) if rustix::stdio::dup2_stderr(&null).is_ok() => {
+                Muted(Some(saved))
+            }
+            _ => Muted(None),
+        }
+    }
+
+    /// Standard error as it was.
+    fn undo(&self) {
+        if let Some(saved) = &self.0 {
+            let _ = rustix::stdio::dup2_stderr(saved);
+        }
+    }
+}
+
 /// Feeds the screen the service's views at `at`, and says when none
-/// comes; asks again every [`RETRY`].
-async fn feed(at: String, login: Option<(String, String)>, tx: mpsc::Sender<Feed>) {
+/// comes; asks again every [`RETRY`]. While no service answers on a
+/// socket, cycles of its own from the configuration at `look`, if any.
+async fn feed(
+    at: String,
+    login: Option<(String, String)>,
+    tx: mpsc::Sender<Feed>,
+    mut look: Option<PathBuf>,
+    left: Looked,
+) {
     let url = at.starts_with("http://") || at.starts_with("https://");
     loop {
         if url {
@@ -136,8 +206,28 @@ async fn feed(at: String, login: Option<(String, String)>, tx: mpsc::Sender<Feed
         let stream = match tokio::net::UnixStream::connect(&at).await {
             Ok(s) => s,
             Err(e) => {
+                let why = format!("no service answers at {at} ({e})");
+                if let Some(path) = &look {
+                    match own(path, &at, &why, &tx, &left).await {
+                        Own::Attach => continue,
+                        Own::Gone => return,
+                        Own::Failed(how) => {
+                            let note = format!(
+                                "{why}; no cycles of its own from {}: {how}; trying again every {} s",
+                                path.display(),
+                                RETRY.as_secs()
+                            );
+                            look = None;
+                            if tx.send(Feed::Note(note)).await.is_err() {
+                                return;
+                            }
+                            tokio::time::sleep(RETRY).await;
+                            continue;
+                        }
+                    }
+                }
                 let note = format!(
-                    "no service answers at {at} ({e}); trying again every {} s (is it running with --view-socket? or --connect)",
+                    "{why}; trying again every {} s (is it running with --view-socket? or --connect; or --config FILE for cycles of its own)",
                     RETRY.as_secs()
                 );
                 if tx.send(Feed::Note(note)).await.is_err() {
@@ -189,6 +279,94 @@ async fn feed(at: String, login: Option<(String, String)>, tx: mpsc::Sender<Feed
         }
         tokio::time::sleep(RETRY).await;
     }
+}
+
+/// How cycles of its own ended.
+enum Own {
+    /// A service answers at the socket now.
+    Attach,
+    /// The screen is gone.
+    Gone,
+    /// They could not run, and why.
+    Failed(String),
+}
+
+/// Dry-run cycles of its own over the configuration at `path` (its hosts,
+/// rules and policy: [`crate::setup::look`]), each view fed to the
+/// screen, `why` none comes from `at`, until a service answers there.
+async fn own(path: &Path, at: &str, why: &str, tx: &mpsc::Sender<Feed>, left: &Looked) -> Own {
+    let file = path.to_path_buf();
+    let (fleet, settings, keep) =
+        match tokio::task::spawn_blocking(move || crate::setup::look(&file)).await {
+            Ok(Ok(built)) => built,
+            Ok(Err(e)) => return Own::Failed(crate::error::chain(&e)),
+            Err(e) => return Own::Failed(e.to_string()),
+        };
+    let fleet = Arc::new(fleet);
+    *left.lock().unwrap_or_else(|p| p.into_inner()) = Some((Arc::clone(&fleet), keep));
+    let every = if settings.interval.is_zero() {
+        OWN_EVERY
+    } else {
+        settings.interval
+    };
+    let options = crate::cycle::Options {
+        view: true,
+        dry_run: true,
+        ..settings.cycle.clone()
+    };
+    let mut memory = crate::cycle::Memory {
+        ladder: crate::ladder::Ladder::restore(settings.grace.clone(), Vec::new()),
+        ..Default::default()
+    };
+    let said = format!(
+        "{why}: dry-run cycles of its own from {} every {}, nothing carried out",
+        path.display(),
+        humantime::format_duration(every)
+    );
+    let ended = 'cycles: {
+        if tx.send(Feed::Own(true)).await.is_err() {
+            break 'cycles Own::Gone;
+        }
+        for n in 1.. {
+            if tx.send(Feed::Note(said.clone())).await.is_err() {
+                break 'cycles Own::Gone;
+            }
+            let (report, _) = crate::cycle::cycle(&fleet, &options, n, &mut memory).await;
+            tokio::task::spawn_blocking(move || drop(report));
+            let line = memory.view.take().map(|w| w.line(b""));
+            if let Some(Ok(view)) = line.map(|l| serde_json::from_slice::<View>(&l)) {
+                if tx.send(Feed::View(Box::new(view))).await.is_err() {
+                    break 'cycles Own::Gone;
+                }
+            }
+            // The interval, the service looked for meanwhile.
+            let wake = tokio::time::Instant::now() + every;
+            loop {
+                if tokio::net::UnixStream::connect(at).await.is_ok() {
+                    break 'cycles Own::Attach;
+                }
+                if tx.is_closed() {
+                    break 'cycles Own::Gone;
+                }
+                let now = tokio::time::Instant::now();
+                if now >= wake {
+                    break;
+                }
+                tokio::time::sleep(RETRY.min(wake - now)).await;
+            }
+        }
+        Own::Gone
+    };
+    let _ = tx.send(Feed::Own(false)).await;
+    let looked = left.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some((fleet, keep)) = looked {
+        let closed = tokio::time::timeout(QUIT, fleet.close()).await;
+        for (host, e) in closed.unwrap_or_default() {
+            tracing::warn!(%host, error = %crate::error::chain(&e), "closing the host's connection failed");
+        }
+        drop(keep);
+    }
+    ended
 }
 
 /// `line` (a view, or a delta of the last one) into `view`.

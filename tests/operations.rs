@@ -1278,14 +1278,6 @@ fn top_shows_a_stray_waiting_with_its_countdown_then_gone_after_the_action() {
         top.shows("1 fleet", Duration::from_secs(20))?;
         // The stray's GPU waits on its action, alice's is in her environment.
         top.shows(" We ", Duration::from_secs(20))?;
-        // GENV_ENFORCE_CAPTURE=FILE keeps the fleet tab's screen (the
-        // README's picture).
-        if let Some(to) = std::env::var_os("GENV_ENFORCE_CAPTURE") {
-            top.keys("\r");
-            top.shows("gpu 0: an action waits on it", Duration::from_secs(5))?;
-            std::fs::write(to, top.contents()).unwrap();
-            top.keys("\u{1b}");
-        }
         top.keys("3");
         let line = format!("terminate pid {stray}");
         top.shows(&line, Duration::from_secs(10))?;
@@ -1335,4 +1327,212 @@ fn top_shows_a_stray_waiting_with_its_countdown_then_gone_after_the_action() {
         "the alternate screen was entered"
     );
     assert!(text.contains("\u{1b}[?1049l"), "and left");
+}
+
+/// `top` in a real pseudo-terminal attached to a service that enforces
+/// on the sshd fleet (issue 43): each GPU at a glance (alice's working
+/// one, carol's working one and the one she holds idle), then a stray of
+/// bob's appears, waits with a live countdown, is terminated at its
+/// deadline (really signalled on its host) and is gone from what waits,
+/// in the service's recent actions; each user against the cap, carol's
+/// idle GPU counted; `q` quits.
+#[test]
+fn top_on_the_sshd_fleet_sees_a_stray_appear_wait_with_its_countdown_and_go() {
+    let Some(mut f) = util::fleet::Fleet::up(2) else {
+        return;
+    };
+    let alice = f.host(0).spawn_as("alice", Some("a"));
+    f.host(0)
+        .write_envs(&[env("a", Some("alice"), None, alice)]);
+    f.host(0).write_devices(4, &[(1, "a")]);
+    f.host(0).set_apps(&[(alice, 1, "100")]);
+    let carol = f.host(1).spawn_as("carol", Some("c"));
+    f.host(1)
+        .write_envs(&[env("c", Some("carol"), None, carol)]);
+    f.host(1).write_devices(4, &[(0, "c"), (2, "c")]);
+    f.host(1).set_apps(&[(carol, 0, "100")]);
+    let inventory = f.inventory(false, &[], "");
+    let dir = util::private_dir();
+    let socket = dir.path().join("view.sock");
+    let mut service = f
+        .command(&[
+            "--inventory",
+            inventory.to_str().unwrap(),
+            "enforce",
+            "--interval",
+            "1s",
+            "--non-env-processes",
+            "--max-devices-per-user",
+            "3",
+            "--grace",
+            "8s",
+            "--view-socket",
+            socket.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut top = std::process::Command::new(env!("CARGO_BIN_EXE_genv-enforce"));
+    top.args(["top", "--connect", socket.to_str().unwrap()])
+        .env_remove("NO_COLOR");
+    let mut top = Pty::spawn(top, 120, 30);
+    let mut stray = 0;
+    let waited = (|| {
+        // h1: alice works on GPU 1; h2: carol works on GPU 0 and holds 2 idle.
+        top.shows(".e..", Duration::from_secs(30))?;
+        top.shows("e.i.", Duration::from_secs(10))?;
+        top.shows("attached to", Duration::from_secs(5))?;
+        // A stray of bob's appears on h2's GPU 3.
+        stray = f.host(1).spawn_as("bob", None);
+        f.host(1).set_apps(&[(carol, 0, "100"), (stray, 3, "100")]);
+        top.shows("e.iW", Duration::from_secs(10))?;
+        // GENV_ENFORCE_CAPTURE=FILE keeps the fleet tab's screen, h2's
+        // detail open (the README's picture).
+        if let Some(to) = std::env::var_os("GENV_ENFORCE_CAPTURE") {
+            top.keys("j\r");
+            top.shows("gpu 3: an action waits on it", Duration::from_secs(5))?;
+            std::fs::write(to, top.contents()).unwrap();
+            top.keys("\u{1b}");
+        }
+        top.keys("3");
+        let line = format!("terminate pid {stray}");
+        top.shows(&line, Duration::from_secs(10))?;
+        let left = |s: &str| {
+            s.lines()
+                .find(|l| l.contains(&line))
+                .and_then(|l| l.split(" in ").nth(1))
+                .map(|t| t.split_whitespace().next().unwrap_or("").to_string())
+        };
+        let first = left(&top.contents()).ok_or_else(|| top.contents())?;
+        std::thread::sleep(Duration::from_millis(2100));
+        let then = left(&top.contents()).unwrap_or_default();
+        if first == then {
+            return Err(format!(
+                "no countdown: {first} then {then}\n{}",
+                top.contents()
+            ));
+        }
+        // carol against the cap: 2 of 3, one of them held idle.
+        top.keys("2");
+        top.shows("2/3 (1i)", Duration::from_secs(5))?;
+        top.keys("3");
+        Ok(())
+    })();
+    let signalled = (stray != 0).then(|| f.host(1).wait_signal(stray, Duration::from_secs(30)));
+    // Ended, nvidia-smi lists it no more.
+    f.host(1).set_apps(&[(carol, 0, "100")]);
+    let after = (|| {
+        top.shows("0 rows", Duration::from_secs(10))?;
+        top.keys("4");
+        top.shows(&format!("terminate pid {stray}"), Duration::from_secs(10))?;
+        top.shows("signalled", Duration::from_secs(5))?;
+        top.keys("1");
+        top.shows("e.i.", Duration::from_secs(10))?;
+        top.keys("q");
+        Ok::<(), String>(())
+    })();
+    let quit = util::wait_until(Duration::from_secs(10), || {
+        top.child.try_wait().ok().flatten().is_some()
+    });
+    let _ = stop(&mut service);
+    if !quit {
+        let _ = top.child.kill();
+    }
+    waited.unwrap_or_else(|s| panic!("before the action:\n{s}"));
+    assert_eq!(signalled, Some(Some(SIGTERM)));
+    assert!(f.host(0).running(alice) && f.host(1).running(carol));
+    after.unwrap_or_else(|s| panic!("after the action:\n{s}"));
+    assert!(quit, "q did not quit:\n{}", top.contents());
+    assert!(top.child.wait().unwrap().success());
+}
+
+/// `top` with no service to attach to runs dry-run cycles of its own
+/// from the service's configuration file (its hosts on the sshd fleet,
+/// its rules and policy), says so on screen and acts on nothing, nor
+/// writes the service's audit log; once the service answers on the
+/// socket, it attaches to it.
+#[test]
+fn top_with_no_service_looks_by_itself_acting_on_nothing_then_attaches() {
+    let Some(mut f) = util::fleet::Fleet::up(1) else {
+        return;
+    };
+    let stray = f.host(0).spawn_as("bob", None);
+    f.host(0).write_envs(&[]);
+    f.host(0).write_devices(4, &[]);
+    f.host(0).set_apps(&[(stray, 2, "100")]);
+    let inventory = f.inventory(false, &[], "");
+    let dir = util::private_dir();
+    let socket = dir.path().join("view.sock");
+    let audit = dir.path().join("audit.log");
+    let config = dir.path().join("genv-enforce.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[hosts]\ninventory = \"{}\"\nknown-hosts-file = \"{}\"\n\
+             [rules]\nnon-env-processes = true\n\
+             [policy]\ninterval = \"1s\"\ngrace = \"2s\"\n\
+             [state]\naudit-log = \"{}\"\n\
+             [metrics]\nview-socket = \"{}\"\n",
+            inventory.display(),
+            f.dir.path().join("known_hosts").display(),
+            audit.display(),
+            socket.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let bin = env!("CARGO_BIN_EXE_genv-enforce");
+    let mut top = std::process::Command::new(bin);
+    top.args([
+        "--config",
+        config.to_str().unwrap(),
+        "top",
+        "--connect",
+        socket.to_str().unwrap(),
+    ]);
+    let mut top = Pty::spawn(top, 160, 30);
+    let looked = (|| {
+        top.shows("TOP'S OWN DRY RUN", Duration::from_secs(30))?;
+        top.shows("h1", Duration::from_secs(5))?;
+        top.keys("4");
+        // Past its grace, its termination is a dry run's, again and again.
+        top.shows("dry run", Duration::from_secs(15))?;
+        top.keys("1");
+        Ok::<(), String>(())
+    })();
+    let acted_on = !f.host(0).running(stray);
+    let audited = audit.exists();
+    let mut service = std::process::Command::new(bin)
+        .args(["--config", config.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let attached = (|| {
+        top.shows("attached to", Duration::from_secs(30))?;
+        if util::wait_until(Duration::from_secs(10), || {
+            !top.contents().contains("TOP'S OWN")
+        }) {
+            Ok(())
+        } else {
+            Err(top.contents())
+        }
+    })();
+    let signalled = f.host(0).wait_signal(stray, Duration::from_secs(30));
+    top.keys("q");
+    let quit = util::wait_until(Duration::from_secs(10), || {
+        top.child.try_wait().ok().flatten().is_some()
+    });
+    let _ = stop(&mut service);
+    if !quit {
+        let _ = top.child.kill();
+    }
+    looked.unwrap_or_else(|s| panic!("no look of its own:\n{s}"));
+    assert!(!acted_on, "its own cycles acted");
+    assert!(!audited, "its own cycles wrote the service's audit log");
+    attached.unwrap_or_else(|s| panic!("not attached to the service:\n{s}"));
+    assert_eq!(signalled, Some(SIGTERM), "the service acts");
+    assert!(quit, "q did not quit:\n{}", top.contents());
 }
