@@ -605,7 +605,10 @@ fn fleet_benches(c: &mut Criterion) {
     let report = genv_enforce::report::CycleReport::new(a, outcomes, None);
     let counted: Vec<(HostId, view::Counted)> = results(&mut steady)
         .iter()
-        .map(|(h, (r, _))| (h.clone(), view::counted(&r.as_ref().unwrap().1.usage)))
+        .map(|(h, (r, _))| {
+            let (snap, findings) = r.as_ref().unwrap();
+            (h.clone(), view::counted(&findings.usage, snap))
+        })
         .collect();
     let built = view::of(&report, &cluster, &counted, &policy, Some(1));
     let written = serde_json::to_vec(&built).unwrap();

@@ -113,7 +113,10 @@ pub enum Command {
     Status(StatusArgs),
     /// The fleet live in the terminal, attached to the running service:
     /// every GPU, user and waiting action, with countdowns, a filter (/),
-    /// a sort (s), why for any row (Enter) and help (?).
+    /// a sort (s), why for any row (Enter) and help (?). While no service
+    /// answers on the socket: dry-run cycles of its own from the
+    /// configuration file (--config, else the service's), acting on
+    /// nothing.
     Top(TopArgs),
     /// Check a configuration file (--config, default
     /// /etc/genv-enforce/genv-enforce.toml) without touching any host, or

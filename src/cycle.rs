@@ -145,7 +145,10 @@ pub async fn cycle(
     // What the device caps count on each host, for the view.
     let counted: Vec<(HostId, crate::view::Counted)> = if options.view {
         (g.results.iter())
-            .filter_map(|(h, r)| Some((h.clone(), crate::view::counted(&r.as_ref().ok()?.1.usage))))
+            .filter_map(|(h, r)| {
+                let (snap, findings) = r.as_ref().ok()?;
+                Some((h.clone(), crate::view::counted(&findings.usage, snap)))
+            })
             .collect()
     } else {
         Vec::new()

@@ -289,10 +289,16 @@ pub struct HeldBackView {
 /// devices counted, and of those the ones none of their jobs runs on.
 pub type Counted = Vec<(String, u32, u32)>;
 
-/// What `usage` (a host's part of the device caps) counts for each user.
-pub fn counted(usage: &HostUsage) -> Counted {
+/// What `usage` (a host's part of the device caps, on `snap`'s host)
+/// counts for each user the host knows (the kernel's name of a uid seen
+/// there; in a recording, every name): a record's made-up names, which
+/// the caps count too, would swell the view at their writer's will.
+pub fn counted(usage: &HostUsage, snap: &HostSnapshot) -> Counted {
+    let names: Option<std::collections::HashSet<&str>> =
+        (snap.truth.as_ref()).map(|t| t.user_names.values().map(AsRef::as_ref).collect());
+    let known = |user: &str| names.as_ref().is_none_or(|n| n.contains(user));
     (usage.users.iter())
-        .filter(|(_, held)| !held.devices.is_empty())
+        .filter(|(user, held)| !held.devices.is_empty() && known(user))
         .map(|(user, held)| {
             let n = |c: usize| u32::try_from(c).unwrap_or(u32::MAX);
             let idle = held.devices.iter().filter(|d| !d.working).count();
@@ -788,7 +794,7 @@ pub(crate) mod tests {
         (cluster.hosts.iter())
             .map(|(h, s)| {
                 let f = crate::rules::assess_host(h, s, policy, &Default::default());
-                (h.clone(), counted(&f.usage))
+                (h.clone(), counted(&f.usage, s))
             })
             .collect()
     }
@@ -889,6 +895,34 @@ pub(crate) mod tests {
         let plain = of(&report, &cluster, &[], &Policy::default(), None);
         assert!(plain.users.iter().all(|u| u.counted.is_none()));
         assert!(plain.users.iter().all(|u| u.cap_count() == u.devices));
+    }
+
+    /// On a live host, only users the host knows are counted in the view:
+    /// a record's made-up name is not (it would swell the view at will).
+    #[test]
+    fn a_records_made_up_name_is_not_in_the_view() {
+        let held = |index: u32, working: bool| {
+            serde_json::json!({"index": index, "eids": ["e"], "pids": [], "working": working,
+                               "stray": false, "vouched": false})
+        };
+        let usage: HostUsage = serde_json::from_value(serde_json::json!({"users": {
+            "alice": {"envs": true, "devices": [held(0, true), held(1, false)]},
+            "zzz-made-up": {"envs": true, "devices": [held(2, false)]},
+        }}))
+        .unwrap();
+        let mut snap = HostSnapshot {
+            truth: Some(crate::model::HostTruth::default()),
+            ..HostSnapshot::default()
+        };
+        snap.truth
+            .as_mut()
+            .unwrap()
+            .user_names
+            .insert(1000, "alice".into());
+        assert_eq!(counted(&usage, &snap), [("alice".to_string(), 2, 1)]);
+        // A recording has no kernel's word: every name counts.
+        snap.truth = None;
+        assert_eq!(counted(&usage, &snap).len(), 2);
     }
 
     /// A GPU whose jobs did no work when sampled is idle; one that worked

@@ -313,8 +313,9 @@ mod tests {
                 last: vec![HeldBackView {
                     at_ms: 1_000_000,
                     to: "bob".into(),
-                    what: "GPU job 42 on h1 will be terminated".into(),
-                    why: "rate limited: 3 an hour".into(),
+                    what: "[genv-enforce] h1: process 43 breaks non-env-processes".into(),
+                    why: "rate limited: 3 messages an hour to bob about their jobs (--notify-rate)"
+                        .into(),
                 }],
             }],
             delta_of: None,

@@ -217,7 +217,10 @@ impl Line {
             at_ms: now,
             to: who.to_string(),
             what: message::say(e, message::Medium::Plain, None).subject,
-            why: why.to_string(),
+            // What the audit log says once for a run of them is moot here.
+            why: why
+                .trim_end_matches("; further ones held back are not said again")
+                .to_string(),
         });
         last.truncate(LAST_HELD);
     }
