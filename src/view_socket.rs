@@ -1,11 +1,13 @@
 //! The running service's view of its last cycle ([`crate::view`]), for
-//! `status` and `top`: kept serialized once per cycle on a [`Board`], and
-//! served on a Unix socket (`--view-socket`; root's alone, or a group's
-//! with `--view-group`) to whoever connects, as one JSON line now and one
-//! per cycle after. A reader can never hold up a cycle or make the service
-//! allocate: every reader is sent the same bytes, at most
-//! [`MAX_READERS`] at once, each write within [`WRITE_DEADLINE`], and
-//! nothing a reader sends is kept.
+//! `status` and `top`: kept written once per cycle on a [`Board`]
+//! ([`crate::view_json`]), and served on a Unix socket (`--view-socket`;
+//! root's alone, or a group's with `--view-group`) to whoever connects, as
+//! one JSON line now and one per cycle after: the whole view, or, to a
+//! reader that asked with [`DELTAS`], the hosts that changed. A reader can
+//! never hold up a cycle or make the service allocate: every reader is
+//! sent the same bytes, at most [`MAX_READERS`] at once, each write within
+//! [`WRITE_DEADLINE`], and of what a reader sends only its first
+//! [`DELTAS`]' length is kept.
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -483,6 +485,7 @@ pub async fn fetch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::CycleReport;
     use tokio::io::AsyncBufReadExt;
 
     fn view(cycle: u64) -> View {
@@ -544,6 +547,74 @@ mod tests {
         let again = bind(&path, None).unwrap();
         drop(again);
         assert!(!path.exists());
+    }
+
+    /// A reader that asks for deltas is sent, after its first view, the
+    /// hosts that changed, which make the next view from the last; one
+    /// that does not, or that missed a cycle, the whole view.
+    type Lines = tokio::io::Lines<tokio::io::BufReader<tokio::net::UnixStream>>;
+
+    /// The next line `lines` reads, a view.
+    async fn next(lines: &mut Lines) -> View {
+        let got = tokio::time::timeout(Duration::from_secs(5), lines.next_line());
+        serde_json::from_str(&got.await.unwrap().unwrap().unwrap()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_asks_gets_deltas_and_one_that_missed_a_cycle_the_whole() {
+        use crate::view::tests::{counted_on, recorded};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("view.sock");
+        let bound = bind(&path, None).unwrap();
+        let board = Board::default();
+        let (mut report, mut cluster, policy) = recorded();
+        let mut writer = crate::view_json::Writer::default();
+        let mut cycle = |report: &CycleReport, cluster: &crate::model::Cluster| {
+            let counted = counted_on(cluster, &policy);
+            let w = writer.write(report, cluster, &counted, &policy, Some(1));
+            board.publish(w, Bytes::new());
+        };
+        cycle(&report, &cluster);
+        let server = tokio::spawn(serve(bound, board.clone()));
+        let reader = |deltas: bool| {
+            let path = path.clone();
+            async move {
+                let mut s = tokio::net::UnixStream::connect(&path).await.unwrap();
+                if deltas {
+                    s.write_all(DELTAS).await.unwrap();
+                }
+                tokio::io::BufReader::new(s).lines()
+            }
+        };
+        let mut asks = reader(true).await;
+        let mut plain = reader(false).await;
+
+        let mut seen = next(&mut asks).await;
+        assert_eq!(seen.delta_of, None);
+        assert_eq!(next(&mut plain).await.delta_of, None);
+        // What the reader sent is read before the next view.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        report.cycle = 2;
+        cluster.hosts[2].1.processes.pop();
+        cycle(&report, &cluster);
+        let delta = next(&mut asks).await;
+        assert_eq!(delta.delta_of, Some(1));
+        assert_eq!(delta.changed.len(), 1);
+        seen.apply(delta).unwrap();
+        let whole = next(&mut plain).await;
+        assert_eq!(whole.delta_of, None);
+        assert_eq!(seen, whole);
+        // Two cycles before its writer runs again (one thread: no await
+        // between them): the board keeps the last, whose delta is from a
+        // cycle it was not sent: the whole view.
+        report.cycle = 3;
+        cycle(&report, &cluster);
+        report.cycle = 4;
+        cycle(&report, &cluster);
+        let later = next(&mut asks).await;
+        assert_eq!((later.cycle, later.delta_of), (4, None));
+        assert_eq!(later.hosts.len(), 3);
+        server.abort();
     }
 
     #[test]
