@@ -20,7 +20,7 @@ use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, TableState,
 use ratatui::Frame;
 
 use crate::report::clean;
-use crate::view::{ActionView, GpuState, HostState, HostView, Target, UserView, View};
+use crate::view::{ActionView, GpuState, GroupView, HostState, HostView, UserView, View};
 use crate::view_text::span;
 
 /// How many done actions are kept from the views seen.
@@ -363,7 +363,10 @@ impl Top {
             (_, Tab::Actions) => self.recent.get(at).map(|(c, a)| done_detail(*c, a)),
             (None, _) => None,
             (Some(v), Tab::Fleet) => v.hosts.get(at).map(|h| host_detail(h, v)),
-            (Some(v), Tab::Users) => v.users.get(at).map(|u| user_detail(u, v)),
+            (Some(v), Tab::Users) => match v.users.get(at) {
+                Some(u) => Some(user_detail(u, v)),
+                None => (v.groups.get(at - v.users.len())).map(|g| group_detail(g, v)),
+            },
             (Some(v), Tab::Waiting) => v.waiting.get(at).map(|a| waiting_detail(a, now)),
         }
         .unwrap_or_default()
@@ -378,9 +381,10 @@ impl Top {
             (Some(v), Tab::Users) => {
                 let waits = waits_by_owner(v);
                 let of = |u: &UserView| waits.get(&u.user).copied().unwrap_or(0);
-                v.users.iter().map(|u| user(u, of(u))).collect()
+                let users = v.users.iter().map(|u| user(u, of(u)));
+                users.chain(v.groups.iter().map(group)).collect()
             }
-            (Some(v), Tab::Waiting) => v.waiting.iter().map(|a| waiting(a, v, now)).collect(),
+            (Some(v), Tab::Waiting) => v.waiting.iter().map(|a| waiting(a, now)).collect(),
         };
         for (at, r) in rows.iter_mut().enumerate() {
             r.at = at;
@@ -492,25 +496,16 @@ fn gpu_state(g: &crate::view::GpuView) -> &'static str {
 }
 
 /// The owner of the job or environment `a` is on, as the view names it.
-fn owner(a: &ActionView, v: &View) -> Option<String> {
-    let h = v.hosts.iter().find(|h| h.host == a.host)?;
-    let p = h.gpus.iter().flat_map(|g| g.processes.iter());
-    match &a.target {
-        Target::Terminate { pid } => p.clone().find(|p| p.pid == *pid)?.user.clone(),
-        Target::Detach { env, .. } => p
-            .clone()
-            .find(|p| p.env.as_deref() == Some(env))?
-            .user
-            .clone(),
-    }
+fn owner(a: &ActionView) -> Option<&str> {
+    a.owner.as_deref()
 }
 
 /// How many actions wait on each user's jobs and environments.
 fn waits_by_owner(v: &View) -> std::collections::HashMap<String, usize> {
     let mut by = std::collections::HashMap::new();
     for a in &v.waiting {
-        if let Some(u) = owner(a, v) {
-            *by.entry(u).or_default() += 1;
+        if let Some(u) = owner(a) {
+            *by.entry(u.to_string()).or_default() += 1;
         }
     }
     by
@@ -551,6 +546,46 @@ fn user(u: &UserView, waits: usize) -> Shown {
     }
 }
 
+/// A capped group, after the users: its members' GPUs against its quota.
+fn group(g: &GroupView) -> Shown {
+    let over = g.devices > g.device_cap;
+    Shown {
+        cells: vec![
+            format!("group {}", g.group),
+            format!("{}/{}", g.devices, g.device_cap),
+            String::new(),
+            String::new(),
+            String::new(),
+        ],
+        weight: (u64::from(over) << 40) | u64::from(g.devices),
+        tone: if over {
+            Style::default().fg(Color::Red)
+        } else {
+            Style::default().add_modifier(Modifier::ITALIC)
+        },
+        at: 0,
+    }
+}
+
+fn group_detail(g: &GroupView, v: &View) -> Vec<String> {
+    let mut detail = vec![format!(
+        "group {}: its members' GPUs, {} counted, against its quota of {} (--max-devices-per-group){}",
+        g.group,
+        g.devices,
+        g.device_cap,
+        if g.devices > g.device_cap {
+            ": over it, the most recent work goes first"
+        } else {
+            ""
+        }
+    )];
+    for name in &g.users {
+        let n = (v.users.iter().find(|u| &u.user == name)).map_or(0, UserView::cap_count);
+        detail.push(format!("  {name}: {n} GPU(s)"));
+    }
+    detail
+}
+
 fn user_detail(u: &UserView, v: &View) -> Vec<String> {
     let of = |cap: Option<String>| cap.map(|c| format!(" of {c}")).unwrap_or_default();
     let mut detail = vec![format!(
@@ -567,6 +602,12 @@ fn user_detail(u: &UserView, v: &View) -> Vec<String> {
         detail.push(format!(
             "their device caps count {n} GPU(s){}, each once: those an environment of theirs is attached to or a job of theirs runs on; {idle} of them held idle (attached, none of their jobs on it)",
             of(u.device_cap.map(|c| c.to_string()))
+        ));
+    }
+    for g in v.groups.iter().filter(|g| g.users.contains(&u.user)) {
+        detail.push(format!(
+            "member of group {}: {} of its {} GPU(s)",
+            g.group, g.devices, g.device_cap
         ));
     }
     for h in &v.hosts {
@@ -586,7 +627,7 @@ fn user_detail(u: &UserView, v: &View) -> Vec<String> {
             }
         }
     }
-    let waits = (v.waiting.iter()).filter(|a| owner(a, v).as_deref() == Some(u.user.as_str()));
+    let waits = (v.waiting.iter()).filter(|a| owner(a) == Some(u.user.as_str()));
     for a in waits {
         detail.push(format!("  waits: {}: {}", describe(a), a.why.join("; ")));
     }
@@ -629,7 +670,7 @@ fn waiting_detail(a: &ActionView, now: u64) -> Vec<String> {
     detail
 }
 
-fn waiting(a: &ActionView, v: &View, now: u64) -> Shown {
+fn waiting(a: &ActionView, now: u64) -> Shown {
     let left = a.deadline_ms.map_or(u64::MAX, |d| d.saturating_sub(now));
     Shown {
         cells: vec![
@@ -637,7 +678,7 @@ fn waiting(a: &ActionView, v: &View, now: u64) -> Shown {
             a.target.words(),
             a.rules.join(", "),
             due(a, now),
-            owner(a, v).unwrap_or_default(),
+            owner(a).unwrap_or_default().to_string(),
         ],
         weight: u64::MAX - left,
         tone: Style::default().fg(Color::Magenta),
@@ -751,6 +792,52 @@ mod tests {
         assert!(screen(&top, 1_010_000).contains("in 3m50s"));
         assert!(screen(&top, 1_100_000).contains("in 2m20s"));
         assert!(screen(&top, 2_000_000).contains(" now "));
+    }
+
+    /// A capped group is a row of the users tab, after the users, red
+    /// when over its quota; its detail names its members' counts, and a
+    /// member's names the group.
+    #[test]
+    fn a_capped_group_is_a_row_of_the_users_tab() {
+        let mut top = Top::new("fixtures".into(), false);
+        let mut view = crate::view::tests::recorded_view();
+        let members: Vec<String> = view.users.iter().take(2).map(|u| u.user.clone()).collect();
+        let devices = view.users.iter().take(2).map(UserView::cap_count).sum();
+        view.groups = vec![GroupView {
+            group: "lab".into(),
+            devices,
+            device_cap: devices - 1,
+            users: members.clone(),
+        }];
+        let n = view.users.len();
+        top.take(view);
+        top.key(key(KeyCode::Char('2')));
+        let s = screen(&top, 0);
+        let row = s
+            .lines()
+            .find(|l| l.contains("group lab"))
+            .unwrap_or_default();
+        assert!(row.contains(&format!(" {devices}/{} ", devices - 1)), "{s}");
+        for _ in 0..n {
+            top.key(key(KeyCode::Down));
+        }
+        top.key(key(KeyCode::Enter));
+        let s = screen(&top, 0);
+        assert!(s.contains("against its quota of"), "{s}");
+        assert!(s.contains("over it, the most"), "{s}");
+        assert!(s.contains(&format!("  {}: ", members[0])), "{s}");
+        top.key(key(KeyCode::Char('g')));
+        let s = screen(&top, 0);
+        assert!(
+            s.contains("\"member of group lab: 6 of its 5 GPU(s)"),
+            "{s}"
+        );
+        // Most pressing first: the group over its quota leads.
+        top.key(key(KeyCode::Esc));
+        top.key(key(KeyCode::Char('s')));
+        let s = screen(&top, 0);
+        let first = s.lines().nth(3).unwrap_or_default();
+        assert!(first.contains("group lab"), "{s}");
     }
 
     #[test]

@@ -231,6 +231,10 @@ pub struct ActionView {
     pub host: String,
     #[serde(flatten)]
     pub target: Target,
+    /// Whose it is, as the kernel says: the job's user (for a detach, a
+    /// job's that carries the environment there), where one runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     /// The rules behind it, and the report's line for each.
     pub rules: Vec<String>,
     pub why: Vec<String>,
@@ -317,9 +321,9 @@ pub fn of(
     policy: &Policy,
     at_ms: Option<u64>,
 ) -> View {
-    let why = Why::of(report.mode, &report.violations);
-    let pressed = pressed(&report.violations, &report.waiting);
     let by_host = snapshots(cluster);
+    let why = Why::of(report.mode, &report.violations, &by_host);
+    let pressed = pressed(&report.violations, &report.waiting);
     let mut parts = Vec::with_capacity(report.hosts.len());
     let hosts = (report.hosts.iter())
         .map(|status| {
@@ -613,15 +617,22 @@ pub(crate) fn users<'p>(
     users
 }
 
-/// Which violations ask for each action, and the report's line for each.
-pub(crate) struct Why {
+/// Which violations ask for each action, and the report's line for each;
+/// the hosts' snapshots, for whose each action is.
+pub(crate) struct Why<'s> {
+    snaps: &'s HashMap<&'s HostId, &'s HostSnapshot>,
     terminate: BTreeMap<(HostId, Pid), Vec<(String, String)>>,
     detach: BTreeMap<(HostId, GpuIndex, String), Vec<(String, String)>>,
 }
 
-impl Why {
-    pub(crate) fn of(mode: Mode, violations: &[Violation]) -> Self {
+impl<'s> Why<'s> {
+    pub(crate) fn of(
+        mode: Mode,
+        violations: &[Violation],
+        snaps: &'s HashMap<&'s HostId, &'s HostSnapshot>,
+    ) -> Self {
         let mut why = Why {
+            snaps,
             terminate: BTreeMap::new(),
             detach: BTreeMap::new(),
         };
@@ -672,6 +683,7 @@ impl Why {
         let (rules, why) = said.into_iter().flatten().cloned().unzip();
         ActionView {
             host: host.to_string(),
+            owner: self.owner(host, &target),
             target,
             rules,
             why,
@@ -681,6 +693,18 @@ impl Why {
             seen: None,
             result: None,
         }
+    }
+
+    /// The kernel's user of the job `target` is on (a detach's: of a job
+    /// that carries its environment), where one runs on `host`.
+    fn owner(&self, host: &HostId, target: &Target) -> Option<String> {
+        let snap = self.snaps.get(host)?;
+        let p = match target {
+            Target::Terminate { pid } => snap.process(Pid(*pid))?,
+            Target::Detach { env, .. } => (snap.processes.iter())
+                .find(|p| p.owner.eid().is_some_and(|e| e.0.as_ref() == env))?,
+        };
+        user_of(snap, p).map(str::to_string)
     }
 
     pub(crate) fn waiting(&self, w: &Waiting) -> ActionView {

@@ -197,7 +197,7 @@ impl Writer {
         );
         self.hosts = next;
         let groups = view::groups(snaps.values().copied(), &users, policy);
-        let why = Why::of(report.mode, &report.violations);
+        let why = Why::of(report.mode, &report.violations, &snaps);
         let waiting: Vec<ActionView> = report.waiting.iter().map(|w| why.waiting(w)).collect();
         let actions: Vec<ActionView> = report.outcomes.iter().map(|o| why.done(o)).collect();
         for a in actions.iter().take(RECENT).rev() {
@@ -338,7 +338,8 @@ mod tests {
             .map(|o| DoneView {
                 cycle: 1,
                 at_ms: Some(7),
-                action: view::Why::of(report.mode, &report.violations).done(o),
+                action: view::Why::of(report.mode, &report.violations, &view::snapshots(&cluster))
+                    .done(o),
             })
             .collect();
         assert!(!recent.is_empty());

@@ -174,7 +174,12 @@ const RECENT_SHOWN: usize = 20;
 /// One action on a line, its reasons after.
 fn action(a: &ActionView, now: u64) -> String {
     let what = a.target.words();
-    let mut line = format!("{} {what} ({})", c(&a.host), c(&a.rules.join(", ")));
+    let of = a
+        .owner
+        .as_ref()
+        .map(|o| format!(" of {}", c(o)))
+        .unwrap_or_default();
+    let mut line = format!("{} {what}{of} ({})", c(&a.host), c(&a.rules.join(", ")));
     if let Some(d) = a.deadline_ms {
         let _ = match d.checked_sub(now) {
             Some(left) if left > 0 => write!(line, ", due in {}", span(left)),
@@ -268,6 +273,7 @@ mod tests {
             waiting: vec![ActionView {
                 host: "h1".into(),
                 target: Target::Terminate { pid: 42 },
+                owner: Some("bob".into()),
                 rules: vec!["non-env-processes".into()],
                 why: vec!["pid 42 runs outside any environment".into()],
                 deadline_ms: Some(1_000_000 + 252_000),
@@ -282,6 +288,7 @@ mod tests {
                     device: 1,
                     env: "b".into(),
                 },
+                owner: None,
                 rules: vec!["env-devices".into()],
                 why: Vec::new(),
                 deadline_ms: None,
@@ -296,6 +303,7 @@ mod tests {
                 action: ActionView {
                     host: "h1".into(),
                     target: Target::Terminate { pid: 41 },
+                    owner: Some("bob".into()),
                     rules: vec!["non-env-processes".into()],
                     why: Vec::new(),
                     deadline_ms: None,
@@ -368,6 +376,7 @@ mod tests {
                     device: 0,
                     env: evil.into(),
                 },
+                owner: None,
                 rules: vec!["env-devices".into()],
                 why: vec![evil.into()],
                 deadline_ms: None,

@@ -1099,9 +1099,14 @@ fn status_prints_the_running_services_view_from_its_socket() {
     assert!(text.status.success(), "{}", stderr(&text));
     assert!(words.starts_with("cycle 1, "), "{words}");
     assert!(words.contains("gpu 0 an action waits"), "{words}");
+    // Its owner as the kernel says (this test's own user).
+    let me = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .unwrap()
+        .unwrap()
+        .name;
     assert!(
         words.contains(&format!(
-            "terminate pid {stray} (non-env-processes), due in 9m"
+            "terminate pid {stray} of {me} (non-env-processes), due in 9m"
         )),
         "{words}"
     );
@@ -1110,6 +1115,7 @@ fn status_prints_the_running_services_view_from_its_socket() {
     let view: Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(view["waiting"][0]["pid"], stray);
     assert_eq!(view["waiting"][0]["action"], "terminate");
+    assert_eq!(view["waiting"][0]["owner"], me.as_str());
     let found = std::process::Command::new("python3")
         .args(["-c", "import jsonschema"])
         .status()
