@@ -464,7 +464,11 @@ fn host_detail(h: &HostView, v: &View) -> Vec<String> {
         } else {
             format!("attached to {}", g.envs.join(", "))
         };
-        detail.push(format!("gpu {}: {}, {envs}", g.index, gpu_state(g)));
+        let more = match g.envs_left_out {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        detail.push(format!("gpu {}: {}, {envs}{more}", g.index, gpu_state(g)));
         for p in &g.processes {
             detail.push(format!(
                 "  pid {} of {} in {}{}",
@@ -476,6 +480,12 @@ fn host_detail(h: &HostView, v: &View) -> Vec<String> {
                     .unwrap_or_default()
             ));
         }
+    }
+    for e in &h.envs {
+        detail.push(format!("env {}: {}", e.env, e.words()));
+    }
+    if h.envs_left_out > 0 {
+        detail.push(format!("and {} environment(s) more", h.envs_left_out));
     }
     for a in (v.waiting.iter().chain(&v.actions)).filter(|a| a.host == h.host) {
         detail.push(format!("{}: {}", describe(a), a.why.join("; ")));

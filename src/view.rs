@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::assess::HostStatus;
 use crate::ladder::Waiting;
-use crate::model::{Cluster, GpuIndex, HashMap, HostId, HostSnapshot, Mode, Pid, Process};
+use crate::model::{Cluster, GpuIndex, HashMap, HostId, HostSnapshot, Mode, Pid, Process, SMALL};
 use crate::outcome::{DetachResult, Outcome, TerminateResult};
 use crate::report::{violation_line, CycleReport};
 use crate::rules::max_devices::HostUsage;
@@ -25,6 +25,12 @@ pub const SCHEMA: u32 = 2;
 
 /// How many done actions a running service keeps in [`View::recent`].
 pub const RECENT: usize = 200;
+
+/// The most environments a host's view lists, and a GPU's: genv's state
+/// files are anyone's to write, and a record's flood must not swell the
+/// view (those left out are counted).
+pub const MAX_ENVS: usize = 256;
+pub const MAX_GPU_ENVS: usize = 32;
 
 /// One cycle's view of the fleet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -112,6 +118,71 @@ pub struct HostView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
     pub gpus: Vec<GpuView>,
+    /// Its environments attached to a GPU or with a job on one, in
+    /// genv's order, at most [`MAX_ENVS`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub envs: Vec<EnvView>,
+    /// Those past [`MAX_ENVS`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub envs_left_out: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// A genv environment, as its record says: any user can write one, so
+/// its user is the record's claim, not the kernel's word (the jobs'
+/// users are).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct EnvView {
+    pub env: String,
+    /// The user its record names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// The GPUs it is attached to.
+    pub devices: Vec<u32>,
+    /// The GPU memory it sets aside on each (`genv config gpu-memory`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory: Option<String>,
+    /// Its jobs on the GPUs: the processes that carry its id.
+    pub pids: Vec<u32>,
+}
+
+impl EnvView {
+    /// It in words: whose its record says it is, where it is attached,
+    /// its memory, its jobs.
+    pub fn words(&self) -> String {
+        let e = self;
+        let list = |list: &[u32]| {
+            list.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let attached = if e.devices.is_empty() {
+            "attached to no GPU".to_string()
+        } else {
+            format!("attached to GPU(s) {}", list(&e.devices))
+        };
+        format!(
+            "{}, {attached}{}, {} job(s){}",
+            e.user.as_deref().map_or_else(
+                || "its record names no user".to_string(),
+                |u| format!("its record names {u}")
+            ),
+            e.gpu_memory
+                .as_deref()
+                .map(|m| format!(", {m} set aside on each"))
+                .unwrap_or_default(),
+            e.pids.len(),
+            if e.pids.is_empty() {
+                String::new()
+            } else {
+                format!(" (pid {})", list(&e.pids))
+            }
+        )
+    }
 }
 
 /// A GPU at a glance, the most pressing last: nothing on it, an
@@ -138,8 +209,12 @@ pub enum GpuState {
 pub struct GpuView {
     pub index: u32,
     pub state: GpuState,
-    /// The environments attached to it (as `devices.json` says).
+    /// The environments attached to it (as `devices.json` says), at most
+    /// [`MAX_GPU_ENVS`].
     pub envs: Vec<String>,
+    /// Those past [`MAX_GPU_ENVS`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub envs_left_out: u32,
     pub processes: Vec<ProcessView>,
     /// GPU memory its jobs hold (bytes), as nvidia-smi tells.
     #[serde(default)]
@@ -369,12 +444,52 @@ pub(crate) fn host_view(
     on: &[Press],
 ) -> HostView {
     let (state, why) = host_state(status);
+    let (envs, envs_left_out) = snap.map_or_else(Default::default, envs);
     HostView {
         host: status.host.to_string(),
         state,
         why,
         gpus: snap.map_or_else(Vec::new, |s| gpus(s, on)),
+        envs,
+        envs_left_out,
     }
+}
+
+/// A host's environments attached to a GPU or with a job on one, at most
+/// [`MAX_ENVS`], and how many more.
+fn envs(snap: &HostSnapshot) -> (Vec<EnvView>, u32) {
+    let mut devices: HashMap<&crate::model::EnvId, Vec<u32>> = HashMap::default();
+    for d in snap.devices.iter() {
+        for a in &d.attachments {
+            devices.entry(&a.eid).or_default().push(d.index.0);
+        }
+    }
+    let mut pids: HashMap<&crate::model::EnvId, Vec<u32>> = HashMap::default();
+    for p in &snap.processes {
+        if let Some(e) = p.owner.eid() {
+            pids.entry(e).or_default().push(p.pid.0);
+        }
+    }
+    let mut shown = Vec::new();
+    let mut left_out = 0u32;
+    for e in snap.envs.iter() {
+        let (on, jobs) = (devices.remove(&e.eid), pids.remove(&e.eid));
+        if on.is_none() && jobs.is_none() {
+            continue;
+        }
+        if shown.len() == MAX_ENVS {
+            left_out = left_out.saturating_add(1);
+            continue;
+        }
+        shown.push(EnvView {
+            env: e.eid.to_string(),
+            user: e.username.clone(),
+            devices: on.unwrap_or_default(),
+            gpu_memory: e.gpu_memory.as_ref().map(|m| m.text.clone()),
+            pids: jobs.unwrap_or_default(),
+        });
+    }
+    (shown, left_out)
 }
 
 /// How a host answered, and why not well.
@@ -470,6 +585,7 @@ fn gpus(snap: &HostSnapshot, on: &[Press]) -> Vec<GpuView> {
             index: index.0,
             state: GpuState::Free,
             envs: Vec::new(),
+            envs_left_out: 0,
             processes: Vec::new(),
             memory_bytes: 0,
             utilization_percent: None,
@@ -501,16 +617,26 @@ fn gpus(snap: &HostSnapshot, on: &[Press]) -> Vec<GpuView> {
     let pressed = |p: Press| on.binary_search(&p).is_ok();
     for g in by_index.values_mut() {
         let on_it = |press: fn(u32) -> Press| g.processes.iter().any(|p| pressed(press(p.pid)));
-        let stray = g
-            .processes
-            .iter()
-            .any(|p| p.env.as_ref().is_none_or(|e| !g.envs.contains(e)));
+        // Linear in what is attached, however many that is.
+        let attached: std::collections::HashSet<&str> = if g.envs.len() > SMALL {
+            g.envs.iter().map(String::as_str).collect()
+        } else {
+            Default::default()
+        };
+        let is_attached = |e: &str| {
+            if g.envs.len() > SMALL {
+                attached.contains(e)
+            } else {
+                g.envs.iter().any(|a| a == e)
+            }
+        };
+        let stray = (g.processes.iter()).any(|p| p.env.as_deref().is_none_or(|e| !is_attached(e)));
         let idle = if g.processes.is_empty() {
             !g.envs.is_empty()
         } else {
             g.utilization_percent == Some(0)
         };
-        g.state = if on_it(Press::WaitingPid) || pressed(Press::WaitingGpu(g.index)) {
+        let state = if on_it(Press::WaitingPid) || pressed(Press::WaitingGpu(g.index)) {
             GpuState::Waiting
         } else if on_it(Press::ViolatingPid) || pressed(Press::ViolatingGpu(g.index)) {
             GpuState::Violating
@@ -523,6 +649,11 @@ fn gpus(snap: &HostSnapshot, on: &[Press]) -> Vec<GpuView> {
         } else {
             GpuState::Free
         };
+        g.state = state;
+        if g.envs.len() > MAX_GPU_ENVS {
+            let past = g.envs.split_off(MAX_GPU_ENVS);
+            g.envs_left_out = u32::try_from(past.len()).unwrap_or(u32::MAX);
+        }
     }
     by_index.into_values().collect()
 }
@@ -947,6 +1078,76 @@ pub(crate) mod tests {
         // A recording has no kernel's word: every name counts.
         snap.truth = None;
         assert_eq!(counted(&usage, &snap).len(), 2);
+    }
+
+    /// A flood of records on one host is bounded in the view (the GPU's
+    /// environments and the host's), those left out counted, and a job in
+    /// one left out is still in its environment, not a stray.
+    #[test]
+    fn a_flood_of_records_is_bounded_in_the_view() {
+        use crate::model::{Attachment, Device, DeviceUsage, Env, EnvId, Owner, Usage};
+        let n = 1000;
+        let eid = |i: usize| EnvId(format!("f{i}").into());
+        let envs = (0..n)
+            .map(|i| Env {
+                eid: eid(i),
+                uid: 1001,
+                username: Some("bob".into()),
+                creation: String::new(),
+                name: None,
+                gpu_memory: None,
+                gpus: None,
+                pids: Vec::new(),
+                kernel_ids: Vec::new(),
+            })
+            .collect();
+        let attachments = (0..n)
+            .map(|i| Attachment {
+                eid: eid(i),
+                gpu_memory: None,
+                time: String::new(),
+            })
+            .collect();
+        let snap = HostSnapshot {
+            processes: vec![Process {
+                pid: Pid(7),
+                owner: Owner::Env(eid(n - 1)),
+                gpus: [DeviceUsage {
+                    index: GpuIndex(0),
+                    usage: Usage::Known(1 << 20),
+                }]
+                .into_iter()
+                .collect(),
+                start_time: Some(1),
+                uid: Some(1001),
+                user: Some("bob".into()),
+                sub_uid: None,
+            }],
+            envs: Arc::new(envs),
+            devices: Arc::new(vec![Device {
+                index: GpuIndex(0),
+                total_memory: "80gi".into(),
+                attachments,
+            }]),
+            truth: Some(crate::model::HostTruth::default()),
+            ..HostSnapshot::default()
+        };
+        let status = HostStatus {
+            host: HostId("h".into()),
+            error: None,
+            degraded: None,
+            processes: 1,
+            envs: n,
+            devices: 1,
+            recorded: false,
+        };
+        let h = host_view(&status, Some(&snap), &[]);
+        assert_eq!(h.gpus[0].envs.len(), MAX_GPU_ENVS);
+        assert_eq!(h.gpus[0].envs_left_out as usize, n - MAX_GPU_ENVS);
+        assert_eq!(h.gpus[0].state, GpuState::InEnv);
+        assert_eq!(h.envs.len(), MAX_ENVS);
+        assert_eq!(h.envs_left_out as usize, n - MAX_ENVS);
+        assert!(serde_json::to_vec(&h).unwrap().len() < 64 << 10);
     }
 
     /// A GPU whose jobs did no work when sampled is idle; one that worked

@@ -48,13 +48,14 @@ struct MadeOf {
 }
 
 /// What of a host's snapshot the view shows: its jobs, its devices, its
-/// environments where they say whose a job is (a recording), how busy
-/// its GPUs were.
+/// environments, whether the kernel says whose a job is (else, in a
+/// recording, the records do), how busy its GPUs were.
 #[derive(Debug, PartialEq, Eq)]
 struct Shown {
     processes: Vec<Process>,
     devices: Arc<Vec<Device>>,
-    envs: Option<Arc<Vec<Env>>>,
+    envs: Arc<Vec<Env>>,
+    recorded: bool,
     utilization: Option<BTreeMap<GpuIndex, u32>>,
 }
 
@@ -73,7 +74,8 @@ impl MadeOf {
                 (Some(was), Some(s)) => {
                     was.processes == s.processes
                         && was.devices == s.devices
-                        && was.envs.as_ref() == s.truth.is_none().then_some(&s.envs)
+                        && was.envs == s.envs
+                        && was.recorded == s.truth.is_none()
                         && was.utilization.as_ref() == s.utilization.as_ref().map(|u| &u.gpus)
                 }
                 _ => false,
@@ -87,7 +89,8 @@ impl Shown {
         Shown {
             processes: snap.processes.clone(),
             devices: Arc::clone(&snap.devices),
-            envs: snap.truth.is_none().then(|| Arc::clone(&snap.envs)),
+            envs: Arc::clone(&snap.envs),
+            recorded: snap.truth.is_none(),
             utilization: snap.utilization.as_ref().map(|u| u.gpus.clone()),
         }
     }

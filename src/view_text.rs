@@ -76,13 +76,23 @@ pub fn text(view: &View, now: u64) -> String {
             } else {
                 format!(",{} held{busy}", mib(g.memory_bytes))
             };
-            let _ = writeln!(out, "    gpu {} {state}{envs}{used}", g.index);
+            let more = match g.envs_left_out {
+                0 => String::new(),
+                n => format!(" and {n} more"),
+            };
+            let _ = writeln!(out, "    gpu {} {state}{envs}{more}{used}", g.index);
             for p in &g.processes {
                 let user = c(p.user.as_deref().unwrap_or("?"));
                 let env = c(p.env.as_deref().unwrap_or("no environment"));
                 let mem = p.memory_bytes.map(mib).unwrap_or_default();
                 let _ = writeln!(out, "      pid {} {user} ({env}){mem}", p.pid);
             }
+        }
+        for e in &h.envs {
+            let _ = writeln!(out, "    env {}: {}", c(&e.env), c(&e.words()));
+        }
+        if h.envs_left_out > 0 {
+            let _ = writeln!(out, "    and {} environment(s) more", h.envs_left_out);
         }
     }
     if !view.users.is_empty() {
@@ -233,10 +243,19 @@ mod tests {
                     host: "h1".into(),
                     state: HostState::Ok,
                     why: None,
+                    envs: vec![EnvView {
+                        env: "a".into(),
+                        user: Some("bob".into()),
+                        devices: vec![0],
+                        gpu_memory: Some("4gi".into()),
+                        pids: Vec::new(),
+                    }],
+                    envs_left_out: 2,
                     gpus: vec![GpuView {
                         index: 0,
                         state: GpuState::Waiting,
                         envs: vec!["a".into()],
+                        envs_left_out: 1,
                         memory_bytes: 3 << 20,
                         utilization_percent: Some(40),
                         processes: vec![ProcessView {
@@ -252,6 +271,8 @@ mod tests {
                     state: HostState::Failed,
                     why: Some("unreachable".into()),
                     gpus: Vec::new(),
+                    envs: Vec::new(),
+                    envs_left_out: 0,
                 },
             ],
             groups: vec![GroupView {
@@ -353,10 +374,19 @@ mod tests {
                 host: "h".into(),
                 state: HostState::Ok,
                 why: None,
+                envs: vec![EnvView {
+                    env: evil.into(),
+                    user: Some(evil.into()),
+                    devices: vec![0],
+                    gpu_memory: Some(evil.into()),
+                    pids: vec![1],
+                }],
+                envs_left_out: 0,
                 gpus: vec![GpuView {
                     index: 0,
                     state: GpuState::InEnv,
                     envs: vec![evil.into()],
+                    envs_left_out: 0,
                     memory_bytes: 0,
                     utilization_percent: None,
                     processes: vec![ProcessView {
