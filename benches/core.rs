@@ -607,7 +607,7 @@ fn fleet_benches(c: &mut Criterion) {
         .iter()
         .map(|(h, (r, _))| {
             let (snap, findings) = r.as_ref().unwrap();
-            (h.clone(), view::counted(&findings.usage, snap))
+            (h.clone(), view::counted(&findings.usage, Some(snap)))
         })
         .collect();
     let built = view::of(&report, &cluster, &counted, &policy, Some(1));

@@ -142,14 +142,16 @@ pub async fn cycle(
         memory.idle = assess::track_idle(&memory.idle, &policy, &g.results, now, gap);
     }
     memory.published = published(fleet, &g.results, &memory.unusable);
-    // What the device caps count on each host, for the view.
+    // What the device caps count on each host, for the view: ours, and
+    // (`--shard`) the other shards', as the caps count them.
     let counted: Vec<(HostId, crate::view::Counted)> = if options.view {
-        (g.results.iter())
-            .filter_map(|(h, r)| {
-                let (snap, findings) = r.as_ref().ok()?;
-                Some((h.clone(), crate::view::counted(&findings.usage, snap)))
-            })
-            .collect()
+        let ours = (g.results.iter()).filter_map(|(h, r)| {
+            let (snap, findings) = r.as_ref().ok()?;
+            Some((h.clone(), crate::view::counted(&findings.usage, Some(snap))))
+        });
+        let theirs =
+            (memory.others.iter()).map(|p| (p.host.clone(), crate::view::counted(&p.usage, None)));
+        ours.chain(theirs).collect()
     } else {
         Vec::new()
     };

@@ -65,6 +65,23 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Whether nothing was tried: a dry run's.
+    pub fn is_dry_run(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Terminate {
+                outcome: TerminateResult::DryRun,
+                ..
+            } | Outcome::Kill {
+                outcome: TerminateResult::DryRun,
+                ..
+            } | Outcome::Detach {
+                outcome: DetachResult::DryRun,
+                ..
+            }
+        )
+    }
+
     /// Whether this outcome should make the run's exit status non-zero.
     pub fn is_error(&self) -> bool {
         matches!(

@@ -215,7 +215,15 @@ pub fn look(
     path: &std::path::Path,
 ) -> Result<(Fleet, Settings, Option<tempfile::TempDir>), SetupError> {
     let root = Cli::command();
-    let settings = config_file::for_a_look(&config_settings(path, &root)?);
+    let mut settings = config_file::for_a_look(&config_settings(path, &root)?);
+    // A look never trusts a new host key on the service's behalf.
+    settings.retain(|s| s.key != "host-key-check");
+    settings.push(config_file::Setting {
+        key: "host-key-check".into(),
+        values: vec!["strict".into()],
+        on: true,
+        at: config_file::At { line: 0, column: 0 },
+    });
     let line = [OsString::from("genv-enforce"), OsString::from("--dry-run")];
     let (args, _) = config_file::apply(&root, &line, &settings);
     let look = |why: String| SetupError::Look {
@@ -589,6 +597,7 @@ mod tests {
         assert!(settings.interval.is_zero());
         assert_eq!(settings.cycle.policy.max_devices_per_user, Some(2));
         assert!(fleet.audit.is_none());
+        assert!(settings.state.is_none());
         for made in ["state.db", "audit.log", "view.sock"] {
             assert!(!d.join(made).exists(), "{made} made");
         }

@@ -92,24 +92,27 @@ impl Top {
     }
 
     /// Says whether the views are top's own dry runs, no service
-    /// answering.
+    /// answering: a view from before is let go either way.
     pub fn own(&mut self, own: bool) {
+        if own != self.own {
+            self.view = None;
+            self.recent.clear();
+        }
         self.own = own;
     }
 
-    /// Takes the service's latest view: the service's recent actions, or
-    /// (from a service that keeps none) its actions into those seen.
+    /// Takes the service's latest view: its recent actions, or, from a
+    /// dry run (which carries out nothing), what its cycle would do.
     pub fn take(&mut self, view: View) {
-        if !view.recent.is_empty() {
-            self.recent = (view.recent.iter())
+        self.recent = if view.dry_run {
+            (view.actions.iter().take(RECENT))
+                .map(|a| (view.cycle, a.clone()))
+                .collect()
+        } else {
+            (view.recent.iter().take(RECENT))
                 .map(|d| (d.cycle, d.action.clone()))
-                .collect();
-        } else if self.view.as_ref().is_none_or(|v| v.cycle != view.cycle) {
-            for a in view.actions.iter().rev() {
-                self.recent.push_front((view.cycle, a.clone()));
-            }
-            self.recent.truncate(RECENT);
-        }
+                .collect()
+        };
         self.view = Some(view);
     }
 
@@ -904,13 +907,25 @@ mod tests {
         assert!(screen(&top, 0).contains("no service answers at /run/x.sock"));
         let mut view = crate::view::tests::recorded_view();
         let one = view.actions[0].clone();
-        view.actions = vec![one; 150];
-        for c in 0..3 {
-            view.cycle = c;
-            top.take(view.clone());
-        }
-        top.take(view);
-        assert_eq!(top.recent.len(), RECENT, "bounded, and a cycle taken once");
-        assert_eq!(top.recent[0].0, 2);
+        view.actions = vec![one.clone(); 300];
+        // A dry run's: what its cycle would do, bounded.
+        assert!(view.dry_run);
+        top.take(view.clone());
+        assert_eq!(top.recent.len(), RECENT);
+        // A service that acts: the actions it keeps, with their cycles.
+        view.dry_run = false;
+        view.cycle = 9;
+        view.recent = vec![crate::view::DoneView {
+            cycle: 8,
+            at_ms: None,
+            action: one,
+        }];
+        top.take(view.clone());
+        assert_eq!(top.recent.len(), 1);
+        assert_eq!(top.recent[0].0, 8);
+        // Switching to cycles of its own lets the service's view go.
+        top.own(true);
+        assert!(top.view.is_none() && top.recent.is_empty());
+        assert!(screen(&top, 0).contains("no service answers"));
     }
 }

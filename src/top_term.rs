@@ -62,11 +62,13 @@ pub async fn run(args: crate::cli::TopArgs) -> std::io::Result<()> {
         .transpose()
         .map_err(|e| std::io::Error::other(crate::error::chain(&e)))?;
     let at = args.connect;
-    // The configuration for cycles of its own: the one named, else the
-    // service's where there is one.
+    // The configuration for cycles of its own: the one named, else, for
+    // root, the service's where there is one (another user's top never
+    // sweeps the fleet unasked).
+    let root = rustix::process::geteuid().is_root();
     let look = args.config.or_else(|| {
         let shipped = PathBuf::from(crate::config_file::DEFAULT_PATH);
-        shipped.exists().then_some(shipped)
+        (root && shipped.exists()).then_some(shipped)
     });
     let (tx, rx) = mpsc::channel(4);
     let stop = Arc::new(AtomicBool::new(false));
@@ -191,6 +193,8 @@ async fn feed(
     left: Looked,
 ) {
     let url = at.starts_with("http://") || at.starts_with("https://");
+    // Why cycles of its own could not run, said with every note after.
+    let mut cannot: Option<String> = None;
     loop {
         if url {
             let fed = match view_socket::fetch(&at, login.as_ref(), Duration::from_secs(5)).await {
@@ -207,29 +211,30 @@ async fn feed(
             Ok(s) => s,
             Err(e) => {
                 let why = format!("no service answers at {at} ({e})");
-                if let Some(path) = &look {
+                // Only where no service runs there (not one we may not
+                // read: that is no reason to sweep the fleet).
+                let none = matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                );
+                if let (Some(path), true) = (&look, none) {
                     match own(path, &at, &why, &tx, &left).await {
                         Own::Attach => continue,
                         Own::Gone => return,
                         Own::Failed(how) => {
-                            let note = format!(
-                                "{why}; no cycles of its own from {}: {how}; trying again every {} s",
-                                path.display(),
-                                RETRY.as_secs()
-                            );
+                            cannot = Some(format!(
+                                "no cycles of its own from {}: {how}",
+                                path.display()
+                            ));
                             look = None;
-                            if tx.send(Feed::Note(note)).await.is_err() {
-                                return;
-                            }
-                            tokio::time::sleep(RETRY).await;
-                            continue;
                         }
                     }
                 }
-                let note = format!(
-                    "{why}; trying again every {} s (is it running with --view-socket? or --connect; or --config FILE for cycles of its own)",
-                    RETRY.as_secs()
-                );
+                let hint = match &cannot {
+                    Some(how) => how.clone(),
+                    None => "is it running with --view-socket? or --connect; or --config FILE for cycles of its own".into(),
+                };
+                let note = format!("{why}; trying again every {} s ({hint})", RETRY.as_secs());
                 if tx.send(Feed::Note(note)).await.is_err() {
                     return;
                 }
@@ -331,7 +336,12 @@ async fn own(path: &Path, at: &str, why: &str, tx: &mpsc::Sender<Feed>, left: &L
             if tx.send(Feed::Note(said.clone())).await.is_err() {
                 break 'cycles Own::Gone;
             }
-            let (report, _) = crate::cycle::cycle(&fleet, &options, n, &mut memory).await;
+            // The service looked for all along: a cycle it interrupts
+            // acted on nothing.
+            let (report, _) = tokio::select! {
+                r = crate::cycle::cycle(&fleet, &options, n, &mut memory) => r,
+                () = answers(at) => break 'cycles Own::Attach,
+            };
             tokio::task::spawn_blocking(move || drop(report));
             let line = memory.view.take().map(|w| w.line(b""));
             if let Some(Ok(view)) = line.map(|l| serde_json::from_slice::<View>(&l)) {
@@ -339,34 +349,33 @@ async fn own(path: &Path, at: &str, why: &str, tx: &mpsc::Sender<Feed>, left: &L
                     break 'cycles Own::Gone;
                 }
             }
-            // The interval, the service looked for meanwhile.
-            let wake = tokio::time::Instant::now() + every;
-            loop {
-                if tokio::net::UnixStream::connect(at).await.is_ok() {
-                    break 'cycles Own::Attach;
-                }
-                if tx.is_closed() {
-                    break 'cycles Own::Gone;
-                }
-                let now = tokio::time::Instant::now();
-                if now >= wake {
-                    break;
-                }
-                tokio::time::sleep(RETRY.min(wake - now)).await;
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = answers(at) => break 'cycles Own::Attach,
+                () = tx.closed() => break 'cycles Own::Gone,
             }
         }
         Own::Gone
     };
     let _ = tx.send(Feed::Own(false)).await;
-    let looked = left.lock().unwrap_or_else(|p| p.into_inner()).take();
-    if let Some((fleet, keep)) = looked {
-        let closed = tokio::time::timeout(QUIT, fleet.close()).await;
-        for (host, e) in closed.unwrap_or_default() {
-            tracing::warn!(%host, error = %crate::error::chain(&e), "closing the host's connection failed");
-        }
-        drop(keep);
+    // Closed here, or by `run` if the screen goes meanwhile (the slot is
+    // emptied only once every host is closed).
+    let closed = tokio::time::timeout(QUIT, fleet.close()).await;
+    for (host, e) in closed.unwrap_or_default() {
+        tracing::warn!(%host, error = %crate::error::chain(&e), "closing the host's connection failed");
     }
+    drop(left.lock().unwrap_or_else(|p| p.into_inner()).take());
     ended
+}
+
+/// When a service answers at `at`, asked every [`RETRY`].
+async fn answers(at: &str) {
+    loop {
+        if tokio::net::UnixStream::connect(at).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(RETRY).await;
+    }
 }
 
 /// `line` (a view, or a delta of the last one) into `view`.

@@ -53,8 +53,9 @@ pub struct View {
     pub waiting: Vec<ActionView>,
     /// What this cycle did (or, in a dry run, would do).
     pub actions: Vec<ActionView>,
-    /// What the service did in its last cycles, newest first (at most
-    /// [`RECENT`]).
+    /// What the service carried out (or tried) in its last cycles, newest
+    /// first, at most [`RECENT`]; not what a dry run would do (re-planned
+    /// each cycle, it is in `actions`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent: Vec<DoneView>,
     /// Each notification channel's messages waiting to go, held back by
@@ -330,8 +331,8 @@ pub struct ActionView {
     pub result: Option<String>,
 }
 
-/// An action the service did (or, in a dry run, would have done), with
-/// its cycle and when.
+/// An action the service carried out (or tried), with its cycle and
+/// when.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct DoneView {
     pub cycle: u64,
@@ -368,22 +369,36 @@ pub struct HeldBackView {
 /// devices counted, and of those the ones none of their jobs runs on.
 pub type Counted = Vec<(String, u32, u32)>;
 
-/// What `usage` (a host's part of the device caps, on `snap`'s host)
-/// counts for each user the host knows (the kernel's name of a uid seen
-/// there; in a recording, every name): a record's made-up names, which
-/// the caps count too, would swell the view at their writer's will.
-pub fn counted(usage: &HostUsage, snap: &HostSnapshot) -> Counted {
-    let names: Option<std::collections::HashSet<&str>> =
-        (snap.truth.as_ref()).map(|t| t.user_names.values().map(AsRef::as_ref).collect());
-    let known = |user: &str| names.as_ref().is_none_or(|n| n.contains(user));
-    (usage.users.iter())
-        .filter(|(user, held)| !held.devices.is_empty() && known(user))
+/// What `usage` (a host's part of the device caps) counts for each user,
+/// as the caps count them (a record's user among them). At most
+/// [`MAX_ENVS`] users a host: a flood of records in made-up names would
+/// swell the view at their writer's will; past that, the names the host's
+/// kernel knows (`snap`'s) come first, then those counting most.
+pub fn counted(usage: &HostUsage, snap: Option<&HostSnapshot>) -> Counted {
+    let n = |c: usize| u32::try_from(c).unwrap_or(u32::MAX);
+    let mut all: Counted = (usage.users.iter())
+        .filter(|(_, held)| !held.devices.is_empty())
         .map(|(user, held)| {
-            let n = |c: usize| u32::try_from(c).unwrap_or(u32::MAX);
             let idle = held.devices.iter().filter(|d| !d.working).count();
             (user.clone(), n(held.devices.len()), n(idle))
         })
-        .collect()
+        .collect();
+    if all.len() > MAX_ENVS {
+        let names: std::collections::HashSet<&str> = (snap.and_then(|s| s.truth.as_ref()))
+            .map(|t| t.user_names.values().map(AsRef::as_ref).collect())
+            .unwrap_or_default();
+        all.sort_by(|a, b| {
+            let known = |u: &str| !names.contains(u);
+            (known(&a.0), std::cmp::Reverse(a.1), &a.0).cmp(&(
+                known(&b.0),
+                std::cmp::Reverse(b.1),
+                &b.0,
+            ))
+        });
+        all.truncate(MAX_ENVS);
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    all
 }
 
 /// The view of `report`'s cycle over `cluster`, under `policy`'s caps,
@@ -826,16 +841,25 @@ impl<'s> Why<'s> {
         }
     }
 
-    /// The kernel's user of the job `target` is on (a detach's: of a job
-    /// that carries its environment), where one runs on `host`.
+    /// The kernel's user of the job `target` is on, where one runs on
+    /// `host`; a detach's: the user of every job that carries its
+    /// environment there, where they are one (anyone can carry any id).
     fn owner(&self, host: &HostId, target: &Target) -> Option<String> {
         let snap = self.snaps.get(host)?;
-        let p = match target {
-            Target::Terminate { pid } => snap.process(Pid(*pid))?,
-            Target::Detach { env, .. } => (snap.processes.iter())
-                .find(|p| p.owner.eid().is_some_and(|e| e.0.as_ref() == env))?,
-        };
-        user_of(snap, p).map(str::to_string)
+        match target {
+            Target::Terminate { pid } => {
+                user_of(snap, snap.process(Pid(*pid))?).map(str::to_string)
+            }
+            Target::Detach { env, .. } => {
+                let mut carriers = (snap.processes.iter())
+                    .filter(|p| p.owner.eid().is_some_and(|e| e.0.as_ref() == env))
+                    .map(|p| user_of(snap, p));
+                let first = carriers.next()??;
+                carriers
+                    .all(|u| u == Some(first))
+                    .then(|| first.to_string())
+            }
+        }
     }
 
     pub(crate) fn waiting(&self, w: &Waiting) -> ActionView {
@@ -949,7 +973,7 @@ pub(crate) mod tests {
         (cluster.hosts.iter())
             .map(|(h, s)| {
                 let f = crate::rules::assess_host(h, s, policy, &Default::default());
-                (h.clone(), counted(&f.usage, s))
+                (h.clone(), counted(&f.usage, Some(s)))
             })
             .collect()
     }
@@ -1052,19 +1076,27 @@ pub(crate) mod tests {
         assert!(plain.users.iter().all(|u| u.cap_count() == u.devices));
     }
 
-    /// On a live host, only users the host knows are counted in the view:
-    /// a record's made-up name is not (it would swell the view at will).
+    /// What the caps count is in the view, a record's user too (alice's
+    /// attachment held idle with no job of hers: the caps count it); but
+    /// a flood of made-up names is bounded, the host's own names first.
     #[test]
-    fn a_records_made_up_name_is_not_in_the_view() {
+    fn what_the_caps_count_is_in_the_view_a_flood_of_names_bounded() {
         let held = |index: u32, working: bool| {
             serde_json::json!({"index": index, "eids": ["e"], "pids": [], "working": working,
                                "stray": false, "vouched": false})
         };
-        let usage: HostUsage = serde_json::from_value(serde_json::json!({"users": {
-            "alice": {"envs": true, "devices": [held(0, true), held(1, false)]},
-            "zzz-made-up": {"envs": true, "devices": [held(2, false)]},
-        }}))
-        .unwrap();
+        let mut users = serde_json::Map::new();
+        users.insert(
+            "alice".into(),
+            serde_json::json!({"envs": true, "devices": [held(1, false)]}),
+        );
+        users.insert(
+            "carol".into(),
+            serde_json::json!({"envs": true, "devices": [held(0, true), held(1, false)]}),
+        );
+        let usage = |users: &serde_json::Map<String, serde_json::Value>| -> HostUsage {
+            serde_json::from_value(serde_json::json!({ "users": users })).unwrap()
+        };
         let mut snap = HostSnapshot {
             truth: Some(crate::model::HostTruth::default()),
             ..HostSnapshot::default()
@@ -1073,11 +1105,35 @@ pub(crate) mod tests {
             .as_mut()
             .unwrap()
             .user_names
-            .insert(1000, "alice".into());
-        assert_eq!(counted(&usage, &snap), [("alice".to_string(), 2, 1)]);
-        // A recording has no kernel's word: every name counts.
-        snap.truth = None;
-        assert_eq!(counted(&usage, &snap).len(), 2);
+            .insert(1000, "carol".into());
+        assert_eq!(
+            counted(&usage(&users), Some(&snap)),
+            [("alice".to_string(), 1, 1), ("carol".to_string(), 2, 1)]
+        );
+        for k in 0..2 * MAX_ENVS {
+            let devices: Vec<_> = (0..=(k % 3) as u32).map(|i| held(i, false)).collect();
+            users.insert(
+                format!("made-up-{k:04}"),
+                serde_json::json!({"envs": true, "devices": devices}),
+            );
+        }
+        let shown = counted(&usage(&users), Some(&snap));
+        assert_eq!(shown.len(), MAX_ENVS);
+        assert!(
+            shown.iter().any(|(u, ..)| u == "carol"),
+            "the host's own name first"
+        );
+        let threes = (0..2 * MAX_ENVS).filter(|k| k % 3 == 2).count();
+        assert_eq!(
+            shown.iter().filter(|(_, n, _)| *n == 3).count(),
+            threes,
+            "then the most counted"
+        );
+        assert!(
+            !shown.iter().any(|(u, n, _)| *n == 1 && u != "carol"),
+            "{shown:?}"
+        );
+        assert!(shown.windows(2).all(|w| w[0].0 < w[1].0), "by name");
     }
 
     /// A flood of records on one host is bounded in the view (the GPU's
@@ -1186,6 +1242,41 @@ pub(crate) mod tests {
         };
         assert_eq!(state(&cluster, 0), GpuState::Idle);
         assert_eq!(state(&cluster, 30), GpuState::InEnv);
+    }
+
+    /// An action's owner is the kernel's user of its job; a detach's, of
+    /// every job carrying its environment there, none where they differ
+    /// (bob can carry alice's id).
+    #[test]
+    fn an_actions_owner_is_its_jobs_and_a_shared_id_names_none() {
+        use crate::model::{EnvId, Owner};
+        let (report, mut cluster, policy) = recorded();
+        let detach = |view: &View| {
+            (view.actions.iter())
+                .find(|a| matches!(a.target, Target::Detach { .. }))
+                .cloned()
+                .unwrap()
+        };
+        let theirs = detach(&of(&report, &cluster, &[], &policy, None));
+        assert_eq!(theirs.owner.as_deref(), Some("alice"));
+        let terminate = of(&report, &cluster, &[], &policy, None).actions[0].clone();
+        assert!(matches!(terminate.target, Target::Terminate { .. }));
+        assert!(terminate.owner.is_some(), "{terminate:?}");
+        let Target::Detach { env, .. } = &theirs.target else {
+            unreachable!()
+        };
+        let (_, snap) = (cluster.hosts.iter_mut())
+            .find(|(h, _)| h.0.as_ref() == theirs.host)
+            .unwrap();
+        let mut his = snap.processes[0].clone();
+        his.pid = Pid(4242);
+        his.owner = Owner::Env(EnvId(env.as_str().into()));
+        his.user = Some("bob".into());
+        snap.processes.push(his);
+        assert_eq!(
+            detach(&of(&report, &cluster, &[], &policy, None)).owner,
+            None
+        );
     }
 
     /// A delta applies to the view of its cycle only, and to its hosts.

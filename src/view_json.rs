@@ -203,7 +203,14 @@ impl Writer {
         let why = Why::of(report.mode, &report.violations, &snaps);
         let waiting: Vec<ActionView> = report.waiting.iter().map(|w| why.waiting(w)).collect();
         let actions: Vec<ActionView> = report.outcomes.iter().map(|o| why.done(o)).collect();
-        for a in actions.iter().take(RECENT).rev() {
+        // What was carried out (or tried), not what a dry run would do:
+        // re-planned each cycle, it would push the history out.
+        let done: Vec<&ActionView> = (report.outcomes.iter().zip(&actions))
+            .filter(|(o, _)| !o.is_dry_run())
+            .map(|(_, a)| a)
+            .take(RECENT)
+            .collect();
+        for a in done.into_iter().rev() {
             self.recent.push_front(DoneView {
                 cycle: report.cycle,
                 at_ms,
@@ -329,15 +336,31 @@ mod tests {
         serde_json::from_slice(line).unwrap()
     }
 
+    /// `report` as if its actions had been carried out, but its first.
+    fn carried_out(report: &mut CycleReport) {
+        use crate::outcome::{DetachResult, Outcome, TerminateResult};
+        for o in report.outcomes.iter_mut().skip(1) {
+            match o {
+                Outcome::Terminate { outcome, .. } | Outcome::Kill { outcome, .. } => {
+                    *outcome = TerminateResult::Signalled;
+                }
+                Outcome::Detach { outcome, .. } => *outcome = DetachResult::Detached,
+            }
+        }
+    }
+
     /// Each cycle's line is the one serde writes for the view `of` makes,
-    /// byte for byte, the done actions of the cycles before in it.
+    /// byte for byte, the actions carried out in the cycles before in it
+    /// (not a dry run's).
     #[test]
     fn the_line_is_the_views_own() {
         let (mut report, cluster, policy) = recorded();
+        carried_out(&mut report);
         let mut w = Writer::default();
         let first = write(&mut w, &report, &cluster, &policy);
         assert!(first.delta(b"").is_none(), "no cycle before");
-        let recent: Vec<DoneView> = (report.outcomes.iter())
+        assert!(report.outcomes[0].is_dry_run());
+        let recent: Vec<DoneView> = (report.outcomes.iter().skip(1))
             .map(|o| DoneView {
                 cycle: 1,
                 at_ms: Some(7),

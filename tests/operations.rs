@@ -1488,6 +1488,14 @@ fn top_with_no_service_looks_by_itself_acting_on_nothing_then_attaches() {
     )
     .unwrap();
     std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // The service ran before (its known_hosts holds the host's key): a
+    // look trusts no new key.
+    let before = f.ours(&["enforce", "--interval", "0", "--dry-run"]);
+    assert!(
+        matches!(before.status.code(), Some(0 | 3)),
+        "{}",
+        stderr(&before)
+    );
     let bin = env!("CARGO_BIN_EXE_genv-enforce");
     let mut top = std::process::Command::new(bin);
     top.args([

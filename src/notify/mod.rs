@@ -210,18 +210,22 @@ struct Line {
 pub const LAST_HELD: usize = 20;
 
 impl Line {
-    /// `e`, to `who`, not sent: `why`.
-    fn unsent(&self, e: &Event, who: &str, now: u64, why: &str) {
+    /// The last of `unsent` (each an event, to whom, why not sent) kept
+    /// for the view; only those kept are put in words.
+    fn unsent(&self, unsent: &[(&Event, &str, String)], now: u64) {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        last.push_front(crate::view::HeldBackView {
-            at_ms: now,
-            to: who.to_string(),
-            what: message::say(e, message::Medium::Plain, None).subject,
-            // What the audit log says once for a run of them is moot here.
-            why: why
-                .trim_end_matches("; further ones held back are not said again")
-                .to_string(),
-        });
+        let newest = unsent.iter().skip(unsent.len().saturating_sub(LAST_HELD));
+        for (e, who, why) in newest {
+            last.push_front(crate::view::HeldBackView {
+                at_ms: now,
+                to: (*who).to_string(),
+                what: message::say(e, message::Medium::Plain, None).subject,
+                // What the audit log says once for a run of them is moot here.
+                why: why
+                    .trim_end_matches("; further ones held back are not said again")
+                    .to_string(),
+            });
+        }
         last.truncate(LAST_HELD);
     }
 }
@@ -300,6 +304,7 @@ impl Notifier {
         for line in &self.queues {
             let name = line.name;
             let (mut held, mut dropped) = (0u64, 0u64);
+            let mut unsent = Vec::new();
             for e in events {
                 // Owners unknown share one allowance, and one line.
                 let who = message::recipient(e).unwrap_or_default();
@@ -307,7 +312,7 @@ impl Notifier {
                     (line.limit.lock().unwrap_or_else(|p| p.into_inner())).allow(who, e, now);
                 if let limit::Verdict::Hold { first, why } = verdict {
                     held += 1;
-                    line.unsent(e, who, now, &why);
+                    unsent.push((*e, who, why.clone()));
                     if first {
                         self.unsent_later(n, e, name, why);
                     }
@@ -319,7 +324,7 @@ impl Notifier {
                     continue;
                 }
                 dropped += 1;
-                line.unsent(e, who, now, "dropped: its recipient's line is full");
+                unsent.push((*e, who, "dropped: its recipient's line is full".into()));
                 if full.insert(who.to_string()) {
                     let why = format!(
                         "dropped: {} messages already wait for {}; further ones dropped are counted, not said",
@@ -329,6 +334,7 @@ impl Notifier {
                     self.unsent_later(n, e, name, why);
                 }
             }
+            line.unsent(&unsent, now);
             let count = std::sync::atomic::Ordering::Relaxed;
             line.held_back.fetch_add(held, count);
             line.dropped.fetch_add(dropped, count);
