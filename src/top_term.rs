@@ -230,9 +230,12 @@ async fn feed(
                         }
                     }
                 }
-                let hint = match &cannot {
-                    Some(how) => how.clone(),
-                    None => "is it running with --view-socket? or --connect; or --config FILE for cycles of its own".into(),
+                let hint = match (&cannot, e.kind()) {
+                    (_, std::io::ErrorKind::PermissionDenied) => {
+                        "it is root's, or --view-group's: you may not read it".into()
+                    }
+                    (Some(how), _) => how.clone(),
+                    (None, _) => "is it running with --view-socket? or --connect; or --config FILE for cycles of its own".into(),
                 };
                 let note = format!("{why}; trying again every {} s ({hint})", RETRY.as_secs());
                 if tx.send(Feed::Note(note)).await.is_err() {
