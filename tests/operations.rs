@@ -1550,3 +1550,75 @@ fn top_with_no_service_looks_by_itself_acting_on_nothing_then_attaches() {
     assert_eq!(signalled, Some(SIGTERM), "the service acts");
     assert!(quit, "q did not quit:\n{}", top.contents());
 }
+
+/// Another user's `top`, with a configuration of their own, facing the
+/// service's socket it may not read (root's, 0600): no cycles of its own
+/// (that is no reason to sweep the fleet), and it says why.
+#[test]
+fn another_users_top_facing_roots_socket_says_so_and_looks_at_nothing() {
+    if !util::prerequisite(
+        rustix::process::geteuid().is_root(),
+        "another user's top needs root to run as that user",
+    ) {
+        return;
+    }
+    let (h, _, _) = a_stray_beside_alices_job();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = dir.path().join("view.sock");
+    let mut service = h
+        .command(Path::new(env!("CARGO_BIN_EXE_genv-enforce")))
+        .args([
+            "enforce",
+            "--interval",
+            "1m",
+            "--view-socket",
+            socket.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (uid, gid) = util::ensure_user("bob");
+    let his = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(his.path(), Some(uid), Some(gid)).unwrap();
+    std::fs::set_permissions(his.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let config = his.path().join("mine.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[hosts]\nsnapshot-dir = \"{}\"\n",
+            util::repo().join("fixtures/snapshots").display()
+        ),
+    )
+    .unwrap();
+    std::os::unix::fs::chown(&config, Some(uid), Some(gid)).unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(util::wait_until(Duration::from_secs(20), || socket.exists()));
+    let mut top = std::process::Command::new(env!("CARGO_BIN_EXE_genv-enforce"));
+    top.args([
+        "--config",
+        config.to_str().unwrap(),
+        "top",
+        "--connect",
+        socket.to_str().unwrap(),
+    ]);
+    std::os::unix::process::CommandExt::uid(&mut top, uid);
+    std::os::unix::process::CommandExt::gid(&mut top, gid);
+    let mut top = Pty::spawn(top, 200, 20);
+    let said = top.shows("you may not read it", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(2));
+    let screen = top.contents();
+    top.keys("q");
+    let quit = util::wait_until(Duration::from_secs(10), || {
+        top.child.try_wait().ok().flatten().is_some()
+    });
+    let _ = stop(&mut service);
+    if !quit {
+        let _ = top.child.kill();
+    }
+    said.unwrap_or_else(|s| panic!("not said:\n{s}"));
+    assert!(!screen.contains("TOP'S OWN"), "{screen}");
+    assert!(!screen.contains("cycle 1"), "no view at all: {screen}");
+    assert!(quit);
+}
