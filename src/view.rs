@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::assess::HostStatus;
 use crate::ladder::Waiting;
-use crate::model::{Cluster, GpuIndex, HashMap, HostId, HostSnapshot, Mode, Pid, Process, SMALL};
+use crate::model::{Cluster, GpuIndex, HashMap, HostId, HostSnapshot, Mode, Pid, Process};
 use crate::outcome::{DetachResult, Outcome, TerminateResult};
 use crate::report::{violation_line, CycleReport};
 use crate::rules::max_devices::HostUsage;
@@ -633,19 +633,9 @@ fn gpus(snap: &HostSnapshot, on: &[Press]) -> Vec<GpuView> {
     for g in by_index.values_mut() {
         let on_it = |press: fn(u32) -> Press| g.processes.iter().any(|p| pressed(press(p.pid)));
         // Linear in what is attached, however many that is.
-        let attached: std::collections::HashSet<&str> = if g.envs.len() > SMALL {
-            g.envs.iter().map(String::as_str).collect()
-        } else {
-            Default::default()
-        };
-        let is_attached = |e: &str| {
-            if g.envs.len() > SMALL {
-                attached.contains(e)
-            } else {
-                g.envs.iter().any(|a| a == e)
-            }
-        };
-        let stray = (g.processes.iter()).any(|p| p.env.as_deref().is_none_or(|e| !is_attached(e)));
+        let attached: std::collections::HashSet<&str> = g.envs.iter().map(String::as_str).collect();
+        let stray =
+            (g.processes.iter()).any(|p| p.env.as_deref().is_none_or(|e| !attached.contains(e)));
         let idle = if g.processes.is_empty() {
             !g.envs.is_empty()
         } else {
@@ -659,10 +649,11 @@ fn gpus(snap: &HostSnapshot, on: &[Press]) -> Vec<GpuView> {
             GpuState::Stray
         } else if idle {
             GpuState::Idle
-        } else if !g.envs.is_empty() || !g.processes.is_empty() {
-            GpuState::InEnv
-        } else {
+        } else if g.processes.is_empty() {
+            // Attached it would be idle: nothing on it.
             GpuState::Free
+        } else {
+            GpuState::InEnv
         };
         g.state = state;
         if g.envs.len() > MAX_GPU_ENVS {
@@ -1069,6 +1060,14 @@ pub(crate) mod tests {
         );
         let alice = view.users.iter().find(|u| u.user == "alice").unwrap();
         assert_eq!((alice.counted, alice.counted_idle), (Some(4), Some(3)));
+        // A cap with nothing counted on any host: each user counts none.
+        let (report, cluster, policy) = recorded();
+        let bare = of(&report, &cluster, &[], &policy, None);
+        assert!(
+            bare.users.iter().all(|u| u.counted == Some(0)),
+            "{:?}",
+            bare.users
+        );
         // Without a device cap, nothing counts but the jobs' GPUs.
         let (report, cluster, _) = recorded();
         let plain = of(&report, &cluster, &[], &Policy::default(), None);
@@ -1276,6 +1275,70 @@ pub(crate) mod tests {
         assert_eq!(
             detach(&of(&report, &cluster, &[], &policy, None)).owner,
             None
+        );
+    }
+
+    /// A wait says its own deadline, warning, exemption and sightings, a
+    /// termination's as a detach's.
+    #[test]
+    fn a_wait_says_its_deadline_warning_exemption_and_sightings() {
+        let (mut report, cluster, policy) = recorded();
+        let detach = report
+            .outcomes
+            .iter()
+            .find_map(|o| match o {
+                Outcome::Detach {
+                    host, device, eid, ..
+                } => Some((host.clone(), *device, eid.clone())),
+                _ => None,
+            })
+            .unwrap();
+        let Outcome::Terminate { host, pid, .. } = report.outcomes[0].clone() else {
+            panic!("a termination first")
+        };
+        report.waiting = vec![
+            Waiting::Terminate {
+                host,
+                pid,
+                seen: 1,
+                needed: 3,
+                deadline_ms: Some(7),
+                warn_only: true,
+                exempt: Some("a deadline".into()),
+            },
+            Waiting::Detach {
+                host: detach.0,
+                device: detach.1,
+                eid: detach.2,
+                seen: 2,
+                needed: 4,
+                deadline_ms: Some(9),
+                warn_only: true,
+                exempt: Some("lab".into()),
+            },
+        ];
+        let view = of(&report, &cluster, &[], &policy, None);
+        let said = |a: &ActionView| (a.deadline_ms, a.warn_only, a.exempt.clone(), a.seen);
+        assert_eq!(
+            said(&view.waiting[0]),
+            (Some(7), true, Some("a deadline".into()), Some((1, 3)))
+        );
+        assert_eq!(
+            said(&view.waiting[1]),
+            (Some(9), true, Some("lab".into()), Some((2, 4)))
+        );
+        assert!(view.waiting.iter().all(|a| !a.rules.is_empty()));
+        for w in &mut report.waiting {
+            match w {
+                Waiting::Terminate { seen, needed, .. } | Waiting::Detach { seen, needed, .. } => {
+                    *seen = *needed
+                }
+            }
+        }
+        let view = of(&report, &cluster, &[], &policy, None);
+        assert!(
+            view.waiting.iter().all(|a| a.seen.is_none()),
+            "sightings all made are not said"
         );
     }
 

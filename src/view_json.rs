@@ -245,13 +245,7 @@ impl Written {
     /// The whole view, one JSON line, with the service's own members
     /// (`extra`, as [`members`] writes them) last.
     pub fn line(&self, extra: &[u8]) -> Vec<u8> {
-        let size = self.hosts.iter().map(Bytes::len).sum::<usize>()
-            + self.hosts.len()
-            + self.head.len()
-            + self.rest.len()
-            + extra.len()
-            + 32;
-        let mut line = Vec::with_capacity(size);
+        let mut line = Vec::new();
         line.push(b'{');
         line.extend_from_slice(&self.head);
         line.extend_from_slice(b",\"hosts\":[");
@@ -270,7 +264,7 @@ impl Written {
     /// `delta_of` is that cycle), where its hosts were these.
     pub fn delta(&self, extra: &[u8]) -> Option<(u64, Vec<u8>)> {
         let (base, changed) = self.changed.as_ref()?;
-        let mut line = Vec::with_capacity(self.head.len() + self.rest.len() + extra.len() + 64);
+        let mut line = Vec::new();
         line.extend_from_slice(format!("{{\"delta_of\":{base},").as_bytes());
         line.extend_from_slice(&self.head);
         line.extend_from_slice(b",\"hosts\":[],\"changed\":[");
@@ -420,6 +414,36 @@ mod tests {
         report.cycle = 3;
         let third = write(&mut w, &report, &cluster, &policy);
         assert!(parsed(&third.delta(b"").unwrap().1).changed.is_empty());
+    }
+
+    /// Two hosts changed: both in the delta, one line that reads back; a
+    /// host that failed, and fails still, is kept as written.
+    #[test]
+    fn a_delta_of_two_hosts_and_a_host_that_fails_still() {
+        let (mut report, mut cluster, policy) = recorded();
+        report.hosts[1].error = Some(crate::model::HostFailure {
+            kind: crate::model::FailureKind::Timeout,
+            message: "unreachable".into(),
+        });
+        cluster.hosts.retain(|(h, _)| h.0.as_ref() != "gpu2");
+        let mut w = Writer::default();
+        let first = write(&mut w, &report, &cluster, &policy);
+        report.cycle = 2;
+        let second = write(&mut w, &report, &cluster, &policy);
+        assert_eq!(first.hosts[1].as_ptr(), second.hosts[1].as_ptr(), "kept");
+        report.cycle = 3;
+        for (_, s) in cluster.hosts.iter_mut() {
+            s.processes.pop();
+        }
+        let third = write(&mut w, &report, &cluster, &policy);
+        let d = parsed(&third.delta(b"").unwrap().1);
+        assert_eq!(
+            d.changed.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            [0, 2]
+        );
+        let mut view = parsed(&second.line(b""));
+        view.apply(d).unwrap();
+        assert_eq!(view, parsed(&third.line(b"")));
     }
 
     /// What presses on a host (a wait on one of its jobs) is its part's

@@ -1237,6 +1237,27 @@ impl Pty {
         self.master.write_all(keys.as_bytes()).unwrap();
     }
 
+    /// Whether the line that shows `line` counts down: two different
+    /// times left, seconds apart; the screen if not.
+    fn counts_down(&self, line: &str) -> Result<(), String> {
+        let left = |s: &str| {
+            s.lines()
+                .find(|l| l.contains(line))
+                .and_then(|l| l.split(" in ").nth(1))
+                .map(|t| t.split_whitespace().next().unwrap_or("").to_string())
+        };
+        let first = left(&self.contents()).ok_or_else(|| self.contents())?;
+        std::thread::sleep(Duration::from_millis(2100));
+        let then = left(&self.contents()).unwrap_or_default();
+        if first == then {
+            return Err(format!(
+                "no countdown: {first} then {then}\n{}",
+                self.contents()
+            ));
+        }
+        Ok(())
+    }
+
     /// Waits until the screen shows `text`; the screen if it never does.
     fn shows(&self, text: &str, limit: Duration) -> Result<(), String> {
         if util::wait_until(limit, || self.contents().contains(text)) {
@@ -1284,23 +1305,8 @@ fn top_shows_a_stray_waiting_with_its_countdown_then_gone_after_the_action() {
         top.keys("3");
         let line = format!("terminate pid {stray}");
         top.shows(&line, Duration::from_secs(10))?;
-        // A countdown that runs: two different times left, seconds apart.
-        let left = |s: &str| {
-            s.lines()
-                .find(|l| l.contains(&line))
-                .and_then(|l| l.split(" in ").nth(1))
-                .map(|t| t.split_whitespace().next().unwrap_or("").to_string())
-        };
-        let first = left(&top.contents()).ok_or_else(|| top.contents())?;
-        std::thread::sleep(Duration::from_millis(2100));
-        let then = left(&top.contents()).unwrap_or_default();
-        if first == then {
-            return Err(format!(
-                "no countdown: {first} then {then}\n{}",
-                top.contents()
-            ));
-        }
-        Ok(())
+        top.counts_down(&line)?;
+        Ok::<(), String>(())
     })();
     let signalled = h.wait_signal(stray, Duration::from_secs(20));
     let after = (|| {
@@ -1401,26 +1407,12 @@ fn top_on_the_sshd_fleet_sees_a_stray_appear_wait_with_its_countdown_and_go() {
         top.keys("3");
         let line = format!("terminate pid {stray}");
         top.shows(&line, Duration::from_secs(10))?;
-        let left = |s: &str| {
-            s.lines()
-                .find(|l| l.contains(&line))
-                .and_then(|l| l.split(" in ").nth(1))
-                .map(|t| t.split_whitespace().next().unwrap_or("").to_string())
-        };
-        let first = left(&top.contents()).ok_or_else(|| top.contents())?;
-        std::thread::sleep(Duration::from_millis(2100));
-        let then = left(&top.contents()).unwrap_or_default();
-        if first == then {
-            return Err(format!(
-                "no countdown: {first} then {then}\n{}",
-                top.contents()
-            ));
-        }
+        top.counts_down(&line)?;
         // carol against the cap: 2 of 3, one of them held idle.
         top.keys("2");
         top.shows("2/3 (1i)", Duration::from_secs(5))?;
         top.keys("3");
-        Ok(())
+        Ok::<(), String>(())
     })();
     let signalled = (stray != 0).then(|| f.host(1).wait_signal(stray, Duration::from_secs(30)));
     // Ended, nvidia-smi lists it no more.
