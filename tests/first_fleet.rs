@@ -309,6 +309,14 @@ fn the_first_fleet_page_takes_a_fresh_admin_box_to_a_service_that_enforces() {
         status.contains("hosts: 2 (2 ok, 0 degraded, 0 failed)"),
         "{status}"
     );
+    // What the unit did, in its recent actions, under the owner the
+    // host's kernel names.
+    assert!(
+        status.contains(&format!(
+            "terminate pid {stray} of bob (non-env-processes): signalled"
+        )),
+        "{status}"
+    );
     let mode = b.ok("stat -c %a /run/genv-enforce/view.sock");
     assert_eq!(mode.trim(), "600");
 
