@@ -283,4 +283,12 @@ impl Fleet {
         .filter_map(|(h, r)| r.err().map(|e| (h, e)))
         .collect()
     }
+
+    /// Closes every host as [`Fleet::close`] does, each that could not be
+    /// closed cleanly said in a warning.
+    pub async fn close_said(&self) {
+        for (host, e) in self.close().await {
+            tracing::warn!(%host, error = %crate::error::chain(&e), "closing the host's connection failed");
+        }
+    }
 }

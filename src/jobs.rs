@@ -74,9 +74,7 @@ pub async fn run(job: Job, line: crate::setup::CommandLine) -> u8 {
             device_caps,
         } => {
             let code = doctor(&fleet, format, ha.as_ref(), device_caps).await;
-            for (host, e) in fleet.close().await {
-                tracing::warn!(%host, error = %chain(&e), "closing the host's connection failed");
-            }
+            fleet.close_said().await;
             drop(control_dir);
             code
         }

@@ -692,6 +692,11 @@ impl Cluster {
     }
 }
 
+/// `items` as `a,b,c`.
+pub fn comma_list<T: std::fmt::Display>(items: &[T]) -> String {
+    items.iter().map(T::to_string).collect::<Vec<_>>().join(",")
+}
+
 /// Whether `n` is 0 (a field left out of JSON then).
 pub fn is_zero<N: Default + PartialEq>(n: &N) -> bool {
     *n == N::default()

@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::assess::Assessment;
 pub use crate::assess::HostStatus;
 use crate::ladder::{Event, Stage, Waiting, What};
-use crate::model::{Cluster, GpuIndex, HostId, Mode};
+use crate::model::{comma_list, Cluster, HostId, Mode};
 use crate::outcome::{self, Outcome};
 use crate::plan::{Detach, Plan, Termination};
 use crate::rules::attribution::{Stray, Unconfirmed};
@@ -206,13 +206,6 @@ pub fn json_safe(json: String) -> String {
     out
 }
 
-fn indices(list: &[GpuIndex]) -> String {
-    list.iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 fn prefix(mode: Mode, host: &HostId) -> String {
     match mode {
         Mode::Local => String::new(),
@@ -241,7 +234,7 @@ pub fn violation_line(mode: Mode, v: &Violation) -> String {
             "{}Process {pid} from environment {} is using non-attached GPU(s) {}",
             prefix(mode, host),
             clean(&eid.0),
-            indices(devices)
+            comma_list(devices)
         ),
         Finding::EnvMemory { host, eid, device, used, over, capacity } => format!(
             "{}Environment {} is using {}m on device {device} which is {}m over its capacity of {}",
@@ -279,7 +272,7 @@ pub fn violation_line(mode: Mode, v: &Violation) -> String {
             "{}Process {pid}{} holds GPU memory on GPU(s) {} and has been below {below}% utilization{} for {}",
             prefix(mode, host),
             user.as_deref().map_or(String::new(), |u| format!(" of user {}", clean(u))),
-            indices(devices),
+            comma_list(devices),
             match source {
                 crate::rules::idle::Source::Process => "",
                 crate::rules::idle::Source::Gpu => " (its GPU's, which it has to itself: pmon has no figure for it)",
@@ -296,7 +289,7 @@ pub fn termination_line(t: &Termination) -> String {
         "Terminating process {} from environment {} that is running on GPU(s) {}",
         t.pid,
         t.eid.as_ref().map_or("N/A".into(), |e| clean(&e.0)),
-        indices(&t.gpus)
+        comma_list(&t.gpus)
     )
 }
 
@@ -316,14 +309,14 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
         Notice::UnknownOwner { host, pid, gpus, reason } => format!(
             "{}[WARNING] Process {pid} on GPU(s) {} has unknown ownership ({}); it is not terminated",
             prefix(mode, host),
-            indices(gpus),
+            comma_list(gpus),
             clean(reason)
         ),
         Notice::Stray { host, pid, eid, user, gpus, why, .. } => format!(
             "{}[WARNING] Process {pid}{} on GPU(s) {} carries environment {}, {}: it is left alone",
             prefix(mode, host),
             user.as_deref().map_or(String::new(), |u| format!(" (user {})", clean(u))),
-            indices(gpus),
+            comma_list(gpus),
             clean(&eid.0),
             match why {
                 Stray::Orphaned => "which does not exist (its record is gone)".to_string(),
@@ -385,13 +378,13 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
         Notice::UtilizationUnknown { host, pid, gpus } => format!(
             "{}[WARNING] Utilization of process {pid} on GPU(s) {} is unknown (pmon has no figure of its own for it: it shares its GPU, or it is a CUDA MPS client whose kernels run on the busy MPS server): it is never reclaimed as idle",
             prefix(mode, host),
-            indices(gpus)
+            comma_list(gpus)
         ),
         Notice::HiddenEnviron { host, pid, user, gpus, reason } => format!(
             "{}[WARNING] Process {pid}{} on GPU(s) {} is judged as carrying no environment: {}",
             prefix(mode, host),
             user.as_deref().map_or(String::new(), |u| format!(" (user {})", clean(u))),
-            indices(gpus),
+            comma_list(gpus),
             clean(reason)
         ),
         Notice::StateUnusable { host, reason } => format!(
@@ -419,7 +412,7 @@ pub fn notice_line(mode: Mode, n: &Notice) -> String {
             "{}[INFO] Process {pid}{} on GPU(s) {} runs the CUDA MPS server but is not the machine's shared one ({}): it is judged as its user's, as any process",
             prefix(mode, host),
             user.as_deref().map_or(String::new(), |u| format!(" (user {})", clean(u))),
-            indices(gpus),
+            comma_list(gpus),
             clean(reason)
         ),
         Notice::UnresolvedUid { host, uid, reason } => format!(
@@ -590,7 +583,7 @@ pub fn event_line(mode: Mode, e: &Event) -> Option<String> {
             "{p}[WARNING] Process {}{user} from environment {} on GPU(s) {} violates {}: {}",
             t.pid,
             t.eid.as_ref().map_or("N/A".into(), |e| clean(&e.0)),
-            indices(&t.gpus),
+            comma_list(&t.gpus),
             rule_names(&e.what),
             match e.deadline_ms {
                 Some(d) => format!("it will be terminated at {} unless that ends", when(d)),
@@ -765,6 +758,7 @@ pub fn samples(cluster: &Cluster) -> Vec<Sample> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::GpuIndex;
 
     #[test]
     fn terminal_controls_bidi_and_bad_bytes_are_escaped_everywhere() {

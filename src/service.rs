@@ -538,9 +538,7 @@ impl Run {
         }
         let _ = tokio::time::timeout(within, futures::future::join_all(self.draining)).await;
         for fleet in &self.fleets {
-            for (host, e) in fleet.close().await {
-                tracing::warn!(%host, error = %error::chain(&e), "closing the host's connection failed");
-            }
+            fleet.close_said().await;
         }
         drop(self.kept);
     }
@@ -573,7 +571,7 @@ async fn publish(
 /// What a run starts from: where the last run left off (`--state-db`: no
 /// warning twice, no deadline moved, idle windows and orphans kept), or
 /// afresh, said, when that cannot be read.
-fn remembered(settings: &Settings) -> Memory {
+pub(crate) fn remembered(settings: &Settings) -> Memory {
     let mut memory = Memory::default();
     let mut saved = Vec::new();
     if let Some(db) = &settings.state {

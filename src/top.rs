@@ -10,8 +10,6 @@
 //! service's last actions, or the cycles' top has seen). A filter
 //! (`/`), a sort (`s`), a detail pane (Enter) that says why, help (`?`).
 
-use std::collections::VecDeque;
-
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
@@ -55,8 +53,6 @@ pub enum Sort {
 #[derive(Debug)]
 pub struct Top {
     view: Option<View>,
-    /// Done actions of the views seen, newest first, with their cycle.
-    recent: VecDeque<(u64, ActionView)>,
     tab: Tab,
     sort: Sort,
     filter: String,
@@ -77,7 +73,6 @@ impl Top {
     pub fn new(note: String, color: bool) -> Self {
         Top {
             view: None,
-            recent: VecDeque::new(),
             tab: Tab::Fleet,
             sort: Sort::Name,
             filter: String::new(),
@@ -96,24 +91,28 @@ impl Top {
     pub fn own(&mut self, own: bool) {
         if own != self.own {
             self.view = None;
-            self.recent.clear();
         }
         self.own = own;
     }
 
-    /// Takes the service's latest view: its recent actions, or, from a
-    /// dry run (which carries out nothing), what its cycle would do.
+    /// Takes the service's latest view.
     pub fn take(&mut self, view: View) {
-        self.recent = if view.dry_run {
-            (view.actions.iter().take(RECENT))
-                .map(|a| (view.cycle, a.clone()))
-                .collect()
-        } else {
-            (view.recent.iter().take(RECENT))
-                .map(|d| (d.cycle, d.action.clone()))
-                .collect()
-        };
         self.view = Some(view);
+    }
+
+    /// The actions tab's rows with their cycles: the service's recent
+    /// actions, or, from a dry run (which carries out nothing), what its
+    /// cycle would do.
+    fn recent(&self) -> Vec<(u64, &ActionView)> {
+        match &self.view {
+            None => Vec::new(),
+            Some(v) if v.dry_run => (v.actions.iter().take(RECENT))
+                .map(|a| (v.cycle, a))
+                .collect(),
+            Some(v) => (v.recent.iter().take(RECENT))
+                .map(|d| (d.cycle, &d.action))
+                .collect(),
+        }
     }
 
     /// Says where views come from, or why none comes.
@@ -363,7 +362,7 @@ impl Top {
     /// where it stands.
     fn detail(&self, at: usize, now: u64) -> Vec<String> {
         match (&self.view, self.tab) {
-            (_, Tab::Actions) => self.recent.get(at).map(|(c, a)| done_detail(*c, a)),
+            (_, Tab::Actions) => self.recent().get(at).map(|(c, a)| done_detail(*c, a)),
             (None, _) => None,
             (Some(v), Tab::Fleet) => v.hosts.get(at).map(|h| host_detail(h, v)),
             (Some(v), Tab::Users) => match v.users.get(at) {
@@ -378,12 +377,12 @@ impl Top {
     /// The current tab's rows, filtered and sorted.
     fn rows(&self, now: u64) -> Vec<Shown> {
         let mut rows: Vec<Shown> = match (&self.view, self.tab) {
-            (_, Tab::Actions) => self.recent.iter().map(|(c, a)| done(*c, a)).collect(),
+            (_, Tab::Actions) => self.recent().into_iter().map(|(c, a)| done(c, a)).collect(),
             (None, _) => Vec::new(),
             (Some(v), Tab::Fleet) => v.hosts.iter().map(host).collect(),
             (Some(v), Tab::Users) => {
                 let waits = waits_by_owner(v);
-                let of = |u: &UserView| waits.get(&u.user).copied().unwrap_or(0);
+                let of = |u: &UserView| waits.get(u.user.as_str()).copied().unwrap_or(0);
                 let users = v.users.iter().map(|u| user(u, of(u)));
                 users.chain(v.groups.iter().map(group)).collect()
             }
@@ -467,10 +466,7 @@ fn host_detail(h: &HostView, v: &View) -> Vec<String> {
         } else {
             format!("attached to {}", g.envs.join(", "))
         };
-        let more = match g.envs_left_out {
-            0 => String::new(),
-            n => format!(" and {n} more"),
-        };
+        let more = g.envs_more();
         detail.push(format!("gpu {}: {}, {envs}{more}", g.index, gpu_state(g)));
         for p in &g.processes {
             detail.push(format!(
@@ -487,9 +483,7 @@ fn host_detail(h: &HostView, v: &View) -> Vec<String> {
     for e in &h.envs {
         detail.push(format!("env {}: {}", e.env, e.words()));
     }
-    if h.envs_left_out > 0 {
-        detail.push(format!("and {} environment(s) more", h.envs_left_out));
-    }
+    detail.extend(h.envs_more());
     for a in (v.waiting.iter().chain(&v.actions)).filter(|a| a.host == h.host) {
         detail.push(format!("{}: {}", describe(a), a.why.join("; ")));
     }
@@ -508,18 +502,11 @@ fn gpu_state(g: &crate::view::GpuView) -> &'static str {
     }
 }
 
-/// The owner of the job or environment `a` is on, as the view names it.
-fn owner(a: &ActionView) -> Option<&str> {
-    a.owner.as_deref()
-}
-
 /// How many actions wait on each user's jobs and environments.
-fn waits_by_owner(v: &View) -> std::collections::HashMap<String, usize> {
+fn waits_by_owner(v: &View) -> std::collections::HashMap<&str, usize> {
     let mut by = std::collections::HashMap::new();
-    for a in &v.waiting {
-        if let Some(u) = owner(a) {
-            *by.entry(u.to_string()).or_default() += 1;
-        }
+    for u in v.waiting.iter().filter_map(|a| a.owner.as_deref()) {
+        *by.entry(u).or_default() += 1;
     }
     by
 }
@@ -640,7 +627,7 @@ fn user_detail(u: &UserView, v: &View) -> Vec<String> {
             }
         }
     }
-    let waits = (v.waiting.iter()).filter(|a| owner(a) == Some(u.user.as_str()));
+    let waits = (v.waiting.iter()).filter(|a| a.owner.as_deref() == Some(u.user.as_str()));
     for a in waits {
         detail.push(format!("  waits: {}: {}", describe(a), a.why.join("; ")));
     }
@@ -691,7 +678,7 @@ fn waiting(a: &ActionView, now: u64) -> Shown {
             a.target.words(),
             a.rules.join(", "),
             due(a, now),
-            owner(a).unwrap_or_default().to_string(),
+            a.owner.clone().unwrap_or_default(),
         ],
         weight: u64::MAX - left,
         tone: Style::default().fg(Color::Magenta),
@@ -911,7 +898,7 @@ mod tests {
         // A dry run's: what its cycle would do, bounded.
         assert!(view.dry_run);
         top.take(view.clone());
-        assert_eq!(top.recent.len(), RECENT);
+        assert_eq!(top.recent().len(), RECENT);
         // A service that acts: the actions it keeps, with their cycles.
         view.dry_run = false;
         view.cycle = 9;
@@ -921,11 +908,11 @@ mod tests {
             action: one,
         }];
         top.take(view.clone());
-        assert_eq!(top.recent.len(), 1);
-        assert_eq!(top.recent[0].0, 8);
+        assert_eq!(top.recent().len(), 1);
+        assert_eq!(top.recent()[0].0, 8);
         // Switching to cycles of its own lets the service's view go.
         top.own(true);
-        assert!(top.view.is_none() && top.recent.is_empty());
+        assert!(top.view.is_none() && top.recent().is_empty());
         assert!(screen(&top, 0).contains("no service answers"));
     }
 }

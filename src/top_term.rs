@@ -322,23 +322,20 @@ async fn own(path: &Path, at: &str, why: &str, tx: &mpsc::Sender<Feed>, left: &L
         dry_run: true,
         ..settings.cycle.clone()
     };
-    let mut memory = crate::cycle::Memory {
-        ladder: crate::ladder::Ladder::restore(settings.grace.clone(), Vec::new()),
-        ..Default::default()
-    };
+    // No state database in a look: its memory starts afresh.
+    let mut memory = crate::service::remembered(&settings);
     let said = format!(
         "{why}: dry-run cycles of its own from {} every {}, nothing carried out",
         path.display(),
         humantime::format_duration(every)
     );
     let ended = 'cycles: {
-        if tx.send(Feed::Own(true)).await.is_err() {
-            break 'cycles Own::Gone;
-        }
-        for n in 1.. {
-            if tx.send(Feed::Note(said.clone())).await.is_err() {
+        for feed in [Feed::Own(true), Feed::Note(said)] {
+            if tx.send(feed).await.is_err() {
                 break 'cycles Own::Gone;
             }
+        }
+        for n in 1.. {
             // The service looked for all along: a cycle it interrupts
             // acted on nothing.
             let (report, _) = tokio::select! {
@@ -363,10 +360,7 @@ async fn own(path: &Path, at: &str, why: &str, tx: &mpsc::Sender<Feed>, left: &L
     let _ = tx.send(Feed::Own(false)).await;
     // Closed here, or by `run` if the screen goes meanwhile (the slot is
     // emptied only once every host is closed).
-    let closed = tokio::time::timeout(QUIT, fleet.close()).await;
-    for (host, e) in closed.unwrap_or_default() {
-        tracing::warn!(%host, error = %crate::error::chain(&e), "closing the host's connection failed");
-    }
+    let _ = tokio::time::timeout(QUIT, fleet.close_said()).await;
     drop(left.lock().unwrap_or_else(|p| p.into_inner()).take());
     ended
 }

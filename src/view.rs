@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::assess::HostStatus;
 use crate::ladder::Waiting;
-use crate::model::{Cluster, GpuIndex, HashMap, HostId, HostSnapshot, Mode, Pid, Process};
+use crate::model::{
+    comma_list, Cluster, GpuIndex, HashMap, HostId, HostSnapshot, Mode, Pid, Process,
+};
 use crate::outcome::{DetachResult, Outcome, TerminateResult};
 use crate::report::{violation_line, CycleReport};
 use crate::rules::max_devices::HostUsage;
@@ -31,6 +33,8 @@ pub const RECENT: usize = 200;
 /// view (those left out are counted).
 pub const MAX_ENVS: usize = 256;
 pub const MAX_GPU_ENVS: usize = 32;
+/// The most users a host counts in the view (a record names anyone).
+pub const MAX_USERS: usize = 256;
 
 /// One cycle's view of the fleet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -124,12 +128,8 @@ pub struct HostView {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub envs: Vec<EnvView>,
     /// Those past [`MAX_ENVS`].
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::model::is_zero")]
     pub envs_left_out: u32,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
 
 /// A genv environment, as its record says: any user can write one, so
@@ -150,37 +150,47 @@ pub struct EnvView {
     pub pids: Vec<u32>,
 }
 
+impl HostView {
+    /// Its environments past [`MAX_ENVS`], in words.
+    pub fn envs_more(&self) -> Option<String> {
+        (self.envs_left_out > 0).then(|| format!("and {} environment(s) more", self.envs_left_out))
+    }
+}
+
+impl GpuView {
+    /// Its environments past [`MAX_GPU_ENVS`], in words (` and N more`).
+    pub fn envs_more(&self) -> String {
+        match self.envs_left_out {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        }
+    }
+}
+
 impl EnvView {
     /// It in words: whose its record says it is, where it is attached,
     /// its memory, its jobs.
     pub fn words(&self) -> String {
-        let e = self;
-        let list = |list: &[u32]| {
-            list.iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        let attached = if e.devices.is_empty() {
+        let attached = if self.devices.is_empty() {
             "attached to no GPU".to_string()
         } else {
-            format!("attached to GPU(s) {}", list(&e.devices))
+            format!("attached to GPU(s) {}", comma_list(&self.devices))
         };
         format!(
             "{}, {attached}{}, {} job(s){}",
-            e.user.as_deref().map_or_else(
+            self.user.as_deref().map_or_else(
                 || "its record names no user".to_string(),
                 |u| format!("its record names {u}")
             ),
-            e.gpu_memory
+            self.gpu_memory
                 .as_deref()
                 .map(|m| format!(", {m} set aside on each"))
                 .unwrap_or_default(),
-            e.pids.len(),
-            if e.pids.is_empty() {
+            self.pids.len(),
+            if self.pids.is_empty() {
                 String::new()
             } else {
-                format!(" (pid {})", list(&e.pids))
+                format!(" (pid {})", comma_list(&self.pids))
             }
         )
     }
@@ -214,7 +224,7 @@ pub struct GpuView {
     /// [`MAX_GPU_ENVS`].
     pub envs: Vec<String>,
     /// Those past [`MAX_GPU_ENVS`].
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::model::is_zero")]
     pub envs_left_out: u32,
     pub processes: Vec<ProcessView>,
     /// GPU memory its jobs hold (bytes), as nvidia-smi tells.
@@ -371,7 +381,7 @@ pub type Counted = Vec<(String, u32, u32)>;
 
 /// What `usage` (a host's part of the device caps) counts for each user,
 /// as the caps count them (a record's user among them). At most
-/// [`MAX_ENVS`] users a host: a flood of records in made-up names would
+/// [`MAX_USERS`] users a host: a flood of records in made-up names would
 /// swell the view at their writer's will; past that, the names the host's
 /// kernel knows (`snap`'s) come first, then those counting most.
 pub fn counted(usage: &HostUsage, snap: Option<&HostSnapshot>) -> Counted {
@@ -383,19 +393,19 @@ pub fn counted(usage: &HostUsage, snap: Option<&HostSnapshot>) -> Counted {
             (user.clone(), n(held.devices.len()), n(idle))
         })
         .collect();
-    if all.len() > MAX_ENVS {
+    if all.len() > MAX_USERS {
         let names: std::collections::HashSet<&str> = (snap.and_then(|s| s.truth.as_ref()))
             .map(|t| t.user_names.values().map(AsRef::as_ref).collect())
             .unwrap_or_default();
         all.sort_by(|a, b| {
-            let known = |u: &str| !names.contains(u);
-            (known(&a.0), std::cmp::Reverse(a.1), &a.0).cmp(&(
-                known(&b.0),
+            let unknown = |u: &str| !names.contains(u);
+            (unknown(&a.0), std::cmp::Reverse(a.1), &a.0).cmp(&(
+                unknown(&b.0),
                 std::cmp::Reverse(b.1),
                 &b.0,
             ))
         });
-        all.truncate(MAX_ENVS);
+        all.truncate(MAX_USERS);
         all.sort_by(|a, b| a.0.cmp(&b.0));
     }
     all
@@ -969,6 +979,15 @@ pub(crate) mod tests {
             .collect()
     }
 
+    /// `recorded()`'s gpu2 failed, `why`, gone from the cluster.
+    pub(crate) fn gpu2_failed(report: &mut CycleReport, cluster: &mut Cluster, why: &str) {
+        report.hosts[1].error = Some(crate::model::HostFailure::new(
+            crate::model::FailureKind::Timeout,
+            why,
+        ));
+        cluster.hosts.retain(|(h, _)| h.0.as_ref() != "gpu2");
+    }
+
     /// The recorded 3-host fleet under the README's main job
     /// (non-env-processes, 2 devices a user), and its report.
     pub(crate) fn recorded() -> (CycleReport, Cluster, Policy) {
@@ -1109,7 +1128,7 @@ pub(crate) mod tests {
             counted(&usage(&users), Some(&snap)),
             [("alice".to_string(), 1, 1), ("carol".to_string(), 2, 1)]
         );
-        for k in 0..2 * MAX_ENVS {
+        for k in 0..2 * MAX_USERS {
             let devices: Vec<_> = (0..=(k % 3) as u32).map(|i| held(i, false)).collect();
             users.insert(
                 format!("made-up-{k:04}"),
@@ -1117,12 +1136,12 @@ pub(crate) mod tests {
             );
         }
         let shown = counted(&usage(&users), Some(&snap));
-        assert_eq!(shown.len(), MAX_ENVS);
+        assert_eq!(shown.len(), MAX_USERS);
         assert!(
             shown.iter().any(|(u, ..)| u == "carol"),
             "the host's own name first"
         );
-        let threes = (0..2 * MAX_ENVS).filter(|k| k % 3 == 2).count();
+        let threes = (0..2 * MAX_USERS).filter(|k| k % 3 == 2).count();
         assert_eq!(
             shown.iter().filter(|(_, n, _)| *n == 3).count(),
             threes,
@@ -1434,11 +1453,8 @@ pub(crate) mod tests {
     #[test]
     fn a_failed_host_says_why() {
         let (mut report, mut cluster, policy) = recorded();
-        report.hosts[1].error = Some(crate::model::HostFailure {
-            kind: crate::model::FailureKind::Timeout,
-            message: "ssh: connect to host gpu2: Connection refused".into(),
-        });
-        cluster.hosts.retain(|(h, _)| h.0.as_ref() != "gpu2");
+        let why = "ssh: connect to host gpu2: Connection refused";
+        gpu2_failed(&mut report, &mut cluster, why);
         let view = of(&report, &cluster, &[], &policy, None);
         assert_eq!(view.hosts[1].state, HostState::Failed);
         assert!(view.hosts[1].why.as_deref().unwrap().contains("refused"));

@@ -549,9 +549,6 @@ mod tests {
         assert!(!path.exists());
     }
 
-    /// A reader that asks for deltas is sent, after its first view, the
-    /// hosts that changed, which make the next view from the last; one
-    /// that does not, or that missed a cycle, the whole view.
     type Lines = tokio::io::Lines<tokio::io::BufReader<tokio::net::UnixStream>>;
 
     /// The next line `lines` reads, a view.
@@ -560,6 +557,9 @@ mod tests {
         serde_json::from_str(&got.await.unwrap().unwrap().unwrap()).unwrap()
     }
 
+    /// A reader that asks for deltas is sent, after its first view, the
+    /// hosts that changed, which make the next view from the last; one
+    /// that does not, or that missed a cycle, the whole view.
     #[tokio::test]
     async fn a_reader_that_asks_gets_deltas_and_one_that_missed_a_cycle_the_whole() {
         use crate::view::tests::{counted_on, recorded};

@@ -76,10 +76,7 @@ pub fn text(view: &View, now: u64) -> String {
             } else {
                 format!(",{} held{busy}", mib(g.memory_bytes))
             };
-            let more = match g.envs_left_out {
-                0 => String::new(),
-                n => format!(" and {n} more"),
-            };
+            let more = g.envs_more();
             let _ = writeln!(out, "    gpu {} {state}{envs}{more}{used}", g.index);
             for p in &g.processes {
                 let user = c(p.user.as_deref().unwrap_or("?"));
@@ -91,8 +88,8 @@ pub fn text(view: &View, now: u64) -> String {
         for e in &h.envs {
             let _ = writeln!(out, "    env {}: {}", c(&e.env), c(&e.words()));
         }
-        if h.envs_left_out > 0 {
-            let _ = writeln!(out, "    and {} environment(s) more", h.envs_left_out);
+        if let Some(more) = h.envs_more() {
+            let _ = writeln!(out, "    {more}");
         }
     }
     if !view.users.is_empty() {

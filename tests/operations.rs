@@ -1258,6 +1258,19 @@ impl Pty {
         Ok(())
     }
 
+    /// Whether `top` quits within 10 s (killed if not), the service
+    /// stopped either way.
+    fn quit_then_stop(&mut self, service: &mut std::process::Child) -> bool {
+        let quit = util::wait_until(Duration::from_secs(10), || {
+            self.child.try_wait().ok().flatten().is_some()
+        });
+        let _ = stop(service);
+        if !quit {
+            let _ = self.child.kill();
+        }
+        quit
+    }
+
     /// Waits until the screen shows `text`; the screen if it never does.
     fn shows(&self, text: &str, limit: Duration) -> Result<(), String> {
         if util::wait_until(limit, || self.contents().contains(text)) {
@@ -1316,13 +1329,7 @@ fn top_shows_a_stray_waiting_with_its_countdown_then_gone_after_the_action() {
         top.keys("q");
         Ok::<(), String>(())
     })();
-    let quit = util::wait_until(Duration::from_secs(10), || {
-        top.child.try_wait().ok().flatten().is_some()
-    });
-    let _ = stop(&mut service);
-    if !quit {
-        let _ = top.child.kill();
-    }
+    let quit = top.quit_then_stop(&mut service);
     waited.unwrap_or_else(|s| panic!("before the action:\n{s}"));
     assert_eq!(signalled, Some(SIGTERM));
     after.unwrap_or_else(|s| panic!("after the action:\n{s}"));
@@ -1427,13 +1434,7 @@ fn top_on_the_sshd_fleet_sees_a_stray_appear_wait_with_its_countdown_and_go() {
         top.keys("q");
         Ok::<(), String>(())
     })();
-    let quit = util::wait_until(Duration::from_secs(10), || {
-        top.child.try_wait().ok().flatten().is_some()
-    });
-    let _ = stop(&mut service);
-    if !quit {
-        let _ = top.child.kill();
-    }
+    let quit = top.quit_then_stop(&mut service);
     waited.unwrap_or_else(|s| panic!("before the action:\n{s}"));
     assert_eq!(signalled, Some(Some(SIGTERM)));
     assert!(f.host(0).running(alice) && f.host(1).running(carol));
@@ -1525,13 +1526,7 @@ fn top_with_no_service_looks_by_itself_acting_on_nothing_then_attaches() {
     })();
     let signalled = f.host(0).wait_signal(stray, Duration::from_secs(30));
     top.keys("q");
-    let quit = util::wait_until(Duration::from_secs(10), || {
-        top.child.try_wait().ok().flatten().is_some()
-    });
-    let _ = stop(&mut service);
-    if !quit {
-        let _ = top.child.kill();
-    }
+    let quit = top.quit_then_stop(&mut service);
     looked.unwrap_or_else(|s| panic!("no look of its own:\n{s}"));
     assert!(!acted_on, "its own cycles acted");
     assert!(!audited, "its own cycles wrote the service's audit log");
@@ -1599,13 +1594,7 @@ fn another_users_top_facing_roots_socket_says_so_and_looks_at_nothing() {
     std::thread::sleep(Duration::from_secs(2));
     let screen = top.contents();
     top.keys("q");
-    let quit = util::wait_until(Duration::from_secs(10), || {
-        top.child.try_wait().ok().flatten().is_some()
-    });
-    let _ = stop(&mut service);
-    if !quit {
-        let _ = top.child.kill();
-    }
+    let quit = top.quit_then_stop(&mut service);
     said.unwrap_or_else(|s| panic!("not said:\n{s}"));
     assert!(!screen.contains("TOP'S OWN"), "{screen}");
     assert!(!screen.contains("cycle 1"), "no view at all: {screen}");

@@ -187,7 +187,7 @@ impl RateLimit {
             self.holding.entry(key).or_insert(now_ms);
             return Verdict::Hold {
                 first,
-                why: format!("rate limited: {why}; further ones held back are not said again"),
+                why: format!("rate limited: {why}"),
             };
         }
         self.holding.remove(&format!("target:{target:?}"));

@@ -4,7 +4,7 @@
 //! Pure: no I/O.
 
 use crate::ladder::{Event, Stage, What};
-use crate::model::GpuIndex;
+use crate::model::comma_list;
 use crate::report::{clean, when};
 use crate::rules::Rule;
 
@@ -59,13 +59,6 @@ pub struct Said {
 /// someone else. None: the admins alone are told.
 pub fn recipient(e: &Event) -> Option<&str> {
     e.what.owner()
-}
-
-fn gpus(list: &[GpuIndex]) -> String {
-    list.iter()
-        .map(|g| g.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// Why a process breaks `rule`, in words.
@@ -141,7 +134,7 @@ fn said(e: &Event, medium: Medium) -> Said {
     match &e.what {
         What::Terminate(t) => {
             let eid = t.eid.as_ref().map_or_else(|| "none".into(), |x| v(&x.0));
-            let gpus = gpus(&t.gpus);
+            let gpus = comma_list(&t.gpus);
             let held = t.memory.map_or_else(String::new, |b| {
                 format!(" It holds {} MiB of GPU memory.", b.div_ceil(1 << 20))
             });
@@ -219,7 +212,7 @@ fn said(e: &Event, medium: Medium) -> Said {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{EnvId, HostId, Pid};
+    use crate::model::{EnvId, GpuIndex, HostId, Pid};
     use crate::plan::{Detach, Termination};
 
     fn termination(eid: &str, user: &str) -> What {

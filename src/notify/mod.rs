@@ -220,10 +220,7 @@ impl Line {
                 at_ms: now,
                 to: (*who).to_string(),
                 what: message::say(e, message::Medium::Plain, None).subject,
-                // What the audit log says once for a run of them is moot here.
-                why: why
-                    .trim_end_matches("; further ones held back are not said again")
-                    .to_string(),
+                why: why.clone(),
             });
         }
         last.truncate(LAST_HELD);
@@ -312,10 +309,11 @@ impl Notifier {
                     (line.limit.lock().unwrap_or_else(|p| p.into_inner())).allow(who, e, now);
                 if let limit::Verdict::Hold { first, why } = verdict {
                     held += 1;
-                    unsent.push((*e, who, why.clone()));
                     if first {
-                        self.unsent_later(n, e, name, why);
+                        let said = format!("{why}; further ones held back are not said again");
+                        self.unsent_later(n, e, name, said);
                     }
+                    unsent.push((*e, who, why));
                     continue;
                 }
                 let mut full = line.full.lock().unwrap_or_else(|p| p.into_inner());
