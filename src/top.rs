@@ -480,6 +480,7 @@ fn host_detail(h: &HostView, v: &View) -> Vec<String> {
             ));
         }
     }
+    detail.extend(h.gpus_more());
     for e in &h.envs {
         detail.push(format!("env {}: {}", e.env, e.words()));
     }

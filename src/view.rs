@@ -35,6 +35,10 @@ pub const MAX_ENVS: usize = 256;
 pub const MAX_GPU_ENVS: usize = 32;
 /// The most users a host counts in the view (a record names anyone).
 pub const MAX_USERS: usize = 256;
+/// The most GPUs a host's view shows that only genv's records name (no
+/// job on it, no utilization: anyone can write an index), and the most
+/// an environment's view lists.
+pub const MAX_GPUS: usize = 64;
 
 /// One cycle's view of the fleet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -130,6 +134,9 @@ pub struct HostView {
     /// Those past [`MAX_ENVS`].
     #[serde(default, skip_serializing_if = "crate::model::is_zero")]
     pub envs_left_out: u32,
+    /// The GPUs past [`MAX_GPUS`] that only genv's records name.
+    #[serde(default, skip_serializing_if = "crate::model::is_zero")]
+    pub gpus_left_out: u32,
 }
 
 /// A genv environment, as its record says: any user can write one, so
@@ -141,8 +148,11 @@ pub struct EnvView {
     /// The user its record names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
-    /// The GPUs it is attached to.
+    /// The GPUs it is attached to, at most [`MAX_GPUS`].
     pub devices: Vec<u32>,
+    /// Those past [`MAX_GPUS`].
+    #[serde(default, skip_serializing_if = "crate::model::is_zero")]
+    pub devices_left_out: u32,
     /// The GPU memory it sets aside on each (`genv config gpu-memory`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_memory: Option<String>,
@@ -151,6 +161,16 @@ pub struct EnvView {
 }
 
 impl HostView {
+    /// Its GPUs past [`MAX_GPUS`], in words.
+    pub fn gpus_more(&self) -> Option<String> {
+        (self.gpus_left_out > 0).then(|| {
+            format!(
+                "and {} GPU(s) more that only genv's records name",
+                self.gpus_left_out
+            )
+        })
+    }
+
     /// Its environments past [`MAX_ENVS`], in words.
     pub fn envs_more(&self) -> Option<String> {
         (self.envs_left_out > 0).then(|| format!("and {} environment(s) more", self.envs_left_out))
@@ -174,7 +194,14 @@ impl EnvView {
         let attached = if self.devices.is_empty() {
             "attached to no GPU".to_string()
         } else {
-            format!("attached to GPU(s) {}", comma_list(&self.devices))
+            format!(
+                "attached to GPU(s) {}{}",
+                comma_list(&self.devices),
+                match self.devices_left_out {
+                    0 => String::new(),
+                    n => format!(" and {n} more"),
+                }
+            )
         };
         format!(
             "{}, {attached}{}, {} job(s){}",
@@ -470,13 +497,15 @@ pub(crate) fn host_view(
 ) -> HostView {
     let (state, why) = host_state(status);
     let (envs, envs_left_out) = snap.map_or_else(Default::default, envs);
+    let (gpus, gpus_left_out) = snap.map_or_else(Default::default, |s| gpus(s, on));
     HostView {
         host: status.host.to_string(),
         state,
         why,
-        gpus: snap.map_or_else(Vec::new, |s| gpus(s, on)),
+        gpus,
         envs,
         envs_left_out,
+        gpus_left_out,
     }
 }
 
@@ -495,25 +524,40 @@ fn envs(snap: &HostSnapshot) -> (Vec<EnvView>, u32) {
             pids.entry(e).or_default().push(p.pid.0);
         }
     }
-    let mut shown = Vec::new();
-    let mut left_out = 0u32;
+    let mut all = Vec::new();
     for e in snap.envs.iter() {
         let (on, jobs) = (devices.remove(&e.eid), pids.remove(&e.eid));
-        if on.is_none() && jobs.is_none() {
+        if on.is_some() || jobs.is_some() {
+            all.push((e, on.unwrap_or_default(), jobs.unwrap_or_default()));
+        }
+    }
+    // Past the bound, those with jobs first: a flood of records written
+    // ahead of them pushes out only records.
+    let working = all.iter().filter(|(.., jobs)| !jobs.is_empty()).count();
+    let mut room = (working.min(MAX_ENVS), MAX_ENVS.saturating_sub(working));
+    let (total, mut shown) = (all.len(), Vec::new());
+    for (e, mut on, pids) in all {
+        let room = if pids.is_empty() {
+            &mut room.1
+        } else {
+            &mut room.0
+        };
+        if *room == 0 {
             continue;
         }
-        if shown.len() == MAX_ENVS {
-            left_out = left_out.saturating_add(1);
-            continue;
-        }
+        *room -= 1;
+        let devices_left_out = on.len().saturating_sub(MAX_GPUS);
+        on.truncate(MAX_GPUS);
         shown.push(EnvView {
             env: e.eid.to_string(),
             user: e.username.clone(),
-            devices: on.unwrap_or_default(),
+            devices: on,
+            devices_left_out: u32::try_from(devices_left_out).unwrap_or(u32::MAX),
             gpu_memory: e.gpu_memory.as_ref().map(|m| m.text.clone()),
-            pids: jobs.unwrap_or_default(),
+            pids,
         });
     }
+    let left_out = u32::try_from(total - shown.len()).unwrap_or(u32::MAX);
     (shown, left_out)
 }
 
@@ -604,7 +648,7 @@ pub(crate) fn pressed<'r>(
 
 /// Each GPU of a host, by index: those `devices.json` lists and those a
 /// job runs on, each marked by what presses `on` it.
-fn gpus(snap: &HostSnapshot, on: &[Press]) -> Vec<GpuView> {
+fn gpus(snap: &HostSnapshot, on: &[Press]) -> (Vec<GpuView>, u32) {
     fn gpu(by_index: &mut BTreeMap<u32, GpuView>, index: GpuIndex) -> &mut GpuView {
         by_index.entry(index.0).or_insert_with(|| GpuView {
             index: index.0,
@@ -616,12 +660,8 @@ fn gpus(snap: &HostSnapshot, on: &[Press]) -> Vec<GpuView> {
             utilization_percent: None,
         })
     }
+    // nvidia-smi's GPUs first: those with jobs, those it sampled.
     let mut by_index: BTreeMap<u32, GpuView> = BTreeMap::new();
-    for d in snap.devices.iter() {
-        let g = gpu(&mut by_index, d.index);
-        g.envs
-            .extend(d.attachments.iter().map(|a| a.eid.to_string()));
-    }
     for p in &snap.processes {
         for u in &p.gpus {
             let g = gpu(&mut by_index, u.index);
@@ -639,19 +679,34 @@ fn gpus(snap: &HostSnapshot, on: &[Press]) -> Vec<GpuView> {
             gpu(&mut by_index, *index).utilization_percent = Some(*percent);
         }
     }
+    // Then those genv's records name, any index anyone wrote: bounded.
+    let (mut named_only, mut left_out) = (0usize, 0u32);
+    let mut attached: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+    for d in snap.devices.iter() {
+        if !by_index.contains_key(&d.index.0) {
+            if named_only == MAX_GPUS {
+                left_out = left_out.saturating_add(1);
+                continue;
+            }
+            named_only += 1;
+            gpu(&mut by_index, d.index);
+        }
+        (attached.entry(d.index.0).or_default())
+            .extend(d.attachments.iter().map(|a| a.eid.0.as_ref()));
+    }
     let pressed = |p: Press| on.binary_search(&p).is_ok();
     for g in by_index.values_mut() {
+        let mut envs = attached.remove(&g.index).unwrap_or_default();
         let on_it = |press: fn(u32) -> Press| g.processes.iter().any(|p| pressed(press(p.pid)));
         // Linear in what is attached, however many that is.
-        let attached: std::collections::HashSet<&str> = g.envs.iter().map(String::as_str).collect();
-        let stray =
-            (g.processes.iter()).any(|p| p.env.as_deref().is_none_or(|e| !attached.contains(e)));
+        let all: std::collections::HashSet<&str> = envs.iter().copied().collect();
+        let stray = (g.processes.iter()).any(|p| p.env.as_deref().is_none_or(|e| !all.contains(e)));
         let idle = if g.processes.is_empty() {
-            !g.envs.is_empty()
+            !envs.is_empty()
         } else {
             g.utilization_percent == Some(0)
         };
-        let state = if on_it(Press::WaitingPid) || pressed(Press::WaitingGpu(g.index)) {
+        g.state = if on_it(Press::WaitingPid) || pressed(Press::WaitingGpu(g.index)) {
             GpuState::Waiting
         } else if on_it(Press::ViolatingPid) || pressed(Press::ViolatingGpu(g.index)) {
             GpuState::Violating
@@ -665,13 +720,21 @@ fn gpus(snap: &HostSnapshot, on: &[Press]) -> Vec<GpuView> {
         } else {
             GpuState::InEnv
         };
-        g.state = state;
-        if g.envs.len() > MAX_GPU_ENVS {
-            let past = g.envs.split_off(MAX_GPU_ENVS);
-            g.envs_left_out = u32::try_from(past.len()).unwrap_or(u32::MAX);
+        if envs.len() > MAX_GPU_ENVS {
+            // Past the bound, those its jobs carry first: a flood of
+            // records ahead of them pushes out only records.
+            let carried: std::collections::HashSet<&str> = g
+                .processes
+                .iter()
+                .filter_map(|p| p.env.as_deref())
+                .collect();
+            envs.sort_by_key(|e| !carried.contains(e));
+            g.envs_left_out = u32::try_from(envs.len() - MAX_GPU_ENVS).unwrap_or(u32::MAX);
+            envs.truncate(MAX_GPU_ENVS);
         }
+        g.envs = envs.into_iter().map(str::to_string).collect();
     }
-    by_index.into_values().collect()
+    (by_index.into_values().collect(), left_out)
 }
 
 /// Whose a process is: as the kernel says, or in a recording (which has
@@ -770,6 +833,35 @@ pub(crate) struct Why<'s> {
     snaps: &'s HashMap<&'s HostId, &'s HostSnapshot>,
     terminate: BTreeMap<(HostId, Pid), Vec<(String, String)>>,
     detach: BTreeMap<(HostId, GpuIndex, String), Vec<(String, String)>>,
+    /// Each host's owners, found once, on its first action: a scan of its
+    /// jobs for each of thousands of actions would be quadratic.
+    owners: std::cell::RefCell<HashMap<&'s HostId, Owners<'s>>>,
+}
+
+/// Whose a host's jobs are, and its environments' (where one user's).
+#[derive(Default)]
+struct Owners<'s> {
+    jobs: HashMap<Pid, Option<&'s str>>,
+    /// The one user of every job that carries the id; `None` where they
+    /// are several or one is unknown.
+    envs: HashMap<&'s str, Option<&'s str>>,
+}
+
+impl<'s> Owners<'s> {
+    fn of(snap: &'s HostSnapshot) -> Self {
+        let mut owners = Owners::default();
+        for p in &snap.processes {
+            let user = user_of(snap, p);
+            owners.jobs.entry(p.pid).or_insert(user);
+            if let Some(e) = p.owner.eid() {
+                let one = owners.envs.entry(e.0.as_ref()).or_insert(user);
+                if *one != user {
+                    *one = None;
+                }
+            }
+        }
+        owners
+    }
 }
 
 impl<'s> Why<'s> {
@@ -782,6 +874,7 @@ impl<'s> Why<'s> {
             snaps,
             terminate: BTreeMap::new(),
             detach: BTreeMap::new(),
+            owners: Default::default(),
         };
         for v in violations {
             let said = (v.rule.name().to_string(), violation_line(mode, v));
@@ -846,21 +939,14 @@ impl<'s> Why<'s> {
     /// `host`; a detach's: the user of every job that carries its
     /// environment there, where they are one (anyone can carry any id).
     fn owner(&self, host: &HostId, target: &Target) -> Option<String> {
-        let snap = self.snaps.get(host)?;
-        match target {
-            Target::Terminate { pid } => {
-                user_of(snap, snap.process(Pid(*pid))?).map(str::to_string)
-            }
-            Target::Detach { env, .. } => {
-                let mut carriers = (snap.processes.iter())
-                    .filter(|p| p.owner.eid().is_some_and(|e| e.0.as_ref() == env))
-                    .map(|p| user_of(snap, p));
-                let first = carriers.next()??;
-                carriers
-                    .all(|u| u == Some(first))
-                    .then(|| first.to_string())
-            }
-        }
+        let (host, snap) = self.snaps.get_key_value(host)?;
+        let mut owners = self.owners.borrow_mut();
+        let owners = owners.entry(host).or_insert_with(|| Owners::of(snap));
+        let user = match target {
+            Target::Terminate { pid } => owners.jobs.get(&Pid(*pid)),
+            Target::Detach { env, .. } => owners.envs.get(env.as_str()),
+        };
+        user.copied().flatten().map(str::to_string)
     }
 
     pub(crate) fn waiting(&self, w: &Waiting) -> ActionView {
@@ -1155,12 +1241,13 @@ pub(crate) mod tests {
     }
 
     /// A flood of records on one host is bounded in the view (the GPU's
-    /// environments and the host's), those left out counted, and a job in
-    /// one left out is still in its environment, not a stray.
+    /// environments, the host's, GPUs only records name, an environment's
+    /// GPUs), those left out counted; the environment a job carries,
+    /// written last, is shown first, and its job is not a stray.
     #[test]
     fn a_flood_of_records_is_bounded_in_the_view() {
         use crate::model::{Attachment, Device, DeviceUsage, Env, EnvId, Owner, Usage};
-        let n = 1000;
+        let (n, fake) = (1000, 200u32);
         let eid = |i: usize| EnvId(format!("f{i}").into());
         let envs = (0..n)
             .map(|i| Env {
@@ -1198,11 +1285,23 @@ pub(crate) mod tests {
                 sub_uid: None,
             }],
             envs: Arc::new(envs),
-            devices: Arc::new(vec![Device {
-                index: GpuIndex(0),
-                total_memory: "80gi".into(),
-                attachments,
-            }]),
+            devices: Arc::new(
+                std::iter::once(Device {
+                    index: GpuIndex(0),
+                    total_memory: "80gi".into(),
+                    attachments,
+                })
+                .chain((1..=fake).map(|i| Device {
+                    index: GpuIndex(i),
+                    total_memory: "80gi".into(),
+                    attachments: vec![Attachment {
+                        eid: eid(n - 1),
+                        gpu_memory: None,
+                        time: String::new(),
+                    }],
+                }))
+                .collect(),
+            ),
             truth: Some(crate::model::HostTruth::default()),
             ..HostSnapshot::default()
         };
@@ -1221,6 +1320,20 @@ pub(crate) mod tests {
         assert_eq!(h.gpus[0].state, GpuState::InEnv);
         assert_eq!(h.envs.len(), MAX_ENVS);
         assert_eq!(h.envs_left_out as usize, n - MAX_ENVS);
+        assert_eq!(h.gpus[0].envs[0], "f999", "the carried first");
+        let carried = h.envs.iter().find(|e| e.env == "f999").unwrap();
+        assert_eq!(carried.pids, [7]);
+        assert_eq!(h.gpus.len(), 1 + MAX_GPUS);
+        assert_eq!(h.gpus_left_out as usize, fake as usize - MAX_GPUS);
+        assert_eq!(carried.devices.len(), MAX_GPUS);
+        assert_eq!(
+            carried.devices_left_out as usize,
+            1 + fake as usize - MAX_GPUS
+        );
+        assert!(carried
+            .words()
+            .contains(&format!("and {} more", 1 + fake as usize - MAX_GPUS)));
+        assert!(h.gpus_more().unwrap().contains("136 GPU(s) more"));
         assert!(serde_json::to_vec(&h).unwrap().len() < 64 << 10);
     }
 

@@ -85,6 +85,9 @@ pub fn text(view: &View, now: u64) -> String {
                 let _ = writeln!(out, "      pid {} {user} ({env}){mem}", p.pid);
             }
         }
+        if let Some(more) = h.gpus_more() {
+            let _ = writeln!(out, "    {more}");
+        }
         for e in &h.envs {
             let _ = writeln!(out, "    env {}: {}", c(&e.env), c(&e.words()));
         }
@@ -244,10 +247,12 @@ mod tests {
                         env: "a".into(),
                         user: Some("bob".into()),
                         devices: vec![0],
+                        devices_left_out: 1,
                         gpu_memory: Some("4gi".into()),
                         pids: Vec::new(),
                     }],
                     envs_left_out: 2,
+                    gpus_left_out: 3,
                     gpus: vec![GpuView {
                         index: 0,
                         state: GpuState::Waiting,
@@ -270,6 +275,7 @@ mod tests {
                     gpus: Vec::new(),
                     envs: Vec::new(),
                     envs_left_out: 0,
+                    gpus_left_out: 0,
                 },
             ],
             groups: vec![GroupView {
@@ -375,10 +381,12 @@ mod tests {
                     env: evil.into(),
                     user: Some(evil.into()),
                     devices: vec![0],
+                    devices_left_out: 0,
                     gpu_memory: Some(evil.into()),
                     pids: vec![1],
                 }],
                 envs_left_out: 0,
+                gpus_left_out: 0,
                 gpus: vec![GpuView {
                     index: 0,
                     state: GpuState::InEnv,
