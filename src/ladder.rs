@@ -313,6 +313,15 @@ pub enum Waiting {
     },
 }
 
+impl Waiting {
+    /// The host it waits on.
+    pub fn host(&self) -> &HostId {
+        match self {
+            Waiting::Terminate { host, .. } | Waiting::Detach { host, .. } => host,
+        }
+    }
+}
+
 /// The processes judged this cycle on the hosts that answered with usable
 /// state: by host, pid and start time, the environment each carried.
 pub type Judged = HashMap<(HostId, Pid, u64), Option<EnvId>>;

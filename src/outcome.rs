@@ -65,6 +65,15 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The host it was on.
+    pub fn host(&self) -> &HostId {
+        match self {
+            Outcome::Terminate { host, .. }
+            | Outcome::Detach { host, .. }
+            | Outcome::Kill { host, .. } => host,
+        }
+    }
+
     /// Whether nothing was tried: a dry run's.
     pub fn is_dry_run(&self) -> bool {
         matches!(

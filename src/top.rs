@@ -290,8 +290,20 @@ impl Top {
         } else {
             format!(" filter /{}", self.filter)
         };
+        let left_out = match (&self.view, self.tab) {
+            (Some(v), Tab::Waiting) => v.waiting_left_out,
+            (Some(v), Tab::Actions) if v.dry_run => v.actions_left_out,
+            _ => 0,
+        };
+        let more = match left_out {
+            0 => String::new(),
+            n => format!(
+                " (and {n} more, over {} a host)",
+                crate::view::MAX_HOST_ACTIONS
+            ),
+        };
         Line::from(format!(
-            "{n} rows{filter}, by {sort} | ? help  / filter  s sort  Enter why  q quit | {}",
+            "{n} rows{more}{filter}, by {sort} | ? help  / filter  s sort  Enter why  q quit | {}",
             clean(&self.note)
         ))
     }

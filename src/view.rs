@@ -35,6 +35,9 @@ pub const MAX_ENVS: usize = 256;
 pub const MAX_GPU_ENVS: usize = 32;
 /// The most users a host counts in the view (a record names anyone).
 pub const MAX_USERS: usize = 256;
+/// The most actions of a host the view lists as waiting, and as done
+/// this cycle (a flood of records can make thousands).
+pub const MAX_HOST_ACTIONS: usize = 256;
 /// The most GPUs a host's view shows that only genv's records name (no
 /// job on it, no utilization: anyone can write an index), and the most
 /// an environment's view lists.
@@ -61,6 +64,11 @@ pub struct View {
     pub waiting: Vec<ActionView>,
     /// What this cycle did (or, in a dry run, would do).
     pub actions: Vec<ActionView>,
+    /// Waiting actions past [`MAX_HOST_ACTIONS`] of a host, and done ones.
+    #[serde(default, skip_serializing_if = "crate::model::is_zero")]
+    pub waiting_left_out: u32,
+    #[serde(default, skip_serializing_if = "crate::model::is_zero")]
+    pub actions_left_out: u32,
     /// What the service carried out (or tried) in its last cycles, newest
     /// first, at most [`RECENT`]; not what a dry run would do (re-planned
     /// each cycle, it is in `actions`).
@@ -461,6 +469,8 @@ pub fn of(
         })
         .collect();
     let users = users(parts.iter().map(Vec::as_slice), counted, policy);
+    let (waiting, waiting_left_out) = per_host(&report.waiting, Waiting::host);
+    let (outcomes, actions_left_out) = per_host(&report.outcomes, Outcome::host);
     View {
         schema: SCHEMA,
         cycle: report.cycle,
@@ -469,13 +479,32 @@ pub fn of(
         hosts,
         groups: groups(cluster.hosts.iter().map(|(_, s)| s), &users, policy),
         users,
-        waiting: report.waiting.iter().map(|w| why.waiting(w)).collect(),
-        actions: report.outcomes.iter().map(|o| why.done(o)).collect(),
+        waiting: waiting.into_iter().map(|w| why.waiting(w)).collect(),
+        actions: outcomes.into_iter().map(|o| why.done(o)).collect(),
+        waiting_left_out,
+        actions_left_out,
         recent: Vec::new(),
         notifications: Vec::new(),
         delta_of: None,
         changed: Vec::new(),
     }
+}
+
+/// Of `items`, at most [`MAX_HOST_ACTIONS`] a host, and how many more.
+pub(crate) fn per_host<T>(items: &[T], host: fn(&T) -> &HostId) -> (Vec<&T>, u32) {
+    let mut on: HashMap<&HostId, usize> = HashMap::default();
+    let mut left_out = 0u32;
+    let mut kept = Vec::with_capacity(items.len().min(MAX_HOST_ACTIONS));
+    for item in items {
+        let n = on.entry(host(item)).or_default();
+        if *n == MAX_HOST_ACTIONS {
+            left_out = left_out.saturating_add(1);
+        } else {
+            *n += 1;
+            kept.push(item);
+        }
+    }
+    (kept, left_out)
 }
 
 /// Each host's snapshot by id, found once (a scan per host is quadratic

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use hyper::body::Bytes;
 use serde::Serialize;
 
+use crate::ladder::Waiting;
 use crate::model::{Cluster, Device, Env, GpuIndex, HashMap, HostId, HostSnapshot, Process};
+use crate::outcome::Outcome;
 use crate::report::CycleReport;
 use crate::rules::Policy;
 use crate::view::{
@@ -126,6 +128,10 @@ struct Rest<'a> {
     groups: &'a [GroupView],
     waiting: &'a [ActionView],
     actions: &'a [ActionView],
+    #[serde(skip_serializing_if = "crate::model::is_zero")]
+    waiting_left_out: u32,
+    #[serde(skip_serializing_if = "crate::model::is_zero")]
+    actions_left_out: u32,
     #[serde(skip_serializing_if = "VecDeque::is_empty")]
     recent: &'a VecDeque<DoneView>,
 }
@@ -201,11 +207,13 @@ impl Writer {
         self.hosts = next;
         let groups = view::groups(snaps.values().copied(), &users, policy);
         let why = Why::of(report.mode, &report.violations, &snaps);
-        let waiting: Vec<ActionView> = report.waiting.iter().map(|w| why.waiting(w)).collect();
-        let actions: Vec<ActionView> = report.outcomes.iter().map(|o| why.done(o)).collect();
+        let (waiting, waiting_left_out) = view::per_host(&report.waiting, Waiting::host);
+        let (outcomes, actions_left_out) = view::per_host(&report.outcomes, Outcome::host);
+        let waiting: Vec<ActionView> = waiting.into_iter().map(|w| why.waiting(w)).collect();
+        let actions: Vec<ActionView> = outcomes.iter().map(|o| why.done(o)).collect();
         // What was carried out (or tried), not what a dry run would do:
         // re-planned each cycle, it would push the history out.
-        let done: Vec<&ActionView> = (report.outcomes.iter().zip(&actions))
+        let done: Vec<&ActionView> = (outcomes.iter().zip(&actions))
             .filter(|(o, _)| !o.is_dry_run())
             .map(|(_, a)| a)
             .take(RECENT)
@@ -229,6 +237,8 @@ impl Writer {
             groups: &groups,
             waiting: &waiting,
             actions: &actions,
+            waiting_left_out,
+            actions_left_out,
             recent: &self.recent,
         };
         Written {
@@ -390,6 +400,59 @@ mod tests {
             parsed(&second.line(b"")),
             expected(&report, &cluster, &policy, &both)
         );
+    }
+
+    /// A flood of actions on one host (thousands of records make as many)
+    /// is bounded, the rest counted, the other hosts' all listed; the
+    /// line is still the view's own.
+    #[test]
+    fn a_flood_of_actions_on_a_host_is_bounded_and_counted() {
+        use crate::ladder::Waiting;
+        let (mut report, cluster, policy) = recorded();
+        let first = report.outcomes[0].clone();
+        let Outcome::Terminate { host, .. } = &first else {
+            panic!("a termination first")
+        };
+        let host = host.clone();
+        for pid in 100_000..100_300 {
+            let mut o = first.clone();
+            if let Outcome::Terminate { pid: p, .. } = &mut o {
+                *p = crate::model::Pid(pid);
+            }
+            report.outcomes.push(o);
+            report.waiting.push(Waiting::Terminate {
+                host: host.clone(),
+                pid: crate::model::Pid(pid),
+                seen: 1,
+                needed: 2,
+                deadline_ms: None,
+                warn_only: false,
+                exempt: None,
+            });
+        }
+        let on = |o: &&Outcome| o.host() == &host;
+        let (there, elsewhere) = (
+            report.outcomes.iter().filter(on).count(),
+            report.outcomes.iter().filter(|o| !on(o)).count(),
+        );
+        assert!(elsewhere > 0);
+        let mut w = Writer::default();
+        let line = write(&mut w, &report, &cluster, &policy).line(b"");
+        let want = expected(&report, &cluster, &policy, &[]);
+        assert_eq!(
+            String::from_utf8(line.clone()).unwrap(),
+            String::from_utf8(line_of(&want)).unwrap()
+        );
+        let view = parsed(&line);
+        assert_eq!(view.actions.len(), view::MAX_HOST_ACTIONS + elsewhere);
+        assert_eq!(
+            view.actions_left_out as usize,
+            there - view::MAX_HOST_ACTIONS
+        );
+        assert_eq!(view.waiting.len(), view::MAX_HOST_ACTIONS);
+        assert_eq!(view.waiting_left_out as usize, 300 - view::MAX_HOST_ACTIONS);
+        let text = crate::view_text::text(&view, 0);
+        assert!(text.contains("and 44 more (over 256 a host)"), "{text}");
     }
 
     /// A host whose part is made of the same is kept as written (the same

@@ -498,6 +498,8 @@ mod tests {
             users: Vec::new(),
             groups: Vec::new(),
             waiting: Vec::new(),
+            waiting_left_out: 0,
+            actions_left_out: 0,
             actions: Vec::new(),
             recent: Vec::new(),
             notifications: Vec::new(),

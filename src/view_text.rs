@@ -5,7 +5,7 @@
 use std::fmt::Write;
 
 use crate::report::clean as c;
-use crate::view::{ActionView, GpuState, HostState, View};
+use crate::view::{ActionView, GpuState, HostState, View, MAX_HOST_ACTIONS};
 
 /// `view` as read at `now` (ms since the Unix epoch).
 pub fn text(view: &View, now: u64) -> String {
@@ -133,13 +133,22 @@ pub fn text(view: &View, now: u64) -> String {
             users.join(", ")
         );
     }
-    for (title, actions) in [("waiting", &view.waiting), ("actions", &view.actions)] {
-        if actions.is_empty() {
+    for (title, actions, left_out) in [
+        ("waiting", &view.waiting, view.waiting_left_out),
+        ("actions", &view.actions, view.actions_left_out),
+    ] {
+        if actions.is_empty() && left_out == 0 {
             continue;
         }
         let _ = writeln!(out, "\n{title}:");
         for a in actions {
             let _ = writeln!(out, "  {}", action(a, now));
+        }
+        if left_out > 0 {
+            let _ = writeln!(
+                out,
+                "  and {left_out} more (over {MAX_HOST_ACTIONS} a host)"
+            );
         }
     }
     // The cycles before this one: its own actions are above.
@@ -321,6 +330,8 @@ mod tests {
                 seen: Some((1, 2)),
                 result: Some("detached".into()),
             }],
+            waiting_left_out: 0,
+            actions_left_out: 3,
             recent: vec![DoneView {
                 cycle: 5,
                 at_ms: Some(940_000),
@@ -420,6 +431,8 @@ mod tests {
                 seen: None,
                 result: Some(evil.into()),
             }],
+            waiting_left_out: 0,
+            actions_left_out: 0,
             recent: Vec::new(),
             notifications: vec![ChannelView {
                 channel: evil.into(),
