@@ -476,7 +476,7 @@ fn host_detail(h: &HostView, v: &View) -> Vec<String> {
         let envs = if g.envs.is_empty() {
             "no environment attached".to_string()
         } else {
-            format!("attached to {}", g.envs.join(", "))
+            format!("attached to {}", g.envs_listed())
         };
         let more = g.envs_more();
         detail.push(format!("gpu {}: {}, {envs}{more}", g.index, gpu_state(g)));

@@ -186,6 +186,20 @@ impl HostView {
 }
 
 impl GpuView {
+    /// Its environments' ids, `a, b`: an id that could read as more than
+    /// one, or as none (anyone picks an id: `x, alice-train`), quoted.
+    pub fn envs_listed(&self) -> String {
+        let one = |id: &String| {
+            let odd = id.is_empty() || id.contains([',', '"']) || id.contains(char::is_whitespace);
+            if odd {
+                format!("{id:?}")
+            } else {
+                id.clone()
+            }
+        };
+        self.envs.iter().map(one).collect::<Vec<_>>().join(", ")
+    }
+
     /// Its environments past [`MAX_GPU_ENVS`], in words (` and N more`).
     pub fn envs_more(&self) -> String {
         match self.envs_left_out {
@@ -1364,6 +1378,16 @@ pub(crate) mod tests {
             .contains(&format!("and {} more", 1 + fake as usize - MAX_GPUS)));
         assert!(h.gpus_more().unwrap().contains("136 GPU(s) more"));
         assert!(serde_json::to_vec(&h).unwrap().len() < 64 << 10);
+    }
+
+    /// An id that reads as two, or as none, is quoted where ids are
+    /// listed; a plain one is not.
+    #[test]
+    fn an_id_that_reads_as_two_is_quoted_in_a_list() {
+        let (report, cluster, policy) = recorded();
+        let mut g = of(&report, &cluster, &[], &policy, None).hosts[0].gpus[0].clone();
+        g.envs = vec!["x, alice-train".into(), "plain".into(), String::new()];
+        assert_eq!(g.envs_listed(), r#""x, alice-train", plain, """#);
     }
 
     /// A GPU whose jobs did no work when sampled is idle; one that worked

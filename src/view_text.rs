@@ -65,7 +65,7 @@ pub fn text(view: &View, now: u64) -> String {
             let envs = if g.envs.is_empty() {
                 String::new()
             } else {
-                format!(" [{}]", c(&g.envs.join(", ")))
+                format!(" [{}]", c(&g.envs_listed()))
             };
             let busy = g
                 .utilization_percent
