@@ -35,11 +35,17 @@ const UID_AT: usize = 16 + 64;
 pub fn of(peer: SocketAddr, local: SocketAddr, subuid: &Path) -> Peer {
     let (peer, local) = (unmapped(peer), unmapped(local));
     match socket_uid(peer, local) {
-        Some(uid) => match range_owner(uid, subuid) {
-            Some(owner) => Peer::Owner(owner),
-            None => Peer::Uid(uid),
-        },
+        Some(uid) => of_uid(uid, subuid),
         None => Peer::Address(peer.ip()),
+    }
+}
+
+/// The local user `uid` counts as: its range's owner where `subuid` puts
+/// it in one (a user's rootless container), else itself.
+pub fn of_uid(uid: u32, subuid: &Path) -> Peer {
+    match range_owner(uid, subuid) {
+        Some(owner) => Peer::Owner(owner),
+        None => Peer::Uid(uid),
     }
 }
 

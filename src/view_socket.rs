@@ -20,6 +20,7 @@ use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
+use crate::peer::Peer;
 use crate::view::View;
 
 /// Where the service serves its view, and `status` and `top` look for it
@@ -34,7 +35,8 @@ pub const MAX_READERS: usize = 16;
 /// The readers kept for root: a group's members cannot crowd it out.
 pub const ROOT_READERS: usize = 4;
 
-/// The most readers one user other than root has at once.
+/// The most readers one user other than root has at once (their
+/// sub-uids, a rootless container's, counted as theirs).
 pub const PER_USER: usize = 4;
 
 /// A reader that takes longer than this to take one view is dropped.
@@ -263,6 +265,12 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<Bound, ViewSocketError> 
 /// Serves `board` on `bound` until dropped: each reader gets the last view
 /// at once (or the first, when it comes), then each new one.
 pub async fn serve(bound: Bound, board: Board) {
+    serve_under(bound, board, PathBuf::from("/etc/subuid")).await;
+}
+
+/// [`serve`], a user's sub-uids sharing their share as `subuid` ranges
+/// them (a rootless container's many uids are its owner's).
+async fn serve_under(bound: Bound, board: Board, subuid: PathBuf) {
     let listener = match bound
         .listener
         .try_clone()
@@ -279,7 +287,7 @@ pub async fn serve(bound: Bound, board: Board) {
     };
     let root = Arc::new(tokio::sync::Semaphore::new(ROOT_READERS));
     let others = Arc::new(tokio::sync::Semaphore::new(MAX_READERS - ROOT_READERS));
-    let per_user: Arc<std::sync::Mutex<HashMap<u32, usize>>> = Arc::default();
+    let per_user: Arc<std::sync::Mutex<HashMap<Peer, usize>>> = Arc::default();
     let me = rustix::process::geteuid().as_raw();
     loop {
         let stream = match listener.accept().await {
@@ -303,10 +311,10 @@ pub async fn serve(bound: Bound, board: Board) {
         let Ok(slot) = Arc::clone(pool).try_acquire_owned() else {
             continue;
         };
-        let share = (uid != 0 && uid != me).then_some(uid);
-        if let Some(uid) = share {
+        let share = (uid != 0 && uid != me).then(|| crate::peer::of_uid(uid, &subuid));
+        if let Some(peer) = &share {
             let mut held = per_user.lock().expect("not poisoned");
-            let n = held.entry(uid).or_default();
+            let n = held.entry(peer.clone()).or_default();
             if *n >= PER_USER {
                 continue;
             }
@@ -317,12 +325,12 @@ pub async fn serve(bound: Bound, board: Board) {
         tokio::spawn(async move {
             read_to(stream, views).await;
             drop(slot);
-            if let Some(uid) = share {
+            if let Some(peer) = share {
                 let mut held = per_user.lock().expect("not poisoned");
-                if let Some(n) = held.get_mut(&uid) {
+                if let Some(n) = held.get_mut(&peer) {
                     *n -= 1;
                     if *n == 0 {
-                        held.remove(&uid);
+                        held.remove(&peer);
                     }
                 }
             }
@@ -636,6 +644,77 @@ mod tests {
         assert!(matches!(e, ViewSocketError::Dir { .. }), "{e}");
         let e = bind(&dir.path().join("g.sock"), Some("no-such-group-here")).unwrap_err();
         assert!(matches!(e, ViewSocketError::NoGroup(_)), "{e}");
+    }
+
+    /// One user's sub-uids (a rootless container's many uids) share that
+    /// user's readers; another user's are their own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_users_sub_uids_share_their_readers() {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        if !rustix::process::geteuid().is_root() {
+            assert!(
+                std::env::var_os("GENV_ENFORCE_CI").is_none(),
+                "readers of other uids need root, in CI"
+            );
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().join("view.sock");
+        let bound = bind(&path, None).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let subuid = dir.path().join("subuid");
+        std::fs::write(&subuid, "bob:200000:65536\ncarol:300000:65536\n").unwrap();
+        let board = Board::default();
+        board.publish_view(&view(1));
+        let server = tokio::spawn(serve_under(bound, board, subuid));
+        // A reader as `uid`: whether it is served a view or closed.
+        const READ: &str = "import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.settimeout(5)
+try:
+    got = s.recv(1)
+except OSError:
+    got = b''
+print('served' if got else 'closed', flush=True)
+time.sleep(30)
+";
+        let mut readers = Vec::new();
+        let mut said = Vec::new();
+        for uid in [
+            200_000, 200_001, 200_002, 200_003, 200_004, 200_005, 300_000,
+        ] {
+            let mut child = std::process::Command::new("python3")
+                .args(["-c", READ, path.to_str().unwrap()])
+                .uid(uid)
+                .gid(uid)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let out = child.stdout.take().unwrap();
+            let line = tokio::task::spawn_blocking(move || {
+                let mut line = String::new();
+                std::io::BufReader::new(out).read_line(&mut line).unwrap();
+                line
+            });
+            said.push(line.await.unwrap().trim().to_string());
+            readers.push(child);
+        }
+        for mut r in readers {
+            let _ = r.kill();
+            let _ = r.wait();
+        }
+        server.abort();
+        let served: Vec<&str> = ["served"; PER_USER].into();
+        assert_eq!(said[..PER_USER], served, "bob's first {PER_USER}");
+        assert_eq!(
+            said[PER_USER..6],
+            ["closed", "closed"],
+            "bob's past his share"
+        );
+        assert_eq!(said[6], "served", "carol's own share");
     }
 
     #[tokio::test]
