@@ -607,7 +607,10 @@ fn fleet_benches(c: &mut Criterion) {
         .iter()
         .map(|(h, (r, _))| {
             let (snap, findings) = r.as_ref().unwrap();
-            (h.clone(), view::counted(&findings.usage, Some(snap)))
+            (
+                h.clone(),
+                view::counted(&findings.usage, Some(snap), &policy),
+            )
         })
         .collect();
     let built = view::of(&report, &cluster, &counted, &policy, Some(1));

@@ -147,10 +147,17 @@ pub async fn cycle(
     let counted: Vec<(HostId, crate::view::Counted)> = if options.view {
         let ours = (g.results.iter()).filter_map(|(h, r)| {
             let (snap, findings) = r.as_ref().ok()?;
-            Some((h.clone(), crate::view::counted(&findings.usage, Some(snap))))
+            Some((
+                h.clone(),
+                crate::view::counted(&findings.usage, Some(snap), &policy),
+            ))
         });
-        let theirs =
-            (memory.others.iter()).map(|p| (p.host.clone(), crate::view::counted(&p.usage, None)));
+        let theirs = (memory.others.iter()).map(|p| {
+            (
+                p.host.clone(),
+                crate::view::counted(&p.usage, None, &policy),
+            )
+        });
         ours.chain(theirs).collect()
     } else {
         Vec::new()

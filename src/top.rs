@@ -295,9 +295,12 @@ impl Top {
             (Some(v), Tab::Actions) if v.dry_run => v.actions_left_out,
             _ => 0,
         };
-        let more = match left_out {
-            0 => String::new(),
-            n => format!(
+        let more = match (&self.view, self.tab, left_out) {
+            (Some(v), Tab::Users, _) => (v.counted_left_out_said())
+                .map(|s| format!(" {s}"))
+                .unwrap_or_default(),
+            (.., 0) => String::new(),
+            (.., n) => format!(
                 " (and {n} more, over {} a host)",
                 crate::view::MAX_HOST_ACTIONS
             ),

@@ -55,6 +55,10 @@ pub struct View {
     /// Every host, in the inventory's order (empty in a delta).
     pub hosts: Vec<HostView>,
     pub users: Vec<UserView>,
+    /// Users past [`MAX_USERS`] on a host whose counts there are left out
+    /// (summed over hosts): the users' counts are partial.
+    #[serde(default, skip_serializing_if = "crate::model::is_zero")]
+    pub counted_left_out: u32,
     /// Each capped group (`--max-devices-per-group`): its members' GPUs
     /// against its cap.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -88,6 +92,16 @@ pub struct View {
 }
 
 impl View {
+    /// That the users' counts are partial, in words, where they are.
+    pub fn counted_left_out_said(&self) -> Option<String> {
+        (self.counted_left_out > 0).then(|| {
+            format!(
+                "(counts partial: {} user(s) left out over {MAX_USERS} a host)",
+                self.counted_left_out
+            )
+        })
+    }
+
     /// `delta` applied to this view, the one it changes.
     ///
     /// # Errors
@@ -424,18 +438,24 @@ pub struct HeldBackView {
     pub why: String,
 }
 
-/// What one user's device caps count on one host: their name, the
-/// devices counted, and of those the ones none of their jobs runs on.
-pub type Counted = Vec<(String, u32, u32)>;
+/// What the device caps count on one host: each user's name, the devices
+/// counted, and of those the ones none of their jobs runs on; and how many
+/// users past [`MAX_USERS`] are left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counted {
+    pub users: Vec<(String, u32, u32)>,
+    pub left_out: u32,
+}
 
 /// What `usage` (a host's part of the device caps) counts for each user,
 /// as the caps count them (a record's user among them). At most
 /// [`MAX_USERS`] users a host: a flood of records in made-up names would
 /// swell the view at their writer's will; past that, the names the host's
-/// kernel knows (`snap`'s) come first, then those counting most.
-pub fn counted(usage: &HostUsage, snap: Option<&HostSnapshot>) -> Counted {
+/// kernel knows (`snap`'s) and those `policy` names come first, then
+/// those counting most.
+pub fn counted(usage: &HostUsage, snap: Option<&HostSnapshot>, policy: &Policy) -> Counted {
     let n = |c: usize| u32::try_from(c).unwrap_or(u32::MAX);
-    let mut all: Counted = (usage.users.iter())
+    let mut all: Vec<(String, u32, u32)> = (usage.users.iter())
         .filter(|(_, held)| !held.devices.is_empty())
         .map(|(user, held)| {
             let idle = held.devices.iter().filter(|d| !d.working).count();
@@ -447,17 +467,29 @@ pub fn counted(usage: &HostUsage, snap: Option<&HostSnapshot>) -> Counted {
             .map(|t| t.user_names.values().map(AsRef::as_ref).collect())
             .unwrap_or_default();
         all.sort_by(|a, b| {
-            let unknown = |u: &str| !names.contains(u);
+            let unknown = |u: &str| {
+                !(names.contains(u)
+                    || policy.max_devices_for_user.contains_key(u)
+                    || policy.max_memory_for_user.contains_key(u))
+            };
             (unknown(&a.0), std::cmp::Reverse(a.1), &a.0).cmp(&(
                 unknown(&b.0),
                 std::cmp::Reverse(b.1),
                 &b.0,
             ))
         });
+        let left_out = n(all.len() - MAX_USERS);
         all.truncate(MAX_USERS);
         all.sort_by(|a, b| a.0.cmp(&b.0));
+        return Counted {
+            users: all,
+            left_out,
+        };
     }
-    all
+    Counted {
+        users: all,
+        left_out: 0,
+    }
 }
 
 /// The view of `report`'s cycle over `cluster`, under `policy`'s caps,
@@ -493,6 +525,7 @@ pub fn of(
         hosts,
         groups: groups(cluster.hosts.iter().map(|(_, s)| s), &users, policy),
         users,
+        counted_left_out: counted_left_out(counted),
         waiting: waiting.into_iter().map(|w| why.waiting(w)).collect(),
         actions: outcomes.into_iter().map(|o| why.done(o)).collect(),
         waiting_left_out,
@@ -502,6 +535,11 @@ pub fn of(
         delta_of: None,
         changed: Vec::new(),
     }
+}
+
+/// The users left out of `counted`, over every host.
+pub(crate) fn counted_left_out(counted: &[(HostId, Counted)]) -> u32 {
+    (counted.iter()).fold(0, |sum, (_, c)| sum.saturating_add(c.left_out))
 }
 
 /// Of `items`, at most [`MAX_HOST_ACTIONS`] a host, and how many more.
@@ -842,7 +880,7 @@ pub(crate) fn users<'p>(
         sum.memory = sum.memory.saturating_add(u.memory);
         sum.processes = sum.processes.saturating_add(u.processes);
     }
-    for (user, n, idle) in counted.iter().flat_map(|(_, c)| c) {
+    for (user, n, idle) in counted.iter().flat_map(|(_, c)| &c.users) {
         let (_, held) = by_user.entry(user).or_default();
         let (sum, sum_idle) = held.get_or_insert((0, 0));
         *sum = sum.saturating_add(*n);
@@ -1103,7 +1141,7 @@ pub(crate) mod tests {
         (cluster.hosts.iter())
             .map(|(h, s)| {
                 let f = crate::rules::assess_host(h, s, policy, &Default::default());
-                (h.clone(), counted(&f.usage, Some(s)))
+                (h.clone(), counted(&f.usage, Some(s), policy))
             })
             .collect()
     }
@@ -1253,8 +1291,9 @@ pub(crate) mod tests {
             .unwrap()
             .user_names
             .insert(1000, "carol".into());
+        let none = Policy::default();
         assert_eq!(
-            counted(&usage(&users), Some(&snap)),
+            counted(&usage(&users), Some(&snap), &none).users,
             [("alice".to_string(), 1, 1), ("carol".to_string(), 2, 1)]
         );
         for k in 0..2 * MAX_USERS {
@@ -1264,7 +1303,9 @@ pub(crate) mod tests {
                 serde_json::json!({"envs": true, "devices": devices}),
             );
         }
-        let shown = counted(&usage(&users), Some(&snap));
+        let counts = counted(&usage(&users), Some(&snap), &none);
+        assert_eq!(counts.left_out as usize, 2 + 2 * MAX_USERS - MAX_USERS);
+        let shown = counts.users;
         assert_eq!(shown.len(), MAX_USERS);
         assert!(
             shown.iter().any(|(u, ..)| u == "carol"),
@@ -1281,6 +1322,20 @@ pub(crate) mod tests {
             "{shown:?}"
         );
         assert!(shown.windows(2).all(|w| w[0].0 < w[1].0), "by name");
+        // A user the policy names is kept too, kernel-known or not.
+        let naming = Policy {
+            max_devices_for_user: [("alice".to_string(), 1)].into(),
+            ..Policy::default()
+        };
+        let kept = counted(&usage(&users), Some(&snap), &naming).users;
+        assert!(
+            kept.iter().any(|(u, ..)| u == "alice"),
+            "named by the policy"
+        );
+        assert!(kept.iter().any(|(u, ..)| u == "carol"));
+        // Of another shard's host, no kernel's names: the policy's still.
+        let theirs = counted(&usage(&users), None, &naming).users;
+        assert!(theirs.iter().any(|(u, ..)| u == "alice"));
     }
 
     /// A flood of records on one host is bounded in the view (the GPU's

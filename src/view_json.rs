@@ -124,6 +124,8 @@ struct Head {
 #[derive(Serialize)]
 struct Rest<'a> {
     users: &'a [UserView],
+    #[serde(skip_serializing_if = "crate::model::is_zero")]
+    counted_left_out: u32,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     groups: &'a [GroupView],
     waiting: &'a [ActionView],
@@ -234,6 +236,7 @@ impl Writer {
         };
         let rest = Rest {
             users: &users,
+            counted_left_out: view::counted_left_out(counted),
             groups: &groups,
             waiting: &waiting,
             actions: &actions,
@@ -453,6 +456,27 @@ mod tests {
         assert_eq!(view.waiting_left_out as usize, 300 - view::MAX_HOST_ACTIONS);
         let text = crate::view_text::text(&view, 0);
         assert!(text.contains("and 44 more (over 256 a host)"), "{text}");
+    }
+
+    /// Users left out of the caps' counts are summed over hosts, in the
+    /// line as in the view `of` makes.
+    #[test]
+    fn users_left_out_of_the_counts_are_summed_and_said() {
+        let (report, cluster, policy) = recorded();
+        let mut counted = crate::view::tests::counted_on(&cluster, &policy);
+        for (k, (_, c)) in counted.iter_mut().enumerate() {
+            c.left_out = 3 + k as u32;
+        }
+        let n = counted.len() as u32;
+        let line = Writer::default()
+            .write(&report, &cluster, &counted, &policy, Some(7))
+            .line(b"");
+        let want = view::of(&report, &cluster, &counted, &policy, Some(7));
+        assert_eq!(want.counted_left_out, 3 * n + n * (n - 1) / 2);
+        assert_eq!(
+            String::from_utf8(line).unwrap(),
+            String::from_utf8(line_of(&want)).unwrap()
+        );
     }
 
     /// A host whose part is made of the same is kept as written (the same

@@ -506,6 +506,7 @@ mod tests {
             users: Vec::new(),
             groups: Vec::new(),
             waiting: Vec::new(),
+            counted_left_out: 0,
             waiting_left_out: 0,
             actions_left_out: 0,
             actions: Vec::new(),

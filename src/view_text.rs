@@ -119,6 +119,9 @@ pub fn text(view: &View, now: u64) -> String {
             u.processes
         );
     }
+    if let Some(more) = view.counted_left_out_said() {
+        let _ = writeln!(out, "  {more}");
+    }
     if !view.groups.is_empty() {
         let _ = writeln!(out, "\ngroups:");
     }
@@ -330,6 +333,7 @@ mod tests {
                 seen: Some((1, 2)),
                 result: Some("detached".into()),
             }],
+            counted_left_out: 5,
             waiting_left_out: 0,
             actions_left_out: 3,
             recent: vec![DoneView {
@@ -431,6 +435,7 @@ mod tests {
                 seen: None,
                 result: Some(evil.into()),
             }],
+            counted_left_out: 0,
             waiting_left_out: 0,
             actions_left_out: 0,
             recent: Vec::new(),
