@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::assess::HostStatus;
 use crate::ladder::Waiting;
 use crate::model::{
-    comma_list, Cluster, GpuIndex, HashMap, HostId, HostSnapshot, Mode, Pid, Process,
+    comma_list, Cluster, GpuIndex, HashMap, HostId, HostSnapshot, Mode, Pid, Process, SMALL,
 };
 use crate::outcome::{DetachResult, Outcome, TerminateResult};
 use crate::report::{violation_line, CycleReport};
@@ -914,9 +914,10 @@ pub(crate) struct Why<'s> {
     snaps: &'s HashMap<&'s HostId, &'s HostSnapshot>,
     terminate: BTreeMap<(HostId, Pid), Vec<(String, String)>>,
     detach: BTreeMap<(HostId, GpuIndex, String), Vec<(String, String)>>,
-    /// Each host's owners, found once, on its first action: a scan of its
-    /// jobs for each of thousands of actions would be quadratic.
-    owners: std::cell::RefCell<HashMap<&'s HostId, Owners<'s>>>,
+    /// Each host's owners looked up so far, and past [`SMALL`] lookups
+    /// its index: a scan of its jobs for each of thousands of actions
+    /// would be quadratic, an index for a few costs more than scans.
+    owners: std::cell::RefCell<HashMap<&'s HostId, (usize, Option<Owners<'s>>)>>,
 }
 
 /// Whose a host's jobs are, and its environments' (where one user's).
@@ -1022,12 +1023,24 @@ impl<'s> Why<'s> {
     fn owner(&self, host: &HostId, target: &Target) -> Option<String> {
         let (host, snap) = self.snaps.get_key_value(host)?;
         let mut owners = self.owners.borrow_mut();
-        let owners = owners.entry(host).or_insert_with(|| Owners::of(snap));
-        let user = match target {
-            Target::Terminate { pid } => owners.jobs.get(&Pid(*pid)),
-            Target::Detach { env, .. } => owners.envs.get(env.as_str()),
+        let (asked, index) = owners.entry(host).or_default();
+        *asked += 1;
+        if index.is_none() && *asked > SMALL {
+            *index = Some(Owners::of(snap));
+        }
+        let user = match (index, target) {
+            (Some(o), Target::Terminate { pid }) => o.jobs.get(&Pid(*pid)).copied().flatten(),
+            (Some(o), Target::Detach { env, .. }) => o.envs.get(env.as_str()).copied().flatten(),
+            (None, Target::Terminate { pid }) => user_of(snap, snap.process(Pid(*pid))?),
+            (None, Target::Detach { env, .. }) => {
+                let mut carriers = (snap.processes.iter())
+                    .filter(|p| p.owner.eid().is_some_and(|e| e.0.as_ref() == env))
+                    .map(|p| user_of(snap, p));
+                let first = carriers.next()??;
+                carriers.all(|u| u == Some(first)).then_some(first)
+            }
         };
-        user.copied().flatten().map(str::to_string)
+        user.map(str::to_string)
     }
 
     pub(crate) fn waiting(&self, w: &Waiting) -> ActionView {
@@ -1485,11 +1498,27 @@ pub(crate) mod tests {
 
     /// An action's owner is the kernel's user of its job; a detach's, of
     /// every job carrying its environment there, none where they differ
-    /// (bob can carry alice's id).
+    /// (bob can carry alice's id); the same past a host's first
+    /// [`SMALL`] actions (found in its index then).
     #[test]
     fn an_actions_owner_is_its_jobs_and_a_shared_id_names_none() {
         use crate::model::{EnvId, Owner};
         let (report, mut cluster, policy) = recorded();
+        let mut many = report.clone();
+        many.outcomes = (report.outcomes.iter())
+            .flat_map(|o| std::iter::repeat_n(o.clone(), SMALL + 2))
+            .collect();
+        let same_when_many = |cluster: &Cluster| {
+            let owners = |r: &CycleReport| -> Vec<Option<String>> {
+                let view = of(r, cluster, &[], &policy, None);
+                view.actions.into_iter().map(|a| a.owner).collect()
+            };
+            let one: Vec<_> = (owners(&report).into_iter())
+                .flat_map(|o| std::iter::repeat_n(o, SMALL + 2))
+                .collect();
+            assert_eq!(owners(&many), one);
+        };
+        same_when_many(&cluster);
         let detach = |view: &View| {
             (view.actions.iter())
                 .find(|a| matches!(a.target, Target::Detach { .. }))
@@ -1516,6 +1545,7 @@ pub(crate) mod tests {
             detach(&of(&report, &cluster, &[], &policy, None)).owner,
             None
         );
+        same_when_many(&cluster);
     }
 
     /// A wait says its own deadline, warning, exemption and sightings, a
