@@ -901,6 +901,32 @@ mod tests {
         }
     }
 
+    /// What the view left out is said on its tab: the users' partial
+    /// counts, the waits past 256 a host, and a dry run's actions (a
+    /// service's tab shows what it carried out, which holds none).
+    #[test]
+    fn what_the_view_left_out_is_said_on_its_tab() {
+        let mut top = Top::new(String::new(), false);
+        let mut view = crate::view::tests::recorded_view();
+        (view.counted_left_out, view.waiting_left_out) = (5, 6);
+        view.actions_left_out = 7;
+        top.take(view.clone());
+        let on = |top: &mut Top, tab: char| {
+            top.key(key(KeyCode::Char(tab)));
+            screen(top, 0)
+        };
+        assert!(on(&mut top, '2').contains("counts partial: 5 user(s)"));
+        assert!(on(&mut top, '3').contains("(and 6 more, over 256 a host)"));
+        assert!(on(&mut top, '4').contains("(and 7 more, over 256 a host)"));
+        assert!(!on(&mut top, '1').contains("more, over"));
+        view.dry_run = false;
+        top.take(view);
+        assert!(
+            !on(&mut top, '4').contains("more, over"),
+            "none carried out"
+        );
+    }
+
     #[test]
     fn no_view_yet_says_why_and_recent_actions_are_bounded() {
         let mut top = Top::new(

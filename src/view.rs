@@ -1454,8 +1454,13 @@ pub(crate) mod tests {
     fn an_id_that_reads_as_two_is_quoted_in_a_list() {
         let (report, cluster, policy) = recorded();
         let mut g = of(&report, &cluster, &[], &policy, None).hosts[0].gpus[0].clone();
-        g.envs = vec!["x, alice-train".into(), "plain".into(), String::new()];
-        assert_eq!(g.envs_listed(), r#""x, alice-train", plain, """#);
+        g.envs = ["x, alice-train", "plain", "", "a,b", "a b", "q\"", "a\tb"]
+            .map(String::from)
+            .into();
+        assert_eq!(
+            g.envs_listed(),
+            r#""x, alice-train", plain, "", "a,b", "a b", "q\"", "a\tb""#
+        );
     }
 
     /// A GPU whose jobs did no work when sampled is idle; one that worked
